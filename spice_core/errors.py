@@ -1,0 +1,33 @@
+"""Errors a user can cause. Each message says what to change.
+
+Internal invariants use `assert`; everything a user can trigger through the CLI, the
+API or the app raises a `SpiceError` subclass whose text is shown as-is (no traceback).
+"""
+
+
+class SpiceError(Exception):
+    """Base class: the message is one line that names the setting to change."""
+
+
+class ConfigError(SpiceError):
+    """A setting is out of range or unknown (names the field, the value and what is allowed)."""
+
+
+class ModelLoadError(SpiceError):
+    """The model path, hub id or checkpoint cannot be used."""
+
+
+class UnsupportedModelError(ModelLoadError):
+    """The checkpoint is not one of the supported MoE families."""
+
+
+class PromptError(SpiceError):
+    """The prompt is empty, too long or otherwise unusable."""
+
+
+class ArtifactError(SpiceError):
+    """Calibration artifacts (draft heads, LoRE factors) are missing or belong to another model."""
+
+
+class CancelledError(SpiceError):
+    """A generation was cancelled between tokens."""

@@ -1,0 +1,67 @@
+"""The one event schema every timing mode writes.
+
+An event is an interval on a *lane* (a hardware resource that executes one thing at a
+time): ``gpu`` (the compute stream), ``copy`` (the host-to-device copy stream), ``cpu0``,
+``cpu1``, ... (CPU expert workers) and ``host`` (the Python driver: decisions, sampling).
+Instant decisions (a hit, an eviction) are zero-length events on the lane they concern.
+
+Times are milliseconds from the start of the run; ``timing`` says whether a clock
+measured them ("measured": CUDA events / wall clock) or the timing model computed them
+("modeled"). This module knows nothing of torch, CUDA or the UI.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Lanes that always exist; CPU workers are "cpu0", "cpu1", ...
+LANES_FIXED = ("gpu", "copy", "host")
+
+# Per (token, layer, expert) outcome of a routed selection, used by heatmaps and stats.
+#   hit           expert was resident in the GPU cache (or resident policy)
+#   prefetch_hit  expert was resident because a prefetch brought it in for this use
+#   approx        miss approximated by shared expert + LoRE surrogate (lossy)
+#   cpu           miss computed exactly on the CPU lane
+#   copy          miss copied in on demand (the layer waited for it)
+OUTCOMES = ("hit", "prefetch_hit", "approx", "cpu", "copy")
+
+EVENT_KINDS = (
+    # intervals
+    "layer",         # gpu: non-expert work of a layer (attention, norms, router, shared expert)
+    "expert",        # gpu: one routed expert's matmuls
+    "copy",          # copy: on-demand host->device copy of one expert
+    "prefetch",      # copy: speculative host->device copy of one expert
+    "cpu_run",       # cpuN: exact expert on the CPU (incl. activation round trip)
+    "approx",        # gpu: LoRE surrogate for one expert
+    "stall",         # gpu: compute stream idle, waiting for a copy or the CPU lane
+    "draft",         # gpu: predictor heads
+    "token",         # host: one whole decoding step (prefill for token 0)
+    # instants (start == end)
+    "hit", "prefetch_hit", "miss", "evict", "prefetch_wasted", "cpu_fallback",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceEvent:
+    """One decision or interval. ``layer``/``expert`` are -1 when not applicable."""
+
+    token: int
+    layer: int
+    expert: int
+    lane: str
+    kind: str
+    start_ms: float
+    end_ms: float
+    bytes: int = 0
+    timing: str = "modeled"
+    detail: str = ""
+
+    @property
+    def dur_ms(self) -> float:
+        return self.end_ms - self.start_ms
+
+    def as_dict(self) -> dict:
+        return {
+            "token": self.token, "layer": self.layer, "expert": self.expert, "lane": self.lane,
+            "kind": self.kind, "start_ms": self.start_ms, "end_ms": self.end_ms,
+            "bytes": self.bytes, "timing": self.timing, "detail": self.detail,
+        }
