@@ -1,0 +1,298 @@
+"""Exports of a run's trace: Chrome-trace JSON (open it in Perfetto) and CSV tables.
+
+    TraceEvent[] ──► assign_tracks ──► chrome_trace_events ──► build_chrome_trace ──► .json / .json.gz
+                     (lane -> track:                (X / i / C / M dicts,
+                      overflow "copy#2" when         µs, one pid, one tid
+                      slices partially overlap)      per track)
+    StepStats[]  ──► per_token_frame ──► .csv          TraceEvent[] ──► events_frame ──► .csv
+
+Chrome-trace conventions used here (the "JSON Object Format"):
+- one pid per run, one tid per *track*; a track is a lane (``gpu``, ``copy``, ``cpu0``.., ``host``)
+  or an overflow of one (``copy#2``) used when a modeled trace puts two partially overlapping
+  intervals on one lane (several logical streams). Slices on one tid are therefore always
+  properly nested or disjoint, which Perfetto and chrome://tracing need to draw them.
+- tracks are ordered gpu, copy, cpu0..cpuN, host, then unknown lanes by name; overflow tracks
+  follow their lane.
+- ``ts``/``dur`` are microseconds, rounded to the nanosecond; positive-length events are "X"
+  slices, zero-length events "i" instants with thread scope.
+- per-token "C" counters (hits/misses, copied MB) are derived from the events themselves.
+
+This module deliberately does not know how events were produced (measured or modeled), what a
+policy is, or anything of torch, TensorBoard or the UI: it turns plain records into files.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import pandas as pd
+
+from spice_core.api import StepStats
+from spice_core.trace.events import OUTCOMES, TraceEvent
+
+SPICE_PID = 1
+CATEGORY = "spice"              # prefix of every slice's "cat"; no TensorBoard category uses it
+COUNTER_TID = 0                 # counters and process-level metadata; tracks start at tid 1
+_US_DECIMALS = 3                # µs rounded to ns: enough, and nesting is checked on these values
+_HIT_KINDS = ("hit", "prefetch_hit")
+_MISS_KINDS = ("miss",)
+_COPY_KINDS = ("copy", "prefetch")
+_CPU_LANE = re.compile(r"^cpu(\d+)$")
+
+PER_TOKEN_COLUMNS = (
+    "index", "token_id", "text", "step_ms", "timing", "hits", "misses", "bytes_copied",
+    "stall_ms", "lookahead_depth", *OUTCOMES,
+)
+EVENT_COLUMNS = (
+    "token", "layer", "expert", "lane", "kind", "start_ms", "end_ms", "dur_ms", "bytes", "timing", "detail",
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# tracks
+
+def track_sort_key(track: str) -> tuple:
+    """Display order: gpu, copy, cpu0..cpuN (numerically), host, other lanes by name; ``lane#k`` after ``lane``."""
+    lane, _, slot = track.partition("#")
+    slot_no = int(slot) if slot.isdigit() else 1
+    cpu = _CPU_LANE.match(lane)
+    if lane == "gpu":
+        group = (0, 0, "")
+    elif lane == "copy":
+        group = (1, 0, "")
+    elif cpu:
+        group = (2, int(cpu.group(1)), "")
+    elif lane == "host":
+        group = (3, 0, "")
+    else:
+        group = (4, 0, lane)
+    return group + (slot_no,)
+
+
+def _us(ms: float) -> float:
+    return round(ms * 1000.0, _US_DECIMALS)
+
+
+def _check_event(ev: TraceEvent) -> None:
+    if not (math.isfinite(ev.start_ms) and math.isfinite(ev.end_ms)) or ev.end_ms < ev.start_ms:
+        raise ValueError(f"trace event has an invalid interval [{ev.start_ms}, {ev.end_ms}] ms: {ev!r}")
+
+
+def _place(evs: Sequence[TraceEvent], origin_ms: float, ts_offset_us: float
+           ) -> list[tuple[str, float, float]]:
+    """(track, ts_us, end_us) per event, in input order; see `assign_tracks`."""
+    placed = []
+    for ev in evs:
+        _check_event(ev)
+        ts = round(_us(ev.start_ms - origin_ms) + ts_offset_us, _US_DECIMALS)
+        end = round(_us(ev.end_ms - origin_ms) + ts_offset_us, _US_DECIMALS)
+        placed.append([ev.lane, ts, end])
+    by_lane: dict[str, list[int]] = defaultdict(list)
+    for i, (lane, ts, end) in enumerate(placed):
+        if end > ts:
+            by_lane[lane].append(i)
+    for lane, idxs in by_lane.items():
+        idxs.sort(key=lambda i: (placed[i][1], -placed[i][2]))
+        stacks: list[list[float]] = []    # per slot: end times (µs) of the open slices, outermost first
+        for i in idxs:
+            _, start, end = placed[i]
+            for slot, stack in enumerate(stacks):
+                # Later intervals start no earlier than this one, so closed slices stay closed.
+                while stack and stack[-1] <= start:
+                    stack.pop()
+                if not stack or end <= stack[-1]:
+                    break
+            else:
+                slot, stack = len(stacks), []
+                stacks.append(stack)
+            stack.append(end)
+            placed[i][0] = lane if slot == 0 else f"{lane}#{slot + 1}"
+    return [tuple(p) for p in placed]
+
+
+def assign_tracks(events: Iterable[TraceEvent]) -> list[tuple[str, TraceEvent]]:
+    """Give every event a track name so that slices on one track never partially overlap.
+
+    Intervals of a lane are visited by (start, longest first); each goes to the first track of
+    its lane (``lane``, ``lane#2``, ...) on which it is disjoint from, or nested inside, what is
+    already open there. Instants stay on the lane's own track. Returns (track, event) pairs in
+    the input order. The Chrome export decides on its own rounded µs values, which can differ
+    from this at the nanosecond level.
+    """
+    evs = list(events)
+    return [(track, ev) for (track, _, _), ev in zip(_place(evs, 0.0, 0.0), evs)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Chrome trace
+
+def _slice_name(ev: TraceEvent) -> str:
+    if ev.kind == "token":
+        return f"token {ev.token}"
+    parts = [ev.kind]
+    if ev.layer >= 0:
+        parts.append(f"L{ev.layer}")
+    if ev.expert >= 0:
+        parts.append(f"E{ev.expert}")
+    return " ".join(parts)
+
+
+def _args(ev: TraceEvent, track: str) -> dict:
+    return {
+        "token": ev.token, "layer": ev.layer, "expert": ev.expert, "bytes": ev.bytes, "kind": ev.kind,
+        "timing": ev.timing, "detail": ev.detail, "lane": ev.lane, "track": track,
+        "start_ms": ev.start_ms, "dur_ms": ev.dur_ms,
+    }
+
+
+def _counter_events(events: Sequence[TraceEvent], pid: int | str, origin_ms: float,
+                    ts_offset_us: float) -> list[dict]:
+    """Per-token counters sampled at the token's first event: hit/miss instants and copied MB."""
+    first_ms: dict[int, float] = {}
+    hits: dict[int, int] = defaultdict(int)
+    misses: dict[int, int] = defaultdict(int)
+    copied: dict[int, int] = defaultdict(int)
+    for ev in events:
+        if ev.token < 0:
+            continue
+        first_ms[ev.token] = min(first_ms.get(ev.token, ev.start_ms), ev.start_ms)
+        if ev.kind in _HIT_KINDS:
+            hits[ev.token] += 1
+        elif ev.kind in _MISS_KINDS:
+            misses[ev.token] += 1
+        elif ev.kind in _COPY_KINDS:
+            copied[ev.token] += ev.bytes
+    out = []
+    for token in sorted(first_ms):
+        ts = round(_us(first_ms[token] - origin_ms) + ts_offset_us, _US_DECIMALS)
+        out.append({"ph": "C", "name": "hits/misses", "cat": CATEGORY, "pid": pid, "tid": COUNTER_TID,
+                    "ts": ts, "args": {"hits": hits[token], "misses": misses[token]}})
+        out.append({"ph": "C", "name": "copied MB", "cat": CATEGORY, "pid": pid, "tid": COUNTER_TID,
+                    "ts": ts, "args": {"MB": copied[token] / 1e6}})
+    return out
+
+
+def chrome_trace_events(events: Iterable[TraceEvent], *, pid: int | str = SPICE_PID,
+                        process_name: str = "SPICE", process_sort_index: int = 0,
+                        ts_offset_us: float = 0.0) -> list[dict]:
+    """Chrome-trace event dicts for one run: metadata, slices, instants and counters.
+
+    ``ts_offset_us`` shifts every timestamp (used to place the run beside another trace). Event
+    times are taken relative to the earliest start when that is negative (a measured clock may
+    start slightly before the run's zero), so timestamps are never negative.
+    """
+    evs = list(events)
+    origin_ms = min(min((ev.start_ms for ev in evs), default=0.0), 0.0)
+    placed = _place(evs, origin_ms, ts_offset_us)
+    track_names = sorted({track for track, _, _ in placed}, key=track_sort_key)
+    tids = {track: n for n, track in enumerate(track_names, start=COUNTER_TID + 1)}
+
+    out: list[dict] = [
+        {"ph": "M", "name": "process_name", "pid": pid, "tid": COUNTER_TID, "args": {"name": process_name}},
+        {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": COUNTER_TID,
+         "args": {"sort_index": process_sort_index}},
+    ]
+    for track, tid in tids.items():
+        out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": track}})
+        out.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+
+    body = []
+    for (track, ts, end), ev in zip(placed, evs):
+        rec = {"name": _slice_name(ev), "cat": f"{CATEGORY}.{ev.kind}", "pid": pid, "tid": tids[track],
+               "ts": ts, "args": _args(ev, track)}
+        if end > ts:
+            rec.update(ph="X", dur=round(end - ts, _US_DECIMALS))
+        else:
+            rec.update(ph="i", s="t")
+        body.append(rec)
+    # Outer slices before the slices they contain: what viewers expect when they stream a file.
+    body.sort(key=lambda r: (r["ts"], -r.get("dur", 0.0)))
+    return out + body + _counter_events(evs, pid, origin_ms, ts_offset_us)
+
+
+def jsonable(obj):
+    """A JSON-safe copy of ``obj``: non-finite floats become None, tuples lists, others ``str``."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, bool) or obj is None or isinstance(obj, (int, str)):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if hasattr(obj, "item") and callable(obj.item):     # numpy / torch scalars
+        return jsonable(obj.item())
+    return str(obj)
+
+
+def build_chrome_trace(events: Iterable[TraceEvent], *, metadata: dict) -> dict:
+    """The JSON Object Format dict: traceEvents, displayTimeUnit "ms", otherData = metadata."""
+    meta = jsonable(dict(metadata))
+    timing = meta.get("timing")
+    run_id = meta.get("run_id")
+    name = "SPICE" + (f" {run_id}" if run_id else "") + (f" ({timing})" if timing else "")
+    return {"traceEvents": chrome_trace_events(events, process_name=name),
+            "displayTimeUnit": "ms", "otherData": meta}
+
+
+def write_json(obj: dict, path: Path) -> Path:
+    """Write ``obj`` as strict JSON (no NaN); gzip it when ``path`` ends in ``.gz``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.dumps(obj, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    if path.suffix == ".gz":
+        # mtime=0: the same trace gives the same bytes.
+        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
+            gz.write(data)
+    else:
+        path.write_bytes(data)
+    return path
+
+
+def write_chrome_trace(events: Iterable[TraceEvent], path: Path, *, metadata: dict) -> Path:
+    """Write a Chrome-trace JSON file (``.json``, or gzipped ``.json.gz``) for Perfetto; returns ``path``."""
+    return write_json(build_chrome_trace(events, metadata=metadata), Path(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# CSV tables
+
+def per_token_frame(steps: Sequence[StepStats]) -> pd.DataFrame:
+    """One row per generated token: the StepStats scalars plus a count per outcome."""
+    rows = []
+    for s in steps:
+        counts = dict.fromkeys(OUTCOMES, 0)
+        for o in s.outcomes:
+            if o.outcome in counts:
+                counts[o.outcome] += 1
+        rows.append({
+            "index": s.index, "token_id": s.token_id, "text": s.text, "step_ms": s.step_ms,
+            "timing": s.timing, "hits": s.hits, "misses": s.misses, "bytes_copied": s.bytes_copied,
+            "stall_ms": s.stall_ms, "lookahead_depth": s.lookahead_depth, **counts,
+        })
+    return pd.DataFrame(rows, columns=list(PER_TOKEN_COLUMNS))
+
+
+def write_per_token_csv(steps: Sequence[StepStats], path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    per_token_frame(steps).to_csv(path, index=False)
+    return path
+
+
+def events_frame(events: Iterable[TraceEvent]) -> pd.DataFrame:
+    """One row per event, in the given order, with ``dur_ms`` added."""
+    rows = [{**ev.as_dict(), "dur_ms": ev.dur_ms} for ev in events]
+    return pd.DataFrame(rows, columns=list(EVENT_COLUMNS))
+
+
+def write_events_csv(events: Iterable[TraceEvent], path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    events_frame(events).to_csv(path, index=False)
+    return path

@@ -1,0 +1,107 @@
+"""Run-level numbers from per-token StepStats: TTFT, TPOT, hit rate, bytes and stalls per token.
+
+Definitions (the UI, the CLI and the benchmarks all read them from here):
+- TTFT is the first step's ``step_ms`` (it includes the prefill).
+- TPOT (median and p90, linear interpolation) is over the decode steps, i.e. every step after the
+  first; with one step there is no TPOT and it is reported as 0.0 (never NaN), as is tokens/s.
+- tokens_per_s = 1000 / median TPOT.
+- The *scope* of the rates is the decode steps, or every step when there is only the first one:
+  hit_rate = (hit + prefetch_hit) / all outcomes in scope; miss_split counts approx / cpu / copy
+  outcomes in scope; hit_rate_per_layer is the same ratio per layer; bytes_per_token and
+  stall_ms_per_token are means over the steps in scope. The prefill moves many tokens' experts
+  at once, so mixing it into per-token rates would hide the decode behaviour we care about.
+- When the steps in scope record no outcomes at all, hit_rate falls back to the steps'
+  ``hits / (hits + misses)`` counters, and is 0.0 when those are zero too.
+
+This module deliberately does not know how steps were timed (measured or modeled: ``timing``
+is only passed through), what the policies do, or how anything is displayed.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from spice_core.api import RunSummary, StepStats
+
+HIT_OUTCOMES = ("hit", "prefetch_hit")
+MISS_OUTCOMES = ("approx", "cpu", "copy")
+PER_LAYER_COLUMNS = ("layer", "selections", *HIT_OUTCOMES, *MISS_OUTCOMES, "hit_rate")
+
+
+def _finite(values: Sequence[float]) -> list[float]:
+    return [float(v) for v in values if math.isfinite(v)]
+
+
+def _mean(values: Sequence[float]) -> float:
+    vals = _finite(values)
+    return float(np.mean(vals)) if vals else 0.0
+
+
+def rate_scope(steps: Sequence[StepStats]) -> list[StepStats]:
+    """The steps per-token rates are taken over: decode steps (after the first), else all."""
+    ordered = sorted(steps, key=lambda s: s.index)
+    return ordered[1:] if len(ordered) > 1 else ordered
+
+
+def per_layer_table(steps: Sequence[StepStats]) -> pd.DataFrame:
+    """Per MoE layer: selections, a count per outcome, and hit_rate = (hit + prefetch_hit) / selections.
+
+    Counts every outcome of the given steps (pass `rate_scope(steps)` for decode-only numbers).
+    Rows are sorted by layer; layers without selections do not appear.
+    """
+    counts: dict[int, dict[str, int]] = {}
+    for s in steps:
+        for o in s.outcomes:
+            row = counts.setdefault(o.layer, dict.fromkeys(HIT_OUTCOMES + MISS_OUTCOMES, 0))
+            if o.outcome in row:
+                row[o.outcome] += 1
+    rows = []
+    for layer in sorted(counts):
+        row = counts[layer]
+        selections = sum(row.values())
+        hits = row["hit"] + row["prefetch_hit"]
+        rows.append({"layer": layer, "selections": selections, **row,
+                     "hit_rate": hits / selections if selections else 0.0})
+    return pd.DataFrame(rows, columns=list(PER_LAYER_COLUMNS))
+
+
+def _hit_rate(scope: Sequence[StepStats]) -> float:
+    outcomes = [o.outcome for s in scope for o in s.outcomes if o.outcome in HIT_OUTCOMES + MISS_OUTCOMES]
+    if outcomes:
+        return sum(o in HIT_OUTCOMES for o in outcomes) / len(outcomes)
+    hits = sum(s.hits for s in scope)
+    total = hits + sum(s.misses for s in scope)
+    return hits / total if total else 0.0
+
+
+def summarize(steps: Sequence[StepStats], *, run_id: str, policy: str, timing: str, profile: str,
+              shape: str, notes: Sequence[str] = (), text: str = "", finish_reason: str = "") -> RunSummary:
+    """Aggregate one run's steps into a RunSummary (see the module docstring for definitions)."""
+    ordered = sorted(steps, key=lambda s: s.index)
+    ttft_ms = float(ordered[0].step_ms) if ordered and math.isfinite(ordered[0].step_ms) else 0.0
+    tpots = _finite([s.step_ms for s in ordered[1:]])
+    tpot_median = float(np.median(tpots)) if tpots else 0.0
+    tpot_p90 = float(np.percentile(tpots, 90)) if tpots else 0.0
+    tokens_per_s = 1000.0 / tpot_median if tpot_median > 0 else 0.0
+
+    scope = rate_scope(ordered)
+    miss_split = dict.fromkeys(MISS_OUTCOMES, 0)
+    for s in scope:
+        for o in s.outcomes:
+            if o.outcome in miss_split:
+                miss_split[o.outcome] += 1
+    table = per_layer_table(scope)
+    hit_rate_per_layer = {int(r.layer): float(r.hit_rate) for r in table.itertuples(index=False)}
+
+    return RunSummary(
+        run_id=run_id, policy=policy, timing=timing, profile=profile, shape=shape,
+        n_tokens=len(ordered), ttft_ms=ttft_ms, tpot_ms_median=tpot_median, tpot_ms_p90=tpot_p90,
+        tokens_per_s=tokens_per_s, hit_rate=_hit_rate(scope),
+        bytes_per_token=_mean([s.bytes_copied for s in scope]),
+        stall_ms_per_token=_mean([s.stall_ms for s in scope]),
+        miss_split=miss_split, hit_rate_per_layer=hit_rate_per_layer, notes=tuple(notes),
+        text=text, finish_reason=finish_reason,
+    )

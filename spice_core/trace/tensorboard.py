@@ -1,0 +1,94 @@
+"""A TensorBoard (torch-tb-profiler) run directory holding a SPICE trace.
+
+    tiny torch.profiler run ──► export_chrome_trace ──► genuine profiler JSON
+                                                        + SPICE slices on their own pid
+                                                        ──► <run_dir>/<worker>.pt.trace.json.gz
+
+torch-tb-profiler only opens files that a profiler wrote (it reads ``schemaVersion``,
+``deviceProperties``, profiler categories, ...), so rather than imitate that format we record a
+few real CPU ops and merge SPICE's lanes into the result. SPICE's run starts where the
+profiler's first event starts; its slices carry "spice.*" categories, which the plugin's
+overview ignores and its trace view shows. Perfetto remains the documented viewer; this is
+for people whose tooling is TensorBoard.
+
+This module deliberately does not know what the events mean, nor anything of CUDA: the profile
+is CPU-only and exists to make the file loadable, not to measure SPICE.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from spice_core.trace.events import TraceEvent
+from spice_core.trace.export import chrome_trace_events, jsonable, write_json
+
+TRACE_SUFFIX = ".pt.trace.json.gz"
+
+
+def _profiler_trace() -> dict:
+    """A genuine torch.profiler Chrome trace of a few tiny CPU ops (the first call costs ~1-2 s)."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function("spice.export"):
+            a = torch.ones(4, 4)
+            torch.relu(a @ a).sum()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "profile.json"
+        prof.export_chrome_trace(str(path))
+        return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _free_pid(trace_events: list[dict]) -> int:
+    pids = [e.get("pid") for e in trace_events]
+    return max((p for p in pids if isinstance(p, int) and not isinstance(p, bool)), default=0) + 1
+
+
+def merge_into_profiler_trace(profiler_trace: dict, events: Iterable[TraceEvent], *,
+                              metadata: dict | None = None, trace_name: str = "spice") -> dict:
+    """``profiler_trace`` with SPICE's events added on a pid of their own; the input is not changed.
+
+    Every top-level key of the profiler's export is kept ("schemaVersion", "deviceProperties",
+    "traceName", ...); SPICE's ``metadata`` goes under a new "spice" key.
+    """
+    merged = dict(profiler_trace)
+    base = list(profiler_trace.get("traceEvents", []))
+    starts = [e["ts"] for e in base if e.get("ph") == "X" and isinstance(e.get("ts"), (int, float))]
+    meta = jsonable(dict(metadata or {}))
+    timing = meta.get("timing")
+    spice = chrome_trace_events(
+        events, pid=_free_pid(base), process_name="SPICE" + (f" ({timing})" if timing else ""),
+        process_sort_index=-1, ts_offset_us=min(starts, default=0.0))
+    merged["traceEvents"] = base + spice
+    merged["traceName"] = trace_name
+    merged["spice"] = meta
+    return merged
+
+
+def write_tensorboard_run(events: Iterable[TraceEvent], run_dir: Path, *, worker: str = "spice",
+                          metadata: dict | None = None) -> Path:
+    """Write ``<run_dir>/<worker>.pt.trace.json.gz``; point TensorBoard's logdir at ``run_dir``'s parent."""
+    if not worker or "/" in worker or "\\" in worker or worker.endswith("."):
+        raise ValueError(f"worker={worker!r} must be a plain file-name stem such as 'spice'")
+    run_dir = Path(run_dir)
+    path = run_dir / f"{worker}{TRACE_SUFFIX}"
+    merged = merge_into_profiler_trace(_profiler_trace(), events, metadata=metadata, trace_name=path.name)
+    return write_json(jsonable(merged), path)
+
+
+def zip_dir(run_dir: Path, zip_path: Path) -> Path:
+    """Zip ``run_dir`` so that it unpacks as ``<run_dir name>/...`` (a logdir holding one run)."""
+    run_dir, zip_path = Path(run_dir), Path(zip_path)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run_dir={str(run_dir)!r} is not a directory")
+    zip_path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(zip_path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for file in sorted(p for p in run_dir.rglob("*") if p.is_file()):
+            if file.resolve() == zip_path.resolve():
+                continue
+            zf.write(file, arcname=str(Path(run_dir.name) / file.relative_to(run_dir)))
+    return zip_path

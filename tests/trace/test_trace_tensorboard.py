@@ -1,0 +1,104 @@
+"""TensorBoard run layout: a genuine torch.profiler trace with SPICE's lanes merged in."""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import zipfile
+
+import pytest
+
+from spice_core.trace.chrome_schema import validate_chrome_trace
+from spice_core.trace.events import TraceEvent
+from spice_core.trace.tensorboard import merge_into_profiler_trace, write_tensorboard_run, zip_dir
+
+# torch-tb-profiler 0.4.3's consts.WORKER_PATTERN: the plugin lists only files that match it.
+TB_WORKER_PATTERN = re.compile(r"^(.*?)(\.\d+)?\.pt\.trace\.json(?:\.gz)?$")
+
+EVENTS = [
+    TraceEvent(0, -1, -1, "host", "token", 0.0, 6.0),
+    TraceEvent(0, 1, -1, "gpu", "layer", 0.0, 1.0),
+    TraceEvent(0, 1, 3, "copy", "copy", 0.5, 2.5, bytes=17_300_000),
+    TraceEvent(0, 1, 4, "copy", "prefetch", 1.0, 3.0, bytes=17_300_000),   # overlaps: goes to copy#2
+    TraceEvent(0, 1, 5, "gpu", "hit", 1.0, 1.0),
+    TraceEvent(0, 1, 6, "cpu0", "cpu_run", 1.0, 2.0),
+]
+
+
+@pytest.fixture(scope="module")
+def run_file(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("logdir") / "run1"
+    return write_tensorboard_run(EVENTS, run_dir, metadata={"run_id": "r1", "timing": "modeled"})
+
+
+@pytest.fixture(scope="module")
+def trace(run_file):
+    return json.loads(gzip.decompress(run_file.read_bytes()))
+
+
+def test_file_uses_the_tensorboard_worker_layout(run_file):
+    assert run_file.parent.name == "run1" and run_file.name == "spice.pt.trace.json.gz"
+    match = TB_WORKER_PATTERN.match(run_file.name)
+    assert match and match.group(1) == "spice"
+
+
+def test_profiler_fields_and_events_are_kept(trace):
+    for key in ("schemaVersion", "deviceProperties", "traceName", "traceEvents"):
+        assert key in trace
+    assert trace["traceName"] == "spice.pt.trace.json.gz"
+    assert trace["spice"] == {"run_id": "r1", "timing": "modeled"}
+    ops = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    assert any(e["name"].startswith("aten::") for e in ops)
+
+
+def test_spice_events_sit_on_their_own_pid_beside_the_profile(trace):
+    spice = [e for e in trace["traceEvents"] if str(e.get("cat", "")).startswith("spice.")]
+    assert sorted(e["args"]["kind"] for e in spice) == sorted(ev.kind for ev in EVENTS)
+    spice_pids = {e["pid"] for e in spice}
+    assert len(spice_pids) == 1
+    other_pids = {e.get("pid") for e in trace["traceEvents"] if e.get("cat") == "cpu_op"}
+    assert not spice_pids & other_pids
+    pid = spice_pids.pop()
+    names = {e["args"]["name"] for e in trace["traceEvents"]
+             if e.get("ph") == "M" and e["pid"] == pid and e["name"] == "thread_name"}
+    assert names == {"gpu", "copy", "copy#2", "cpu0", "host"}
+    first_op = min(e["ts"] for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cpu_op")
+    token = next(e for e in spice if e["args"]["kind"] == "token")
+    assert first_op - 1e6 < token["ts"] <= first_op       # aligned with the profile, not at 0
+
+
+def test_merged_trace_passes_the_schema_check(trace):
+    assert validate_chrome_trace(trace) == []
+
+
+def test_merge_does_not_change_the_profiler_trace():
+    base = {"schemaVersion": 1, "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 7,
+                                                 "tid": 7, "ts": 1000.0, "dur": 5.0}]}
+    merged = merge_into_profiler_trace(base, EVENTS)
+    assert len(base["traceEvents"]) == 1 and "spice" not in base
+    assert all(e["pid"] == 8 for e in merged["traceEvents"][1:])
+
+
+def test_zip_unpacks_as_a_logdir_holding_the_run(run_file, tmp_path):
+    zpath = zip_dir(run_file.parent, tmp_path / "out" / "tb.zip")
+    with zipfile.ZipFile(zpath) as zf:
+        assert zf.namelist() == ["run1/spice.pt.trace.json.gz"]
+        assert zf.read("run1/spice.pt.trace.json.gz") == run_file.read_bytes()
+
+
+@pytest.mark.parametrize("worker", ["", "a/b", "x."])
+def test_worker_must_be_a_file_name_stem(worker, tmp_path):
+    with pytest.raises(ValueError, match="worker"):
+        write_tensorboard_run(EVENTS, tmp_path, worker=worker)
+
+
+def test_torch_tb_profiler_parses_the_file_when_installed(trace):
+    pytest.importorskip("torch_tb_profiler")
+    from torch_tb_profiler.profiler.data import RunProfileData
+    from torch_tb_profiler.profiler.run_generator import RunGenerator
+
+    data = RunProfileData.from_json("spice", None, trace)
+    data.process()
+    data.analyze()
+    profile = RunGenerator("spice", None, data).generate_run_profile()
+    assert "trace" in {v.name for v in profile.views}
