@@ -1,0 +1,468 @@
+"""SpiceEngine: the one generator every front end drives (CLI, app, benchmarks).
+
+    SpiceEngine.load(model, device) ─► LoadedModel (experts in HostStore, rest on device)
+    start_prompt / start_chat / start_ids ─► GenerationRun (iterator of StepStats)
+        per run: LayerRuntime(policy spec, GpuSlots sized from the budget, timeline, predictor, CPU lane, LoRE)
+        per token: runtime.begin_token ─► model forward (hooks call runtime.run_layer) ─► sample ─► end_token
+    finished runs ─► RunRegistry ─► summaries, events, exports
+
+Not thread-safe by design: one generation at a time (a second concurrent start raises
+`EngineBusyError`); front ends queue requests. Knows nothing of Gradio.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from spice_core.api import (POLICIES, EngineInfo, RunSettings, RunSummary, StepStats)
+from spice_core.errors import ConfigError, PromptError, SpiceError
+from spice_core.generation import TextStreamer, build_prompt_ids, sample_next
+from spice_core.model.loader import LoadedModel, load_model
+from spice_core.orchestrator import LayerRuntime
+from spice_core.policy.cache import cache_slots_for_budget
+from spice_core.policy.spec import get_spec
+from spice_core.timing.costs import CostModel
+from spice_core.timing.profiles import ModelShape, get_profile, get_shape, profile_names, shape_names
+from spice_core.timing.timeline import ModeledTimeline
+from spice_core.types import ExpertKey
+
+log = logging.getLogger(__name__)
+MAX_RUNS_KEPT = 32
+
+
+class EngineBusyError(SpiceError):
+    """Another generation is running on this engine."""
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    settings: RunSettings
+    steps: list = field(default_factory=list)
+    events: list = field(default_factory=list)
+    summary: RunSummary | None = None
+    token_ids: list = field(default_factory=list)
+    prompt_ids: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    totals: dict = field(default_factory=dict)
+
+
+class SpiceEngine:
+    def __init__(self, lm: LoadedModel, *, timing: str | None = None, hw_profile=None) -> None:
+        self.lm = lm
+        self.timing = timing or ("measured" if lm.device.type == "cuda" else "modeled")
+        if self.timing not in ("measured", "modeled"):
+            raise ConfigError(f"timing={self.timing!r}: use 'measured' (CUDA only) or 'modeled'")
+        if self.timing == "measured" and lm.device.type != "cuda":
+            raise ConfigError("timing='measured' needs a CUDA device: use timing='modeled' on this machine")
+        self.hw_profile = hw_profile            # calibrated profile for decisions in measured mode
+        self._lock = threading.Lock()
+        self._runs: OrderedDict[str, RunRecord] = OrderedDict()
+        self._fwd_cache_kw = "cache" if "cache" in inspect.signature(lm.model.forward).parameters else "past_key_values"
+        cfg = lm.model.config
+        shared = 0
+        for name in ("n_shared_experts",):
+            if getattr(cfg, name, None):
+                shared = int(cfg.n_shared_experts) * lm.layout.intermediate
+        if getattr(cfg, "shared_expert_intermediate_size", None):
+            shared = int(cfg.shared_expert_intermediate_size)
+        self.native_shape = ModelShape(
+            name="native", hidden=lm.layout.hidden, expert_intermediate=lm.layout.intermediate,
+            shared_intermediate=shared, dense_intermediate=int(getattr(cfg, "intermediate_size", 0) or 0),
+            attention_params=self._attention_params(), dtype_bytes=lm.layout.nbytes // lm.layout.numel,
+            source="the loaded model's own dimensions")
+        self.artifacts = None    # calibration artifacts (draft heads, LoRE), see load_artifacts
+        self._cpu_lane = None
+
+    @classmethod
+    def load(cls, model: str | Path | None = None, device: str | None = None, **kw) -> "SpiceEngine":
+        engine = cls(load_model(model, device), **kw)
+        engine.load_artifacts()
+        return engine
+
+    def _attention_params(self) -> int:
+        layer = self.lm.model.model.layers[self.lm.moe_layers[0]]
+        return sum(p.numel() for p in layer.self_attn.parameters())
+
+    def load_artifacts(self) -> None:
+        """Draft heads and LoRE factors beside the model, when calibrated (optional)."""
+        try:
+            from spice_core.predictor.artifacts import load_artifacts_if_present
+        except ImportError:
+            return
+        self.artifacts = load_artifacts_if_present(self.lm)
+
+    # ------------------------------------------------------------------ info
+    def info(self) -> EngineInfo:
+        lm = self.lm
+        return EngineInfo(
+            model_name=lm.name, family=lm.family.name, n_layers=lm.n_layers, moe_layers=lm.moe_layers,
+            n_experts=lm.n_experts, top_k=lm.top_k, expert_bytes=lm.layout.nbytes, device=lm.device.type,
+            default_timing=self.timing, policies=POLICIES, profiles=profile_names(), shapes=shape_names(),
+            has_draft=bool(self.artifacts and self.artifacts.draft is not None),
+            has_lore=bool(self.artifacts and self.artifacts.lore is not None),
+            max_context_tokens=lm.max_context_tokens)
+
+    @property
+    def routed_bytes(self) -> int:
+        return self.lm.host.total_bytes
+
+    def min_cache_bytes(self) -> int:
+        return self.lm.top_k * self.lm.layout.nbytes
+
+    # ------------------------------------------------------------------ runs
+    def start_prompt(self, prompt: str, settings: RunSettings) -> "GenerationRun":
+        return self.start_ids(build_prompt_ids(self.lm.tokenizer, prompt=prompt), settings)
+
+    def start_chat(self, messages: list[dict], settings: RunSettings) -> "GenerationRun":
+        return self.start_ids(build_prompt_ids(self.lm.tokenizer, messages=messages), settings)
+
+    def start_ids(self, input_ids: list[int], settings: RunSettings) -> "GenerationRun":
+        if not input_ids:
+            raise PromptError("the prompt is empty: pass some text")
+        ctx = self.lm.max_context_tokens
+        if len(input_ids) >= ctx:
+            raise PromptError(f"the prompt is {len(input_ids)} tokens but the model's context is {ctx} tokens: "
+                              "shorten the prompt (or start a new chat)")
+        self._validate(settings)
+        return GenerationRun(self, list(input_ids), settings)
+
+    def _validate(self, s: RunSettings) -> None:
+        get_spec(s.policy)
+        get_profile(s.profile)
+        get_shape(s.shape, self.native_shape)
+        if s.policy != "resident":
+            budget = s.cache_frac * self.routed_bytes
+            if budget < self.min_cache_bytes():
+                need_frac = self.min_cache_bytes() / self.routed_bytes
+                raise ConfigError(
+                    f"cache budget {budget / 1e9:.4f} GB is smaller than one layer's top-{self.lm.top_k} experts "
+                    f"({self.min_cache_bytes() / 1e9:.4f} GB): raise --cache-frac to >= {need_frac:.4f} "
+                    f"or --cache-gb to >= {self.min_cache_bytes() / 1e9:.4f}")
+
+    def _register(self, rec: RunRecord) -> None:
+        self._runs[rec.run_id] = rec
+        while len(self._runs) > MAX_RUNS_KEPT:
+            self._runs.popitem(last=False)
+
+    def list_runs(self) -> list[RunSummary]:
+        return [r.summary for r in reversed(self._runs.values()) if r.summary is not None]
+
+    def _record(self, run_id: str) -> RunRecord:
+        if run_id not in self._runs:
+            raise SpiceError(f"run {run_id!r} is unknown or expired: pick one from the run list")
+        return self._runs[run_id]
+
+    def get_summary(self, run_id: str) -> RunSummary:
+        return self._record(run_id).summary
+
+    def get_steps(self, run_id: str) -> list[StepStats]:
+        return list(self._record(run_id).steps)
+
+    def get_events(self, run_id: str) -> list:
+        return list(self._record(run_id).events)
+
+    def get_record(self, run_id: str) -> RunRecord:
+        return self._record(run_id)
+
+    def export_chrome_trace(self, run_id: str, out_dir: Path) -> Path:
+        from spice_core.trace.export import write_chrome_trace
+
+        rec = self._record(run_id)
+        return write_chrome_trace(rec.events, Path(out_dir) / f"spice-{run_id}.trace.json",
+                                  metadata=self._metadata(rec))
+
+    def export_tensorboard_zip(self, run_id: str, out_dir: Path) -> Path:
+        from spice_core.trace.tensorboard import write_tensorboard_run, zip_dir
+
+        rec = self._record(run_id)
+        run_dir = Path(out_dir) / f"spice-{run_id}"
+        write_tensorboard_run(rec.events, run_dir, worker="spice", metadata=self._metadata(rec)) \
+            if "metadata" in inspect.signature(write_tensorboard_run).parameters else \
+            write_tensorboard_run(rec.events, run_dir, worker="spice")
+        return zip_dir(run_dir, Path(out_dir) / f"spice-{run_id}-tensorboard.zip")
+
+    def export_csv(self, run_id: str, out_dir: Path) -> Path:
+        from spice_core.trace.export import write_per_token_csv
+
+        rec = self._record(run_id)
+        return write_per_token_csv(rec.steps, Path(out_dir) / f"spice-{run_id}-per-token.csv")
+
+    def _metadata(self, rec: RunRecord) -> dict:
+        s = rec.settings
+        return {"run_id": rec.run_id, "model": self.lm.name, "policy": s.policy, "timing": self.timing,
+                "profile": s.profile if self.timing == "modeled" else "this machine", "shape": s.shape,
+                "cache_frac": s.cache_frac, "tau_prefetch": s.tau_prefetch, "tau_approx": s.tau_approx,
+                "max_lookahead": s.max_lookahead}
+
+    # ------------------------------------------------------------------ runtime construction
+    def _costs(self, s: RunSettings) -> CostModel:
+        if self.timing == "measured":
+            prof = self.hw_profile or get_profile("h200-pcie5x16")
+            return CostModel(prof, self.native_shape)
+        return CostModel(get_profile(s.profile), get_shape(s.shape, self.native_shape))
+
+    def _timeline(self, costs: CostModel, modeled: bool):
+        if modeled or self.timing == "modeled":
+            return ModeledTimeline(costs, native_expert_bytes=self.lm.layout.nbytes, cpu_workers=1)
+        from spice_core.timing.measured import MeasuredTimeline
+
+        return MeasuredTimeline(self.lm.device, torch.cuda.Stream(self.lm.device))
+
+    def build_runtime(self, s: RunSettings, *, notes: list, oracle_routing=None, modeled: bool = False) -> LayerRuntime:
+        spec = get_spec(s.policy)
+        costs = self._costs(s)
+        lm = self.lm
+        reserved = 0
+        predictor = lore = None
+        if spec.predictor == "gate":
+            from spice_core.predictor.gate import GatePredictor
+            predictor = GatePredictor(lm)
+        elif spec.predictor == "oracle":
+            from spice_core.predictor.oracle import OraclePredictor
+            predictor = OraclePredictor(lm, oracle_routing or {})
+        elif spec.predictor == "draft":
+            draft = self.artifacts.draft if self.artifacts else None
+            if draft is None:
+                from spice_core.predictor.gate import GatePredictor
+                predictor = GatePredictor(lm)
+                notes.append("no draft artifacts beside the model: fell back to the training-free gate predictor "
+                             "(build them with: python -m spice_core calibrate --model M)")
+            else:
+                predictor = draft
+                reserved += draft.nbytes
+        if spec.use_lore:
+            lore_all = self.artifacts.lore if self.artifacts else None
+            if lore_all is None:
+                if s.tau_approx > 0:
+                    notes.append("no LoRE artifacts beside the model: misses are never approximated (exact only); "
+                                 "build them with: python -m spice_core calibrate --model M")
+            else:
+                lore = lore_all.with_rank(s.lore_rank)
+                reserved += lore.nbytes
+        cpu_lane = None
+        if spec.use_cpu and s.cpu_lane and lm.device.type == "cuda" and not modeled:
+            cpu_lane = self._get_cpu_lane()
+        if spec.use_cpu and not s.cpu_lane and spec.miss_mode == "cpu":
+            raise ConfigError("policy cpu_compute needs the CPU lane: turn the CPU lane on or pick another policy")
+        if spec.preload_all:
+            n_slots = len(lm.host)
+        else:
+            budget = int(s.cache_frac * self.routed_bytes)
+            n_slots = cache_slots_for_budget(budget, lm.layout.nbytes, reserved)
+            n_slots = min(n_slots, len(lm.host))
+            if n_slots < lm.top_k:
+                raise ConfigError(
+                    f"cache budget {budget / 1e9:.4f} GB leaves room for {n_slots} experts after "
+                    f"{reserved / 1e9:.4f} GB of draft/LoRE memory, fewer than top-{lm.top_k}: raise --cache-frac")
+        static = None
+        if spec.static_cache:
+            static = self._popular_experts()
+        rt = LayerRuntime(lm, spec, n_slots, self._timeline(costs, modeled), costs,
+                          tau_prefetch=s.tau_prefetch, tau_approx=s.tau_approx if lore is not None else 0.0,
+                          max_lookahead=s.max_lookahead, predictor=predictor, cpu_lane=cpu_lane, lore=lore,
+                          static_experts=static)
+        if spec.use_cpu and not s.cpu_lane and spec.miss_mode == "orchestrate":
+            rt.spec = replace(spec, use_cpu=False)
+        if spec.use_cpu and s.cpu_lane and rt.cpu_lane is None and lm.device.type == "cuda" and not modeled:
+            notes.append("CPU lane unavailable: exact misses are copied")
+        if spec.use_cpu and lm.device.type != "cuda" or modeled:
+            rt._modeled_cpu = True
+        return rt
+
+    def _get_cpu_lane(self):
+        if self._cpu_lane is None:
+            from spice_core.exec.cpu_lane import CpuLane
+            try:
+                self._cpu_lane = CpuLane(workers=1)
+            except SpiceError as e:
+                log.warning("%s", e)
+                return None
+        return self._cpu_lane
+
+    def _popular_experts(self) -> list[ExpertKey]:
+        """Static placement for cpu_compute (Fiddler): most popular experts first, from the
+        calibration statistics when present, else spread evenly over layers."""
+        if self.artifacts is not None and getattr(self.artifacts, "popularity", None) is not None:
+            return list(self.artifacts.popularity)
+        keys = []
+        for e in range(self.lm.n_experts):
+            for layer in self.lm.moe_layers:
+                keys.append(ExpertKey(layer, e))
+        return keys
+
+    def record_routing(self, input_ids: list[int], s: RunSettings) -> dict:
+        """The exact routing of a generation (for the oracle): (token, layer) -> selected experts."""
+        routing: dict[tuple[int, int], tuple[int, ...]] = {}
+        probe = replace(s, policy="lru", cache_frac=max(s.cache_frac, self.min_cache_bytes() / self.routed_bytes))
+        run = GenerationRun(self, input_ids, probe, modeled=True, register=False)
+
+        def observe(layer, x, idx, w):
+            routing[(run.token_index, layer)] = tuple(sorted(set(idx.flatten().tolist())))
+
+        run.observers.append(observe)
+        for _ in run:
+            pass
+        return routing
+
+
+class GenerationRun:
+    """One generation: iterate to get StepStats per token. Implements api.Generation."""
+
+    def __init__(self, engine: SpiceEngine, input_ids: list[int], settings: RunSettings, *,
+                 modeled: bool = False, register: bool = True) -> None:
+        self.engine = engine
+        self.run_id = uuid.uuid4().hex[:10]
+        self.settings = settings
+        self._pending_settings: RunSettings | None = None
+        self._cancel = threading.Event()
+        self._modeled = modeled
+        self._register = register
+        self.input_ids = input_ids
+        self.observers: list = []
+        self.token_index = 0
+        self.record = RunRecord(self.run_id, settings, prompt_ids=list(input_ids))
+        self._started = False
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def update_settings(self, settings: RunSettings) -> None:
+        """Thresholds apply from the next token; policy / cache / profile changes from the next message."""
+        self._pending_settings = settings
+
+    def summary(self) -> RunSummary:
+        if self.record.summary is None:
+            raise SpiceError("the run has not finished yet")
+        return self.record.summary
+
+    def __iter__(self):
+        if self._started:
+            raise SpiceError("a generation can be iterated only once: start a new one")
+        self._started = True
+        eng = self.engine
+        if not self._register:   # an inner pass of a run that already holds the engine
+            yield from self._run()
+            return
+        if not eng._lock.acquire(blocking=False):
+            raise EngineBusyError("the engine is busy with another generation: wait for it to finish or stop it")
+        try:
+            yield from self._run()
+        finally:
+            for mod in eng.lm.experts_modules.values():
+                mod.runtime = None
+            eng._lock.release()
+
+    def _apply_pending(self, rt: LayerRuntime) -> None:
+        s = self._pending_settings
+        if s is None:
+            return
+        self._pending_settings = None
+        rt.tau_prefetch, rt.max_lookahead = s.tau_prefetch, s.max_lookahead
+        if rt.lore is not None:
+            rt.tau_approx = s.tau_approx
+        self.settings = replace(self.settings, tau_prefetch=s.tau_prefetch, tau_approx=s.tau_approx,
+                                max_lookahead=s.max_lookahead, temperature=s.temperature, top_p=s.top_p)
+
+    @torch.no_grad()
+    def _run(self):
+        eng, s, lm = self.engine, self.settings, self.engine.lm
+        notes: list[str] = []
+        oracle = None
+        if get_spec(s.policy).predictor == "oracle":
+            oracle = eng.record_routing(self.input_ids, s)
+            notes.append("oracle_prefetch replays the exact routing recorded in a first pass (an upper bound)")
+        rt = eng.build_runtime(s, notes=notes, oracle_routing=oracle, modeled=self._modeled)
+        rt.observers.extend(self.observers)
+        for mod in lm.experts_modules.values():
+            mod.runtime = rt
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=lm.model.config)
+        gen = None
+        if s.temperature > 0:
+            gen = torch.Generator().manual_seed(s.seed)
+        streamer = TextStreamer(lm.tokenizer, s.stop)
+        eos = _eos_ids(lm)
+        max_new = min(s.max_new_tokens, lm.max_context_tokens - len(self.input_ids))
+        cur = torch.tensor([self.input_ids], device=lm.device)
+        finish = ""
+        steps = self.record.steps
+        timing = "modeled" if (self._modeled or eng.timing == "modeled") else "measured"
+        for i in range(max_new):
+            if self._cancel.is_set():
+                finish = "cancelled"
+                break
+            self._apply_pending(rt)
+            self.token_index = i
+            rt.begin_token(i)
+            out = lm.model(input_ids=cur, use_cache=True, **{eng._fwd_cache_kw: cache})
+            logits = out.logits[0, -1]
+            tok = sample_next(logits, self.settings.temperature, self.settings.top_p, gen)
+            step_ms = rt.end_token()
+            self.record.token_ids.append(tok)
+            c = rt.counters
+            events = rt.timeline.drain_events()
+            self.record.events.extend(events)
+            delta = streamer.push(tok)
+            is_eos = tok in eos
+            if is_eos:
+                finish = "eos"
+            elif streamer.stopped:
+                finish = "stop"
+            elif i == max_new - 1:
+                finish = "length"
+            stall = sum(ev.dur_ms for ev in events if ev.kind == "stall" and ev.token == i)
+            from spice_core.api import LaneInterval
+            intervals = tuple(LaneInterval(ev.lane, ev.kind, ev.start_ms, ev.end_ms, ev.layer, ev.expert)
+                              for ev in events if ev.end_ms > ev.start_ms)
+            step = StepStats(index=i, token_id=tok, text="" if is_eos else delta, step_ms=step_ms, timing=timing,
+                             hits=c.hits, misses=c.misses, bytes_copied=c.bytes_copied, stall_ms=stall,
+                             lookahead_depth=(sum(c.depths) / len(c.depths)) if c.depths else 0.0,
+                             outcomes=tuple(c.outcomes), prefetches=tuple(c.prefetches), intervals=intervals,
+                             finished=bool(finish), finish_reason=finish)
+            steps.append(step)
+            yield step
+            if finish:
+                break
+            cur = torch.tensor([[tok]], device=lm.device)
+        if finish == "cancelled" or not finish:
+            finish = finish or "length"
+        self.record.notes = notes
+        self.record.totals = dict(rt.totals)
+        self._finish(streamer, finish, notes)
+
+    def _finish(self, streamer: TextStreamer, finish: str, notes: list[str]) -> None:
+        from spice_core.trace.metrics import summarize
+
+        eng, s = self.engine, self.settings
+        timing = "modeled" if (self._modeled or eng.timing == "modeled") else "measured"
+        streamer.flush()
+        self.record.summary = summarize(
+            self.record.steps, run_id=self.run_id, policy=s.policy, timing=timing,
+            profile=s.profile if timing == "modeled" else "this machine",
+            shape=s.shape if timing == "modeled" else "native", notes=tuple(notes), text=streamer.text,
+            finish_reason=finish)
+        if self._register:
+            eng._register(self.record)
+
+
+def _eos_ids(lm: LoadedModel) -> set[int]:
+    ids = set()
+    for src in (getattr(lm.model, "generation_config", None), lm.model.config):
+        v = getattr(src, "eos_token_id", None) if src is not None else None
+        if isinstance(v, int):
+            ids.add(v)
+        elif isinstance(v, (list, tuple)):
+            ids.update(int(x) for x in v)
+    if lm.tokenizer is not None and lm.tokenizer.eos_token_id is not None:
+        ids.add(int(lm.tokenizer.eos_token_id))
+    return ids

@@ -1,0 +1,104 @@
+"""Token-level generation helpers: prompt building, sampling, stop strings, text streaming.
+
+Pure functions over tensors and strings; the decode loop itself lives in engine.py.
+"""
+from __future__ import annotations
+
+import torch
+
+from spice_core.errors import PromptError
+
+
+def build_prompt_ids(tokenizer, *, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
+    """Token ids for a plain prompt or a chat (the tokenizer's chat template when it has one)."""
+    if tokenizer is None:
+        raise PromptError("this model has no tokenizer files: pass token ids, or use a checkpoint with a tokenizer")
+    if messages is not None:
+        msgs = [{"role": m["role"], "content": _content_text(m.get("content"))} for m in messages]
+        if not msgs or not any(m["content"].strip() for m in msgs if m["role"] == "user"):
+            raise PromptError("the message is empty: type some text")
+        if getattr(tokenizer, "chat_template", None):
+            text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        else:
+            text = "\n".join(m["content"] for m in msgs)
+    else:
+        if prompt is None or not prompt.strip():
+            raise PromptError("the prompt is empty: pass some text with --prompt")
+        text = prompt
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise PromptError("the prompt produced no tokens: pass some text")
+    return list(ids)
+
+
+def _content_text(content) -> str:
+    """Gradio-style content may be a string or a list of parts ({'type': 'text', 'text': ...})."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (list, tuple)):
+        parts = []
+        for p in content:
+            if isinstance(p, str):
+                parts.append(p)
+            elif isinstance(p, dict) and p.get("type", "text") == "text":
+                parts.append(str(p.get("text", "")))
+        return "".join(parts)
+    return str(content)
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> int:
+    """logits [V] -> token id. temperature 0 is greedy (argmax, ties to the lowest id, like transformers)."""
+    if temperature <= 0.0:
+        return int(torch.argmax(logits).item())
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)
+        cum = torch.cumsum(sorted_p, dim=-1)
+        keep = cum - sorted_p < top_p          # always keeps the most likely token
+        sorted_p = sorted_p * keep
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
+        probs = probs / probs.sum()
+    return int(torch.multinomial(probs.cpu(), 1, generator=generator).item())
+
+
+class TextStreamer:
+    """Turns generated ids into text deltas, holding back what could still become a stop
+    string or is an incomplete UTF-8 sequence."""
+
+    def __init__(self, tokenizer, stop: tuple[str, ...] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.stop = tuple(s for s in stop if s)
+        self.ids: list[int] = []
+        self.emitted = 0
+        self.text = ""
+        self.stopped = False
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        if self.tokenizer is None:
+            return ""
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        for s in self.stop:
+            i = text.find(s)
+            if i >= 0:
+                text, self.stopped = text[:i], True
+        self.text = text
+        safe = len(text)
+        if not self.stopped:
+            if text.endswith("\ufffd"):
+                safe = len(text.rstrip("\ufffd"))
+            for s in self.stop:
+                for k in range(min(len(s) - 1, len(text)), 0, -1):
+                    if text.endswith(s[:k]):
+                        safe = min(safe, len(text) - k)
+                        break
+        delta = text[self.emitted:safe] if safe > self.emitted else ""
+        self.emitted = max(self.emitted, safe)
+        return delta
+
+    def flush(self) -> str:
+        delta = self.text[self.emitted:]
+        self.emitted = len(self.text)
+        return delta

@@ -1,0 +1,1 @@
+"""Memory mechanisms: where expert weights live. They act; policies decide."""

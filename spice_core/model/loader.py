@@ -1,0 +1,243 @@
+"""Load a transformers MoE checkpoint into the offloaded layout.
+
+    path / hub id ─► resolve ─► check (config, family, safetensors, expert keys, shards)
+                 ─► from_pretrained on the host ─► per-expert buffers into HostStore
+                 ─► each `mlp.experts` replaced by `OffloadedExperts` ─► rest to device
+
+The fused expert tensors are only ever materialised in host memory, one layer at a time
+is sliced into per-expert buffers and then dropped. Safetensors only; never
+``trust_remote_code``. Knows nothing of policies or timing.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from spice_core.errors import ModelLoadError, UnsupportedModelError
+from spice_core.memory.host_store import ExpertLayout, HostStore
+from spice_core.model.families import (FAMILIES, FUSED_KEY_FORMATS, SUPPORTED_ARCHITECTURES, Family,
+                                       is_moe_block)
+from spice_core.types import ExpertKey
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_MODEL_DIR = REPO_ROOT / "assets" / "spice-mini"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    tokenizer: object | None
+    family: Family
+    path: Path
+    moe_layers: tuple[int, ...]
+    n_layers: int
+    n_experts: int
+    top_k: int
+    layout: ExpertLayout
+    host: HostStore
+    device: torch.device
+    experts_modules: dict = field(default_factory=dict)   # layer -> OffloadedExperts
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def max_context_tokens(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+
+    def moe_block(self, layer: int) -> nn.Module:
+        return self.model.model.layers[layer].mlp
+
+
+def _online(host: str = "huggingface.co", timeout_s: float = 2.0) -> bool:
+    try:
+        with socket.create_connection((host, 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def resolve_model_path(model: str | Path | None) -> Path:
+    """A local directory, or a hub id fetched only when online (fails fast offline)."""
+    if model is None or str(model) == "":
+        path = DEFAULT_MODEL_DIR
+        if not path.is_dir():
+            raise ModelLoadError(f"the shipped model is missing at {path}: pass --model DIR or restore assets/")
+        return path
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ModelLoadError(f"--model {model}: is a file, not a checkpoint directory: pass the folder holding config.json")
+    s = str(model)
+    if not _HUB_ID.match(s) or s.startswith((".", "/", "~")):
+        raise ModelLoadError(f"--model {model}: no such directory: pass an existing checkpoint folder or a hub id like org/name")
+    return _resolve_hub(s)
+
+
+def _resolve_hub(repo_id: str) -> Path:
+    from huggingface_hub import constants, snapshot_download
+
+    patterns = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached; decide below whether we may go online
+        pass
+    if constants.HF_HUB_OFFLINE or not _online():
+        raise ModelLoadError(
+            f"--model {repo_id}: not a local directory and not in the hub cache, and the Hugging Face hub "
+            "is unreachable (offline): download it elsewhere and pass its local folder")
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except Exception as e:  # noqa: BLE001 - hub errors come in many types
+        raise ModelLoadError(f"--model {repo_id}: could not download from the hub ({type(e).__name__}: {e})") from e
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        other = [p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt")]
+        hint = f" (found {', '.join(other)}: pickled weights are refused; re-save with safetensors)" if other else ""
+        raise ModelLoadError(f"--model {path}: holds no .safetensors files{hint}")
+    return files
+
+
+def _checkpoint_keys(path: Path, files: list[Path]) -> set[str]:
+    """All tensor names, opening every shard (a truncated or corrupted shard is named)."""
+    from safetensors import safe_open
+
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            wanted = set(json.loads(index.read_text())["weight_map"].values())
+        except (json.JSONDecodeError, KeyError) as e:
+            raise ModelLoadError(f"{index.name} in {path} is unreadable ({e}): re-save the checkpoint") from e
+        missing = sorted(w for w in wanted if not (path / w).exists())
+        if missing:
+            raise ModelLoadError(f"checkpoint shard {missing[0]} is missing from {path}: restore it or re-save the checkpoint")
+    keys: set[str] = set()
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as h:
+                keys.update(h.keys())
+        except Exception as e:  # noqa: BLE001 - safetensors raises several types for bad files
+            raise ModelLoadError(f"checkpoint shard {f.name} is corrupted or truncated ({e}): restore or re-save it") from e
+    return keys
+
+
+def read_config(path: Path) -> dict:
+    cfg_path = path / "config.json"
+    if not cfg_path.exists():
+        raise ModelLoadError(f"--model {path}: no config.json: pass a transformers checkpoint folder")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{cfg_path} is not valid JSON ({e})") from e
+    archs = cfg.get("architectures") or []
+    if not archs or archs[0] not in FAMILIES:
+        raise UnsupportedModelError(
+            f"--model {path}: architecture {archs[0] if archs else 'unknown'} is not supported: "
+            f"use one of {', '.join(SUPPORTED_ARCHITECTURES)}")
+    return cfg
+
+
+def _find_moe_layers(model: nn.Module) -> tuple[int, ...]:
+    return tuple(i for i, layer in enumerate(model.model.layers) if is_moe_block(getattr(layer, "mlp", None) or nn.Module()))
+
+
+def _check_expert_keys(path: Path, keys: set[str], family: Family, moe_layers: tuple[int, ...], n_experts: int) -> None:
+    for layer in moe_layers:
+        fused = [f.format(L=layer) for f in FUSED_KEY_FORMATS]
+        if all(k in keys for k in fused):
+            continue
+        fmts = family.expert_key_formats
+        groups = [fmts[i:i + 3] for i in range(0, len(fmts), 3)]
+        for e in range(n_experts):
+            if not any(all(f.format(L=layer, E=e) in keys for f in g) for g in groups):
+                want = groups[0][0].format(L=layer, E=e)
+                raise ModelLoadError(
+                    f"checkpoint {path} lacks expert tensors for layer {layer} expert {e} (e.g. {want}): "
+                    "the checkpoint is incomplete; re-save or re-download it")
+
+
+def load_model(model: str | Path | None, device: str | torch.device | None = None,
+               dtype: torch.dtype | None = None) -> LoadedModel:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from spice_core.exec.experts import OffloadedExperts
+
+    path = resolve_model_path(model)
+    cfg_dict = read_config(path)
+    family = FAMILIES[cfg_dict["architectures"][0]]
+    files = _safetensors_files(path)
+    keys = _checkpoint_keys(path, files)
+    try:
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+    except Exception as e:  # noqa: BLE001 - config classes raise many types
+        raise ModelLoadError(f"--model {path}: config.json cannot be read by transformers ({e})") from e
+
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    moe_layers = _find_moe_layers(skeleton)
+    if not moe_layers:
+        raise UnsupportedModelError(f"--model {path}: has no MoE layers (a dense model): use an MoE checkpoint "
+                                    f"({', '.join(SUPPORTED_ARCHITECTURES)})")
+    first = skeleton.model.layers[moe_layers[0]].mlp.experts
+    n_experts = int(first.gate_up_proj.shape[0])
+    n_layers = len(skeleton.model.layers)
+    del skeleton
+    _check_expert_keys(path, keys, family, moe_layers, n_experts)
+
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("--device cuda was asked for but no CUDA GPU is visible: use --device cpu")
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or "auto", trust_remote_code=False,
+                                                  use_safetensors=True)
+    except Exception as e:  # noqa: BLE001 - transformers raises many types for bad checkpoints
+        raise ModelLoadError(f"--model {path}: transformers could not load it ({type(e).__name__}: {e})") from e
+    hf.eval()
+
+    gu = hf.model.layers[moe_layers[0]].mlp.experts.gate_up_proj
+    layout = ExpertLayout(hidden=int(gu.shape[2]), intermediate=int(gu.shape[1]) // 2, dtype=gu.dtype)
+    host = HostStore(layout, pinned=dev.type == "cuda")
+    experts_modules = {}
+    for layer in moe_layers:
+        mlp = hf.model.layers[layer].mlp
+        fused = mlp.experts
+        with torch.no_grad():
+            for e in range(n_experts):
+                host.put(ExpertKey(layer, e), fused.gate_up_proj[e], fused.down_proj[e])
+        mod = OffloadedExperts(layer, n_experts, fused.act_fn)
+        mlp.experts = mod
+        experts_modules[layer] = mod
+        del fused
+    hf.to(dev)
+    top_k = int(getattr(config, "num_experts_per_tok", 0) or getattr(config, "top_k", 0))
+    tokenizer = _load_tokenizer(path)
+    log.info("loaded %s (%s): %d MoE layers x %d experts, %.1f MB of routed experts in host memory",
+             path.name, family.name, len(moe_layers), n_experts, host.total_bytes / 1e6)
+    return LoadedModel(hf, tokenizer, family, path, moe_layers, n_layers, n_experts, top_k, layout, host, dev,
+                       experts_modules)
+
+
+def _load_tokenizer(path: Path):
+    if not any((path / n).exists() for n in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+    except Exception as e:  # noqa: BLE001
+        raise ModelLoadError(f"--model {path}: the tokenizer files cannot be loaded ({e})") from e

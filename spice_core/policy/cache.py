@@ -1,0 +1,82 @@
+"""Eviction policies for the GPU expert cache, over plain `SlotView`s.
+
+- `LruEviction`: least recently used (mixtral-offloading's scheme).
+- `LfuEviction`: least frequently used, LRU among ties.
+- `FarthestNextUseEviction`: Belady-style with *predicted* next use: evict the expert
+  whose predicted next use (in layers from now) is farthest, unpredicted = infinitely
+  far; LRU among ties. Used by the prefetching policies so a prefetch never evicts an
+  expert needed sooner than the one it brings in.
+
+A policy returns None when no slot may be evicted (all are busy/protected).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Protocol, Sequence
+
+from spice_core.types import ExpertKey
+
+
+@dataclass(frozen=True)
+class SlotView:
+    key: ExpertKey
+    last_use_tick: int
+    use_count: int
+    protected: bool = False   # in use by the current layer, or wanted sooner than the incoming expert
+
+
+class EvictionPolicy(Protocol):
+    name: str
+
+    def choose_victim(self, slots: Sequence[SlotView], next_use: Mapping[ExpertKey, float] | None = None) -> ExpertKey | None: ...
+
+
+class LruEviction:
+    name = "lru"
+
+    def choose_victim(self, slots, next_use=None):
+        cands = [s for s in slots if not s.protected]
+        if not cands:
+            return None
+        return min(cands, key=lambda s: (s.last_use_tick, s.key)).key
+
+
+class LfuEviction:
+    name = "lfu"
+
+    def choose_victim(self, slots, next_use=None):
+        cands = [s for s in slots if not s.protected]
+        if not cands:
+            return None
+        return min(cands, key=lambda s: (s.use_count, s.last_use_tick, s.key)).key
+
+
+class FarthestNextUseEviction:
+    """Evict the expert predicted to be needed last (never = +inf); LRU among ties.
+
+    ``horizon``: an incoming expert needed at distance ``d`` may only evict experts whose
+    predicted next use is farther than ``d`` (callers pass it via `victim_for`).
+    """
+
+    name = "farthest_next_use"
+
+    def choose_victim(self, slots, next_use=None):
+        return self.victim_for(slots, next_use or {}, incoming_distance=-math.inf)
+
+    def victim_for(self, slots: Sequence[SlotView], next_use: Mapping[ExpertKey, float],
+                   incoming_distance: float) -> ExpertKey | None:
+        cands = [s for s in slots if not s.protected and next_use.get(s.key, math.inf) > incoming_distance]
+        if not cands:
+            return None
+        return max(cands, key=lambda s: (next_use.get(s.key, math.inf), -s.last_use_tick, s.key)).key
+
+
+EVICTION_POLICIES = {"lru": LruEviction, "lfu": LfuEviction, "farthest_next_use": FarthestNextUseEviction}
+
+
+def cache_slots_for_budget(budget_bytes: int, expert_bytes: int, reserved_bytes: int = 0) -> int:
+    """How many expert slots fit a byte budget after reserved bytes (LoRE, draft heads)."""
+    if expert_bytes <= 0:
+        raise ValueError("expert_bytes must be > 0")
+    return max(0, (budget_bytes - reserved_bytes) // expert_bytes)

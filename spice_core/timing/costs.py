@@ -1,0 +1,63 @@
+"""The cost model: how long each operation takes on a profile, for a shape.
+
+Used twice: by the modeled timeline to *time* decisions, and by policies (lookahead,
+miss orchestration) to *make* them in either timing mode. Batch-1 decoding is memory
+bound, so a kernel's time is max(bytes / bandwidth, flops / peak) plus launch overhead.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spice_core.timing.profiles import HardwareProfile, ModelShape
+
+_GB = 1e9
+
+
+def _ms(nbytes: float, gbps: float) -> float:
+    return nbytes / (gbps * _GB) * 1e3
+
+
+@dataclass(frozen=True)
+class CostModel:
+    profile: HardwareProfile
+    shape: ModelShape
+
+    @property
+    def expert_bytes(self) -> int:
+        return self.shape.expert_bytes
+
+    def copy_ms(self, nbytes: int | None = None, pinned: bool = True) -> float:
+        """Host-to-device copy of ``nbytes`` (default: one expert of the shape)."""
+        nbytes = self.expert_bytes if nbytes is None else nbytes
+        bw = self.profile.h2d_pinned_gbps if pinned else self.profile.h2d_pageable_gbps
+        return self.profile.copy_latency_us / 1e3 + _ms(nbytes, bw)
+
+    def gpu_expert_ms(self, n_tokens: int = 1) -> float:
+        flops = 2.0 * self.expert_bytes / self.shape.dtype_bytes * n_tokens
+        t = max(_ms(self.expert_bytes, self.profile.gpu_mem_gbps), flops / (self.profile.gpu_tflops * 1e12) * 1e3)
+        return t + self.profile.gpu_kernels_per_expert * self.profile.gpu_kernel_us / 1e3
+
+    def gpu_layer_ms(self, n_tokens: int = 1, dense: bool = False) -> float:
+        """Non-routed work of one decoder layer: attention, norms, router, shared expert (or the dense MLP)."""
+        s = self.shape
+        nbytes = s.attention_params * s.dtype_bytes
+        nbytes += 3 * s.hidden * (s.dense_intermediate if dense else s.shared_intermediate) * s.dtype_bytes
+        flops = 2.0 * nbytes / s.dtype_bytes * n_tokens
+        t = max(_ms(nbytes, self.profile.gpu_mem_gbps), flops / (self.profile.gpu_tflops * 1e12) * 1e3)
+        return t + self.profile.gpu_kernels_per_layer * self.profile.gpu_kernel_us / 1e3
+
+    def cpu_expert_ms(self, n_tokens: int = 1) -> float:
+        """One exact expert on the CPU lane, including the activation round trip over the link."""
+        flops = 2.0 * self.expert_bytes / self.shape.dtype_bytes * n_tokens
+        compute = max(_ms(self.expert_bytes, self.profile.cpu_mem_gbps), flops / (self.profile.cpu_gflops * 1e9) * 1e3)
+        act_bytes = 2 * n_tokens * self.shape.hidden * self.shape.dtype_bytes
+        round_trip = 2 * self.profile.copy_latency_us / 1e3 + _ms(act_bytes, self.profile.d2h_gbps)
+        return compute + round_trip + self.profile.cpu_task_us / 1e3
+
+    def approx_ms(self, rank: int, n_tokens: int = 1) -> float:
+        """A LoRE surrogate (two rank-r matmuls) on the GPU: launch-bound at batch 1."""
+        nbytes = 2 * rank * self.shape.hidden * self.shape.dtype_bytes
+        return _ms(nbytes, self.profile.gpu_mem_gbps) + 3 * self.profile.gpu_kernel_us / 1e3
+
+    def host_step_ms(self) -> float:
+        return self.profile.host_step_us / 1e3

@@ -1,0 +1,176 @@
+"""Measured timing on CUDA: the same operations as `ModeledTimeline`, timed by CUDA
+events on two streams (compute = the current stream, copies = a dedicated stream) and
+by the wall clock for CPU-lane tasks.
+
+Clock alignment: each token starts with a synchronize, a host timestamp and a CUDA
+event recorded on the idle compute stream; device times are that event's elapsed time
+plus the host timestamp, so GPU, copy and CPU intervals share one axis (error: the
+event's launch latency, a few µs).
+
+Events are resolved at `end_token` (one synchronize per token, which batch-1 decoding
+needs anyway to read the sampled token).
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from spice_core.timing.timeline import OpHandle
+from spice_core.trace.events import TraceEvent
+from spice_core.types import ExpertKey
+
+
+@dataclass
+class _Pending:
+    lane: str
+    kind: str
+    key: ExpertKey | None
+    start: object      # cuda Event or host float (ms)
+    end: object
+    nbytes: int = 0
+    detail: str = ""
+    token: int = 0
+    e0: object = None          # the token's reference event and its host time
+    t0_ms: float = 0.0
+
+
+@dataclass
+class MeasuredTimeline:
+    device: torch.device
+    copy_stream: torch.cuda.Stream
+    mode: str = "measured"
+    _t0_host_ms: float = 0.0
+    _e0: object = None
+    _token: int = 0
+    _token_start_ms: float = 0.0
+    _run_t0: float = field(default_factory=time.perf_counter)
+    _pending: list[_Pending] = field(default_factory=list)
+    _events: list[TraceEvent] = field(default_factory=list)
+    _last_mark: object = None
+    _copy_free_ms: float = 0.0
+
+    def _host_ms(self) -> float:
+        return (time.perf_counter() - self._run_t0) * 1e3
+
+    def _event(self, stream=None):
+        e = torch.cuda.Event(enable_timing=True)
+        e.record(stream)
+        return e
+
+    def start_token(self, token: int) -> None:
+        # Only the compute stream is idle here: prefetches may still be in flight on the copy stream.
+        torch.cuda.current_stream(self.device).synchronize()
+        self._token = token
+        self._t0_host_ms = self._host_ms()
+        self._token_start_ms = self._t0_host_ms
+        self._e0 = self._event()
+        self._last_mark = self._e0
+
+    def layer(self, layer: int, n_tokens: int, dense: bool, fn: Callable[[], None] | None = None) -> None:
+        # The non-expert work already ran inside transformers; it spans from the last mark to now.
+        if fn is not None:
+            fn()
+        end = self._event()
+        self._add(_Pending("gpu", "layer", ExpertKey(layer, -1), self._last_mark, end))
+        self._last_mark = end
+
+    def copy(self, key: ExpertKey, nbytes: int, kind: str, fn: Callable[[], None]) -> OpHandle:
+        with torch.cuda.stream(self.copy_stream):
+            start = self._event(self.copy_stream)
+            fn()
+            end = self._event(self.copy_stream)
+        self._add(_Pending("copy", kind, key, start, end, nbytes))
+        return OpHandle(key, "copy", kind, native=end)
+
+    def wait(self, handle: OpHandle) -> None:
+        if isinstance(handle.native, torch.cuda.Event):
+            before = self._event()
+            torch.cuda.current_stream(self.device).wait_event(handle.native)
+            after = self._event()
+            self._add(_Pending("gpu", "stall", handle.key, before, after, detail=f"waits for {handle.kind}"))
+            self._last_mark = after
+
+    def _gpu_op(self, key: ExpertKey, kind: str, fn: Callable[[], object], detail: str = "") -> object:
+        start = self._event()
+        out = fn()
+        end = self._event()
+        self._add(_Pending("gpu", kind, key, start, end, detail=detail))
+        self._last_mark = end
+        return out
+
+    def gpu_expert(self, key: ExpertKey, n_tokens: int, fn: Callable[[], object]) -> object:
+        return self._gpu_op(key, "expert", fn)
+
+    def approx(self, key: ExpertKey, n_tokens: int, rank: int, fn: Callable[[], object]) -> object:
+        return self._gpu_op(key, "approx", fn, detail=f"rank {rank}")
+
+    def draft(self, layer: int, n_heads: int, fn: Callable[[], object]) -> object:
+        return self._gpu_op(ExpertKey(layer, -1), "draft", fn, detail=f"{n_heads} heads")
+
+    def cpu_expert(self, key: ExpertKey, n_tokens: int, fn: Callable[[], object]) -> OpHandle:
+        """``fn`` submits to the CPU lane and returns a Future whose result is
+        (output, worker_index, start_perf_s, end_perf_s)."""
+        fut = fn()
+        return OpHandle(key, "cpu", "cpu_run", native=fut)
+
+    def cpu_result(self, handle: OpHandle) -> object:
+        fut: Future = handle.native
+        before_host = self._host_ms()
+        out, worker, t_start, t_end = fut.result()
+        after_host = self._host_ms()
+        s = (t_start - self._run_t0) * 1e3
+        e = (t_end - self._run_t0) * 1e3
+        self._add(_Pending(f"cpu{worker}", "cpu_run", handle.key, s, e))
+        if after_host - before_host > 0.01:
+            self._add(_Pending("host", "stall", handle.key, before_host, after_host, detail="waits for cpu"))
+        return out
+
+    def mark(self, kind: str, key: ExpertKey | None, nbytes: int = 0, detail: str = "", lane: str = "gpu") -> None:
+        t = self._host_ms()
+        self._add(_Pending(lane, kind, key, t, t, nbytes, detail))
+
+    def _add(self, p: _Pending) -> None:
+        p.token, p.e0, p.t0_ms = self._token, self._e0, self._t0_host_ms
+        self._pending.append(p)
+
+    @staticmethod
+    def _resolve(p: _Pending, x) -> float:
+        if isinstance(x, torch.cuda.Event):
+            return p.t0_ms + p.e0.elapsed_time(x)
+        return float(x)
+
+    @staticmethod
+    def _done(x) -> bool:
+        return not isinstance(x, torch.cuda.Event) or x.query()
+
+    def end_token(self) -> float:
+        # Sync the compute stream only; copies still in flight are resolved at a later token.
+        torch.cuda.current_stream(self.device).synchronize()
+        end_ms = self._host_ms()
+        keep = []
+        for p in self._pending:
+            if not self._done(p.end):
+                keep.append(p)
+                continue
+            s, e = self._resolve(p, p.start), self._resolve(p, p.end)
+            layer, expert = (p.key.layer, p.key.expert) if p.key is not None else (-1, -1)
+            self._events.append(TraceEvent(p.token, layer, expert, p.lane, p.kind, s, max(s, e), p.nbytes, self.mode, p.detail))
+            if p.lane == "copy":
+                self._copy_free_ms = max(self._copy_free_ms, e)
+        self._pending = keep
+        self._events.append(TraceEvent(self._token, -1, -1, "host", "token", self._token_start_ms, end_ms, 0, self.mode, ""))
+        return end_ms - self._token_start_ms
+
+    def now_ms(self) -> float:
+        return self._host_ms()
+
+    def copy_free_at_ms(self) -> float:
+        return self._copy_free_ms
+
+    def drain_events(self) -> list[TraceEvent]:
+        ev, self._events = self._events, []
+        return ev

@@ -1,0 +1,118 @@
+"""Hardware profiles and target model shapes, shipped as data (profiles.json).
+
+A *profile* says how fast a machine's links, GPU and CPU are; a *shape* says how big a
+real model's experts and layers are. Together they let the timing model time a tiny
+model's decisions as if it were DeepSeek-V2-Lite on, say, an RTX 4090. ``native``
+shape means: use the loaded model's own dimensions.
+
+This module knows nothing of torch or of the engine.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from functools import lru_cache
+from pathlib import Path
+
+from spice_core.errors import ConfigError
+
+_DATA = Path(__file__).with_name("profiles.json")
+NATIVE_SHAPE = "native"
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    name: str
+    h2d_pinned_gbps: float
+    h2d_pageable_gbps: float
+    d2h_gbps: float
+    copy_latency_us: float
+    gpu_mem_gbps: float
+    gpu_tflops: float
+    gpu_kernel_us: float          # per kernel launch, eager (launch-bound at batch 1)
+    gpu_kernels_per_expert: int
+    gpu_kernels_per_layer: int    # non-expert work of one decoder layer (attention, norms, router)
+    cpu_mem_gbps: float           # effective rate the CPU lane streams expert weights from DRAM
+    cpu_gflops: float
+    cpu_threads: int
+    cpu_task_us: float            # fixed cost of one CPU-lane task (dispatch, sync)
+    host_step_us: float           # per-token host work (sampling, Python between tokens)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
+                raise ConfigError(f"profile {self.name}: {f.name}={v} must be >= 0")
+        if self.h2d_pinned_gbps <= 0 or self.gpu_mem_gbps <= 0 or self.cpu_mem_gbps <= 0:
+            raise ConfigError(f"profile {self.name}: bandwidths must be > 0")
+        if self.cpu_threads < 1:
+            raise ConfigError(f"profile {self.name}: cpu_threads must be >= 1")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Dimensions that set the modeled cost of experts and layers."""
+
+    name: str
+    hidden: int
+    expert_intermediate: int
+    shared_intermediate: int      # 0 when the family has no shared expert
+    dense_intermediate: int
+    attention_params: int
+    dtype_bytes: int
+    source: str = ""
+
+    @property
+    def expert_bytes(self) -> int:
+        """One routed expert's weights: gate, up and down projections."""
+        return 3 * self.hidden * self.expert_intermediate * self.dtype_bytes
+
+    @property
+    def layer_bytes(self) -> int:
+        """Non-routed weights read by one MoE decoder layer per token (attention + shared expert)."""
+        return (self.attention_params + 3 * self.hidden * self.shared_intermediate) * self.dtype_bytes
+
+
+@lru_cache(maxsize=1)
+def _load() -> dict:
+    return json.loads(_DATA.read_text())
+
+
+def profile_names() -> tuple[str, ...]:
+    return tuple(_load()["profiles"])
+
+
+def shape_names() -> tuple[str, ...]:
+    return tuple(_load()["shapes"]) + (NATIVE_SHAPE,)
+
+
+def get_profile(name: str) -> HardwareProfile:
+    profiles = _load()["profiles"]
+    if name not in profiles:
+        raise ConfigError(f"profile={name!r} is unknown: choose one of {', '.join(profiles)}")
+    return HardwareProfile(name=name, **profiles[name])
+
+
+def profile_from_dict(d: dict) -> HardwareProfile:
+    """A profile written by `calibrate-hw` (JSON); unknown keys are refused."""
+    allowed = {f.name for f in fields(HardwareProfile)}
+    extra = set(d) - allowed
+    if extra:
+        raise ConfigError(f"profile file has unknown keys {sorted(extra)}: allowed are {sorted(allowed)}")
+    return HardwareProfile(**d)
+
+
+def get_shape(name: str, native: ModelShape | None = None) -> ModelShape:
+    """The named shape; ``native`` returns the loaded model's own (passed in by the engine)."""
+    if name == NATIVE_SHAPE:
+        if native is None:
+            raise ConfigError("shape='native' needs a loaded model")
+        return native
+    shapes = _load()["shapes"]
+    if name not in shapes:
+        raise ConfigError(f"shape={name!r} is unknown: choose one of {', '.join(shape_names())}")
+    return ModelShape(name=name, **shapes[name])

@@ -1,0 +1,172 @@
+"""The timeline interface the executor reports to, and the modeled implementation.
+
+The executor does the real work (on whatever device) and tells the timeline what it
+did, in program order: a layer's non-expert compute, a copy, a wait, an expert on the
+GPU, a task on the CPU lane. The timeline turns that into `TraceEvent`s:
+
+- `ModeledTimeline` (this module) replays each operation on lanes with the cost model:
+  each lane runs one thing at a time, in submission order (like a CUDA stream); an
+  operation starts when its lane is free and its dependencies have ended. A GPU wait
+  on an unfinished copy or CPU task shows as a ``stall`` interval. This is list
+  scheduling over in-order lanes, which is exactly the semantics of CUDA streams plus
+  a CPU worker pool, so no global event heap is needed.
+- `MeasuredTimeline` (measured.py) records CUDA events around the same operations.
+
+Neither knows about policies: they only time what they are told.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from spice_core.timing.costs import CostModel
+from spice_core.trace.events import TraceEvent
+from spice_core.types import ExpertKey
+
+
+@dataclass
+class OpHandle:
+    """A submitted copy or CPU task; ``end_ms`` is known at once when modeled."""
+
+    key: ExpertKey
+    lane: str
+    kind: str
+    start_ms: float = 0.0
+    end_ms: float = 0.0
+    native: object = None      # measured mode: CUDA event / future
+
+
+class Timeline(Protocol):
+    mode: str
+
+    def start_token(self, token: int) -> None: ...
+    def layer(self, layer: int, n_tokens: int, dense: bool, fn: Callable[[], None] | None = None) -> None: ...
+    def copy(self, key: ExpertKey, nbytes: int, kind: str, fn: Callable[[], None]) -> OpHandle: ...
+    def wait(self, handle: OpHandle) -> None: ...
+    def gpu_expert(self, key: ExpertKey, n_tokens: int, fn: Callable[[], object]) -> object: ...
+    def approx(self, key: ExpertKey, n_tokens: int, rank: int, fn: Callable[[], object]) -> object: ...
+    def draft(self, layer: int, n_heads: int, fn: Callable[[], object]) -> object: ...
+    def cpu_expert(self, key: ExpertKey, n_tokens: int, fn: Callable[[], object]) -> OpHandle: ...
+    def cpu_result(self, handle: OpHandle) -> object: ...
+    def mark(self, kind: str, key: ExpertKey | None, nbytes: int = 0, detail: str = "", lane: str = "gpu") -> None: ...
+    def end_token(self) -> float: ...
+    def now_ms(self) -> float: ...
+    def copy_free_at_ms(self) -> float: ...
+    def drain_events(self) -> list[TraceEvent]: ...
+
+
+@dataclass
+class ModeledTimeline:
+    """Discrete-event replay of the executor's operations in modeled time.
+
+    ``shape_scale``: the real work's byte size is ignored; every expert is timed as one
+    expert of the cost model's shape (copies of ``nbytes`` native bytes are scaled by
+    shape.expert_bytes / native_expert_bytes).
+    """
+
+    costs: CostModel
+    native_expert_bytes: int
+    cpu_workers: int = 1
+    mode: str = "modeled"
+    _gpu_free: float = 0.0
+    _copy_free: float = 0.0
+    _cpu_free: list[float] = field(default_factory=list)
+    _token: int = 0
+    _token_start: float = 0.0
+    _events: list[TraceEvent] = field(default_factory=list)
+    _pending_results: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._cpu_free = [0.0] * max(1, self.cpu_workers)
+
+    # -- helpers
+    def _emit(self, lane: str, kind: str, start: float, end: float, key: ExpertKey | None,
+              nbytes: int = 0, detail: str = "") -> None:
+        layer, expert = (key.layer, key.expert) if key is not None else (-1, -1)
+        self._events.append(TraceEvent(self._token, layer, expert, lane, kind, start, end, nbytes, self.mode, detail))
+
+    def _scaled_bytes(self, nbytes: int) -> int:
+        return int(round(nbytes * self.costs.expert_bytes / max(1, self.native_expert_bytes)))
+
+    # -- operations
+    def start_token(self, token: int) -> None:
+        self._token = token
+        self._token_start = self._gpu_free
+
+    def layer(self, layer: int, n_tokens: int, dense: bool, fn: Callable[[], None] | None = None) -> None:
+        if fn is not None:
+            fn()
+        dur = self.costs.gpu_layer_ms(n_tokens, dense=dense)
+        start = self._gpu_free
+        self._gpu_free = start + dur
+        self._emit("gpu", "layer", start, self._gpu_free, ExpertKey(layer, -1), detail="dense" if dense else "")
+
+    def copy(self, key: ExpertKey, nbytes: int, kind: str, fn: Callable[[], None]) -> OpHandle:
+        fn()
+        modeled_bytes = self._scaled_bytes(nbytes)
+        start = max(self._copy_free, self._gpu_free)   # issued now, from the driver's point in the stream
+        end = start + self.costs.copy_ms(modeled_bytes)
+        self._copy_free = end
+        self._emit("copy", kind, start, end, key, modeled_bytes)
+        return OpHandle(key, "copy", kind, start, end)
+
+    def wait(self, handle: OpHandle) -> None:
+        if handle.end_ms > self._gpu_free:
+            self._emit("gpu", "stall", self._gpu_free, handle.end_ms, handle.key, detail=f"waits for {handle.kind}")
+            self._gpu_free = handle.end_ms
+
+    def gpu_expert(self, key: ExpertKey, n_tokens: int, fn: Callable[[], object]) -> object:
+        out = fn()
+        start = self._gpu_free
+        self._gpu_free = start + self.costs.gpu_expert_ms(n_tokens)
+        self._emit("gpu", "expert", start, self._gpu_free, key)
+        return out
+
+    def approx(self, key: ExpertKey, n_tokens: int, rank: int, fn: Callable[[], object]) -> object:
+        out = fn()
+        start = self._gpu_free
+        self._gpu_free = start + self.costs.approx_ms(rank, n_tokens)
+        self._emit("gpu", "approx", start, self._gpu_free, key, detail=f"rank {rank}")
+        return out
+
+    def draft(self, layer: int, n_heads: int, fn: Callable[[], object]) -> object:
+        """Predictor work on the GPU: ``n_heads`` small matmuls (launch-bound)."""
+        out = fn()
+        start = self._gpu_free
+        self._gpu_free = start + n_heads * 2 * self.costs.profile.gpu_kernel_us / 1e3
+        self._emit("gpu", "draft", start, self._gpu_free, ExpertKey(layer, -1), detail=f"{n_heads} heads")
+        return out
+
+    def cpu_expert(self, key: ExpertKey, n_tokens: int, fn: Callable[[], object]) -> OpHandle:
+        out = fn()
+        w = min(range(len(self._cpu_free)), key=lambda i: self._cpu_free[i])
+        start = max(self._cpu_free[w], self._gpu_free)
+        end = start + self.costs.cpu_expert_ms(n_tokens)
+        self._cpu_free[w] = end
+        self._emit(f"cpu{w}", "cpu_run", start, end, key)
+        h = OpHandle(key, f"cpu{w}", "cpu_run", start, end, native=out)
+        return h
+
+    def cpu_result(self, handle: OpHandle) -> object:
+        self.wait(handle)
+        return handle.native
+
+    def mark(self, kind: str, key: ExpertKey | None, nbytes: int = 0, detail: str = "", lane: str = "gpu") -> None:
+        t = self._copy_free if lane == "copy" else self._gpu_free
+        self._emit(lane, kind, t, t, key, nbytes, detail)
+
+    def end_token(self) -> float:
+        start = self._gpu_free
+        self._gpu_free = start + self.costs.host_step_ms()
+        self._emit("host", "token", self._token_start, self._gpu_free, None)
+        return self._gpu_free - self._token_start
+
+    def now_ms(self) -> float:
+        return self._gpu_free
+
+    def copy_free_at_ms(self) -> float:
+        return self._copy_free
+
+    def drain_events(self) -> list[TraceEvent]:
+        ev, self._events = self._events, []
+        return ev

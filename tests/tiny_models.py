@@ -1,0 +1,59 @@
+"""Tiny random checkpoints of the five supported MoE families, built offline in the tests.
+
+Each is saved with `save_pretrained` (safetensors, per-expert keys as real checkpoints)
+into a temporary folder. Sizes are chosen so a 32-token greedy run takes well under a
+second on one CPU thread.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+FAMILIES = ("deepseek_v2", "deepseek_v2_grouped", "qwen2_moe", "mixtral", "olmoe", "qwen3_moe")
+
+
+def tiny_config(family: str):
+    from transformers import (DeepseekV2Config, MixtralConfig, OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig)
+
+    common = dict(vocab_size=96, hidden_size=32, num_attention_heads=4, num_key_value_heads=4,
+                  max_position_embeddings=256, tie_word_embeddings=False)
+    if family.startswith("deepseek_v2"):
+        grouped = family == "deepseek_v2_grouped"
+        cfg = DeepseekV2Config(
+            **common, num_hidden_layers=4, intermediate_size=48, moe_intermediate_size=16, n_routed_experts=8,
+            num_experts_per_tok=3, n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=None,
+            qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, routed_scaling_factor=1.5 if grouped else 1.0,
+            topk_method="group_limited_greedy" if grouped else "greedy", n_group=4 if grouped else 1,
+            topk_group=2 if grouped else 1, norm_topk_prob=False)
+    elif family == "qwen2_moe":
+        cfg = Qwen2MoeConfig(**common, num_hidden_layers=4, intermediate_size=48, moe_intermediate_size=16,
+                             shared_expert_intermediate_size=24, num_experts=8, num_experts_per_tok=2,
+                             norm_topk_prob=False, mlp_only_layers=[1], decoder_sparse_step=1)
+    elif family == "mixtral":
+        cfg = MixtralConfig(**common, num_hidden_layers=3, intermediate_size=16, num_local_experts=6,
+                            num_experts_per_tok=2)
+    elif family == "olmoe":
+        cfg = OlmoeConfig(**common, num_hidden_layers=3, intermediate_size=16, num_experts=8, num_experts_per_tok=2,
+                          norm_topk_prob=False)
+    elif family == "qwen3_moe":
+        cfg = Qwen3MoeConfig(**common, num_hidden_layers=3, intermediate_size=48, moe_intermediate_size=16,
+                             num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, head_dim=8)
+    else:
+        raise ValueError(family)
+    return cfg
+
+
+def build_tiny(family: str, out_dir: Path, seed: int = 0) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = tiny_config(family)
+    model = AutoModelForCausalLM.from_config(cfg)
+    # Larger-than-default init so routing is decisive and logits are not all ~equal.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.15)
+    model.save_pretrained(out_dir)
+    return out_dir
