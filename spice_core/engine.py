@@ -299,6 +299,30 @@ class SpiceEngine:
                 keys.append(ExpertKey(layer, e))
         return keys
 
+    @torch.no_grad()
+    def logits_for(self, input_ids: list[int], s: RunSettings) -> torch.Tensor:
+        """Teacher-forced logits [T,V] of one forward pass over ``input_ids`` under a policy
+        (modeled timing; for quality metrics and exactness checks)."""
+        if not self._lock.acquire(blocking=False):
+            raise EngineBusyError("the engine is busy with another generation: wait for it to finish or stop it")
+        try:
+            self._validate(s)
+            rt = self.build_runtime(s, notes=[], modeled=True)
+            for mod in self.lm.experts_modules.values():
+                mod.runtime = rt
+            from transformers import DynamicCache
+
+            rt.begin_token(0)
+            cache = DynamicCache(config=self.lm.model.config)
+            out = self.lm.model(input_ids=torch.tensor([input_ids], device=self.lm.device), use_cache=True,
+                                **{self._fwd_cache_kw: cache})
+            rt.end_token()
+            return out.logits[0].float()
+        finally:
+            for mod in self.lm.experts_modules.values():
+                mod.runtime = None
+            self._lock.release()
+
     def record_routing(self, input_ids: list[int], s: RunSettings) -> dict:
         """The exact routing of a generation (for the oracle): (token, layer) -> selected experts."""
         routing: dict[tuple[int, int], tuple[int, ...]] = {}
@@ -331,6 +355,7 @@ class GenerationRun:
         self.token_index = 0
         self.record = RunRecord(self.run_id, settings, prompt_ids=list(input_ids))
         self._started = False
+        self.last_logits: torch.Tensor | None = None
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -406,6 +431,7 @@ class GenerationRun:
             rt.begin_token(i)
             out = lm.model(input_ids=cur, use_cache=True, **{eng._fwd_cache_kw: cache})
             logits = out.logits[0, -1]
+            self.last_logits = logits
             tok = sample_next(logits, self.settings.temperature, self.settings.top_p, gen)
             step_ms = rt.end_token()
             self.record.token_ids.append(tok)

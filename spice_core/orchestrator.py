@@ -103,13 +103,16 @@ class LayerRuntime:
             views.append(SlotView(key, s.last_use_tick, s.use_count, protected=s.busy or key in protected))
         return views
 
-    def _acquire_slot(self, protected: set[ExpertKey], incoming_distance: float = 0.0) -> int | None:
+    def _acquire_slot(self, protected: set[ExpertKey], incoming_distance: float | None = None) -> int | None:
+        """A free slot, evicting if needed. ``incoming_distance`` None = a demand miss (needed now):
+        anything not busy may go; a prefetch for distance d only evicts experts predicted later than d."""
         slot = self.slots.free_slot()
         if slot is not None:
             return slot
         views = self._views(protected)
         if isinstance(self.eviction, FarthestNextUseEviction):
-            victim = self.eviction.victim_for(views, self._next_use(), incoming_distance)
+            victim = self.eviction.victim_for(views, self._next_use(),
+                                              -math.inf if incoming_distance is None else incoming_distance)
         else:
             victim = self.eviction.choose_victim(views)
         if victim is None:

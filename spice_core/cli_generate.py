@@ -1,0 +1,136 @@
+"""`python -m spice_core generate`: one prompt through the engine, text plus a summary."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from spice_core.api import POLICIES, RunSettings
+from spice_core.errors import ConfigError
+
+ABSURD_NEW_TOKENS = 4096
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Flags shared by every command that loads a model and runs a policy."""
+    p.add_argument("--model", default=None, help="checkpoint folder or hub id (default: the shipped model)")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--policy", default="lru", help=f"one of: {', '.join(POLICIES)}")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--cache-frac", type=float, default=None, help="GPU budget as a fraction of all routed experts' bytes")
+    g.add_argument("--cache-gb", type=float, default=None, help="GPU budget for routed experts in GB")
+    p.add_argument("--profile", default="rtx4090-pcie4x16", help="hardware profile for modeled timing")
+    p.add_argument("--shape", default="deepseek-v2-lite", help="target model shape for modeled timing (or native)")
+    p.add_argument("--timing", choices=("measured", "modeled"), default=None,
+                   help="default: measured on CUDA, modeled elsewhere")
+    p.add_argument("--tau-prefetch", type=float, default=0.2)
+    p.add_argument("--tau-approx", type=float, default=0.0)
+    p.add_argument("--max-lookahead", type=int, default=4)
+    p.add_argument("--lore-rank", type=int, default=16)
+    p.add_argument("--cpu-lane", action=argparse.BooleanOptionalAction, default=True)
+
+
+def settings_from_args(args, engine, **over) -> RunSettings:
+    if args.cache_gb is not None:
+        if args.cache_gb <= 0:
+            raise ConfigError(f"--cache-gb {args.cache_gb} must be > 0")
+        frac = min(1.0, args.cache_gb * 1e9 / engine.routed_bytes)
+    else:
+        frac = 0.25 if args.cache_frac is None else args.cache_frac
+    kw = dict(policy=args.policy, cache_frac=frac, tau_prefetch=args.tau_prefetch, tau_approx=args.tau_approx,
+              max_lookahead=args.max_lookahead, lore_rank=args.lore_rank, cpu_lane=args.cpu_lane,
+              profile=args.profile, shape=args.shape)
+    kw.update(over)
+    return RunSettings(**kw)
+
+
+def load_engine(args):
+    from spice_core.engine import SpiceEngine
+    from spice_core.timing.profiles import get_profile, get_shape
+
+    # Cheap checks first: a typo must not wait for a model load.
+    if args.policy not in POLICIES:
+        raise ConfigError(f"--policy {args.policy!r} is unknown: choose one of {', '.join(POLICIES)}")
+    get_profile(args.profile)
+    if args.shape != "native":
+        get_shape(args.shape)
+    return SpiceEngine.load(args.model, device=args.device, timing=args.timing)
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("generate", help="generate text for one prompt and print a summary")
+    add_engine_args(p)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt with the tokenizer's chat template")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--trace-dir", type=Path, default=None, help="write Chrome trace, TensorBoard run and CSV here")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if not (1 <= args.max_new_tokens <= ABSURD_NEW_TOKENS):
+        raise ConfigError(f"--max-new-tokens {args.max_new_tokens} is out of range: use 1..{ABSURD_NEW_TOKENS}")
+    if not args.prompt.strip():
+        raise ConfigError("--prompt is empty: pass some text")
+    engine = load_engine(args)
+    s = settings_from_args(args, engine, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                           top_p=args.top_p, seed=args.seed, stop=tuple(args.stop))
+    if args.chat:
+        gen = engine.start_chat([{"role": "user", "content": args.prompt}], s)
+    else:
+        gen = engine.start_prompt(args.prompt, s)
+    for step in gen:
+        if not args.json:
+            sys.stdout.write(step.text)
+            sys.stdout.flush()
+    summ = gen.summary()
+    if args.trace_dir is not None:
+        args.trace_dir.mkdir(parents=True, exist_ok=True)
+        engine.export_chrome_trace(gen.run_id, args.trace_dir)
+        engine.export_tensorboard_zip(gen.run_id, args.trace_dir)
+        engine.export_csv(gen.run_id, args.trace_dir)
+    rec = engine.get_record(gen.run_id)
+    if args.json:
+        steps = engine.get_steps(gen.run_id)
+        obj = {
+            "text": summ.text,
+            "tokens": rec.token_ids,
+            "summary": {
+                "tpot_ms": summ.tpot_ms_median, "tpot_ms_p90": summ.tpot_ms_p90, "ttft_ms": summ.ttft_ms,
+                "hit_rate": summ.hit_rate, "bytes_per_token": summ.bytes_per_token,
+                "stall_ms_per_token": summ.stall_ms_per_token, "timing": summ.timing, "profile": summ.profile,
+                "shape": summ.shape, "policy": summ.policy, "miss_split": summ.miss_split,
+                "hit_rate_per_layer": {str(k): v for k, v in summ.hit_rate_per_layer.items()},
+                "tokens_per_s": summ.tokens_per_s, "finish_reason": summ.finish_reason, "notes": list(summ.notes),
+                "wasted_prefetch_bytes": rec.totals.get("wasted_prefetch_bytes", 0),
+                "cpu_fallbacks": rec.totals.get("cpu_fallbacks", 0),
+            },
+            "per_token": [{"index": st.index, "token_id": st.token_id, "step_ms": st.step_ms, "hits": st.hits,
+                           "misses": st.misses, "bytes_copied": st.bytes_copied, "stall_ms": st.stall_ms,
+                           "lookahead_depth": st.lookahead_depth} for st in steps],
+        }
+        print(json.dumps(obj, allow_nan=False, default=lambda o: None))
+    else:
+        print()
+        print(format_summary(summ))
+    return 0
+
+
+def format_summary(summ) -> str:
+    rows = [("policy", summ.policy), ("timing", summ.timing), ("profile", summ.profile), ("shape", summ.shape),
+            ("tokens", summ.n_tokens), ("TTFT ms", f"{summ.ttft_ms:.3f}"),
+            ("TPOT ms (median)", f"{summ.tpot_ms_median:.3f}"), ("TPOT ms (p90)", f"{summ.tpot_ms_p90:.3f}"),
+            ("tokens/s", f"{summ.tokens_per_s:.1f}"), ("hit rate", f"{summ.hit_rate:.3f}"),
+            ("bytes copied / token", f"{summ.bytes_per_token:,.0f}"),
+            ("stall ms / token", f"{summ.stall_ms_per_token:.3f}"),
+            ("misses (approx/cpu/copy)", "/".join(str(summ.miss_split.get(k, 0)) for k in ("approx", "cpu", "copy")))]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    lines += [f"note: {n}" for n in summ.notes]
+    return "\n".join(lines)
