@@ -120,9 +120,11 @@ class SpiceEngine:
 
     # ------------------------------------------------------------------ runs
     def start_prompt(self, prompt: str, settings: RunSettings) -> "GenerationRun":
+        self._validate(settings)
         return self.start_ids(build_prompt_ids(self.lm.tokenizer, prompt=prompt), settings)
 
     def start_chat(self, messages: list[dict], settings: RunSettings) -> "GenerationRun":
+        self._validate(settings)
         return self.start_ids(build_prompt_ids(self.lm.tokenizer, messages=messages), settings)
 
     def start_ids(self, input_ids: list[int], settings: RunSettings) -> "GenerationRun":

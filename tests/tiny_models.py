@@ -56,4 +56,27 @@ def build_tiny(family: str, out_dir: Path, seed: int = 0) -> Path:
             if p.dim() >= 2:
                 p.normal_(0.0, 0.15)
     model.save_pretrained(out_dir)
+    save_tiny_tokenizer(out_dir, cfg.vocab_size)
     return out_dir
+
+
+WORDS = ("the cat dog ball sun tree girl boy ran saw a big small red blue happy sad and to of with in on was "
+         "is it he she they played found lost home day night friend mom dad said hello story tell me about").split()
+
+
+def save_tiny_tokenizer(out_dir: Path, vocab_size: int = 96) -> None:
+    """A word-level tokenizer over a small English word list (ids < vocab_size), with a chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<eos>", "<|user|>", "<|assistant|>"]
+    vocab = {w: i for i, w in enumerate(specials + WORDS)}
+    assert len(vocab) <= vocab_size
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>",
+                                   additional_special_tokens=["<|user|>", "<|assistant|>"])
+    fast.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+                          "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    fast.save_pretrained(out_dir)

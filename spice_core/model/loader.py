@@ -175,8 +175,6 @@ def load_model(model: str | Path | None, device: str | torch.device | None = Non
                dtype: torch.dtype | None = None) -> LoadedModel:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from spice_core.exec.experts import OffloadedExperts
-
     path = resolve_model_path(model)
     cfg_dict = read_config(path)
     family = FAMILIES[cfg_dict["architectures"][0]]
@@ -209,9 +207,30 @@ def load_model(model: str | Path | None, device: str | torch.device | None = Non
         raise ModelLoadError(f"--model {path}: transformers could not load it ({type(e).__name__}: {e})") from e
     hf.eval()
 
+    tokenizer = _load_tokenizer(path)
+    return offload_model(hf, dev, family=family, path=path, tokenizer=tokenizer)
+
+
+def offload_model(hf: nn.Module, device: torch.device, *, family: Family | None = None, path: Path | None = None,
+                  tokenizer=None) -> LoadedModel:
+    """Move an in-memory transformers MoE model into the offloaded layout: routed experts into
+    HostStore (one buffer each, pinned on CUDA), `mlp.experts` replaced, the rest on ``device``.
+    The fused expert tensors may live on any device; they are freed layer by layer."""
+    from spice_core.exec.experts import OffloadedExperts
+
+    device = torch.device(device)
+    if family is None:
+        arch = (getattr(hf.config, "architectures", None) or [type(hf).__name__])[0]
+        if arch not in FAMILIES:
+            raise UnsupportedModelError(f"architecture {arch} is not supported: use one of {', '.join(SUPPORTED_ARCHITECTURES)}")
+        family = FAMILIES[arch]
+    moe_layers = _find_moe_layers(hf)
+    if not moe_layers:
+        raise UnsupportedModelError("the model has no MoE layers (a dense model): use an MoE checkpoint")
     gu = hf.model.layers[moe_layers[0]].mlp.experts.gate_up_proj
+    n_experts = int(gu.shape[0])
     layout = ExpertLayout(hidden=int(gu.shape[2]), intermediate=int(gu.shape[1]) // 2, dtype=gu.dtype)
-    host = HostStore(layout, pinned=dev.type == "cuda")
+    host = HostStore(layout, pinned=device.type == "cuda")
     experts_modules = {}
     for layer in moe_layers:
         mlp = hf.model.layers[layer].mlp
@@ -223,13 +242,17 @@ def load_model(model: str | Path | None, device: str | torch.device | None = Non
         mlp.experts = mod
         experts_modules[layer] = mod
         del fused
-    hf.to(dev)
-    top_k = int(getattr(config, "num_experts_per_tok", 0) or getattr(config, "top_k", 0))
-    tokenizer = _load_tokenizer(path)
-    log.info("loaded %s (%s): %d MoE layers x %d experts, %.1f MB of routed experts in host memory",
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    hf.to(device)
+    hf.eval()
+    cfg = hf.config
+    top_k = int(getattr(cfg, "num_experts_per_tok", 0) or getattr(cfg, "top_k", 0))
+    path = path or Path(getattr(cfg, "name_or_path", "") or "in-memory-model")
+    log.info("offloaded %s (%s): %d MoE layers x %d experts, %.1f MB of routed experts in host memory",
              path.name, family.name, len(moe_layers), n_experts, host.total_bytes / 1e6)
-    return LoadedModel(hf, tokenizer, family, path, moe_layers, n_layers, n_experts, top_k, layout, host, dev,
-                       experts_modules)
+    return LoadedModel(hf, tokenizer, family, path, moe_layers, len(hf.model.layers), n_experts, top_k, layout,
+                       host, device, experts_modules)
 
 
 def _load_tokenizer(path: Path):

@@ -1,0 +1,135 @@
+"""Every bad input gets a one-line SpiceError naming the setting to change; the CLI exits 2 without a traceback."""
+import json
+import shutil
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from spice_core.api import RunSettings
+from spice_core.cli import main
+from spice_core.errors import ConfigError, ModelLoadError, PromptError, UnsupportedModelError
+from spice_core.model.loader import load_model
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, *needles):
+    assert code == 2
+    assert "Traceback" not in err
+    lines = [ln for ln in err.strip().splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, err
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_empty_prompt(capsys, tiny_dirs):
+    code, _, err = run_cli(capsys, "generate", "--model", str(tiny_dirs["mixtral"]), "--prompt", "   ")
+    assert_one_line_error(code, err, "--prompt")
+
+
+@pytest.mark.parametrize("n", ["0", "-3", "1000000"])
+def test_max_new_tokens_out_of_range(capsys, tiny_dirs, n):
+    code, _, err = run_cli(capsys, "generate", "--model", str(tiny_dirs["mixtral"]), "--prompt", "hi",
+                           "--max-new-tokens", n)
+    assert_one_line_error(code, err, "--max-new-tokens")
+
+
+@pytest.mark.parametrize("flag,value,needle", [("--policy", "fifo", "policy"), ("--profile", "tpu-v9", "profile"),
+                                               ("--shape", "gpt-5", "shape")])
+def test_unknown_policy_profile_shape(capsys, tiny_dirs, flag, value, needle):
+    code, _, err = run_cli(capsys, "generate", "--model", str(tiny_dirs["mixtral"]), "--prompt", "hi", flag, value)
+    assert_one_line_error(code, err, needle, value)
+
+
+def test_missing_path(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "generate", "--model", str(tmp_path / "nope"), "--prompt", "hi")
+    assert_one_line_error(code, err, "no such directory")
+
+
+def test_folder_without_safetensors(capsys, tmp_path, tiny_dirs):
+    d = tmp_path / "pickled"
+    d.mkdir()
+    shutil.copy(tiny_dirs["mixtral"] / "config.json", d / "config.json")
+    (d / "pytorch_model.bin").write_bytes(b"\x80\x04not really")
+    code, _, err = run_cli(capsys, "generate", "--model", str(d), "--prompt", "hi")
+    assert_one_line_error(code, err, "no .safetensors", "pickled")
+
+
+def test_hub_id_while_offline_fails_fast(capsys):
+    import time
+
+    t = time.time()
+    code, _, err = run_cli(capsys, "generate", "--model", "deepseek-ai/DeepSeek-V2-Lite", "--prompt", "hi")
+    assert_one_line_error(code, err, "offline")
+    assert time.time() - t < 15
+
+
+def test_missing_expert_tensor_is_named(tmp_path, tiny_dirs):
+    d = tmp_path / "broken"
+    shutil.copytree(tiny_dirs["deepseek_v2"], d)
+    f = d / "model.safetensors"
+    sd = load_file(f)
+    victim = next(k for k in sd if ".mlp.experts.3.down_proj" in k)
+    del sd[victim]
+    save_file(sd, f, metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match="expert 3"):
+        load_model(d, "cpu")
+
+
+def test_truncated_shard_is_named(tmp_path, tiny_dirs):
+    d = tmp_path / "trunc"
+    shutil.copytree(tiny_dirs["olmoe"], d)
+    f = d / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:1000])
+    with pytest.raises(ModelLoadError, match="model.safetensors"):
+        load_model(d, "cpu")
+
+
+def test_dense_or_unknown_architecture_lists_supported(tmp_path, tiny_dirs):
+    d = tmp_path / "llama"
+    shutil.copytree(tiny_dirs["mixtral"], d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["architectures"] = ["LlamaForCausalLM"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModelError, match="DeepseekV2ForCausalLM"):
+        load_model(d, "cpu")
+
+
+def test_cache_budget_below_top_k_says_minimum(engines):
+    eng = engines["deepseek_v2"]
+    with pytest.raises(ConfigError, match=r"cache-gb to >= [0-9.]+"):
+        eng.start_ids([1, 2, 3], RunSettings(policy="lru", cache_frac=0.01))
+
+
+def test_cache_budget_below_top_k_via_cli(capsys, tiny_dirs):
+    code, _, err = run_cli(capsys, "generate", "--model", str(tiny_dirs["deepseek_v2"]), "--prompt", "hi",
+                           "--policy", "lru", "--cache-gb", "0.0000001")
+    assert_one_line_error(code, err, "--cache-gb to >=")
+
+
+def test_cli_generate_json_on_a_tiny_model(capsys, tiny_dirs):
+    code, out, err = run_cli(capsys, "generate", "--model", str(tiny_dirs["qwen3_moe"]), "--prompt", "the cat saw a ball",
+                             "--policy", "lru", "--cache-frac", "0.5", "--max-new-tokens", "6", "--json")
+    assert code == 0, err
+    obj = json.loads(out)
+    assert len(obj["tokens"]) == 6 and obj["summary"]["timing"] == "modeled"
+    assert {"tpot_ms", "hit_rate", "bytes_per_token", "profile", "shape", "policy"} <= set(obj["summary"])
+    assert len(obj["per_token"]) == 6
+
+
+def test_prompt_longer_than_context(engines):
+    eng = engines["deepseek_v2"]
+    ctx = eng.lm.max_context_tokens
+    with pytest.raises(PromptError, match="context"):
+        eng.start_ids([1] * (ctx + 5), RunSettings(policy="lru", cache_frac=0.5))
+
+
+@pytest.mark.parametrize("field,value", [("tau_prefetch", 1.5), ("tau_approx", -0.1), ("cache_frac", 2.0),
+                                         ("max_lookahead", 0), ("max_new_tokens", 0), ("policy", "nope")])
+def test_run_settings_validate_with_the_field_name(field, value):
+    with pytest.raises(ConfigError, match=field):
+        RunSettings(**{field: value})
