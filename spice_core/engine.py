@@ -56,8 +56,13 @@ class RunRecord:
 
 
 class SpiceEngine:
-    def __init__(self, lm: LoadedModel, *, timing: str | None = None, hw_profile=None) -> None:
+    def __init__(self, lm: LoadedModel, *, timing: str | None = None, hw_profile=None,
+                 link_gbps: float | None = None) -> None:
+        """``hw_profile``: the calibrated profile whose costs drive decisions in measured mode.
+        ``link_gbps``: emulate a slower host-to-device link (measured mode) by pacing copies."""
         self.lm = lm
+        self.link_gbps = link_gbps
+        self._sleep_cycles_per_ms = 0.0
         self.timing = timing or ("measured" if lm.device.type == "cuda" else "modeled")
         if self.timing not in ("measured", "modeled"):
             raise ConfigError(f"timing={self.timing!r}: use 'measured' (CUDA only) or 'modeled'")
@@ -209,15 +214,25 @@ class SpiceEngine:
     def _costs(self, s: RunSettings) -> CostModel:
         if self.timing == "measured":
             prof = self.hw_profile or get_profile("h200-pcie5x16")
+            if self.link_gbps:
+                prof = replace(prof, h2d_pinned_gbps=self.link_gbps)
             return CostModel(prof, self.native_shape)
         return CostModel(get_profile(s.profile), get_shape(s.shape, self.native_shape))
 
     def _timeline(self, costs: CostModel, modeled: bool):
         if modeled or self.timing == "modeled":
             return ModeledTimeline(costs, native_expert_bytes=self.lm.layout.nbytes, cpu_workers=1)
-        from spice_core.timing.measured import MeasuredTimeline
+        from spice_core.timing.measured import MeasuredTimeline, sleep_cycles_per_ms
 
-        return MeasuredTimeline(self.lm.device, torch.cuda.Stream(self.lm.device))
+        tl = MeasuredTimeline(self.lm.device, torch.cuda.Stream(self.lm.device))
+        if self.link_gbps:
+            native = (self.hw_profile or get_profile("h200-pcie5x16")).h2d_pinned_gbps
+            if self.link_gbps < native:
+                if not self._sleep_cycles_per_ms:
+                    self._sleep_cycles_per_ms = sleep_cycles_per_ms(self.lm.device)
+                tl.pace_extra_ms_per_byte = 1.0 / (self.link_gbps * 1e6) - 1.0 / (native * 1e6)
+                tl.sleep_cycles_per_ms = self._sleep_cycles_per_ms
+        return tl
 
     def build_runtime(self, s: RunSettings, *, notes: list, oracle_routing=None, modeled: bool = False) -> LayerRuntime:
         spec = get_spec(s.policy)

@@ -62,7 +62,7 @@ class LayerRuntime:
         self.device = lm.device
         self.slots = GpuSlots(lm.layout, n_slots, lm.device)
         self.eviction = EVICTION_POLICIES[spec.eviction]()
-        self.copy_stream = torch.cuda.Stream(lm.device) if lm.device.type == "cuda" else None
+        self.copy_stream = getattr(timeline, "copy_stream", None)   # measured CUDA timelines own it
         self.moe_pos = {layer: p for p, layer in enumerate(lm.moe_layers)}
         prev = -1
         self._layers_before: dict[int, tuple[int, ...]] = {}

@@ -6,6 +6,9 @@ and queue each while the copy queue can still deliver it before layer l+d starts
 
     arrival = max(now, copy_free_at) + queued_ms + copy_ms   <=   now + d * layer_ms
 
+(d = 1 is exempt: a late prefetch of the next layer's expert still lands before the
+demand copy that would otherwise be issued when that layer starts.)
+
 The depth therefore adapts every step, and we record why it stopped:
   "confidence"  no expert at depth d reached tau_prefetch
   "time"        the queue could not deliver depth d's experts in time
@@ -98,7 +101,10 @@ def plan_lookahead(
                 reason, stopped = "cache", True
                 break
             arrival = queue_end + copy_ms
-            if arrival > deadline:
+            # The next layer's experts are always worth queueing: even a late prefetch lands before
+            # a demand copy issued when the layer starts. Deeper speculation must arrive in time,
+            # or it would only delay the copies nearer layers need.
+            if arrival > deadline and pred.distance > 1:
                 reason, stopped = "time", True
                 break
             items.append(PrefetchItem(key, pred.distance, pred.probs[e], arrival))

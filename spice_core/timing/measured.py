@@ -40,6 +40,9 @@ class _Pending:
 
 @dataclass
 class MeasuredTimeline:
+    """See the module docstring. Link emulation paces copies on the copy stream."""
+
+
     device: torch.device
     copy_stream: torch.cuda.Stream
     mode: str = "measured"
@@ -52,6 +55,8 @@ class MeasuredTimeline:
     _events: list[TraceEvent] = field(default_factory=list)
     _last_mark: object = None
     _copy_free_ms: float = 0.0
+    pace_extra_ms_per_byte: float = 0.0   # link emulation: extra copy-stream time per byte copied
+    sleep_cycles_per_ms: float = 0.0
 
     def _host_ms(self) -> float:
         return (time.perf_counter() - self._run_t0) * 1e3
@@ -82,6 +87,9 @@ class MeasuredTimeline:
         with torch.cuda.stream(self.copy_stream):
             start = self._event(self.copy_stream)
             fn()
+            if self.pace_extra_ms_per_byte > 0:
+                # Emulate a slower link: keep the copy stream busy for the missing transfer time.
+                torch.cuda._sleep(int(nbytes * self.pace_extra_ms_per_byte * self.sleep_cycles_per_ms))
             end = self._event(self.copy_stream)
         self._add(_Pending("copy", kind, key, start, end, nbytes))
         return OpHandle(key, "copy", kind, native=end)
@@ -174,3 +182,16 @@ class MeasuredTimeline:
     def drain_events(self) -> list[TraceEvent]:
         ev, self._events = self._events, []
         return ev
+
+
+def sleep_cycles_per_ms(device: torch.device) -> float:
+    """How many `torch.cuda._sleep` cycles make one millisecond on this GPU (measured)."""
+    torch.cuda.synchronize(device)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cycles = 2_000_000
+    torch.cuda._sleep(cycles // 10)   # warm-up
+    s.record()
+    torch.cuda._sleep(cycles)
+    e.record()
+    e.synchronize()
+    return cycles / max(1e-6, s.elapsed_time(e))

@@ -1,0 +1,286 @@
+"""`python -m spice_core bench --config FILE --out DIR`: policies compared in one run.
+
+Protocol (BENCHMARK.md): batch 1, greedy; for each repetition, prompt and budget, every
+policy runs back to back (interleaved), so machine noise hits all alike. Per record:
+TPOT median / p90 over decode steps (first token excluded), hit rate, bytes per token,
+stall ms per token, miss split, greedy agreement with the exact reference policy, and
+the physical floor max(compute, (1 - hit rate) x routed bytes per token / bandwidth).
+
+Config (JSON):
+    {"model": "assets/spice-mini" | "random:deepseek-v2-lite" | "lift:assets/spice-mini",
+     "policies": [...], "budgets": [0.25], "links": ["native", "pcie4x8"],
+     "timing": "measured" | "modeled", "profile": "h200-pcie5x16", "shape": "deepseek-v2-lite",
+     "prompts": ["...", ...] | {"random_ids": 8, "length": 32},
+     "max_new_tokens": 64, "repetitions": 1, "reference_generate": true, "hw_profile": "FILE"}
+Everything is validated before any model is built.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from spice_core.api import EXACT_POLICIES, POLICIES, RunSettings
+from spice_core.errors import ConfigError
+
+log = logging.getLogger(__name__)
+LINKS_GBPS = {"native": None, "pcie4x8": 13.0, "pcie4x16": 25.0}
+DEFAULT_PROMPTS = (
+    "Once upon a time, a little cat found a red ball in the garden.",
+    "Tell me a story about a dog who lost his bone.",
+    "The girl looked up at the stars and wondered",
+    "It was a rainy day, and Tom did not want to stay inside.",
+    "Lily and her mom went to the market to buy apples.",
+    "The old tree in the park had a secret door.",
+    "Ben wanted to build the biggest sand castle on the beach.",
+    "One morning the sun did not come up.",
+)
+
+
+def _load_config(path: Path) -> dict:
+    try:
+        cfg = json.loads(Path(path).read_text())
+    except FileNotFoundError as e:
+        raise ConfigError(f"--config {path}: no such file") from e
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--config {path}: not valid JSON ({e})") from e
+    for p in cfg.get("policies", []):
+        if p not in POLICIES:
+            raise ConfigError(f"config policy {p!r} is unknown: choose from {', '.join(POLICIES)}")
+    for link in cfg.get("links", ["native"]):
+        if link not in LINKS_GBPS:
+            raise ConfigError(f"config link {link!r} is unknown: choose from {', '.join(LINKS_GBPS)}")
+    for b in cfg.get("budgets", [0.25]):
+        if not 0 < float(b) <= 1:
+            raise ConfigError(f"config budget {b} is out of range: use fractions in (0, 1]")
+    timing = cfg.get("timing", "measured" if torch.cuda.is_available() else "modeled")
+    if timing == "measured" and not torch.cuda.is_available():
+        raise ConfigError("config timing 'measured' needs CUDA: use \"timing\": \"modeled\" on this machine")
+    cfg["timing"] = timing
+    return cfg
+
+
+def _check_host_memory(needed_bytes: int) -> None:
+    try:
+        import os
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return
+    if needed_bytes > 0.9 * avail:
+        raise ConfigError(f"the model needs about {needed_bytes / 1e9:.1f} GB of host memory but only "
+                          f"{avail / 1e9:.1f} GB is free: use a smaller model or a larger machine")
+
+
+def build_model(spec: str, device: str):
+    """(hf model with experts still fused, tokenizer or None, description)."""
+    if spec.startswith("random:"):
+        from spice_core.bench_models import random_model
+        shape = spec.split(":", 1)[1]
+        return random_model(shape, device, check_memory=_check_host_memory)
+    if spec.startswith("lift:"):
+        from spice_core.lift import lifted_model
+        return lifted_model(Path(spec.split(":", 1)[1]), device, check_memory=_check_host_memory)
+    from transformers import AutoModelForCausalLM
+
+    from spice_core.model.loader import _load_tokenizer, resolve_model_path
+    path = resolve_model_path(spec)
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype="auto").to(device).eval()
+    return hf, _load_tokenizer(path), str(path)
+
+
+def _prompt_ids(cfg: dict, tokenizer, vocab: int) -> list[list[int]]:
+    p = cfg.get("prompts", list(DEFAULT_PROMPTS))
+    if isinstance(p, dict):
+        g = torch.Generator().manual_seed(int(p.get("seed", 0)))
+        return [torch.randint(10, vocab, (int(p.get("length", 32)),), generator=g).tolist()
+                for _ in range(int(p.get("random_ids", 8)))]
+    if tokenizer is None:
+        raise ConfigError("the model has no tokenizer: use \"prompts\": {\"random_ids\": N, \"length\": L}")
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in p]
+
+
+@torch.no_grad()
+def _stock_generate_tpot(hf, prompts: list[list[int]], max_new: int) -> float:
+    """Plain transformers generate, all experts on the device: median TPOT over prompts."""
+    dev = next(hf.parameters()).device
+    tpots = []
+    for ids in prompts:
+        x = torch.tensor([ids], device=dev)
+        hf.generate(x, max_new_tokens=2, min_new_tokens=2, do_sample=False, pad_token_id=0)   # warm
+        for n in (1, max_new):
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            hf.generate(x, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            if n == 1:
+                t1 = time.perf_counter() - t
+            else:
+                tn = time.perf_counter() - t
+        tpots.append((tn - t1) / (max_new - 1) * 1e3)
+    return statistics.median(tpots)
+
+
+def run_bench(cfg: dict, out: Path, device: str | None = None) -> list[dict]:
+    from spice_core.engine import SpiceEngine
+    from spice_core.model.loader import offload_model
+    from spice_core.timing.profiles import get_profile, profile_from_dict
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    policies = cfg.get("policies", ["on_demand", "lru"])
+    budgets = [float(b) for b in cfg.get("budgets", [0.25])]
+    links = cfg.get("links", ["native"])
+    reps = int(cfg.get("repetitions", 1))
+    max_new = int(cfg.get("max_new_tokens", 64))
+    hf, tok, desc = build_model(cfg["model"], device)
+    prompts = _prompt_ids(cfg, tok, hf.config.vocab_size)
+    records: list[dict] = []
+    stock_tpot = None
+    if cfg.get("reference_generate") and cfg["timing"] == "measured":
+        stock_tpot = _stock_generate_tpot(hf, prompts[:2], min(max_new, 32))
+        print(f"transformers generate (all experts on the GPU): TPOT {stock_tpot:.2f} ms", flush=True)
+    lm = offload_model(hf, torch.device(device), tokenizer=tok, path=Path(desc))
+    hw = None
+    if cfg.get("hw_profile"):
+        hw = profile_from_dict(json.loads(Path(cfg["hw_profile"]).read_text()))
+    ref_policy = next((p for p in policies if p in EXACT_POLICIES), None)
+    total = len(links) * reps * len(budgets) * len(prompts) * len(policies)
+    done = 0
+    t0 = time.time()
+    per: dict[tuple, list] = {}
+    for link in links:
+        eng = SpiceEngine(lm, timing=cfg["timing"], hw_profile=hw, link_gbps=LINKS_GBPS[link])
+        eng.load_artifacts() if cfg.get("artifacts", True) and not cfg["model"].startswith("random:") else None
+        for rep in range(reps):
+            for budget in budgets:
+                for pi, ids in enumerate(prompts):
+                    ref_tokens = None
+                    for pol in policies:
+                        s = RunSettings(policy=pol, cache_frac=budget, max_new_tokens=max_new,
+                                        profile=cfg.get("profile", "h200-pcie5x16"),
+                                        shape=cfg.get("shape", "deepseek-v2-lite"),
+                                        tau_prefetch=float(cfg.get("tau_prefetch", 0.2)),
+                                        tau_approx=float(cfg.get("tau_approx", 0.0)),
+                                        max_lookahead=int(cfg.get("max_lookahead", 4)))
+                        run = eng.start_ids(ids, s)
+                        steps = list(run)
+                        toks = [st.token_id for st in steps]
+                        if pol == ref_policy:
+                            ref_tokens = toks
+                        agree = None
+                        if ref_tokens is not None:
+                            n = min(len(toks), len(ref_tokens))
+                            agree = sum(a == b for a, b in zip(toks[:n], ref_tokens[:n])) / max(1, n)
+                        rec = eng.get_record(run.run_id)
+                        per.setdefault((link, budget, pol), []).append((steps, agree, rec.totals, run.summary()))
+                        done += 1
+                        _progress(done, total, t0, f"{link} {budget:.2f} {pol}")
+    sys.stderr.write("\n")
+    for (link, budget, pol), runs in per.items():
+        records.append(_aggregate(cfg, desc, lm, link, budget, pol, runs, hw))
+    if stock_tpot is not None:
+        records.append({"model": desc, "policy": "transformers_generate", "budget_frac": 1.0, "link": "native",
+                        "timing": "measured", "tpot_ms_median": stock_tpot, "tpot_ms_p90": None, "hit_rate": 1.0,
+                        "bytes_per_token": 0, "stall_ms_per_token": 0, "greedy_agreement": None,
+                        "ppl_delta_pct": None})
+    _add_floors(records, lm, hw or get_profile(cfg.get("profile", "h200-pcie5x16")), cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(records, indent=1, default=float))
+    (out / "results.md").write_text(markdown_table(records, cfg))
+    return records
+
+
+def _progress(done: int, total: int, t0: float, label: str) -> None:
+    width = 30
+    filled = int(width * done / max(1, total))
+    eta = (time.time() - t0) / max(1, done) * (total - done)
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<32} eta {eta:5.0f}s")
+    sys.stderr.flush()
+
+
+def _aggregate(cfg, desc, lm, link, budget, pol, runs, hw) -> dict:
+    decode = [st for steps, *_ in runs for st in steps if st.index > 0]
+    tpots = sorted(st.step_ms for st in decode)
+    sel = sum(st.hits + st.misses for st in decode)
+    hits = sum(st.hits for st in decode)
+    split = {"approx": 0, "cpu": 0, "copy": 0}
+    for _, _, _, summ in runs:
+        for k in split:
+            split[k] += int(summ.miss_split.get(k, 0))
+    agrees = [a for _, a, _, _ in runs if a is not None]
+    return {
+        "model": desc, "policy": pol, "budget_frac": budget, "link": link, "timing": cfg["timing"],
+        "profile": cfg.get("profile") if cfg["timing"] == "modeled" else (hw.name if hw else "this machine"),
+        "shape": cfg.get("shape") if cfg["timing"] == "modeled" else "native",
+        "tpot_ms_median": statistics.median(tpots) if tpots else None,
+        "tpot_ms_p90": tpots[int(0.9 * (len(tpots) - 1))] if tpots else None,
+        "ttft_ms_median": statistics.median(s.ttft_ms for *_, s in runs),
+        "hit_rate": hits / sel if sel else None,
+        "bytes_per_token": sum(st.bytes_copied for st in decode) / max(1, len(decode)),
+        "stall_ms_per_token": sum(st.stall_ms for st in decode) / max(1, len(decode)),
+        "miss_split": split,
+        "wasted_prefetch_bytes": sum(t.get("wasted_prefetch_bytes", 0) for _, _, t, _ in runs),
+        "greedy_agreement": statistics.mean(agrees) if agrees else None,
+        "ppl_delta_pct": 0.0 if pol in EXACT_POLICIES or float(cfg.get("tau_approx", 0)) == 0 else None,
+        "n_runs": len(runs), "n_decode_tokens": len(decode),
+    }
+
+
+def _add_floors(records: list[dict], lm, prof, cfg) -> None:
+    """Physical floor: max(compute, (1 - hit rate) x routed bytes per token / bandwidth)."""
+    resident = {(r["link"], r["budget_frac"]): r["tpot_ms_median"] for r in records if r["policy"] == "resident"}
+    compute = min(resident.values()) if resident else None
+    if cfg["timing"] == "modeled":
+        from spice_core.timing.profiles import get_shape
+        expert_bytes = get_shape(cfg.get("shape", "deepseek-v2-lite")).expert_bytes if cfg.get("shape") != "native" \
+            else lm.layout.nbytes
+    else:
+        expert_bytes = lm.layout.nbytes
+    routed_per_token = lm.top_k * len(lm.moe_layers) * expert_bytes
+    for r in records:
+        if r["hit_rate"] is None or r["policy"] == "transformers_generate":
+            continue
+        gbps = LINKS_GBPS.get(r["link"]) or prof.h2d_pinned_gbps
+        transfer = (1 - r["hit_rate"]) * routed_per_token / (gbps * 1e6)
+        r["floor_ms"] = max(compute or 0.0, transfer)
+        r["routed_bytes_per_token"] = routed_per_token
+
+
+def markdown_table(records: list[dict], cfg: dict) -> str:
+    cols = ["link", "budget_frac", "policy", "tpot_ms_median", "tpot_ms_p90", "hit_rate", "bytes_per_token",
+            "stall_ms_per_token", "greedy_agreement", "floor_ms"]
+    head = "| " + " | ".join(cols) + " | miss split (approx/cpu/copy) |\n|" + "---|" * (len(cols) + 1) + "\n"
+    rows = []
+    for r in sorted(records, key=lambda r: (r["link"], r["budget_frac"], POLICIES.index(r["policy"])
+                                            if r["policy"] in POLICIES else -1)):
+        cells = []
+        for c in cols:
+            v = r.get(c)
+            cells.append("" if v is None else (f"{v:.3f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int)
+                                               else str(v)))
+        ms = r.get("miss_split") or {}
+        rows.append("| " + " | ".join(cells) + f" | {ms.get('approx', '')}/{ms.get('cpu', '')}/{ms.get('copy', '')} |")
+    return (f"timing: **{cfg['timing']}**; model: {records[0]['model'] if records else ''}\n\n" + head
+            + "\n".join(rows) + "\n")
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("bench", help="compare policies in one run (see docs/benchmarks/)")
+    p.add_argument("--config", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--device", default=None)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    cfg = _load_config(args.config)
+    records = run_bench(cfg, args.out, args.device)
+    print(markdown_table(records, cfg))
+    return 0
