@@ -1,0 +1,10 @@
+"""Everything that makes the shipped default model, ``assets/spice-mini``.
+
+    stories (generator) ─┐
+    sources (Austen, WEB, Shakespeare) ─► corpus ─► tokenizer ─► data (packed rows) ─► train ─► export
+                                                                                        │
+                               stats (routing) + evaluate (val loss, samples) ─► model_card
+
+This package deliberately knows nothing of the engine (``spice_core``) except its error
+types: the engine loads the result like any other checkpoint.
+"""

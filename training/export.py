@@ -1,0 +1,87 @@
+"""Turn a training run's output into the shipped model directory.
+
+    python -m training.export --run runs/spice-mini --data data/spice-mini --out assets/spice-mini
+
+Loads the run's bf16 shards into a fresh ``DeepseekV2ForCausalLM`` of the run's config and
+writes it with ``save_pretrained(max_shard_size="9MB")`` — transformers then stores the
+routed experts under per-expert keys (``model.layers.L.mlp.experts.E.gate_proj.weight``) like
+the real DeepSeek-V2-Lite checkpoints — plus the generation config, the tokenizer and a
+SHA-256 manifest (``checksums.sha256``) that ``checkpoint_check.verify_checkpoint`` reads.
+The model card is written separately (``training.model_card``), after evaluation.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import shutil
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+MAX_SHARD_SIZE = "8MB"
+CHECKSUMS = "checksums.sha256"
+
+
+def load_run_model(run_dir: Path):
+    """The trained model (bf16, eval mode) from a run directory's shards and train_state.json."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, DeepseekV2Config
+
+    state = json.loads((run_dir / "train_state.json").read_text())
+    cfg_dict = dict(state["config"])
+    for key in ("architectures", "model_type", "transformers_version", "dtype", "torch_dtype"):
+        cfg_dict.pop(key, None)
+    cfg = DeepseekV2Config(**cfg_dict)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    sd = {}
+    for name in state["weight_files"]:
+        sd.update(load_file(str(run_dir / name)))
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
+    if missing or unexpected:
+        raise ValueError(f"run weights do not match the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model.tie_weights()
+    return model.eval(), state
+
+
+def write_checksums(model_dir: Path) -> None:
+    lines = []
+    for path in sorted(model_dir.iterdir()):
+        if path.is_file() and path.name != CHECKSUMS and path.suffix in (".safetensors", ".json"):
+            lines.append(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.name}")
+    (model_dir / CHECKSUMS).write_text("\n".join(lines) + "\n")
+
+
+def export(run_dir: Path, data_dir: Path, out_dir: Path) -> dict:
+    from transformers import GenerationConfig
+
+    model, state = load_run_model(run_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for old in out_dir.glob("model*.safetensors*"):
+        old.unlink()
+    model.config.architectures = ["DeepseekV2ForCausalLM"]
+    model.generation_config = GenerationConfig(
+        bos_token_id=0, eos_token_id=0, pad_token_id=3, max_new_tokens=256, do_sample=False)
+    model.save_pretrained(str(out_dir), max_shard_size=MAX_SHARD_SIZE)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(data_dir / "tokenizer" / name, out_dir / name)
+    shutil.copy(run_dir / "loss.csv", out_dir / "training_loss.csv")
+    write_checksums(out_dir)
+    return state
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", type=Path, required=True)
+    ap.add_argument("--data", type=Path, default=Path("data/spice-mini"))
+    ap.add_argument("--out", type=Path, default=Path("assets/spice-mini"))
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    export(args.run, args.data, args.out)
+    log.info("wrote %s", args.out)
+
+
+if __name__ == "__main__":
+    main()
