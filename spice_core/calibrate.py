@@ -1,0 +1,192 @@
+"""`python -m spice_core calibrate`: build a model's SPICE artifacts beside it.
+
+    model ─► routing traces (predictor/traces.py) ─► draft heads (predictor/draft.py)
+                         │                       └─► LoRE factors (spice_core.lore.fit, when installed)
+                         └─► expert popularity ─► spice-calibration.json
+    ─► <out>/spice-draft.safetensors, spice-lore.safetensors, spice-calibration.json
+
+Loads the model with the plain loader, not the engine, so stale artifacts (another model,
+older shapes) never stop their own rebuild. Knows nothing of policies or timing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from spice_core.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LORE_MAX_RANK = 16
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("calibrate", help="build draft heads, LoRE factors and routing statistics beside a model",
+                       description="Trace the model's routing over a calibration text set, distil the draft "
+                                   "heads, fit LoRE surrogates, and save the artifacts beside the model.")
+    p.add_argument("--model", default=None, help="checkpoint folder or hub id (default: the shipped model)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--text", type=Path, default=None,
+                   help="UTF-8 text file to calibrate on (documents separated by blank lines); default: the shipped "
+                        "model's held-out split, or a built-in prompt set for other models")
+    p.add_argument("--max-tokens", type=int, default=24_576, help="tokens of calibration text to trace (default 24576)")
+    p.add_argument("--seq-len", type=int, default=256, help="tokens per traced row (default 256)")
+    p.add_argument("--distances", type=int, default=8, help="draft heads per MoE layer: distances 1..D (default 8)")
+    p.add_argument("--epochs", type=int, default=12, help="draft training epochs (default 12)")
+    p.add_argument("--train-seconds", type=float, default=240.0,
+                   help="stop draft training after this long, keeping the best epoch (default 240)")
+    p.add_argument("--lore-max-rank", type=int, default=DEFAULT_LORE_MAX_RANK,
+                   help=f"largest LoRE rank to fit (default {DEFAULT_LORE_MAX_RANK})")
+    p.add_argument("--no-lore", action="store_true", help="skip LoRE fitting")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default: beside the model, where the "
+                                                          "engine looks for them)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the calibration report as JSON")
+    p.set_defaults(func=run)
+
+
+def _check_args(args) -> None:
+    from spice_core.predictor.draft import check_distances
+
+    check_distances(args.distances)
+    if args.max_tokens < 256:
+        raise ConfigError(f"--max-tokens {args.max_tokens} is too small: use at least 256 (a few thousand is better)")
+    if args.seq_len < 8:
+        raise ConfigError(f"--seq-len {args.seq_len} is too small: use at least 8")
+    if args.lore_max_rank < 1:
+        raise ConfigError(f"--lore-max-rank {args.lore_max_rank} is out of range: use an integer >= 1")
+    if args.epochs < 1:
+        raise ConfigError(f"--epochs {args.epochs} is out of range: use an integer >= 1")
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads {args.threads} is out of range: use an integer >= 1")
+    if args.text is not None and not Path(args.text).is_file():
+        raise ConfigError(f"--text {args.text}: no such file: pass a UTF-8 text file")
+
+
+def _fit_lore(lm, traces, max_rank: int, out: Path) -> dict:
+    """LoRE factors via spice_core.lore (when this build has it), saved beside the draft."""
+    try:
+        from spice_core.lore.bank import save_lore_bank
+        from spice_core.lore.fit import fit_lore_bank
+    except ModuleNotFoundError as e:
+        if not (e.name or "").startswith("spice_core.lore"):
+            raise
+        return {"skipped": "this build has no LoRE support (spice_core.lore)"}
+    from spice_core.predictor.artifacts import LORE_FILE
+
+    t0 = time.perf_counter()
+    bank = fit_lore_bank(lm, traces.hidden_by_layer(), max_rank)
+    save_lore_bank(bank, out / LORE_FILE)
+    return {"file": LORE_FILE, "max_rank": max_rank, "fit_s": round(time.perf_counter() - t0, 1),
+            **dict(getattr(bank, "info", {}) or {})}
+
+
+def calibrate(model=None, *, device: str = "cpu", text: Path | None = None, max_tokens: int = 24_576,
+              seq_len: int = 256, distances: int = 8, epochs: int = 12, train_seconds: float | None = 240.0,
+              lore_max_rank: int = DEFAULT_LORE_MAX_RANK, lore: bool = True, out: Path | None = None,
+              seed: int = 0, lm=None, command: str = "") -> dict:
+    """Build and save the artifacts; returns the report written to spice-calibration.json."""
+    from spice_core.model.loader import load_model
+    from spice_core.predictor.artifacts import (CALIBRATION_FILE, DRAFT_FILE, model_fingerprint, save_draft,
+                                                write_calibration)
+    from spice_core.predictor.draft import DraftTrainConfig, train_draft
+    from spice_core.predictor.traces import traces_for_model
+
+    t0 = time.perf_counter()
+    if lm is None:
+        lm = load_model(model, device)
+    out = Path(out) if out is not None else Path(lm.path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--out {out}: cannot create the folder ({e}): pass a writable folder") from e
+    if not os.access(out, os.W_OK):
+        raise ConfigError(f"--out {out}: the folder is not writable: pass a writable folder with --out")
+    fp = model_fingerprint(lm)
+
+    traces = traces_for_model(lm, text_file=text, max_tokens=max_tokens, seq_len=seq_len)
+    t_traces = time.perf_counter() - t0
+    cfg = DraftTrainConfig(distances=distances, epochs=epochs, seed=seed, time_budget_s=train_seconds)
+    routers = [lm.moe_block(layer).gate.weight.detach() for layer in lm.moe_layers]
+    torch.manual_seed(seed)
+    draft, draft_report = train_draft(traces, cfg, init_routers=routers, device=lm.device)
+    save_draft(out / DRAFT_FILE, draft, fp)
+    lore_report = _fit_lore(lm, traces, lore_max_rank, out) if lore else {"skipped": "--no-lore"}
+
+    freq = traces.expert_frequency()
+    files = {name: (out / name).stat().st_size for name in (DRAFT_FILE, "spice-lore.safetensors") if (out / name).exists()}
+    report = {
+        "model": lm.name,
+        "traces": {"source": traces.source, "tokens": traces.n_tokens, "seq_len": seq_len,
+                   "trace_s": round(t_traces, 1)},
+        "draft": {"file": DRAFT_FILE, "heads": len(lm.moe_layers) * distances, "device_bytes": draft.nbytes,
+                  "config": asdict(cfg), **draft_report},
+        "lore": lore_report,
+        "expert_frequency": [[round(float(v), 5) for v in row] for row in freq],
+        "files_bytes": files,
+        "total_s": round(time.perf_counter() - t0, 1),
+        "environment": {"python": platform.python_version(), "torch": torch.__version__,
+                        "transformers": _version("transformers"), "threads": torch.get_num_threads(),
+                        "device": str(lm.device)},
+        "command": command,
+    }
+    write_calibration(out / CALIBRATION_FILE, fp, traces.popularity(), **report)
+    return report
+
+
+def _version(name: str) -> str:
+    try:
+        from importlib.metadata import version
+        return version(name)
+    except Exception:  # noqa: BLE001 - metadata may be missing in odd installs
+        return "unknown"
+
+
+def _command_line(args) -> str:
+    """The command as a user would retype it (options that differ from the defaults)."""
+    parts = ["python -m spice_core calibrate"]
+    if args.model is not None:
+        parts.append(f"--model {args.model}")
+    for flag, default in (("device", "cpu"), ("text", None), ("max_tokens", 24_576), ("seq_len", 256),
+                          ("distances", 8), ("epochs", 12), ("train_seconds", 240.0),
+                          ("lore_max_rank", DEFAULT_LORE_MAX_RANK), ("out", None), ("threads", None), ("seed", 0)):
+        v = getattr(args, flag)
+        if v != default:
+            parts.append(f"--{flag.replace('_', '-')} {v}")
+    if args.no_lore:
+        parts.append("--no-lore")
+    return " ".join(parts)
+
+
+def run(args) -> int:
+    _check_args(args)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    report = calibrate(args.model, device=args.device, text=args.text, max_tokens=args.max_tokens,
+                       seq_len=args.seq_len, distances=args.distances, epochs=args.epochs,
+                       train_seconds=args.train_seconds, lore_max_rank=args.lore_max_rank, lore=not args.no_lore,
+                       out=args.out, seed=args.seed, command=_command_line(args))
+    if args.json:
+        print(json.dumps({k: v for k, v in report.items() if k != "expert_frequency"}, indent=1))
+        return 0
+    d = report["draft"]
+    rec = ", ".join(f"d={k}: {v:.3f}" for k, v in d["heldout_recall_at_k"].items())
+    print(f"traced {report['traces']['tokens']} tokens of {report['traces']['source']} "
+          f"in {report['traces']['trace_s']} s")
+    print(f"draft: {d['heads']} heads, {d['device_bytes'] / 1e6:.2f} MB on the device, trained in {d['train_s']} s "
+          f"(best epoch {d['best_epoch']}); held-out recall@k {rec}")
+    lo = report["lore"]
+    print("LoRE: " + (f"skipped ({lo['skipped']})" if "skipped" in lo else f"{lo['file']} (max rank {lo['max_rank']})"))
+    for name, size in report["files_bytes"].items():
+        print(f"wrote {name}: {size / 1e6:.2f} MB")
+    print(f"done in {report['total_s']} s")
+    return 0

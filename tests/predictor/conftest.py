@@ -1,0 +1,30 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tiny_models import FAMILIES, build_tiny  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny_predictor")
+    return {f: build_tiny(f, root / f) for f in FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def calibrated_dirs(tiny_dirs, tmp_path_factory):
+    """Copies of the tiny models with draft artifacts built by `calibrate` beside them."""
+    import shutil
+
+    from spice_core.calibrate import calibrate
+
+    root = tmp_path_factory.mktemp("tiny_calibrated")
+    out = {}
+    for fam, d in tiny_dirs.items():
+        dst = root / fam
+        shutil.copytree(d, dst)
+        calibrate(dst, max_tokens=1500, seq_len=64, distances=4, epochs=6, lore=False)
+        out[fam] = dst
+    return out

@@ -1,0 +1,89 @@
+"""`python -m spice_core calibrate` end to end on a tiny model, and the bad inputs of issue 3."""
+import json
+import shutil
+
+import pytest
+
+from spice_core.api import RunSettings
+from spice_core.cli import main
+from spice_core.errors import ConfigError
+from spice_core.predictor.artifacts import CALIBRATION_FILE, DRAFT_FILE
+
+TEXT = "the cat sat on the mat . the dog ran to the park and the bird sang .\n\n" * 30
+
+
+@pytest.fixture()
+def model(tiny_dirs, tmp_path):
+    return shutil.copytree(tiny_dirs["deepseek_v2"], tmp_path / "model")
+
+
+@pytest.fixture()
+def text(tmp_path):
+    f = tmp_path / "calib.txt"
+    f.write_text(TEXT)
+    return f
+
+
+def calibrate(*args):
+    return main(["calibrate", "--threads", "1", "--no-lore", *map(str, args)])
+
+
+def test_calibrate_writes_artifacts_beside_the_model_and_generate_uses_them(model, text, capsys):
+    assert calibrate("--model", model, "--text", text, "--max-tokens", 500, "--seq-len", 64, "--distances", 3) == 0
+    out = capsys.readouterr().out
+    assert "draft: 9 heads" in out and "held-out recall@k" in out and "wrote spice-draft.safetensors" in out
+    calib = json.loads((model / CALIBRATION_FILE).read_text())
+    assert calib["traces"]["tokens"] == 500 and "calib.txt" in calib["traces"]["source"]
+    assert calib["command"].startswith("python -m spice_core calibrate --model")
+    assert main(["generate", "--model", str(model), "--prompt", "the cat", "--policy", "spice_prefetch",
+                 "--max-new-tokens", "4", "--cache-frac", "0.5", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["summary"]
+    assert not any("fell back" in n for n in summary["notes"])
+
+
+def test_calibrate_to_another_folder(model, text, tmp_path, capsys):
+    out_dir = tmp_path / "arts"
+    assert calibrate("--model", model, "--text", text, "--max-tokens", 400, "--distances", 2, "--out", out_dir) == 0
+    assert (out_dir / DRAFT_FILE).exists() and not (model / DRAFT_FILE).exists()
+
+
+def test_calibrate_rebuilds_over_stale_artifacts_of_another_model(model, text, calibrated_dirs, capsys):
+    shutil.copy(calibrated_dirs["olmoe"] / DRAFT_FILE, model / DRAFT_FILE)
+    assert main(["generate", "--model", str(model), "--prompt", "the cat", "--max-new-tokens", "2"]) == 2
+    assert "python -m spice_core calibrate --model" in capsys.readouterr().err
+    assert calibrate("--model", model, "--text", text, "--max-tokens", 400, "--distances", 2) == 0
+    assert main(["generate", "--model", str(model), "--prompt", "the cat", "--max-new-tokens", "2"]) == 0
+
+
+@pytest.mark.parametrize("flag,value,needle", [
+    ("--distances", 0, "--distances"), ("--distances", 100, "--distances"), ("--max-tokens", 10, "--max-tokens"),
+    ("--lore-max-rank", 0, "--lore-max-rank"), ("--epochs", 0, "--epochs"), ("--seq-len", 2, "--seq-len")])
+def test_calibrate_bad_numbers_name_the_flag(model, flag, value, needle, capsys):
+    assert calibrate("--model", model, flag, value) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+
+
+def test_calibrate_empty_or_missing_text_file(model, tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("   \n\n")
+    assert calibrate("--model", model, "--text", empty) == 2
+    assert "empty" in capsys.readouterr().err
+    assert calibrate("--model", model, "--text", tmp_path / "nope.txt") == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tau", [-0.1, 1.5])
+def test_tau_prefetch_outside_unit_interval_is_refused(tau, model, capsys):
+    with pytest.raises(ConfigError, match="tau_prefetch"):
+        RunSettings(policy="spice_prefetch", tau_prefetch=tau)
+    assert main(["generate", "--model", str(model), "--prompt", "hi", "--tau-prefetch", str(tau)]) == 2
+    assert "tau_prefetch" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("depth", [0, -3])
+def test_max_lookahead_below_one_is_refused(depth, model, capsys):
+    with pytest.raises(ConfigError, match="max_lookahead"):
+        RunSettings(policy="spice_prefetch", max_lookahead=depth)
+    assert main(["generate", "--model", str(model), "--prompt", "hi", "--max-lookahead", str(depth)]) == 2
+    assert "max_lookahead" in capsys.readouterr().err

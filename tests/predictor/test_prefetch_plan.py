@@ -1,0 +1,132 @@
+"""plan_lookahead, h_min and the eviction policies on hand-made inputs (no tensors, no clocks)."""
+import math
+
+import pytest
+
+from spice_core.policy.cache import (FarthestNextUseEviction, LruEviction, SlotView, cache_slots_for_budget)
+from spice_core.policy.prefetch import LayerPrediction, h_min, plan_lookahead
+from spice_core.types import ExpertKey as K
+
+
+def pred(d, layer, conf):
+    """A prediction over 8 experts: {expert: confidence}, others 0."""
+    probs = [0.0] * 8
+    for e, c in conf.items():
+        probs[e] = c
+    return LayerPrediction(d, layer, tuple(probs))
+
+
+def plan(preds, resident=(), **kw):
+    args = dict(is_resident_or_inflight=lambda k: k in set(resident), tau_prefetch=0.3, max_lookahead=4,
+                now_ms=0.0, copy_free_at_ms=0.0, copy_ms=1.0, layer_ms=2.0, top_k=2)
+    args.update(kw)
+    return plan_lookahead(preds, **args)
+
+
+def test_items_come_in_order_of_need_nearer_layers_first_then_confidence():
+    p = plan([pred(2, 3, {5: 0.9, 6: 0.4}), pred(1, 2, {1: 0.5, 0: 0.8})])
+    assert [i.key for i in p.items] == [K(2, 0), K(2, 1), K(3, 5), K(3, 6)]
+    assert [i.distance for i in p.items] == [1, 1, 2, 2]
+    assert [i.arrival_ms for i in p.items] == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_stops_for_confidence_when_no_expert_reaches_tau():
+    p = plan([pred(1, 2, {0: 0.9}), pred(2, 3, {4: 0.29}), pred(3, 4, {1: 0.9})])
+    assert [i.key for i in p.items] == [K(2, 0)]
+    assert (p.depth, p.stop_reason) == (1, "confidence")
+
+
+def test_tau_zero_takes_top_ranked_and_tau_one_takes_only_certain():
+    preds = [pred(1, 2, {0: 1.0, 1: 0.6, 2: 0.1})]
+    assert {i.key for i in plan(preds, tau_prefetch=1.0).items} == {K(2, 0)}
+    assert len(plan(preds, tau_prefetch=0.0).items) == 4      # 2 * top_k candidates, zeros included
+
+
+def test_stops_for_time_when_the_queue_cannot_deliver_before_the_layer_starts():
+    # layer_ms 2, copy 1.5: d=1 deadline 2 (exempt from lateness), d=2 deadline 4, queue ends at 4.5 after 3 copies
+    p = plan([pred(1, 2, {0: 0.9, 1: 0.8}), pred(2, 3, {0: 0.9, 1: 0.9})], copy_ms=1.5)
+    assert [i.key for i in p.items] == [K(2, 0), K(2, 1)]
+    assert (p.depth, p.stop_reason) == (1, "time")
+
+
+def test_a_busy_copy_queue_shortens_the_lookahead():
+    preds = [pred(d, d + 1, {0: 0.9}) for d in range(1, 5)]
+    idle = plan(preds, copy_ms=1.0)
+    busy = plan(preds, copy_ms=1.0, copy_free_at_ms=5.0)
+    assert idle.depth == 4 and len(idle.items) == 4
+    assert busy.stop_reason == "time" and busy.depth < idle.depth
+
+
+def test_next_layer_prefetch_is_queued_even_when_late():
+    p = plan([pred(1, 2, {0: 0.9})], copy_free_at_ms=10.0)
+    assert [i.key for i in p.items] == [K(2, 0)] and p.items[0].arrival_ms == 11.0
+
+
+def test_stops_at_the_bound():
+    preds = [pred(d, d + 1, {0: 0.9}) for d in range(1, 7)]
+    p = plan(preds, max_lookahead=3, layer_ms=10.0)
+    assert p.depth == 3 and p.stop_reason == "bound" and len(p.items) == 3
+
+
+def test_stops_when_the_cache_cannot_take_more():
+    p = plan([pred(1, 2, {0: 0.9, 1: 0.9}), pred(2, 3, {0: 0.9})], max_items=2, layer_ms=10.0)
+    assert len(p.items) == 2 and p.stop_reason == "cache" and p.depth == 1
+
+
+def test_resident_or_inflight_experts_are_not_copied_again_but_keep_their_next_use():
+    p = plan([pred(1, 2, {0: 0.9, 1: 0.8})], resident=[K(2, 0)])
+    assert [i.key for i in p.items] == [K(2, 1)]
+    assert p.next_use == {K(2, 0): 1, K(2, 1): 1}
+
+
+def test_next_use_keeps_the_nearest_distance_across_the_token_boundary():
+    # Layer 1 predicted at distance 1 (this token) and again at distance 4 (next token).
+    p = plan([pred(1, 1, {3: 0.9}), pred(4, 1, {3: 0.9})], layer_ms=10.0)
+    assert p.next_use[K(1, 3)] == 1
+    assert [i.key for i in p.items] == [K(1, 3)]
+
+
+def test_no_predictions_is_an_empty_plan():
+    p = plan([])
+    assert p.items == () and p.depth == 0 and p.stop_reason == "bound"
+
+
+def test_h_min_is_the_papers_formula():
+    # P=3 missing experts of 17.3 MB over 25 GB/s (25e6 bytes/ms) behind 1 ms of compute: 2.076 layers
+    assert h_min(3, 17_300_000, 25e6, 1.0) == pytest.approx(2.076)
+    assert h_min(0, 17_300_000, 25e6, 1.0) == 0.0
+    assert math.isinf(h_min(3, 100, 0.0, 1.0)) and math.isinf(h_min(3, 100, 1.0, 0.0))
+
+
+# ------------------------------------------------------------------ eviction
+def views(*specs):
+    return [SlotView(K(1, e), tick, 1, protected=prot) for e, tick, prot in specs]
+
+
+def test_farthest_next_use_evicts_the_expert_needed_last():
+    v = views((0, 5, False), (1, 1, False), (2, 3, False))
+    assert FarthestNextUseEviction().victim_for(v, {K(1, 0): 9, K(1, 1): 2, K(1, 2): 4}, 1) == K(1, 0)
+
+
+def test_farthest_next_use_prefers_unpredicted_then_lru_among_ties():
+    v = views((0, 5, False), (1, 1, False), (2, 3, False))
+    assert FarthestNextUseEviction().victim_for(v, {K(1, 1): 2}, 1) == K(1, 2)   # unpredicted, older of 0 and 2
+
+
+def test_a_prefetch_never_evicts_an_expert_needed_sooner_or_at_the_same_layer():
+    v = views((0, 5, False), (1, 1, False))
+    assert FarthestNextUseEviction().victim_for(v, {K(1, 0): 2, K(1, 1): 3}, 3) is None
+    assert FarthestNextUseEviction().victim_for(v, {K(1, 0): 2, K(1, 1): 4}, 3) == K(1, 1)
+
+
+def test_protected_slots_are_never_victims():
+    v = views((0, 1, True), (1, 2, True))
+    assert FarthestNextUseEviction().victim_for(v, {}, 1) is None
+    assert LruEviction().choose_victim(v) is None
+    assert LruEviction().choose_victim(views((0, 1, True), (1, 2, False))) == K(1, 1)
+
+
+def test_cache_slots_for_budget_counts_reserved_bytes_inside_the_budget():
+    assert cache_slots_for_budget(1000, 100) == 10
+    assert cache_slots_for_budget(1000, 100, reserved_bytes=250) == 7
+    assert cache_slots_for_budget(100, 100, reserved_bytes=500) == 0
