@@ -255,7 +255,7 @@ class SpiceEngine:
                              "(build them with: python -m spice_core calibrate --model M)")
             else:
                 predictor = draft
-                reserved += draft.nbytes
+                reserved += draft.budget_bytes(lm.layout.nbytes, costs.shape)   # sized for the modeled shape
         if spec.use_lore:
             lore_all = self.artifacts.lore if self.artifacts else None
             if lore_all is None:
