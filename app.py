@@ -1,0 +1,70 @@
+"""SPICE web app: chat with an offloaded MoE model, watch and tune the engine. Wiring only.
+
+    python app.py [--model DIR] [--device cpu|cuda]     serves on 127.0.0.1:7860
+    (GRADIO_SERVER_NAME / GRADIO_SERVER_PORT override host and port, as on Hugging Face Spaces)
+
+Pages live in `pages/` (one module each); they reach the engine only through `spice_core.api`.
+`build_demo(engine)` accepts any `EngineLike`, so tests pass a fake.
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import logging
+from pathlib import Path
+
+import gradio as gr
+
+from pages import about, chat, sweep, trace_explorer
+from pages.common import AppContext
+
+ROOT = Path(__file__).resolve().parent
+CSS_PATH = ROOT / "assets" / "static" / "spice.css"
+QUEUE_MAX_SIZE = 16       # waiting events across all sessions; beyond it the browser says the app is busy
+
+
+def build_app(engine=None, *, max_queue: int = QUEUE_MAX_SIZE, orphan_after_s: float = 5.0,
+              export_root: Path | None = None) -> tuple[gr.Blocks, AppContext]:
+    """The Blocks app and its context (engine, runner, exports). ``engine=None`` loads the shipped model."""
+    if engine is None:
+        from spice_core.engine import SpiceEngine
+        engine = SpiceEngine.load()
+    ctx = AppContext.create(engine, orphan_after_s=orphan_after_s, export_root=export_root)
+    atexit.register(ctx.exports.cleanup)
+    with gr.Blocks(title="SPICE · offloaded MoE chat") as demo:
+        page = chat.build(ctx)
+        demo.unload(page.on_unload)
+    with demo.route("Trace explorer", "/trace"):
+        trace_explorer.build(ctx)
+    with demo.route("Sweep", "/sweep"):
+        sweep.build(ctx)
+    with demo.route("About", "/about"):
+        about.build(ctx, ROOT / "docs" / "benchmarks", ROOT)
+    demo.queue(default_concurrency_limit=1, max_size=max_queue)
+    return demo, ctx
+
+
+def build_demo(engine=None, **kwargs) -> gr.Blocks:
+    return build_app(engine, **kwargs)[0]
+
+
+def launch_kwargs() -> dict:
+    """Styling for `launch()` (Gradio 6 takes theme and CSS there, not in Blocks)."""
+    return {"theme": gr.themes.Default(primary_hue="blue", neutral_hue="slate"), "css": CSS_PATH.read_text()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="checkpoint folder (default: the shipped model)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = None
+    if args.model or args.device:
+        from spice_core.engine import SpiceEngine
+        engine = SpiceEngine.load(args.model, device=args.device)
+    build_demo(engine).launch(**launch_kwargs())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""About page: what SPICE does, how to read the panels, the engine in use, and the latest benchmark.
+
+The benchmark table is read from the Markdown files in ``docs/benchmarks/`` each time the page
+opens (so a new benchmark shows without a restart): the newest file by the latest ISO date it
+mentions (its modification time when it mentions none), its first table and the heading above
+it, with the file's path as the source.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+
+from pages.common import AppContext
+
+DATE = re.compile(r"\b(20\d\d-[01]\d-[0-3]\d)\b")
+
+ABOUT = """
+## What SPICE does
+A Mixture-of-Experts model runs only a few experts per token, but all of them must be reachable. When they
+do not fit in GPU memory they live in host memory, and at batch size 1 decoding time is dominated by copying
+the experts each token routes to across PCIe. SPICE attacks that in three ways:
+
+1. **Speculate.** A small *draft* predicts which experts the next layers will need, with a confidence; an
+   *adaptive lookahead* prefetches the confident ones early enough that the copies hide behind compute
+   (**τ_prefetch** is the confidence needed; **max lookahead** bounds how far ahead).
+2. **Approximate** cheap misses. When a needed expert is not on the GPU and matters little for this token,
+   use the resident shared expert plus a **low-rank expert surrogate (LoRE)** instead (**τ_approx**; 0 keeps
+   every token exact).
+3. **Orchestrate** exact misses: compute the expert on the **CPU lane** from host memory while the GPU works on
+   the hits, or copy it in, whichever the measured costs say finishes first.
+
+## Reading the main page
+- **Experts per layer**: one cell per (layer, expert). Left, the latest token; right, each expert's most frequent
+  outcome so far (hover for counts). Green = already on the GPU, blue = there because a prefetch brought it,
+  purple = approximated, orange = computed on the CPU, red = copied on demand (the layer waited).
+- **Prefetch timeline**: every recent prefetch as its copy (issued → arrived) on the row of the layer that needs
+  it, with a tick where that layer needed it: blue arrived in time, red late, grey not used. Below, the lookahead
+  depth and the hit rate per token.
+- **Lanes**: what the GPU, the copy stream and the CPU workers were doing during the last tokens. Red-pink gaps on
+  the GPU row are stalls: time spent waiting for an expert.
+
+## Timing: measured or modeled
+On a CUDA machine the times are **measured** with CUDA events. Anywhere else the small model still generates the
+tokens for real, but the times are **modeled**: the engine replays what it did (which experts hit, were copied,
+prefetched, computed on the CPU) on a named **hardware profile** as if the experts had a real model's **shape**
+(for example DeepSeek-V2-Lite on an RTX 4090 over PCIe 4.0 x16). Every number says which mode produced it.
+
+## Quality
+Every policy except approximation gives the same greedy tokens as the stock model. Lossy settings are reported as
+speed–quality pairs: the main page can measure greedy agreement with exact settings after each reply, and the
+*Sweep* page plots agreement against time per token for a grid of thresholds.
+"""
+
+
+@dataclass(frozen=True)
+class BenchmarkTable:
+    path: Path
+    heading: str
+    table: str
+    date: str
+
+
+def _file_date(path: Path, text: str) -> str:
+    dates = DATE.findall(text)
+    if dates:
+        return max(dates)
+    return dt.date.fromtimestamp(path.stat().st_mtime).isoformat()
+
+
+def first_table(text: str) -> tuple[str, str]:
+    """(nearest heading above, table) of the first Markdown table in ``text``; ("", "") if none."""
+    lines = text.splitlines()
+    heading = ""
+    for i, line in enumerate(lines):
+        if line.startswith("#"):
+            heading = line.lstrip("#").strip()
+        is_sep = i + 1 < len(lines) and re.match(r"^\s*\|?\s*:?-{3,}", lines[i + 1] or "")
+        if line.strip().startswith("|") and is_sep:
+            j = i
+            while j < len(lines) and lines[j].strip().startswith("|"):
+                j += 1
+            return heading, "\n".join(lines[i:j])
+    return "", ""
+
+
+def benchmark_tables(folder: Path) -> list[BenchmarkTable]:
+    """Every benchmark file with a table, newest first."""
+    out = []
+    for path in sorted(Path(folder).glob("*.md")):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError:
+            continue
+        heading, table = first_table(text)
+        if table:
+            out.append(BenchmarkTable(path, heading, table, _file_date(path, text)))
+    return sorted(out, key=lambda b: (b.date, b.path.name), reverse=True)
+
+
+class AboutPage:
+    def __init__(self, ctx: AppContext, benchmarks_dir: Path, repo_root: Path) -> None:
+        self.ctx = ctx
+        self.dir = Path(benchmarks_dir)
+        self.root = Path(repo_root)
+
+    def build(self) -> None:
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=3):
+                gr.Markdown(ABOUT)
+            with gr.Column(scale=2):
+                gr.Markdown("## This engine\n" + self._engine_table())
+                gr.Markdown("## Latest benchmark")
+                self.pick = gr.Dropdown(choices=[], value=None, label="Benchmark file", elem_id="about-bench-pick",
+                                        info="newest first")
+                self.bench = gr.Markdown("", elem_id="about-bench")
+        gr.on(None, self.on_load, outputs=[self.pick, self.bench], queue=False, api_name="benchmarks")
+        self.pick.change(self.show, inputs=[self.pick], outputs=[self.bench], queue=False,
+                         api_visibility="private")
+
+    def _engine_table(self) -> str:
+        i = self.ctx.info
+        rows = [("model", f"`{i.model_name}` ({i.family})"), ("layers", f"{i.n_layers}, MoE: {len(i.moe_layers)}"),
+                ("experts", f"{i.n_experts} routed per layer, top-{i.top_k}"),
+                ("expert size", f"{i.expert_bytes / 1e6:.2f} MB"), ("device", i.device),
+                ("timing", i.default_timing), ("draft heads", "yes" if i.has_draft else "no (gate predictor)"),
+                ("LoRE factors", "yes" if i.has_lore else "no"), ("context", f"{i.max_context_tokens:,} tokens"),
+                ("hardware profiles", ", ".join(i.profiles)), ("shapes", ", ".join(i.shapes))]
+        return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+
+    def _rel(self, path: Path) -> str:
+        try:
+            return path.resolve().relative_to(self.root.resolve()).as_posix()
+        except ValueError:
+            return path.name
+
+    def on_load(self):
+        tables = benchmark_tables(self.dir)
+        if not tables:
+            return gr.update(choices=[], value=None), "No benchmark results yet (`docs/benchmarks/*.md`)."
+        choices = [(f"{self._rel(b.path)} ({b.date})", self._rel(b.path)) for b in tables]
+        return gr.update(choices=choices, value=choices[0][1]), self._render(tables[0])
+
+    def show(self, rel):
+        for b in benchmark_tables(self.dir):
+            if self._rel(b.path) == rel:
+                return self._render(b)
+        return gr.skip()
+
+    def _render(self, b: BenchmarkTable) -> str:
+        heading = f"**{b.heading}**\n\n" if b.heading else ""
+        return f"{heading}{b.table}\n\nSource: `{self._rel(b.path)}` ({b.date})"
+
+
+def build(ctx: AppContext, benchmarks_dir: Path, repo_root: Path) -> AboutPage:
+    """Create the About page's components in the caller's context."""
+    page = AboutPage(ctx, benchmarks_dir, repo_root)
+    page.build()
+    return page

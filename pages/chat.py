@@ -1,0 +1,473 @@
+"""Main page: chat with the offloaded model, tune SPICE, and watch what it does per token.
+
+    controls ──change──► on_settings ──► session.settings ──► running stream (from its next token)
+    Send / Enter ──► chat (generator, engine group) ──► runner.start ──► pump thread ──► StepStats
+                          │ every batch of tokens: chat text          (pages.runner)
+                          │ every ≥ 0.5 s: stats + heatmap + prefetch timeline + lane Gantt
+                          └ end: run note in the chat, final panels, optional exact re-run
+    Stop ──► stream.cancel() (between tokens)      tab closed ──► unload / orphan watchdog ──► cancel
+
+Everything per user lives in one `ChatSession` inside a gr.State (Gradio gives each page its
+own session, so the chat, its controls and its panels share this page). Events that only touch
+that object (settings, stop, busy note, new chat) skip the queue, so they act while a reply
+streams; the chat event joins the engine's concurrency group.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field, replace
+
+import gradio as gr
+
+from spice_core.api import RunSettings
+from spice_core.errors import PromptError, SpiceError
+from pages import figures
+from pages.common import (ENGINE_GROUP, LORE_RANKS, AppContext, FreeDropdown, FreeSlider, as_plot,
+                          default_settings, policy_choices, settings_from_values, spice_error_text)
+from pages.live import LiveRun, greedy_agreement
+from pages.messages import clean_message, drop_oldest_turn, engine_turns, normalize_history, note, problem_with
+from pages.runner import LIVE_FIELDS, RunStream
+
+log = logging.getLogger(__name__)
+
+PANEL_INTERVAL_S = 0.5      # live panels refresh at 2 Hz at most (and once more when the reply ends)
+TAKE_TIMEOUT_S = 0.1        # how long the chat loop waits for the next token before checking notices
+CURSOR = " ▍"
+EXAMPLES = ["Tell me a short story about a lighthouse keeper.",
+            "What is a mixture of experts, in two sentences?",
+            "Write a haiku about caches."]
+
+
+@dataclass
+class ChatSession:
+    """One browser tab's state. Mutated in place by the page's events."""
+
+    settings: RunSettings | None = None
+    stream: RunStream | None = None
+    notices: list[dict] = field(default_factory=list)   # notes to show in the chat at the next refresh
+    epoch: int = 0                                      # bumped by "New chat": older streams stop writing
+    last_run_id: str = ""
+
+    def streaming(self) -> bool:
+        return self.stream is not None and not self.stream.done
+
+
+class ChatPage:
+    """Builds the main page's components and owns their handlers."""
+
+    def __init__(self, ctx: AppContext) -> None:
+        self.ctx = ctx
+        self.info = ctx.info
+        self.defaults = default_settings(ctx.info)
+
+    # --- layout --------------------------------------------------------------------------
+    def build(self) -> None:
+        info, d = self.info, self.defaults
+        self.session = gr.State(lambda: ChatSession())
+        self.banner = gr.Markdown(self._banner(d), elem_id="spice-banner", elem_classes=["spice-banner"])
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=3, min_width=420):
+                self.chatbot = gr.Chatbot(
+                    label=f"Chat with {info.model_name}", height=440, elem_id="spice-chat", buttons=["copy"],
+                    placeholder="**Ask anything.** Replies stream token by token; the panels below show which "
+                                "experts each token used and where their time went.")
+                with gr.Row(equal_height=True):
+                    self.msg = gr.Textbox(placeholder="Type a message and press Enter", show_label=False, lines=1,
+                                          max_lines=6, scale=8, autofocus=True, elem_id="spice-msg")
+                    self.send = gr.Button("Send", variant="primary", scale=1, min_width=80, elem_id="spice-send")
+                    self.stop = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="spice-stop")
+                with gr.Row():
+                    gr.Examples(EXAMPLES, inputs=[self.msg], label="Try")
+                    self.new_chat = gr.Button("New chat", size="sm", scale=0, min_width=100, elem_id="spice-new")
+            with gr.Column(scale=2, min_width=320, elem_id="spice-controls"):
+                self._build_controls(d)
+        self.stats = gr.HTML(stats_html(None, d, self.info), elem_id="spice-stats")
+        self.heatmap = gr.Plot(as_plot(figures.empty_figure("send a message to see which experts each token uses")),
+                               label="Experts per layer: this token and all tokens so far", elem_id="spice-heatmap")
+        with gr.Row(equal_height=False):
+            self.prefetch = gr.Plot(as_plot(figures.empty_figure("prefetches appear here while a reply streams")),
+                                    label="Prefetch timeline and lookahead", elem_id="spice-prefetch")
+            self.gantt = gr.Plot(as_plot(figures.empty_figure("lane activity appears here while a reply streams")),
+                                 label="Lanes: GPU, copy stream, CPU workers (last 3 tokens)", elem_id="spice-gantt")
+        self._wire()
+
+    def _build_controls(self, d: RunSettings) -> None:
+        info = self.info
+        lore_ranks = tuple(getattr(info, "lore_ranks", ()) or LORE_RANKS)
+        with gr.Group():
+            self.policy = FreeDropdown(policy_choices(info), value=d.policy, label="Policy",
+                                       info="baselines, and SPICE with parts switched off", elem_id="ctl-policy")
+            self.cache_frac = FreeSlider(0.0, 1.0, value=d.cache_frac, step=0.05, label="GPU cache size",
+                                         info="share of all routed experts that fit on the GPU",
+                                         elem_id="ctl-cache")
+            self.tau_prefetch = FreeSlider(0.0, 1.0, value=d.tau_prefetch, step=0.05, label="τ_prefetch",
+                                           info="prefetch an expert when the draft is at least this confident",
+                                           elem_id="ctl-tau-prefetch")
+            self.tau_approx = FreeSlider(0.0, 1.0, value=d.tau_approx, step=0.05, label="τ_approx",
+                                         info="approximate misses that matter less than this (0 = always exact)",
+                                         elem_id="ctl-tau-approx")
+            self.max_lookahead = FreeSlider(1, 16, value=d.max_lookahead, step=1, label="Max lookahead (layers)",
+                                            elem_id="ctl-lookahead")
+            with gr.Row():
+                self.lore_rank = FreeDropdown(list(lore_ranks), value=d.lore_rank if d.lore_rank in lore_ranks
+                                              else lore_ranks[0], label="LoRE rank", min_width=100,
+                                              elem_id="ctl-lore")
+                self.cpu_lane = gr.Checkbox(value=d.cpu_lane, label="CPU lane", info="compute some misses on the CPU",
+                                            min_width=100, elem_id="ctl-cpu")
+        with gr.Accordion("Timing model and generation", open=False):
+            with gr.Row():
+                self.profile = FreeDropdown(list(info.profiles), value=d.profile, label="Hardware profile",
+                                            elem_id="ctl-profile")
+                self.shape = FreeDropdown(list(info.shapes), value=d.shape, label="Model shape", elem_id="ctl-shape")
+            self.max_new_tokens = FreeSlider(1, 512, value=d.max_new_tokens, step=1, label="Max new tokens",
+                                             elem_id="ctl-max-new")
+            self.temperature = FreeSlider(0.0, 2.0, value=d.temperature, step=0.05, label="Temperature",
+                                          info="0 = greedy", elem_id="ctl-temperature")
+            self.live_panels = gr.Checkbox(value=True, label="Update the panels while a reply streams",
+                                           elem_id="ctl-live")
+            self.check_exact = gr.Checkbox(value=False, label="Measure greedy agreement with exact settings after "
+                                           "each lossy reply (generates it once more)", elem_id="ctl-check")
+        self.settings_note = gr.Markdown(_settings_hint(), elem_id="spice-settings-note",
+                                         elem_classes=["spice-note"])
+
+    @property
+    def controls(self) -> list:
+        return [self.policy, self.cache_frac, self.tau_prefetch, self.tau_approx, self.max_lookahead,
+                self.lore_rank, self.cpu_lane, self.profile, self.shape, self.max_new_tokens, self.temperature]
+
+    def _wire(self) -> None:
+        outputs = [self.msg, self.chatbot, self.stats, self.heatmap, self.prefetch, self.gantt]
+        triggers = [self.msg.submit, self.send.click]
+        gr.on(triggers, self.chat, inputs=[self.msg, self.chatbot, *self.controls, self.live_panels,
+                                            self.check_exact, self.session],
+              outputs=outputs, api_name="chat", concurrency_id=ENGINE_GROUP, concurrency_limit=1,
+              show_progress="minimal", show_progress_on=[self.chatbot])
+        # Runs beside the chat event (which the browser will not send twice): say why nothing happens.
+        gr.on(triggers, self.note_if_busy, inputs=[self.session], outputs=None, queue=False, api_visibility="private",
+              show_progress="hidden")
+        self.stop.click(self.stop_reply, inputs=[self.session], outputs=[self.settings_note], queue=False,
+                        api_name="stop", show_progress="hidden")
+        gr.on([c.change for c in self.controls], self.on_settings, inputs=[*self.controls, self.session],
+              outputs=[self.settings_note, self.banner], queue=False, api_name="settings", show_progress="hidden")
+        self.new_chat.click(self.clear, inputs=[self.session], outputs=outputs, queue=False, api_name="new_chat",
+                            show_progress="hidden")
+
+    # --- handlers ------------------------------------------------------------------------
+    def on_unload(self, request: gr.Request) -> None:
+        """The tab closed: free the engine if this session's reply is still running."""
+        if request is not None and request.session_hash:
+            self.ctx.runner.cancel_owner(request.session_hash, "closed")
+
+    def note_if_busy(self, session: ChatSession) -> None:
+        if session.streaming() and not any(n.get("metadata", {}).get("id") == "busy" for n in session.notices):
+            busy = note("⚠ Still answering your previous message",
+                        "Your new message stays in the box. Press **Stop** to end this reply, or send it when "
+                        "the reply is done.")
+            busy["metadata"]["id"] = "busy"
+            session.notices.append(busy)
+
+    def stop_reply(self, session: ChatSession) -> str:
+        if session.streaming():
+            session.stream.cancel("stop")
+            return "Stopping after the current token…"
+        return "Nothing is generating right now."
+
+    def on_settings(self, *args):
+        *values, session = args
+        try:
+            settings = settings_from_values(self.info, dict(zip(_setting_names(), values)))
+        except SpiceError as exc:
+            return f"⚠ Not applied: {spice_error_text(exc)}", gr.skip()
+        previous = session.settings or self.defaults
+        session.settings = settings
+        banner = self._banner(settings) if (settings.profile, settings.shape) != (previous.profile, previous.shape) \
+            else gr.skip()
+        if not session.streaming():
+            return _settings_hint(), banner
+        stream = session.stream
+        changed = [f for f in RunSettings.__dataclass_fields__ if getattr(settings, f) != getattr(stream.settings, f)]
+        stream.request_settings(settings)
+        live = [f for f in changed if f in LIVE_FIELDS]
+        later = [f for f in changed if f not in LIVE_FIELDS]
+        parts = []
+        if live:
+            parts.append(f"**{', '.join(live)}** sent to the running reply: the engine applies "
+                         f"{'it' if len(live) == 1 else 'them'} from the next token.")
+        if later:
+            parts.append(f"**{', '.join(later)}** applies from your next message (if the engine cannot change "
+                         f"it mid-reply).")
+        return " ".join(parts) or _settings_hint(), banner
+
+    def clear(self, session: ChatSession):
+        session.epoch += 1
+        if session.streaming():
+            session.stream.cancel("stop")
+        session.notices.clear()
+        return ("", [], stats_html(None, session.settings or self.defaults, self.info),
+                as_plot(figures.empty_figure("send a message to see which experts each token uses")),
+                as_plot(figures.empty_figure("prefetches appear here while a reply streams")),
+                as_plot(figures.empty_figure("lane activity appears here while a reply streams")))
+
+    def chat(self, message, history, *args, request: gr.Request = None):
+        """Stream one reply. Yields (textbox, chat, stats, heatmap, prefetch timeline, lane chart)."""
+        *values, live_panels, check_exact, session = args
+        if not isinstance(session, ChatSession):           # API callers cannot break the state
+            session = ChatSession()
+        history = normalize_history(history)
+        skip = gr.skip()
+
+        def only_chat(h, keep_text=True):
+            return (skip if keep_text else "", h, skip, skip, skip, skip)
+
+        try:
+            settings = settings_from_values(self.info, dict(zip(_setting_names(), values)))
+        except SpiceError as exc:
+            yield only_chat(history + [note("⚠ Settings not applied", spice_error_text(exc))])
+            return
+        session.settings = settings
+        raw_len = len(message) if isinstance(message, str) else 0
+        cleaned = clean_message(message)
+        problem = problem_with(cleaned, raw_len, self.ctx.max_message_chars, self.info.max_context_tokens)
+        if problem:
+            yield only_chat(history + [note("⚠ Message not sent", problem)])
+            return
+        if session.streaming():
+            yield only_chat(history + [note("⚠ Still answering your previous message",
+                                            "Wait for it to finish or press Stop, then send again.")])
+            return
+        history.append({"role": "user", "content": cleaned.text})
+        if cleaned.removed:
+            history.append(note(f"ℹ Removed {cleaned.removed} control character"
+                                f"{'s' if cleaned.removed > 1 else ''} (e.g. {cleaned.example}) before sending"))
+        turns = engine_turns(history)
+        owner = (request.session_hash if request is not None else None) or f"session-{id(session)}"
+        epoch = session.epoch
+        try:
+            stream, turns, dropped = self._start(owner, turns, settings)
+        except SpiceError as exc:
+            yield only_chat(history + [note("⚠ The engine refused this message", spice_error_text(exc))], False)
+            return
+        session.stream = stream
+        session.notices.clear()
+        self.ctx.run_labels[stream.run_id] = "chat: " + _preview(cleaned.text)
+        if dropped:
+            history.append(note(f"ℹ Left out the {dropped} oldest exchange{'s' if dropped > 1 else ''} to fit the "
+                                f"model's context ({self.info.max_context_tokens:,} tokens)"))
+        reply_at = len(history)
+        history.append({"role": "assistant", "content": CURSOR})
+        live = LiveRun.for_engine(self.info)
+        yield ("", history, stats_html(live, settings, self.info, state="starting"), skip, skip, skip)
+
+        first_wall = None
+        next_panels = 0.0
+        try:
+            while True:
+                steps, ended = stream.take(TAKE_TIMEOUT_S)
+                if session.epoch != epoch:                  # "New chat" was pressed: stop writing here
+                    stream.cancel("stop")
+                    return
+                for step in steps:
+                    live.add(step)
+                if steps and first_wall is None:
+                    first_wall = time.perf_counter()
+                added_notes = False
+                while session.notices:
+                    history.append(session.notices.pop(0))
+                    added_notes = True
+                if not steps and not added_notes and not ended:
+                    continue
+                history[reply_at] = {"role": "assistant", "content": live.text + ("" if ended else CURSOR)}
+                if ended:
+                    break
+                now = time.monotonic()
+                if live_panels and now >= next_panels and live.n_tokens:
+                    next_panels = now + PANEL_INTERVAL_S
+                    yield (skip, history, stats_html(live, stream.settings, self.info, stream=stream,
+                                                     wall_tps=_wall_tps(live, first_wall)),
+                           *self._panels(live))
+                else:
+                    yield (skip, history, skip, skip, skip, skip)
+        finally:
+            if not stream.done:
+                stream.cancel("closed")
+            if session.stream is stream:
+                session.stream = None
+        yield from self._finish(history, reply_at, live, stream, settings, session, turns, check_exact,
+                                first_wall)
+
+    def _start(self, owner: str, turns: list[dict], settings: RunSettings) -> tuple[RunStream, list[dict], int]:
+        """Start a chat generation; drop the oldest exchanges while the engine says the prompt is too long."""
+        dropped = 0
+        while True:
+            try:
+                stream = self.ctx.runner.start(owner, settings, lambda: self.ctx.engine.start_chat(turns, settings))
+                return stream, turns, dropped
+            except PromptError:
+                shorter = drop_oldest_turn(turns)
+                if shorter is None:
+                    raise
+                turns, dropped = shorter, dropped + 1
+
+    def _finish(self, history, reply_at, live, stream, settings, session, turns, check_exact, first_wall):
+        skip = gr.skip()
+        summary = stream.summary()
+        session.last_run_id = stream.run_id
+        history[reply_at] = {"role": "assistant", "content": live.text}
+        if not live.text:
+            history.pop(reply_at)
+        if stream.error:
+            history.append(note("⚠ The reply stopped early" if live.n_tokens else "⚠ No reply", stream.error))
+        elif stream.cancel_reason == "stop":
+            history.append(note(f"■ Stopped after {live.n_tokens} token{'s' if live.n_tokens != 1 else ''}"))
+        if stream.changes:
+            history.append(note("Settings changed during this reply", _changes_text(stream)))
+        agreement = _agreement_line(settings, check_exact)
+        if agreement is None and live.n_tokens:
+            yield ("", history, stats_html(live, stream.settings, self.info, stream=stream, summary=summary,
+                                           wall_tps=_wall_tps(live, first_wall), agreement="checking against the "
+                                           "exact settings…"), skip, skip, skip)
+            agreement = self._check_exact(turns, stream.settings, live, session)
+        if summary is not None and live.n_tokens:
+            history.append(note(_run_title(summary, live), _run_body(summary, stream)))
+        yield ("", history, stats_html(live, stream.settings, self.info, stream=stream, summary=summary,
+                                       wall_tps=_wall_tps(live, first_wall), agreement=agreement or ""),
+               *self._panels(live))
+
+    def _check_exact(self, turns, settings: RunSettings, live: LiveRun, session: ChatSession) -> str:
+        """Generate the same reply with exact settings and compare greedy tokens."""
+        exact = replace(settings, tau_approx=0.0, max_new_tokens=max(1, live.n_tokens))
+        owner = f"exact-check-{id(session)}"
+        try:
+            stream = self.ctx.runner.start(owner, exact, lambda: self.ctx.engine.start_chat(turns, exact))
+        except SpiceError as exc:
+            return f"not measured: {spice_error_text(exc)}"
+        self.ctx.run_labels[stream.run_id] = f"exact check of {session.last_run_id}"
+        ids: list[int] = []
+        while True:
+            steps, ended = stream.take(1.0)
+            ids += [s.token_id for s in steps]
+            if ended:
+                break
+        if stream.error:
+            return f"not measured: {stream.error}"
+        score = greedy_agreement(live.token_ids, ids)
+        same = round(score * len(ids))
+        return f"{100 * score:.0f}% (first {same} of {len(ids)} tokens identical)"
+
+    def _panels(self, live: LiveRun):
+        return (as_plot(figures.outcome_heatmap(live)), as_plot(figures.prefetch_timeline(live)),
+                as_plot(figures.lane_gantt(live.intervals())))
+
+    def _banner(self, settings: RunSettings) -> str:
+        i = self.info
+        return (f"### SPICE · `{i.model_name}`\n{self.ctx.describe_timing(settings)} · {i.family}, "
+                f"{len(i.moe_layers)} MoE layers × {i.n_experts} experts, top-{i.top_k}"
+                f"{'' if i.has_draft else ' · no draft heads (gate predictor)'}"
+                f"{'' if i.has_lore else ' · no LoRE factors (approximation off)'}")
+
+
+def build(ctx: AppContext) -> ChatPage:
+    """Create the main page's components in the caller's Blocks context; returns the page (for unload)."""
+    page = ChatPage(ctx)
+    page.build()
+    return page
+
+
+# --- text helpers ---------------------------------------------------------------------------------
+def _setting_names() -> tuple[str, ...]:
+    from pages.common import SETTING_FIELDS
+    return SETTING_FIELDS
+
+
+def _settings_hint() -> str:
+    return ("Settings apply to your next message. During a reply, **τ_prefetch**, **τ_approx**, **max lookahead** "
+            "and the **CPU lane** apply from the next token.")
+
+
+def _preview(text: str, n: int = 48) -> str:
+    one = " ".join(text.split())
+    return one if len(one) <= n else one[: n - 1] + "…"
+
+
+def _wall_tps(live: LiveRun, first_wall: float | None) -> float:
+    if first_wall is None or live.n_tokens < 2:
+        return 0.0
+    elapsed = time.perf_counter() - first_wall
+    return (live.n_tokens - 1) / elapsed if elapsed > 0 else 0.0
+
+
+def _agreement_line(settings: RunSettings, check_exact: bool) -> str | None:
+    """The agreement text when no re-run is needed; None when one should be made."""
+    if settings.exact:
+        return "100% (exact settings: identical by design)"
+    if settings.temperature > 0:
+        return "n/a (sampling: set temperature to 0)"
+    if not check_exact:
+        return "not measured (tick “measure greedy agreement”)"
+    return None
+
+
+def _changes_text(stream: RunStream) -> str:
+    lines = []
+    for c in stream.changes:
+        if c.applied:
+            lines.append(f"- from token {c.from_token}: {', '.join(c.applied)}")
+        if c.deferred:
+            reason = f" ({c.message})" if c.message else ""
+            lines.append(f"- {', '.join(c.deferred)}: applies from your next message{reason}")
+    return "\n".join(lines)
+
+
+def _run_title(summary, live: LiveRun) -> str:
+    return (f"Run {summary.run_id} · {summary.n_tokens} tokens · TPOT {summary.tpot_ms_median:.2f} ms "
+            f"({summary.timing}) · hit rate {100 * summary.hit_rate:.0f}%")
+
+
+def _run_body(summary, stream: RunStream) -> str:
+    split = ", ".join(f"{k} {v}" for k, v in sorted(summary.miss_split.items())) or "none"
+    notes = "".join(f"\n- {n}" for n in summary.notes)
+    return (f"Policy **{summary.policy}** · {summary.timing} timing ({summary.profile}, {summary.shape}) · "
+            f"TTFT {summary.ttft_ms:.1f} ms · p90 TPOT {summary.tpot_ms_p90:.2f} ms · "
+            f"{summary.tokens_per_s:.1f} tokens/s · {summary.bytes_per_token / 1e6:.1f} MB copied per token · "
+            f"stall {summary.stall_ms_per_token:.2f} ms per token · misses: {split} · "
+            f"finished: {summary.finish_reason or stream.cancel_reason or '?'}{notes}\n\n"
+            f"[Open this run in the trace explorer](trace?run={summary.run_id})")
+
+
+def stats_html(live: LiveRun | None, settings: RunSettings, info, *, state: str = "", stream: RunStream | None = None,
+               summary=None, wall_tps: float = 0.0, agreement: str = "") -> str:
+    """The row of numbers above the panels (HTML; styled by the app's CSS)."""
+    timing = (live.timing if live is not None and live.timing else info.default_timing)
+    where = f"{settings.profile}, {settings.shape}" if timing == "modeled" else info.device
+    head = (f"<b>{settings.policy}</b> · cache {settings.cache_frac:.0%} · τ<sub>prefetch</sub> {settings.tau_prefetch:g}"
+            f" · τ<sub>approx</sub> {settings.tau_approx:g} · lookahead ≤ {settings.max_lookahead} · "
+            f"LoRE r{settings.lore_rank} · CPU lane {'on' if settings.cpu_lane else 'off'} · "
+            f"<span class='timing'>{timing} ({where})</span>")
+    if stream is not None and stream.changes:
+        last = stream.changes[-1]
+        if last.applied:
+            head += f" · <span class='changed'>changed {', '.join(last.applied)} from token {last.from_token}</span>"
+    if live is None or live.n_tokens == 0:
+        status = "starting…" if state == "starting" else "no reply yet"
+        cards = [("tokens", "0", status)]
+    else:
+        run_id = stream.run_id if stream is not None else ""
+        status = "done" if summary is not None else "streaming"
+        cards = [
+            ("tokens", f"{live.n_tokens}", f"{run_id} · {status}"),
+            ("TTFT", f"{live.ttft_ms:.1f} ms", "incl. prefill"),
+            ("TPOT", f"{live.tpot_ms:.2f} ms", f"median, {timing}"),
+            ("tokens/s", f"{live.tokens_per_s:.1f}", f"{timing}; streamed {wall_tps:.1f}/s"),
+            ("hit rate", f"{100 * live.hit_rate:.0f}%", "resident + prefetched"),
+            ("copied", f"{live.bytes_per_token / 1e6:.1f} MB", "per token"),
+            ("stall", f"{live.stall_ms_per_token:.2f} ms", "per token"),
+            ("lookahead", f"{(sum(live.lookahead) / len(live.lookahead)) if live.lookahead else 0:.1f}",
+             "mean depth (layers)"),
+        ]
+        if agreement:
+            value, _, rest = agreement.partition(" ")
+            cards.append(("greedy agreement", value, rest.strip("()") or "vs exact settings"))
+    body = "".join(f"<div class='card'><div class='k'>{k}</div><div class='v'>{v}</div><div class='s'>{s}</div></div>"
+                   for k, v, s in cards)
+    return f"<div class='spice-stats'><div class='head'>{head}</div><div class='cards'>{body}</div></div>"

@@ -1,0 +1,159 @@
+"""What the live panels show, accumulated from StepStats as they stream.
+
+`LiveRun.add(step)` folds one token in; the figure builders read the result. Definitions
+follow `spice_core.trace.metrics` so the live numbers equal the run summary once the run
+ends: TTFT is the first step; TPOT is the median over decode steps (every step after the
+first); hit rate, bytes and stall per token are over decode steps (all steps while only the
+first exists); hit rate = (hit + prefetch_hit) / routed selections, falling back to the steps'
+hits / (hits + misses) counters when the engine reports no per-selection outcomes.
+
+Only the consumer thread of a run writes a LiveRun, and it is the same thread that renders
+it, so no locking is needed. This module knows nothing of Gradio or plotly.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from spice_core.api import EngineInfo, LaneInterval, PrefetchRecord, StepStats
+from spice_core.trace.events import OUTCOMES
+
+# Heatmap codes: 0 = not selected, then the outcomes in schema order (hit, prefetch_hit, approx, cpu, copy).
+NOT_SELECTED = "not selected"
+CATEGORIES = (NOT_SELECTED, *OUTCOMES)
+CODE = {name: i for i, name in enumerate(CATEGORIES)}
+HIT_OUTCOMES = ("hit", "prefetch_hit")
+
+GANTT_TOKENS = 3          # the lane chart shows the last few tokens
+PREFETCH_TOKENS = 2       # the prefetch timeline shows the prefetches of the last few tokens
+
+
+@dataclass
+class LiveRun:
+    """Running view of one generation. ``layers`` are the MoE layers (heatmap rows)."""
+
+    layers: tuple[int, ...]
+    n_experts: int
+    timing: str = ""
+    steps_ms: list[float] = field(default_factory=list)
+    lookahead: list[float] = field(default_factory=list)
+    hit_rate_per_step: list[float] = field(default_factory=list)
+    n_tokens: int = 0
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    current: np.ndarray | None = None          # [L, E] category codes of the latest token
+    counts: np.ndarray | None = None           # [L, E, len(OUTCOMES)] selections per outcome, all tokens
+    recent_intervals: deque = field(default_factory=lambda: deque(maxlen=GANTT_TOKENS))
+    recent_prefetches: deque = field(default_factory=lambda: deque(maxlen=PREFETCH_TOKENS))
+    _decode_hits: int = 0
+    _decode_sel: int = 0
+    _first_hits: int = 0
+    _first_sel: int = 0
+    _decode_bytes: int = 0
+    _decode_stall_ms: float = 0.0
+    _first_bytes: int = 0
+    _first_stall_ms: float = 0.0
+    _row: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._row = {layer: i for i, layer in enumerate(self.layers)}
+        shape = (len(self.layers), self.n_experts)
+        self.current = np.zeros(shape, dtype=np.int8)
+        self.counts = np.zeros((*shape, len(OUTCOMES)), dtype=np.int32)
+
+    @classmethod
+    def for_engine(cls, info: EngineInfo) -> "LiveRun":
+        return cls(layers=tuple(info.moe_layers), n_experts=info.n_experts, timing=info.default_timing)
+
+    # --- folding ------------------------------------------------------------------------
+    def add(self, step: StepStats) -> None:
+        self.n_tokens += 1
+        self.text += step.text
+        self.token_ids.append(step.token_id)
+        self.timing = step.timing or self.timing
+        self.steps_ms.append(step.step_ms)
+        self.lookahead.append(step.lookahead_depth)
+        self.current[:] = 0
+        hits = sel = 0
+        for o in step.outcomes:
+            row = self._row.get(o.layer)
+            code = CODE.get(o.outcome)
+            if row is None or code is None or not 0 <= o.expert < self.n_experts:
+                continue                      # an outcome for a layer/expert the engine did not announce
+            self.current[row, o.expert] = code
+            self.counts[row, o.expert, code - 1] += 1
+            sel += 1
+            hits += o.outcome in HIT_OUTCOMES
+        if sel == 0:                          # engine without per-selection outcomes: use its counters
+            hits, sel = step.hits, step.hits + step.misses
+        self.hit_rate_per_step.append(hits / sel if sel else float("nan"))
+        if self.n_tokens == 1:
+            self._first_hits, self._first_sel = hits, sel
+            self._first_bytes, self._first_stall_ms = step.bytes_copied, step.stall_ms
+        else:
+            self._decode_hits += hits
+            self._decode_sel += sel
+            self._decode_bytes += step.bytes_copied
+            self._decode_stall_ms += step.stall_ms
+        self.recent_intervals.append((step.index, step.intervals))
+        self.recent_prefetches.append((step.index, step.prefetches))
+
+    # --- numbers ------------------------------------------------------------------------
+    @property
+    def ttft_ms(self) -> float:
+        return self.steps_ms[0] if self.steps_ms else 0.0
+
+    @property
+    def tpot_ms(self) -> float:
+        return statistics.median(self.steps_ms[1:]) if len(self.steps_ms) > 1 else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return 1000.0 / self.tpot_ms if self.tpot_ms > 0 else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        hits, sel = (self._decode_hits, self._decode_sel) if self.n_tokens > 1 else (self._first_hits, self._first_sel)
+        return hits / sel if sel else 0.0
+
+    @property
+    def bytes_per_token(self) -> float:
+        if self.n_tokens > 1:
+            return self._decode_bytes / (self.n_tokens - 1)
+        return float(self._first_bytes) if self.n_tokens else 0.0
+
+    @property
+    def stall_ms_per_token(self) -> float:
+        if self.n_tokens > 1:
+            return self._decode_stall_ms / (self.n_tokens - 1)
+        return self._first_stall_ms if self.n_tokens else 0.0
+
+    def totals_mode(self) -> np.ndarray:
+        """[L, E] code of each expert's most frequent outcome so far (0 = never selected)."""
+        selected = self.counts.sum(axis=-1) > 0
+        return np.where(selected, self.counts.argmax(axis=-1) + 1, 0).astype(np.int8)
+
+    def intervals(self) -> list[LaneInterval]:
+        return [iv for _, ivs in self.recent_intervals for iv in ivs]
+
+    def prefetches(self) -> list[tuple[int, PrefetchRecord]]:
+        return [(index, p) for index, ps in self.recent_prefetches for p in ps]
+
+
+def greedy_agreement(tokens: list[int], reference: list[int]) -> float:
+    """Share of the reference's tokens reproduced before the first divergence (1.0 = identical).
+
+    A prefix measure, not a positional one: after the first different token the two texts
+    continue from different contexts, so later positions say nothing about the setting.
+    """
+    if not reference:
+        return 1.0 if not tokens else 0.0
+    same = 0
+    for a, b in zip(tokens, reference):
+        if a != b:
+            break
+        same += 1
+    return same / len(reference)

@@ -1,0 +1,110 @@
+"""Chat messages: cleaning what users type, and turning the chat history into the engine's turns.
+
+The chat shows three kinds of messages: the user's, the model's, and the app's own notes
+(notices such as "message not sent", and run statistics). The app's notes carry
+``metadata.title`` and never reach the model. History arrives from Gradio (content as a list of
+parts, FACTS.md) or from API clients (plain strings); both are accepted.
+"""
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass
+
+KEEP_CONTROLS = {"\n", "\t"}
+BINARY_SHARE = 0.1   # more than this share of control / replacement characters (and at least
+BINARY_MIN = 8       # this many): it is binary data, not text
+
+
+@dataclass(frozen=True)
+class CleanMessage:
+    text: str
+    removed: int            # control / unprintable characters dropped
+    example: str            # first one dropped, as U+XXXX ("" if none)
+
+
+def clean_message(raw) -> CleanMessage:
+    """Drop control characters (keeping newlines and tabs), lone surrogates and non-characters."""
+    text = raw if isinstance(raw, str) else ("" if raw is None else str(raw))
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    kept, removed, example = [], 0, ""
+    for ch in text:
+        cat = unicodedata.category(ch)
+        bad = (cat == "Cc" and ch not in KEEP_CONTROLS) or cat == "Cs" or ch in "\ufffe\uffff\ufeff"
+        if bad:
+            removed += 1
+            example = example or f"U+{ord(ch):04X}"
+        else:
+            kept.append(ch)
+    return CleanMessage("".join(kept), removed, example)
+
+
+def problem_with(message: CleanMessage, raw_len: int, max_chars: int, max_context_tokens: int) -> str:
+    """Why a cleaned message cannot be sent ("" if it can)."""
+    if raw_len > max_chars:
+        return (f"Your message is {raw_len:,} characters long; this demo accepts up to {max_chars:,} "
+                f"(the model reads at most {max_context_tokens:,} tokens). Shorten it and send again: "
+                f"it is still in the box.")
+    suspicious = message.removed + message.text.count("\ufffd")
+    if suspicious >= BINARY_MIN and suspicious > BINARY_SHARE * max(raw_len, 1):
+        return (f"That looks like binary data ({suspicious:,} of {raw_len:,} characters are control or "
+                f"undecodable characters, e.g. {message.example or 'U+FFFD'}). Paste text instead.")
+    if not message.text.strip():
+        if message.removed:
+            return "Your message only had control characters, so there is nothing to send. Type some text."
+        return "Nothing to send: the message is empty. Type a question and press Enter."
+    return ""
+
+
+def content_text(content) -> str:
+    """Text of a chat message's content: a string, a list of parts, or a single part dict."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, dict):
+        return str(content.get("text") or content.get("value") or "") if content.get("type", "text") == "text" else ""
+    if isinstance(content, (list, tuple)):
+        return "".join(content_text(part) for part in content)
+    return ""
+
+
+def is_app_note(message: dict) -> bool:
+    meta = message.get("metadata") or {}
+    return isinstance(meta, dict) and bool(meta.get("title"))
+
+
+def normalize_history(history) -> list[dict]:
+    """Chat history as a list of {"role", "content": str, ["metadata"]} dicts; drops what isn't a message."""
+    out = []
+    if not isinstance(history, (list, tuple)):
+        return out
+    for m in history:
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
+            continue
+        msg = {"role": m["role"], "content": content_text(m.get("content"))}
+        meta = m.get("metadata")
+        if isinstance(meta, dict) and meta.get("title"):
+            msg["metadata"] = {k: v for k, v in meta.items() if v is not None}
+        out.append(msg)
+    return out
+
+
+def engine_turns(history: list[dict]) -> list[dict]:
+    """The turns the model sees: user and assistant text, without the app's notes or empty turns."""
+    return [{"role": m["role"], "content": m["content"]} for m in history
+            if not is_app_note(m) and m["content"].strip()]
+
+
+def note(title: str, body: str = "", status: str = "done") -> dict:
+    """An app note in the chat (not sent to the model)."""
+    return {"role": "assistant", "content": body, "metadata": {"title": title, "status": status}}
+
+
+def drop_oldest_turn(turns: list[dict]) -> list[dict] | None:
+    """The turns without the oldest exchange (keeping system prompts); None when only the last message is left."""
+    system = [t for t in turns if t["role"] == "system"]
+    rest = [t for t in turns if t["role"] != "system"]
+    if len(rest) <= 1:
+        return None
+    rest = rest[1:]
+    while len(rest) > 1 and rest[0]["role"] != "user":   # start again on a user turn
+        rest = rest[1:]
+    return system + rest

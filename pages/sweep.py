@@ -1,0 +1,263 @@
+"""Sweep page: run a grid of thresholds and policies over a few prompts; plot speed against quality.
+
+    prompts × {exact reference}  ──► reference tokens per prompt (greedy, exact policy)
+    prompts × settings grid      ──► engine.start_prompt ──► tokens + RunSummary per run
+                                 ──► per setting: mean greedy agreement (vs reference), mean TPOT, hit rate
+                                 ──► Pareto plot (agreement vs TPOT), policies side by side, table
+
+The grid only varies what a policy uses: τ_prefetch for prefetching policies, τ_approx for the
+lossy ones (an exact policy ignores it), nothing for the plain baselines. Runs go through the
+same runner and concurrency group as the chat, one at a time; Stop ends the sweep between runs.
+Greedy agreement is `pages.live.greedy_agreement` (share of the reference reproduced before the
+first different token), always at temperature 0.
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from dataclasses import dataclass, replace
+
+import gradio as gr
+import pandas as pd
+
+from spice_core.api import EXACT_POLICIES, RunSettings
+from spice_core.errors import ConfigError, SpiceError
+from pages import figures
+from pages.common import (ENGINE_GROUP, AppContext, FreeDropdown, FreeSlider, as_plot, default_settings,
+                          spice_error_text)
+from pages.live import greedy_agreement
+from pages.runner import RunStream
+
+log = logging.getLogger(__name__)
+
+MAX_RUNS = 120
+MAX_PROMPTS = 8
+PREFETCHING = ("gate_prefetch", "spice_prefetch", "oracle_prefetch", "spice", "spice_no_lore", "spice_no_cpu")
+DEFAULT_POLICIES = ("lru", "spice_prefetch", "spice")
+DEFAULT_PROMPTS = ("Once upon a time there was a little robot who",
+                   "The three most important ideas in computer science are",
+                   "Here is a recipe for a simple tomato soup:")
+TABLE_COLUMNS = ["policy", "τ_prefetch", "τ_approx", "agreement %", "TPOT ms", "tokens/s", "hit rate %",
+                 "MB / token", "stall ms / token", "runs"]
+
+
+@dataclass
+class SweepSession:
+    stop: bool = False
+    running: bool = False
+
+
+def parse_values(text: str, name: str) -> list[float]:
+    """"0, 0.1, 0.2" -> [0.0, 0.1, 0.2]; ConfigError naming the field otherwise."""
+    items = [t for t in str(text or "").replace(";", ",").replace(" ", ",").split(",") if t.strip()]
+    if not items:
+        raise ConfigError(f"{name}: give at least one value, e.g. 0.2 or 0, 0.1, 0.3")
+    values = []
+    for t in items:
+        try:
+            v = float(t)
+        except ValueError:
+            raise ConfigError(f"{name}: {t!r} is not a number; separate values with commas") from None
+        if not 0.0 <= v <= 1.0:
+            raise ConfigError(f"{name}={v:g} is out of range: use values in [0, 1]")
+        values.append(v)
+    return sorted(set(values))
+
+
+def grid(policies, tau_prefetch: list[float], tau_approx: list[float], base: RunSettings) -> list[RunSettings]:
+    """The settings to run: each policy crossed only with the thresholds it uses."""
+    out = []
+    for policy in policies:
+        prefetch_values = tau_prefetch if policy in PREFETCHING else [base.tau_prefetch]
+        approx_values = tau_approx if policy not in EXACT_POLICIES else [0.0]
+        for tp in prefetch_values:
+            for ta in approx_values:
+                out.append(replace(base, policy=policy, tau_prefetch=tp, tau_approx=ta, temperature=0.0))
+    return list(dict.fromkeys(out))
+
+
+def reference_policy(policies) -> str:
+    return "resident" if "resident" in policies else next(p for p in policies if p in EXACT_POLICIES)
+
+
+class SweepPage:
+    def __init__(self, ctx: AppContext) -> None:
+        self.ctx = ctx
+        self.info = ctx.info
+        self.defaults = replace(default_settings(ctx.info), max_new_tokens=24)
+
+    def build(self) -> None:
+        info, d = self.info, self.defaults
+        gr.Markdown("## Threshold sweep\nRuns every prompt once with exact settings (the reference), then with "
+                    "each setting of the grid, and plots **greedy agreement** with the reference against **TPOT**. "
+                    "Points on the dashed Pareto front are the settings worth using.")
+        self.session = gr.State(lambda: SweepSession())
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=3):
+                self.prompts = gr.Textbox("\n".join(DEFAULT_PROMPTS), lines=4, max_lines=MAX_PROMPTS,
+                                          label=f"Prompts (one per line, at most {MAX_PROMPTS})", elem_id="sweep-prompts")
+                self.policies = gr.CheckboxGroup(list(info.policies),
+                                                 value=[p for p in DEFAULT_POLICIES if p in info.policies],
+                                                 label="Policies", elem_id="sweep-policies")
+            with gr.Column(scale=2):
+                self.tau_prefetch = gr.Textbox("0.1, 0.4, 0.7", label="τ_prefetch values",
+                                               info="used by prefetching policies", elem_id="sweep-tp")
+                self.tau_approx = gr.Textbox("0, 0.1, 0.3, 0.6", label="τ_approx values",
+                                             info="used by lossy SPICE policies", elem_id="sweep-ta")
+                with gr.Row():
+                    self.cache_frac = FreeSlider(0.0, 1.0, value=d.cache_frac, step=0.05, label="GPU cache size")
+                    self.max_new_tokens = FreeSlider(4, 128, value=d.max_new_tokens, step=1,
+                                                     label="Tokens per run")
+                with gr.Row():
+                    self.profile = FreeDropdown(list(info.profiles), value=d.profile, label="Hardware profile")
+                    self.shape = FreeDropdown(list(info.shapes), value=d.shape, label="Model shape")
+        with gr.Row():
+            self.run_btn = gr.Button("Run sweep", variant="primary", elem_id="sweep-run")
+            self.stop_btn = gr.Button("Stop", variant="stop", elem_id="sweep-stop")
+        self.status = gr.Markdown("", elem_id="sweep-status", elem_classes=["spice-note"])
+        with gr.Row(equal_height=False):
+            self.pareto = gr.Plot(as_plot(figures.pareto_plot([], "")), label="Speed vs quality (Pareto front)",
+                                  elem_id="sweep-pareto", scale=3)
+            self.bars = gr.Plot(as_plot(figures.policy_bars([], "")), label="Policies side by side (best setting each)",
+                                elem_id="sweep-bars", scale=2)
+        self.table = gr.Dataframe(pd.DataFrame(columns=TABLE_COLUMNS), label="All settings", interactive=False,
+                                  elem_id="sweep-table")
+        outputs = [self.status, self.pareto, self.bars, self.table]
+        self.run_btn.click(self.run, inputs=[self.prompts, self.policies, self.tau_prefetch, self.tau_approx,
+                                             self.cache_frac, self.max_new_tokens, self.profile, self.shape,
+                                             self.session],
+                           outputs=outputs, api_name="sweep", concurrency_id=ENGINE_GROUP, concurrency_limit=1)
+        self.stop_btn.click(self.stop, inputs=[self.session], outputs=[self.status], queue=False, api_name="sweep_stop")
+        gr.on(None, self.on_load, outputs=outputs, queue=False, api_visibility="private")
+
+    # --- handlers ------------------------------------------------------------------------
+    def on_load(self):
+        rows = self.ctx.last_sweep
+        if not rows:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        timing = rows[0].get("timing", "")
+        return ("Showing the last sweep run on this server.", as_plot(figures.pareto_plot(rows, timing)),
+                as_plot(figures.policy_bars(rows, timing)), _table(rows))
+
+    def stop(self, session: SweepSession) -> str:
+        if session.running:
+            session.stop = True
+            return "Stopping after the current run…"
+        return "No sweep is running."
+
+    def run(self, prompts_text, policies, tau_prefetch_text, tau_approx_text, cache_frac, max_new_tokens, profile,
+            shape, session: SweepSession, progress=gr.Progress()):
+        skip = gr.skip()
+        try:
+            prompts = [p.strip() for p in str(prompts_text or "").splitlines() if p.strip()]
+            if not prompts:
+                raise ConfigError("prompts: write at least one prompt, one per line")
+            if len(prompts) > MAX_PROMPTS:
+                raise ConfigError(f"prompts: {len(prompts)} given; the limit is {MAX_PROMPTS}")
+            policies = [p for p in (policies or [])]
+            if not policies:
+                raise ConfigError("policies: tick at least one policy")
+            unknown = [p for p in policies if p not in self.info.policies]
+            if unknown:
+                raise ConfigError(f"policy {unknown[0]!r} is unknown: choose from {', '.join(self.info.policies)}")
+            base = replace(self.defaults, cache_frac=float(cache_frac), max_new_tokens=int(max_new_tokens),
+                           profile=profile, shape=shape)
+            if profile not in self.info.profiles or shape not in self.info.shapes:
+                raise ConfigError(f"profile/shape must be one of {', '.join(self.info.profiles)} / "
+                                  f"{', '.join(self.info.shapes)}")
+            settings = grid(policies, parse_values(tau_prefetch_text, "τ_prefetch"),
+                            parse_values(tau_approx_text, "τ_approx"), base)
+        except (SpiceError, TypeError, ValueError) as exc:
+            yield f"⚠ Sweep not started: {spice_error_text(exc)}", skip, skip, skip
+            return
+        total = len(prompts) * (len(settings) + 1)
+        if total > MAX_RUNS:
+            yield (f"⚠ Sweep not started: it would make {total} runs ({len(settings)} settings × {len(prompts)} "
+                   f"prompts, plus references); the limit is {MAX_RUNS}. Use fewer values, policies or prompts."),\
+                skip, skip, skip
+            return
+        session.stop, session.running = False, True
+        owner = f"sweep-{id(session)}"
+        started = time.perf_counter()
+        rows: list[dict] = []
+        try:
+            ref_settings = replace(base, policy=reference_policy(self.info.policies), tau_approx=0.0)
+            references = []
+            done = 0
+            for i, prompt in enumerate(prompts):
+                progress((done, total), desc=f"reference {i + 1}/{len(prompts)}")
+                ids, ref_summary, error = self._one(owner, prompt, ref_settings, f"sweep reference {i + 1}")
+                done += 1
+                if error:
+                    yield f"⚠ Reference run failed: {error}", skip, skip, skip
+                    return
+                references.append(ids)
+            timing = ref_summary.timing if ref_summary else self.info.default_timing
+            for s in settings:
+                if session.stop:
+                    break
+                per_prompt = []
+                for prompt, ref in zip(prompts, references):
+                    if session.stop:
+                        break
+                    progress((done, total), desc=f"{s.policy} τp={s.tau_prefetch:g} τa={s.tau_approx:g}")
+                    ids, summary, error = self._one(owner, prompt, s, f"sweep {s.policy}")
+                    done += 1
+                    if error:
+                        yield f"⚠ {s.policy} failed: {error}", skip, skip, skip
+                        continue
+                    per_prompt.append((greedy_agreement(ids, ref), summary))
+                if per_prompt:
+                    rows.append(_row(s, per_prompt, timing))
+                    self.ctx.last_sweep = list(rows)
+                    yield (f"{len(rows)} of {len(settings)} settings done · {done}/{total} runs · "
+                           f"{time.perf_counter() - started:.0f} s", as_plot(figures.pareto_plot(rows, timing)),
+                           as_plot(figures.policy_bars(rows, timing)), _table(rows))
+            verb = "Stopped" if session.stop else "Done"
+            yield (f"{verb}: {len(rows)} settings, {done} runs in {time.perf_counter() - started:.0f} s "
+                   f"({timing} timing, {base.profile}, {base.shape}).", as_plot(figures.pareto_plot(rows, timing)),
+                   as_plot(figures.policy_bars(rows, timing)), _table(rows))
+        finally:
+            session.running = False
+            self.ctx.runner.cancel_owner(owner, "closed")
+
+    def _one(self, owner: str, prompt: str, settings: RunSettings, label: str):
+        """One greedy run: (token ids, summary, error text)."""
+        try:
+            stream: RunStream = self.ctx.runner.start(owner, settings,
+                                                      lambda: self.ctx.engine.start_prompt(prompt, settings))
+        except SpiceError as exc:
+            return [], None, spice_error_text(exc)
+        self.ctx.run_labels[stream.run_id] = label
+        ids: list[int] = []
+        while True:
+            steps, ended = stream.take(0.5)
+            ids += [s.token_id for s in steps]
+            if ended:
+                break
+        return ids, stream.summary(), stream.error
+
+
+def _row(s: RunSettings, per_prompt: list, timing: str) -> dict:
+    summaries = [sm for _, sm in per_prompt if sm is not None]
+    mean = lambda xs: statistics.fmean(xs) if xs else 0.0   # noqa: E731
+    return {"policy": s.policy, "tau_prefetch": s.tau_prefetch, "tau_approx": s.tau_approx, "timing": timing,
+            "agreement": mean([a for a, _ in per_prompt]), "tpot_ms": mean([x.tpot_ms_median for x in summaries]),
+            "tokens_per_s": mean([x.tokens_per_s for x in summaries]), "hit_rate": mean([x.hit_rate for x in summaries]),
+            "mb_per_token": mean([x.bytes_per_token / 1e6 for x in summaries]),
+            "stall_ms": mean([x.stall_ms_per_token for x in summaries]), "runs": len(per_prompt)}
+
+
+def _table(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame([[r["policy"], r["tau_prefetch"], r["tau_approx"], round(100 * r["agreement"], 1),
+                          round(r["tpot_ms"], 3), round(r["tokens_per_s"], 1), round(100 * r["hit_rate"], 1),
+                          round(r["mb_per_token"], 2), round(r["stall_ms"], 3), r["runs"]] for r in rows],
+                        columns=TABLE_COLUMNS)
+
+
+def build(ctx: AppContext) -> SweepPage:
+    """Create the sweep page's components in the caller's context."""
+    page = SweepPage(ctx)
+    page.build()
+    return page

@@ -1,0 +1,232 @@
+"""Trace explorer page: any finished run's timeline, per-token and per-layer numbers, and downloads.
+
+    page load / Refresh ──► engine.list_runs() ──► run picker (newest first; ?run=<id> preselects)
+    pick a run ──► engine.get_summary + get_events ──► summary cards, per-token chart, lane timeline,
+                                                       per-layer table
+               └─► ExportStore (one temporary folder per run) ──► Chrome trace / TensorBoard zip / CSV
+
+Runs live in the engine's registry, so every page and every browser session sees the same list.
+The tables are computed here from the trace events (one schema for measured and modeled runs).
+"""
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+import gradio as gr
+import pandas as pd
+
+from spice_core.errors import SpiceError
+from pages import figures
+from pages.common import AppContext, FreeDropdown, as_plot, spice_error_text
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WINDOW_TOKENS = 16
+HIT_KINDS = ("hit", "prefetch_hit")
+MISS_INTERVAL_KINDS = {"approx": "approx", "cpu_run": "cpu", "copy": "copy"}
+LAYER_COLUMNS = ["layer", "selections", "hit %", "prefetched hit %", "approx %", "CPU %", "copied %",
+                 "prefetches", "wasted prefetches", "MB copied / token", "stall ms / token"]
+
+
+# --- numbers from events (pure) ---------------------------------------------------------------
+def per_layer_frame(events, n_tokens: int) -> pd.DataFrame:
+    """One row per layer that routed anything: outcome shares, prefetch counts, bytes and stalls per token."""
+    rows: dict[int, dict] = defaultdict(lambda: defaultdict(float))
+    for e in events:
+        if e.layer < 0:
+            continue
+        r = rows[e.layer]
+        if e.kind in HIT_KINDS:
+            r[e.kind] += 1
+        elif e.kind == "miss":
+            r["miss"] += 1
+        elif e.kind in MISS_INTERVAL_KINDS:
+            r[MISS_INTERVAL_KINDS[e.kind]] += 1
+        elif e.kind == "prefetch":
+            r["prefetches"] += 1
+        elif e.kind == "prefetch_wasted":
+            r["wasted"] += 1
+        if e.kind in ("copy", "prefetch"):
+            r["bytes"] += e.bytes
+        if e.kind == "stall":
+            r["stall_ms"] += e.end_ms - e.start_ms
+    out = []
+    tokens = max(n_tokens, 1)
+    for layer in sorted(rows):
+        r = rows[layer]
+        misses = r["miss"] or (r["approx"] + r["cpu"] + r["copy"])
+        sel = r["hit"] + r["prefetch_hit"] + misses
+        if sel == 0 and r["prefetches"] == 0:
+            continue
+        pct = (lambda n: round(100 * n / sel, 1)) if sel else (lambda n: 0.0)
+        out.append([layer, int(sel), pct(r["hit"]), pct(r["prefetch_hit"]), pct(r["approx"]), pct(r["cpu"]),
+                    pct(r["copy"]), int(r["prefetches"]), int(r["wasted"]), round(r["bytes"] / 1e6 / tokens, 2),
+                    round(r["stall_ms"] / tokens, 3)])
+    return pd.DataFrame(out, columns=LAYER_COLUMNS)
+
+
+def per_token_series(events) -> tuple[list[int], list[float], list[float], list[float]]:
+    """(token, step ms, stall ms, MB copied) per token; step time from the host "token" events when present."""
+    span: dict[int, list[float]] = {}
+    step: dict[int, float] = {}
+    stall: dict[int, float] = defaultdict(float)
+    copied: dict[int, float] = defaultdict(float)
+    for e in events:
+        if e.token < 0:
+            continue
+        lo_hi = span.setdefault(e.token, [e.start_ms, e.end_ms])
+        lo_hi[0], lo_hi[1] = min(lo_hi[0], e.start_ms), max(lo_hi[1], e.end_ms)
+        if e.kind == "token":
+            step[e.token] = e.end_ms - e.start_ms
+        elif e.kind == "stall":
+            stall[e.token] += e.end_ms - e.start_ms
+        if e.kind in ("copy", "prefetch"):
+            copied[e.token] += e.bytes / 1e6
+    tokens = sorted(span)
+    return (tokens, [step.get(t, span[t][1] - span[t][0]) for t in tokens], [stall[t] for t in tokens],
+            [copied[t] for t in tokens])
+
+
+def summary_html(s, label: str = "") -> str:
+    split = " · ".join(f"{k} {v}" for k, v in sorted(s.miss_split.items())) or "no misses"
+    cards = [
+        ("tokens", f"{s.n_tokens}", s.finish_reason or "—"),
+        ("TTFT", f"{s.ttft_ms:.1f} ms", "incl. prefill"),
+        ("TPOT", f"{s.tpot_ms_median:.2f} ms", f"median · p90 {s.tpot_ms_p90:.2f}"),
+        ("tokens/s", f"{s.tokens_per_s:.1f}", s.timing),
+        ("hit rate", f"{100 * s.hit_rate:.0f}%", split),
+        ("copied", f"{s.bytes_per_token / 1e6:.1f} MB", "per token"),
+        ("stall", f"{s.stall_ms_per_token:.2f} ms", "per token"),
+    ]
+    body = "".join(f"<div class='card'><div class='k'>{k}</div><div class='v'>{v}</div><div class='s'>{t}</div></div>"
+                   for k, v, t in cards)
+    notes = "".join(f"<li>{n}</li>" for n in s.notes)
+    head = (f"<b>{s.run_id}</b> · {s.policy} · {s.timing} timing"
+            f"{f' ({s.profile}, {s.shape})' if s.timing == 'modeled' else ''}{f' · {label}' if label else ''}")
+    return (f"<div class='spice-stats'><div class='head'>{head}</div><div class='cards'>{body}</div>"
+            f"{f'<ul class=notes>{notes}</ul>' if notes else ''}</div>")
+
+
+# --- page -------------------------------------------------------------------------------------
+class TraceExplorer:
+    def __init__(self, ctx: AppContext) -> None:
+        self.ctx = ctx
+
+    def build(self) -> None:
+        gr.Markdown("## Trace explorer\nEvery finished run (chat replies, exact checks, sweeps) with its full "
+                    "timeline. Downloads: the Chrome trace opens in [Perfetto](https://ui.perfetto.dev); the "
+                    "TensorBoard zip unpacks into a run folder for torch-tb-profiler; the CSV has one row per token.")
+        with gr.Row(equal_height=True):
+            self.run = FreeDropdown(choices=[], value=None, label="Run", scale=5, elem_id="trace-run",
+                                   info="newest first")
+            self.refresh = gr.Button("Refresh", scale=0, min_width=110, elem_id="trace-refresh")
+        self.message = gr.Markdown("", elem_classes=["spice-note"])
+        self.summary = gr.HTML("", elem_id="trace-summary")
+        with gr.Row():
+            self.dl_chrome = gr.DownloadButton("Download Chrome trace (.json)", value=None, interactive=False,
+                                               elem_id="dl-chrome")
+            self.dl_tb = gr.DownloadButton("Download TensorBoard run (.zip)", value=None, interactive=False, elem_id="dl-tb")
+            self.dl_csv = gr.DownloadButton("Download per-token CSV", value=None, interactive=False, elem_id="dl-csv")
+        self.overview = gr.Plot(as_plot(figures.empty_figure("pick a run")), label="Per token: time, stall, copies",
+                                elem_id="trace-overview")
+        with gr.Row(equal_height=True):
+            self.first = gr.Number(0, precision=0, minimum=0, label="From token", scale=1, elem_id="trace-first")
+            self.count = gr.Number(DEFAULT_WINDOW_TOKENS, precision=0, minimum=1, maximum=4096, label="Tokens shown",
+                                   scale=1, elem_id="trace-count")
+        self.timeline = gr.Plot(as_plot(figures.empty_figure("pick a run")), label="Timeline: one row per lane",
+                                elem_id="trace-timeline")
+        self.table = gr.Dataframe(pd.DataFrame(columns=LAYER_COLUMNS), label="Per-layer statistics",
+                                  interactive=False, elem_id="trace-table", wrap=True)
+        self._wire()
+
+    def _wire(self) -> None:
+        shown = [self.message, self.summary, self.overview, self.timeline, self.table,
+                 self.dl_chrome, self.dl_tb, self.dl_csv]
+        gr.on(None, self.on_load, inputs=None, outputs=[self.run], api_visibility="private", queue=False)
+        self.refresh.click(self.list_runs, inputs=[self.run], outputs=[self.run], api_name="runs", queue=False)
+        self.run.change(self.show, inputs=[self.run, self.first, self.count], outputs=shown, api_name="trace_run")
+        gr.on([self.first.submit, self.count.submit, self.first.blur, self.count.blur], self.window,
+              inputs=[self.run, self.first, self.count], outputs=[self.timeline], api_visibility="private")
+        # API only: one export by kind, e.g. client.predict("run-0003", "chrome", api_name="/export")
+        api_run = gr.Textbox(visible=False)
+        api_kind = gr.Textbox(visible=False)
+        api_file = gr.File(visible=False)
+        api_kind.submit(self.export, inputs=[api_run, api_kind], outputs=[api_file], api_name="export")
+
+    def _choices(self) -> list[tuple[str, str]]:
+        runs = list(reversed(self.ctx.engine.list_runs()))
+        out = []
+        for s in runs:
+            label = self.ctx.run_labels.get(s.run_id, "")
+            out.append((f"{s.run_id} · {s.policy} · {s.n_tokens} tok · TPOT {s.tpot_ms_median:.2f} ms"
+                        f"{f' · {label}' if label else ''}", s.run_id))
+        return out
+
+    def on_load(self, request: gr.Request = None):
+        choices = self._choices()
+        wanted = request.query_params.get("run") if request is not None else None
+        ids = [v for _, v in choices]
+        value = wanted if wanted in ids else (ids[0] if ids else None)
+        return gr.update(choices=choices, value=value)
+
+    def list_runs(self, current):
+        choices = self._choices()
+        ids = [v for _, v in choices]
+        return gr.update(choices=choices, value=current if current in ids else (ids[0] if ids else None))
+
+    def show(self, run_id, first, count):
+        none = gr.update(value=None, interactive=False)
+        if not run_id:
+            return ("No finished runs yet: chat on the main page or run a sweep, then press Refresh.", "",
+                    as_plot(figures.empty_figure("pick a run")), as_plot(figures.empty_figure("pick a run")),
+                    pd.DataFrame(columns=LAYER_COLUMNS), none, none, none)
+        try:
+            summary = self.ctx.engine.get_summary(run_id)
+            events = self.ctx.engine.get_events(run_id)
+        except SpiceError as exc:
+            return (f"⚠ {spice_error_text(exc)}", "", gr.skip(), gr.skip(), gr.skip(), none, none, none)
+        tokens, step_ms, stall_ms, mb = per_token_series(events)
+        overview = figures.token_overview(tokens, step_ms, stall_ms, mb, summary.timing)
+        downloads, problems = [], []
+        for kind in ("chrome", "tensorboard", "csv"):
+            try:
+                downloads.append(gr.update(value=str(self.ctx.exports.get(run_id, kind)), interactive=True))
+            except SpiceError as exc:
+                problems.append(f"{kind}: {spice_error_text(exc)}")
+                downloads.append(none)
+        message = ("⚠ Some exports failed: " + "; ".join(problems)) if problems else ""
+        return (message, summary_html(summary, self.ctx.run_labels.get(run_id, "")), as_plot(overview),
+                as_plot(self._timeline(events, first, count)), per_layer_frame(events, summary.n_tokens), *downloads)
+
+    def window(self, run_id, first, count):
+        if not run_id:
+            return gr.skip()
+        try:
+            events = self.ctx.engine.get_events(run_id)
+        except SpiceError:
+            return gr.skip()
+        return as_plot(self._timeline(events, first, count))
+
+    @staticmethod
+    def _timeline(events, first, count):
+        first = max(0, int(first or 0))
+        count = max(1, min(4096, int(count or DEFAULT_WINDOW_TOKENS)))
+        window = [e for e in events if first <= e.token < first + count]
+        return figures.lane_gantt(window, uirevision=f"timeline-{first}-{count}",
+                                  empty_hint=f"no intervals for tokens {first}–{first + count - 1}")
+
+    def export(self, run_id, kind):
+        if not run_id:
+            raise gr.Error("Pick a run first.")
+        try:
+            return str(self.ctx.exports.get(run_id, (kind or "chrome").strip()))
+        except SpiceError as exc:
+            raise gr.Error(spice_error_text(exc)) from None
+
+
+def build(ctx: AppContext) -> TraceExplorer:
+    """Create the trace explorer's components in the caller's context."""
+    page = TraceExplorer(ctx)
+    page.build()
+    return page
