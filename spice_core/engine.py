@@ -86,6 +86,7 @@ class SpiceEngine:
             source="the loaded model's own dimensions")
         self.artifacts = None    # calibration artifacts (draft heads, LoRE), see load_artifacts
         self._cpu_lane = None
+        self._cpu_lane_error = ""
 
     @classmethod
     def load(cls, model: str | Path | None = None, device: str | None = None, **kw) -> "SpiceEngine":
@@ -224,7 +225,7 @@ class SpiceEngine:
             return ModeledTimeline(costs, native_expert_bytes=self.lm.layout.nbytes, cpu_workers=1)
         from spice_core.timing.measured import MeasuredTimeline, sleep_cycles_per_ms
 
-        tl = MeasuredTimeline(self.lm.device, torch.cuda.Stream(self.lm.device))
+        tl = MeasuredTimeline(self.lm.device, torch.cuda.Stream(self.lm.device), est_copy_ms=costs.copy_ms())
         if self.link_gbps:
             native = (self.hw_profile or get_profile("h200-pcie5x16")).h2d_pinned_gbps
             if self.link_gbps < native:
@@ -264,10 +265,14 @@ class SpiceEngine:
                                  "build them with: python -m spice_core calibrate --model M")
             else:
                 lore = lore_all.with_rank(s.lore_rank)
-                reserved += lore.nbytes
+                reserved += lore.budget_bytes(lm.layout.nbytes, costs.shape)   # sized for the modeled shape
         cpu_lane = None
-        if spec.use_cpu and s.cpu_lane and lm.device.type == "cuda" and not modeled:
+        real_lane = lm.device.type == "cuda" and self.timing == "measured" and not modeled   # else modeled inline
+        if spec.use_cpu and s.cpu_lane and real_lane:
             cpu_lane = self._get_cpu_lane()
+            if cpu_lane is None and spec.miss_mode == "cpu":
+                raise ConfigError(f"policy cpu_compute needs the CPU lane, which is unavailable here "
+                                  f"({self._cpu_lane_error}): pick another policy")
         if spec.use_cpu and not s.cpu_lane and spec.miss_mode == "cpu":
             raise ConfigError("policy cpu_compute needs the CPU lane: turn the CPU lane on or pick another policy")
         if spec.preload_all:
@@ -289,9 +294,9 @@ class SpiceEngine:
                           static_experts=static)
         if spec.use_cpu and not s.cpu_lane and spec.miss_mode == "orchestrate":
             rt.spec = replace(spec, use_cpu=False)
-        if spec.use_cpu and s.cpu_lane and rt.cpu_lane is None and lm.device.type == "cuda" and not modeled:
-            notes.append("CPU lane unavailable: exact misses are copied")
-        if spec.use_cpu and lm.device.type != "cuda" or modeled:
+        if spec.use_cpu and s.cpu_lane and rt.cpu_lane is None and real_lane:
+            notes.append(f"CPU lane unavailable ({self._cpu_lane_error}): exact misses are copied")
+        if spec.use_cpu and not real_lane:
             rt._modeled_cpu = True
         return rt
 
@@ -301,6 +306,7 @@ class SpiceEngine:
             try:
                 self._cpu_lane = CpuLane(workers=1)
             except SpiceError as e:
+                self._cpu_lane_error = str(e)
                 log.warning("%s", e)
                 return None
         return self._cpu_lane

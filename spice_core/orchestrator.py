@@ -22,7 +22,7 @@ from spice_core.exec.experts import expert_forward
 from spice_core.memory.gpu_slots import GpuSlots
 from spice_core.model.loader import LoadedModel
 from spice_core.policy.cache import EVICTION_POLICIES, FarthestNextUseEviction, SlotView
-from spice_core.policy.miss import MissAction, MissCosts, MissOptions, decide_miss
+from spice_core.policy.miss import MissAction, MissOptions, MissRequest, QueueState, plan_misses
 from spice_core.policy.prefetch import h_min, plan_lookahead
 from spice_core.policy.spec import PolicySpec
 from spice_core.timing.costs import CostModel
@@ -52,6 +52,63 @@ class _Inflight:
     handle: object
 
 
+class _Rows:
+    """Per-expert token rows of one layer, as device index tensors made with ONE host->device
+    copy per layer (a list index per expert would cost a blocking copy each). At T=1 they are
+    plain slices: no index tensors at all."""
+
+    def __init__(self, routes, needed, T: int, device) -> None:
+        self.T = T
+        self.routes = routes
+        if T == 1:
+            return
+        flat_t, flat_p, self.span = [], [], {}
+        for e in needed:
+            toks, poss = routes[e]
+            self.span[e] = (len(flat_t), len(flat_t) + len(toks))
+            flat_t += toks
+            flat_p += poss
+        both = torch.tensor([flat_t, flat_p], dtype=torch.long)
+        if device.type == "cuda":
+            both = both.pin_memory().to(device, non_blocking=True)
+        self.tok, self.pos = both[0], both[1]
+
+    def __call__(self, x, e):
+        if self.T == 1:
+            return x
+        a, b = self.span[e]
+        return x[self.tok[a:b]]
+
+    def add_into(self, final, e, y) -> None:
+        """final[rows of e] += y, like the stock loop's index_add_ (a plain add at T=1)."""
+        if self.T == 1:
+            final.add_(y)
+            return
+        a, b = self.span[e]
+        final.index_add_(0, self.tok[a:b], y)
+
+    def weights(self, w, e):
+        """Router weights of expert e's selections, [n,1]."""
+        if self.T == 1:
+            p = self.routes[e][1][0]
+            return w[:, p:p + 1]
+        a, b = self.span[e]
+        return w[self.tok[a:b], self.pos[a:b], None]
+
+
+class _NextUse:
+    """Read-only view: predicted distance (in MoE layers from now) to each expert's next use."""
+
+    __slots__ = ("_abs", "_pos")
+
+    def __init__(self, abs_pos: dict, pos: int) -> None:
+        self._abs, self._pos = abs_pos, pos
+
+    def get(self, key, default=math.inf):
+        v = self._abs.get(key)
+        return default if v is None or v < self._pos else v - self._pos
+
+
 class LayerRuntime:
     def __init__(self, lm: LoadedModel, spec: PolicySpec, n_slots: int, timeline, costs: CostModel, *,
                  tau_prefetch: float = 0.2, tau_approx: float = 0.0, max_lookahead: int = 4,
@@ -79,6 +136,7 @@ class LayerRuntime:
         self.totals = {"wasted_prefetch_bytes": 0, "prefetch_bytes": 0, "cpu_fallbacks": 0}
         self.observers: list = []   # callables(layer, x, probs_or_None, idx) for calibration traces
         self._miss_rate_ema = 1.0
+        self._modeled_cpu = False   # set by the engine: CPU-lane work is computed inline and timed as the lane
         if spec.preload_all:
             self._fill_static(list(lm.host.keys()))
         elif spec.static_cache and static_experts:
@@ -93,15 +151,15 @@ class LayerRuntime:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _next_use(self) -> dict[ExpertKey, float]:
-        return {k: v - self.global_pos for k, v in self._next_use_abs.items() if v >= self.global_pos}
+    def _next_use(self) -> "_NextUse":
+        return _NextUse(self._next_use_abs, self.global_pos)
 
-    def _views(self, protected: set[ExpertKey], incoming_distance: float | None = None) -> list[SlotView]:
-        views = []
-        for key, slot in self.slots.where.items():
-            s = self.slots.state[slot]
-            views.append(SlotView(key, s.last_use_tick, s.use_count, protected=s.busy or key in protected))
-        return views
+    def _views(self, protected: set[ExpertKey]):
+        """Resident experts as SlotViews, least recently used first, produced lazily."""
+        where, state = self.slots.where, self.slots.state
+        for key in self.slots.lru_order:
+            s = state[where[key]]
+            yield SlotView(key, s.last_use_tick, s.use_count, protected=s.busy or key in protected)
 
     def _acquire_slot(self, protected: set[ExpertKey], incoming_distance: float | None = None) -> int | None:
         """A free slot, evicting if needed. ``incoming_distance`` None = a demand miss (needed now):
@@ -181,10 +239,12 @@ class LayerRuntime:
             obs(layer, x, top_k_index, top_k_weights)
 
         needed = sorted(routes)
+        rows = self._row_index(routes, needed, T, x.device)
         needed_keys = {ExpertKey(layer, e) for e in needed}
         self.tick += 1
         actions: dict[int, MissAction | str] = {}
         n_miss = 0
+        misses: list[tuple[int, float, int]] = []     # (expert, largest router weight, tokens)
         for e in needed:
             key = ExpertKey(layer, e)
             n_sel = len(routes[e][0])
@@ -196,15 +256,15 @@ class LayerRuntime:
                 continue
             self.counters.misses += n_sel
             n_miss += 1
-            weight = max(w_l[t][p] for t, p in zip(*routes[e]))
-            actions[e] = self._decide(key, weight, T)
+            misses.append((e, max(w_l[t][p] for t, p in zip(*routes[e])), n_sel))
+        actions.update(zip([e for e, _, _ in misses], self._decide_layer(layer, misses)))
         self._miss_rate_ema = 0.8 * self._miss_rate_ema + 0.2 * (n_miss / max(1, len(needed)))
 
         # 1. CPU lane first, so it overlaps everything below.
         cpu_handles = {}
         for e in needed:
             if actions[e] == MissAction.CPU:
-                cpu_handles[e] = self._submit_cpu(ExpertKey(layer, e), x[routes[e][0]], len(routes[e][0]), act)
+                cpu_handles[e] = self._submit_cpu(ExpertKey(layer, e), rows(x, e), len(routes[e][0]), act)
         # 2. Demand copies, pipelined while slots can be freed without touching this layer's experts.
         copy_slots: dict[int, int] = {}
         for e in needed:
@@ -230,7 +290,7 @@ class LayerRuntime:
             if act_e == MissAction.CPU:
                 continue
             if act_e == MissAction.APPROX:
-                outs[e] = tl.approx(key, len(toks), self.lore.rank, lambda: self.lore.apply(key, x[toks]))
+                outs[e] = tl.approx(key, len(toks), self.lore.rank, lambda: self.lore.apply(key, rows(x, e)))
                 continue
             if act_e == MissAction.COPY and e not in copy_slots:
                 slot = self._acquire_slot({key})   # experts computed earlier in this layer may go now
@@ -249,43 +309,49 @@ class LayerRuntime:
             if st.ready_handle is not None:
                 tl.wait(st.ready_handle)
             gate_up, down = self.slots.weights(slot)
-            outs[e] = tl.gpu_expert(key, len(toks), lambda: expert_forward(x[toks], gate_up, down, act))
+            outs[e] = tl.gpu_expert(key, len(toks), lambda: expert_forward(rows(x, e), gate_up, down, act))
             self.slots.touch(key, self.tick)
             self._release(slot)
             if not self.spec.keep_misses and act_e == MissAction.COPY:
                 self.slots.evict(key)
         # 5. CPU results.
         for e, h in cpu_handles.items():
-            outs[e] = self._collect_cpu(ExpertKey(layer, e), h, x[routes[e][0]], act)
+            outs[e] = self._collect_cpu(ExpertKey(layer, e), h, rows(x, e), act)
 
         # 6. Combine exactly as the stock loop does.
         final = torch.zeros_like(x)
         for e in needed:
             toks, poss = routes[e]
-            tok_t = torch.tensor(toks, device=x.device)
-            pos_t = torch.tensor(poss, device=x.device)
-            y = outs[e] * top_k_weights[tok_t, pos_t, None]
-            final.index_add_(0, tok_t, y.to(final.dtype))
+            y = outs[e] * rows.weights(top_k_weights, e)
+            rows.add_into(final, e, y.to(final.dtype))
             outcome = actions[e].value if isinstance(actions[e], MissAction) else actions[e]
             self.counters.outcomes.append(ExpertOutcome(layer, e, outcome))
         return final
 
+    @staticmethod
+    def _row_index(routes, needed, T: int, device) -> "_Rows":
+        return _Rows(routes, needed, T, device)
+
     # ------------------------------------------------------------------ decisions
-    def _decide(self, key: ExpertKey, weight: float, n_tokens: int) -> MissAction:
+    def _decide_layer(self, layer: int, misses: list[tuple[int, float, int]]) -> list[MissAction]:
+        """One action per miss of this layer (policy/miss.py), each charged to its queue in turn."""
         spec = self.spec
         if spec.miss_mode == "cpu":
-            return MissAction.CPU
+            return [MissAction.CPU] * len(misses)
         if spec.miss_mode == "copy":
-            return MissAction.COPY
+            return [MissAction.COPY] * len(misses)
         tl = self.timeline
-        inf = self._inflight.get(key)
-        costs = MissCosts(
-            now_ms=tl.now_ms(), copy_free_at_ms=tl.copy_free_at_ms(), copy_ms=self.costs.copy_ms(),
-            cpu_free_at_ms=tl.now_ms(), cpu_ms=self.costs.cpu_expert_ms(n_tokens),
-            inflight_arrival_ms=inf.arrival_ms if inf is not None else None)
+        reqs = []
+        for e, weight, n_tokens in misses:
+            inf = self._inflight.get(ExpertKey(layer, e))
+            reqs.append(MissRequest(router_weight=weight, copy_ms=self.costs.copy_ms(),
+                                    cpu_ms=self.costs.cpu_expert_ms(n_tokens), gpu_ms=self.costs.gpu_expert_ms(n_tokens),
+                                    inflight_arrival_ms=inf.arrival_ms if inf is not None else None))
+        # CPU-lane tasks are collected within their layer, so the lane is idle when a layer starts.
+        queues = QueueState(now_ms=tl.now_ms(), copy_free_at_ms=tl.copy_free_at_ms())
         opts = MissOptions(tau_approx=self.tau_approx, can_approx=spec.use_lore and self.lore is not None,
-                           can_cpu=spec.use_cpu and self.cpu_lane is not None, can_copy=True)
-        return decide_miss(weight, costs, opts)
+                           can_cpu=spec.use_cpu and (self.cpu_lane is not None or self._modeled_cpu), can_copy=True)
+        return plan_misses(reqs, queues, opts)
 
     def _submit_cpu(self, key: ExpertKey, xs: torch.Tensor, n: int, act):
         gate_up, down = self.lm.host.weights(key)
@@ -320,14 +386,15 @@ class LayerRuntime:
             tau_prefetch=self.tau_prefetch, max_lookahead=self.max_lookahead, now_ms=self.timeline.now_ms(),
             copy_free_at_ms=self.timeline.copy_free_at_ms(), copy_ms=self.costs.copy_ms(), layer_ms=layer_ms,
             top_k=self.lm.top_k, max_items=max(0, self.slots.n_slots - self.lm.top_k), h_min_value=hm)
+        if len(self._next_use_abs) > 4 * self.slots.n_slots + 256:
+            self._next_use_abs = {k: v for k, v in self._next_use_abs.items() if v >= self.global_pos}
         for key, d in plan.next_use.items():
             cur = self._next_use_abs.get(key)
             if cur is None or cur < self.global_pos or self.global_pos + d < cur:
                 self._next_use_abs[key] = self.global_pos + d
         depth, reason = plan.depth, plan.stop_reason
         for item in plan.items:
-            protected = {k for k in self.slots.where if self.slots.state[self.slots.where[k]].busy}
-            slot = self._acquire_slot(protected, incoming_distance=item.distance)
+            slot = self._acquire_slot(set(), incoming_distance=item.distance)   # busy slots are protected
             if slot is None:
                 reason = "cache"
                 depth = min(depth, item.distance - 1)

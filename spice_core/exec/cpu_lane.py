@@ -1,9 +1,24 @@
 """The CPU lane: exact experts computed from host weights by a small worker pool.
 
-Activations come device->host, the expert runs with torch on the CPU (threads sized so
-workers x threads never exceed the cores we were given), the output goes back
-host->device. On CUDA this overlaps the GPU's work on hits and the shared expert; each
-worker is one trace lane (cpu0, cpu1, ...). Results are (output, worker, start_s, end_s).
+    driver thread                      worker k (trace lane "cpu{k}")
+    submit(x on GPU) ─ D2H (async, pinned) + event ─► wait event ─► expert on the CPU ─► pin output
+         ...GPU runs hits, shared expert...                                                   │
+    LaneResult.result() ◄──────────────────────────────────────────────────────────────────────┘
+         └─ H2D of the output (async, on the caller's stream) ─► (output, k, start_s, end_s)
+
+Why the output's copy back is issued by the *caller*: a worker thread's copy would run on the
+device's legacy default stream and wait behind every kernel the GPU has queued; issued by the
+driver on its own stream, the small [n,H] copy simply queues before the combine that needs it.
+
+Threads: ``workers`` x ``threads_per_worker`` never exceeds the cores this process may use minus
+one (left to the driver thread). torch's intra-op thread count is process-wide, so creating a
+lane sets it for the whole process: the lane exists only on CUDA machines, where the driver
+thread does little CPU math. A machine with one core gets no lane (ConfigError naming
+--no-cpu-lane).
+
+Failures: `submit` never raises; a failed or overdue task raises from `result()` (after
+``timeout_s``), is counted in ``failures``, and the orchestrator falls back to an exact copy of
+that expert. Output is never silently wrong. Knows nothing of policies or timing models.
 """
 from __future__ import annotations
 
@@ -11,6 +26,7 @@ import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable
 
 import torch
@@ -18,29 +34,71 @@ import torch
 from spice_core.errors import ConfigError
 from spice_core.exec.experts import expert_forward
 
+DEFAULT_TIMEOUT_S = 10.0
+
 
 def available_cores() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # non-Linux
         return os.cpu_count() or 1
 
 
+class LaneResult:
+    """A submitted CPU-lane task. ``result()`` -> (output on the requested device, worker index,
+    start and end in `time.perf_counter` seconds); it raises the task's error, or TimeoutError
+    after the lane's ``timeout_s``."""
+
+    def __init__(self, lane: "CpuLane", future: Future, out_device: torch.device) -> None:
+        self._lane, self._future, self._out_device = lane, future, out_device
+        self._value = None
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def result(self, timeout: float | None = None):
+        if self._value is not None:
+            return self._value
+        try:
+            y, worker, t0, t1 = self._future.result(self._lane.timeout_s if timeout is None else timeout)
+        except FutureTimeout as e:
+            self._lane._count_failure()
+            raise TimeoutError(f"CPU-lane task still running after {self._lane.timeout_s:.1f} s") from e
+        except Exception:
+            self._lane._count_failure()
+            raise
+        if y.device != self._out_device:
+            y = y.to(self._out_device, non_blocking=y.is_pinned())
+        self._value = (y, worker, t0, t1)
+        return self._value
+
+
 class CpuLane:
-    def __init__(self, workers: int = 1, threads_per_worker: int | None = None) -> None:
+    def __init__(self, workers: int = 1, threads_per_worker: int | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         cores = available_cores()
         if cores < 2:
-            raise ConfigError("the CPU lane needs at least 2 cores (one drives the GPU): use --no-cpu-lane on this machine")
-        if workers < 1:
-            raise ConfigError(f"cpu workers={workers} must be >= 1")
-        self.workers = workers
-        # Leave one core to the driver thread.
-        self.threads_per_worker = threads_per_worker or max(1, (cores - 1) // workers)
+            raise ConfigError(f"the CPU lane needs at least 2 cores (one drives the GPU) but this process may use "
+                              f"{cores}: run with --no-cpu-lane (or policy spice_no_cpu / lru), or give it more cores")
+        if not isinstance(workers, int) or workers < 1:
+            raise ConfigError(f"cpu workers={workers!r} is out of range: use an integer in [1, {cores - 1}]")
+        if workers > cores - 1:
+            raise ConfigError(f"cpu workers={workers} would oversubscribe this machine's {cores} cores (one is left to "
+                              f"the driver thread): use at most {cores - 1}")
+        tpw = threads_per_worker or max(1, (cores - 1) // workers)
+        if tpw < 1 or workers * tpw > cores - 1:
+            raise ConfigError(f"{workers} workers x {tpw} threads would oversubscribe {cores} cores (one is left to "
+                              f"the driver thread): use workers x threads <= {cores - 1}")
+        if not timeout_s > 0:
+            raise ConfigError(f"cpu lane timeout_s={timeout_s!r} must be > 0")
+        self.workers, self.threads_per_worker, self.timeout_s = workers, tpw, float(timeout_s)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="spice-cpu",
-                                        initializer=torch.set_num_threads, initargs=(self.threads_per_worker,))
+                                        initializer=torch.set_num_threads, initargs=(tpw,))
         self._ids: dict[int, int] = {}
         self._lock = threading.Lock()
         self.failures = 0
+        self.tasks = 0
 
     def _worker_index(self) -> int:
         tid = threading.get_ident()
@@ -49,26 +107,46 @@ class CpuLane:
                 self._ids[tid] = len(self._ids)
             return self._ids[tid]
 
+    def _count_failure(self) -> None:
+        with self._lock:
+            self.failures += 1
+
     def submit(self, x_dev: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, act: Callable,
-               out_device: torch.device) -> Future:
-        """Start copying x to the host now; compute and return the output on ``out_device``."""
-        x_host = x_dev.to("cpu", non_blocking=x_dev.device.type == "cuda")
-        ready = None
-        if x_dev.device.type == "cuda":
-            ready = torch.cuda.Event()
-            ready.record()
+               out_device: torch.device) -> LaneResult:
+        """Start copying x [n,H] to the host now and run the expert (gate_up [2I,H], down [H,I],
+        host tensors) on a worker; the output comes back on ``out_device``. Never raises."""
+        out_device = torch.device(out_device)
+        self.tasks += 1
+        try:
+            cuda_in = x_dev.device.type == "cuda"
+            x_host = x_dev.to("cpu", non_blocking=cuda_in)     # pinned destination when non-blocking
+            ready = None
+            if cuda_in:
+                ready = torch.cuda.Event()
+                ready.record()
+            pin = out_device.type == "cuda"
 
-        def job():
-            w = self._worker_index()
-            if ready is not None:
-                ready.synchronize()
-            t0 = time.perf_counter()
-            y = expert_forward(x_host.to(gate_up.dtype), gate_up, down, act)
-            y = y.to(out_device, non_blocking=False)
-            t1 = time.perf_counter()
-            return y, w, t0, t1
+            def job():
+                w = self._worker_index()
+                if ready is not None:
+                    ready.synchronize()
+                t0 = time.perf_counter()
+                y = expert_forward(x_host.to(gate_up.dtype), gate_up, down, act)
+                if pin:
+                    y = y.pin_memory()
+                return y, w, t0, time.perf_counter()
 
-        return self._pool.submit(job)
+            fut = self._pool.submit(job)
+        except Exception as e:  # noqa: BLE001 - any failure here becomes the task's error
+            fut = Future()
+            fut.set_exception(e)
+        return LaneResult(self, fut, out_device)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> "CpuLane":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -10,6 +10,7 @@ compute that read it finished; a new copy into it waits on it).
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +41,8 @@ class GpuSlots:
         self.buffer = torch.empty((n_slots, layout.numel), dtype=layout.dtype, device=device)
         self.state = [SlotState() for _ in range(n_slots)]
         self.where: dict[ExpertKey, int] = {}
+        # Resident keys, least recently used first (kept here so eviction never scans all slots).
+        self.lru_order: OrderedDict[ExpertKey, None] = OrderedDict()
 
     @property
     def capacity_bytes(self) -> int:
@@ -50,6 +53,8 @@ class GpuSlots:
         return len(self.where) * self.layout.nbytes
 
     def free_slot(self) -> int | None:
+        if len(self.where) >= self.n_slots:
+            return None
         for i, s in enumerate(self.state):
             if s.key is None:
                 return i
@@ -63,9 +68,11 @@ class GpuSlots:
         assert s.key is None, "evict before assigning"
         s.key, s.inserted_tick, s.last_use_tick, s.use_count, s.prefetched = key, tick, tick, 0, prefetched
         self.where[key] = slot
+        self.lru_order[key] = None
 
     def evict(self, key: ExpertKey) -> int:
         slot = self.where.pop(key)
+        self.lru_order.pop(key, None)
         s = self.state[slot]
         assert not s.busy, f"evicting busy slot {slot} ({key})"
         s.key, s.prefetched, s.ready_handle = None, False, None
@@ -74,6 +81,7 @@ class GpuSlots:
     def touch(self, key: ExpertKey, tick: int) -> None:
         s = self.state[self.where[key]]
         s.last_use_tick, s.use_count, s.prefetched = tick, s.use_count + 1, False
+        self.lru_order.move_to_end(key)
 
     def fill_from(self, slot: int, host_flat: torch.Tensor) -> None:
         """Copy one expert's host buffer into a slot (non-blocking on CUDA: call on the copy stream)."""

@@ -7,13 +7,16 @@
   far; LRU among ties. Used by the prefetching policies so a prefetch never evicts an
   expert needed sooner than the one it brings in.
 
-A policy returns None when no slot may be evicted (all are busy/protected).
+Policies receive the resident experts as an iterable of `SlotView`s in LRU order (least
+recently used first), produced lazily, so LRU and "never predicted again" victims are
+found without scanning the whole cache. A policy returns None when no slot may be
+evicted (all are busy/protected).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Protocol, Sequence
+from typing import Iterable, Mapping, Protocol, Sequence
 
 from spice_core.types import ExpertKey
 
@@ -36,10 +39,14 @@ class LruEviction:
     name = "lru"
 
     def choose_victim(self, slots, next_use=None):
-        cands = [s for s in slots if not s.protected]
-        if not cands:
-            return None
-        return min(cands, key=lambda s: (s.last_use_tick, s.key)).key
+        best = None
+        for s in slots:
+            if s.protected:
+                continue
+            if best is None or s.last_use_tick < best.last_use_tick:
+                best = s
+                break   # slots arrive in LRU order: the first unprotected one is the LRU
+        return None if best is None else best.key
 
 
 class LfuEviction:
@@ -64,12 +71,18 @@ class FarthestNextUseEviction:
     def choose_victim(self, slots, next_use=None):
         return self.victim_for(slots, next_use or {}, incoming_distance=-math.inf)
 
-    def victim_for(self, slots: Sequence[SlotView], next_use: Mapping[ExpertKey, float],
+    def victim_for(self, slots: Iterable[SlotView], next_use: Mapping[ExpertKey, float],
                    incoming_distance: float) -> ExpertKey | None:
-        cands = [s for s in slots if not s.protected and next_use.get(s.key, math.inf) > incoming_distance]
-        if not cands:
-            return None
-        return max(cands, key=lambda s: (next_use.get(s.key, math.inf), -s.last_use_tick, s.key)).key
+        best, best_d = None, -math.inf
+        for s in slots:                         # LRU order
+            if s.protected:
+                continue
+            d = next_use.get(s.key, math.inf)
+            if d == math.inf:
+                return s.key                    # never predicted again, least recently used: done
+            if d > incoming_distance and d > best_d:
+                best, best_d = s, d
+        return None if best is None else best.key
 
 
 EVICTION_POLICIES = {"lru": LruEviction, "lfu": LfuEviction, "farthest_next_use": FarthestNextUseEviction}

@@ -1,20 +1,25 @@
 """The per-miss decision: approximate, run on the CPU, copy in, or wait for a prefetch.
 
-Pure: plain numbers in (the router weight, costs in ms from the cost model, queue
-positions), an action out. Why this order:
-1. An expert already in flight (prefetch) is waited for when it lands no later than a
-   fresh copy or a CPU run could finish: its bytes are already paid for.
-2. Low-importance misses (router weight < tau_approx) are approximated by the resident
-   shared expert + LoRE surrogate: the cheapest option, lossy, so only below a threshold
-   the user controls (tau_approx = 0 keeps SPICE exact).
-3. Otherwise the exact option that finishes first by the cost model: the CPU lane
-   (its queue + compute + activation round trip) or a copy (copy-queue backlog + transfer).
-   The choice follows the machine: on a PCIe 5.0 x16 box copies usually win, on a
-   PCIe 4.0 x8 desktop the CPU does.
+Pure: plain numbers in (the router weight, costs in ms from the cost model, when each queue
+drains), an action out; no tensors, no clocks. The rules, in order:
+
+1. A prefetch of this expert that has already landed is used (it is a hit in all but name).
+2. Low-importance misses (router weight < tau_approx) are approximated by the resident shared
+   expert + LoRE surrogate: the cheapest option and lossy, so only below a threshold the user
+   controls (tau_approx = 0 keeps SPICE exact). A prefetch still in flight does not stop this:
+   waiting for it would stall the GPU for an expert that barely matters to this token.
+3. Otherwise the exact option that finishes first by the cost model:
+   - wait for the in-flight prefetch (its arrival time; its bytes are already paid for),
+   - a copy (the copy queue's backlog + the transfer + the expert on the GPU),
+   - the CPU lane (its queue + compute + the activation round trip).
+   Ties go in that order (a copy also leaves the expert cached for later tokens). The choice
+   follows the machine: on a PCIe 5.0 x16 box copies usually win, on a PCIe 4.0 x8 desktop
+   the CPU lane does, and with both queues in play the misses of one layer are shared out
+   between them (`plan_misses` charges each decision to its queue before taking the next).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 
@@ -35,6 +40,13 @@ class MissCosts:
     cpu_free_at_ms: float
     cpu_ms: float
     inflight_arrival_ms: float | None = None   # a prefetch of this expert already queued
+    gpu_ms: float = 0.0                        # the expert on the GPU once copied in
+
+    def copy_done_ms(self) -> float:
+        return max(self.now_ms, self.copy_free_at_ms) + self.copy_ms + self.gpu_ms
+
+    def cpu_done_ms(self) -> float:
+        return max(self.now_ms, self.cpu_free_at_ms) + self.cpu_ms
 
 
 @dataclass(frozen=True)
@@ -44,18 +56,70 @@ class MissOptions:
     can_cpu: bool = False
     can_copy: bool = True
 
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.tau_approx <= 1.0:
+            raise ValueError(f"tau_approx={self.tau_approx} must be in [0, 1]")
+
 
 def decide_miss(router_weight: float, costs: MissCosts, opts: MissOptions) -> MissAction:
-    copy_done = max(costs.now_ms, costs.copy_free_at_ms) + costs.copy_ms
-    cpu_done = max(costs.now_ms, costs.cpu_free_at_ms) + costs.cpu_ms
-    if costs.inflight_arrival_ms is not None:
-        best_other = min(copy_done if opts.can_copy else float("inf"), cpu_done if opts.can_cpu else float("inf"))
-        if costs.inflight_arrival_ms <= best_other or not (opts.can_copy or opts.can_cpu):
-            return MissAction.WAIT_PREFETCH
+    """One miss. ``router_weight``: the largest weight any token of this step gives the expert."""
+    inflight = costs.inflight_arrival_ms
+    if inflight is not None and inflight <= costs.now_ms:
+        return MissAction.WAIT_PREFETCH
     if opts.can_approx and router_weight < opts.tau_approx:
         return MissAction.APPROX
-    if opts.can_cpu and (not opts.can_copy or cpu_done < copy_done):
-        return MissAction.CPU
-    if not opts.can_copy and not opts.can_cpu:
-        raise ValueError("no exact miss path enabled")
-    return MissAction.COPY
+    # Exact options, in tie-breaking order.
+    options: list[tuple[float, MissAction]] = []
+    if inflight is not None:
+        options.append((inflight + costs.gpu_ms, MissAction.WAIT_PREFETCH))
+    if opts.can_copy:
+        options.append((costs.copy_done_ms(), MissAction.COPY))
+    if opts.can_cpu:
+        options.append((costs.cpu_done_ms(), MissAction.CPU))
+    if not options:
+        raise ValueError("no exact miss path enabled (copy and CPU lane both off, nothing in flight)")
+    best_ms = min(t for t, _ in options)
+    return next(a for t, a in options if t == best_ms)
+
+
+@dataclass(frozen=True)
+class MissRequest:
+    """One missed expert of a layer, as `plan_misses` sees it."""
+
+    router_weight: float
+    copy_ms: float
+    cpu_ms: float
+    gpu_ms: float = 0.0
+    inflight_arrival_ms: float | None = None
+
+
+@dataclass
+class QueueState:
+    """When the copy queue and each CPU worker drain (ms); `plan_misses` advances it."""
+
+    now_ms: float
+    copy_free_at_ms: float
+    cpu_free_at_ms: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.cpu_free_at_ms:
+            self.cpu_free_at_ms = [self.now_ms]
+
+
+def plan_misses(requests: list[MissRequest], queues: QueueState, opts: MissOptions) -> list[MissAction]:
+    """Decide every miss of one layer in order, charging each choice to its queue first, so
+    later misses see the backlog earlier ones created (5 misses do not all pick the one lane
+    that was free for the first). Mutates ``queues``; returns one action per request."""
+    actions = []
+    for req in requests:
+        w = min(range(len(queues.cpu_free_at_ms)), key=lambda i: queues.cpu_free_at_ms[i])
+        costs = MissCosts(now_ms=queues.now_ms, copy_free_at_ms=queues.copy_free_at_ms, copy_ms=req.copy_ms,
+                          cpu_free_at_ms=queues.cpu_free_at_ms[w], cpu_ms=req.cpu_ms,
+                          inflight_arrival_ms=req.inflight_arrival_ms, gpu_ms=req.gpu_ms)
+        action = decide_miss(req.router_weight, costs, opts)
+        if action == MissAction.COPY:
+            queues.copy_free_at_ms = max(queues.now_ms, queues.copy_free_at_ms) + req.copy_ms
+        elif action == MissAction.CPU:
+            queues.cpu_free_at_ms[w] = costs.cpu_done_ms()
+        actions.append(action)
+    return actions

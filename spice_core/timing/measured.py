@@ -57,6 +57,8 @@ class MeasuredTimeline:
     _copy_free_ms: float = 0.0
     pace_extra_ms_per_byte: float = 0.0   # link emulation: extra copy-stream time per byte copied
     sleep_cycles_per_ms: float = 0.0
+    est_copy_ms: float = 0.3              # cost-model estimate, for the predicted copy-queue end
+    _copy_pred_ms: float = 0.0
 
     def _host_ms(self) -> float:
         return (time.perf_counter() - self._run_t0) * 1e3
@@ -92,10 +94,13 @@ class MeasuredTimeline:
                 torch.cuda._sleep(int(nbytes * self.pace_extra_ms_per_byte * self.sleep_cycles_per_ms))
             end = self._event(self.copy_stream)
         self._add(_Pending("copy", kind, key, start, end, nbytes))
-        return OpHandle(key, "copy", kind, native=end)
+        self._copy_pred_ms = max(self._copy_pred_ms, self._host_ms()) + self.est_copy_ms
+        return OpHandle(key, "copy", kind, end_ms=self._copy_pred_ms, native=end)
 
     def wait(self, handle: OpHandle) -> None:
         if isinstance(handle.native, torch.cuda.Event):
+            if handle.native.query():   # already landed: no stall, no events
+                return
             before = self._event()
             torch.cuda.current_stream(self.device).wait_event(handle.native)
             after = self._event()
@@ -177,7 +182,7 @@ class MeasuredTimeline:
         return self._host_ms()
 
     def copy_free_at_ms(self) -> float:
-        return self._copy_free_ms
+        return max(self._copy_pred_ms, self._copy_free_ms)
 
     def drain_events(self) -> list[TraceEvent]:
         ev, self._events = self._events, []
