@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Installs everything the tests need (Python packages, Debian's chromium for the browser
+# test) and runs the whole suite. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m pip install -q -r requirements-dev.txt
+if ! command -v chromium >/dev/null 2>&1; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
+export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+python -m pytest "$@"
