@@ -146,6 +146,13 @@ def run_bench(cfg: dict, out: Path, device: str | None = None) -> list[dict]:
     if cfg.get("reference_generate") and cfg["timing"] == "measured":
         stock_tpot = _stock_generate_tpot(hf, prompts[:2], min(max_new, 32))
         print(f"transformers generate (all experts on the GPU): TPOT {stock_tpot:.2f} ms", flush=True)
+    lift_check = None
+    if cfg["model"].startswith("lift:") and cfg.get("verify_lift", True):
+        from spice_core.lift import verify
+        from spice_core.model.loader import resolve_model_path
+        lift_check = verify(resolve_model_path(cfg["model"].split(":", 1)[1]), device, list(DEFAULT_PROMPTS[:4]),
+                            32, big=hf, tok=tok)
+        print(f"lift check (miniature vs lifted, greedy): {json.dumps(lift_check)}", flush=True)
     lm = offload_model(hf, torch.device(device), tokenizer=tok, path=Path(desc))
     hw = None
     if cfg.get("hw_profile"):
@@ -192,6 +199,9 @@ def run_bench(cfg: dict, out: Path, device: str | None = None) -> list[dict]:
                         "ppl_delta_pct": None})
     _add_floors(records, lm, hw or get_profile(cfg.get("profile", "h200-pcie5x16")), cfg)
     out.mkdir(parents=True, exist_ok=True)
+    if lift_check is not None:
+        for r in records:
+            r["lift_check"] = lift_check
     (out / "results.json").write_text(json.dumps(records, indent=1, default=float))
     (out / "results.md").write_text(markdown_table(records, cfg))
     return records

@@ -138,11 +138,12 @@ def lifted_model(mini_dir: Path, device: str, check_memory=None):
 
 
 @torch.no_grad()
-def verify(mini_dir: Path, device: str, prompts: list[str], max_new_tokens: int = 32) -> dict:
+def verify(mini_dir: Path, device: str, prompts: list[str], max_new_tokens: int = 32, big=None, tok=None) -> dict:
     """Greedy tokens and logits of the miniature vs the lifted model, same device, same prompts."""
     from transformers import AutoModelForCausalLM
 
-    big, tok, _ = lifted_model(mini_dir, device)
+    if big is None:
+        big, tok, _ = lifted_model(mini_dir, device)
     mini = AutoModelForCausalLM.from_pretrained(str(mini_dir), dtype=torch.bfloat16).to(device).eval()
     same, total, max_diff = 0, 0, 0.0
     for text in prompts:
