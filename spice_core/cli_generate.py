@@ -110,6 +110,9 @@ def run(args) -> int:
                 "tokens_per_s": summ.tokens_per_s, "finish_reason": summ.finish_reason, "notes": list(summ.notes),
                 "wasted_prefetch_bytes": rec.totals.get("wasted_prefetch_bytes", 0),
                 "cpu_fallbacks": rec.totals.get("cpu_fallbacks", 0),
+                "cache_slots": rec.totals.get("cache_slots"),
+                "cache_capacity_bytes": rec.totals.get("cache_capacity_bytes"),
+                "routed_bytes": rec.totals.get("routed_bytes"),
             },
             "per_token": [{"index": st.index, "token_id": st.token_id, "step_ms": st.step_ms, "hits": st.hits,
                            "misses": st.misses, "bytes_copied": st.bytes_copied, "stall_ms": st.stall_ms,
@@ -119,6 +122,9 @@ def run(args) -> int:
     else:
         print()
         print(format_summary(summ))
+        t = rec.totals
+        print(f"GPU expert cache: {t.get('cache_slots')} slots = {t.get('cache_capacity_bytes', 0) / 1e6:.2f} MB "
+              f"of {t.get('routed_bytes', 0) / 1e6:.2f} MB routed experts (native sizes)")
     return 0
 
 

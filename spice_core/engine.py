@@ -486,7 +486,9 @@ class GenerationRun:
         if finish == "cancelled" or not finish:
             finish = finish or "length"
         self.record.notes = notes
-        self.record.totals = dict(rt.totals)
+        self.record.totals = dict(rt.totals, cache_slots=rt.slots.n_slots,
+                                  cache_capacity_bytes=rt.slots.capacity_bytes,
+                                  expert_bytes=lm.layout.nbytes, routed_bytes=eng.routed_bytes)
         self._finish(streamer, finish, notes)
 
     def _finish(self, streamer: TextStreamer, finish: str, notes: list[str]) -> None:
