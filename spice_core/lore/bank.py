@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -158,6 +159,18 @@ class LoreBank:
         ``hidden``: budgets of modeled runs that time a real model's shape count this."""
         r = self.rank if rank is None else rank
         return len(self.layers) * self.n_experts * (3 * hidden * r + hidden + 1) * dtype_bytes
+
+    def budget_bytes(self, native_expert_bytes: int, shape=None) -> int:
+        """Bytes to reserve inside the routed-expert budget, in the loaded model's expert bytes.
+
+        With a modeled target ``shape`` (e.g. DeepSeek-V2-Lite) the surrogates are sized for that
+        shape's hidden width and charged in proportion to its expert size: at rank 16 a
+        DeepSeek-V2-Lite expert's LoRE is 1/88 of the expert, while a 24-wide miniature's is 2/3
+        of it, so charging native bytes would misstate the real trade-off."""
+        if shape is None or getattr(shape, "name", "native") == "native":
+            return self.nbytes
+        return int(math.ceil(self.nbytes_at(shape.hidden, shape.dtype_bytes) / shape.expert_bytes
+                             * native_expert_bytes))
 
     def with_rank(self, rank: int, device: torch.device | str | None = None) -> "LoreBank":
         """The first ``rank`` neurons of every surrogate with their least-squares refit, on

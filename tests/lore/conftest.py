@@ -1,0 +1,28 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lore_support import FAMILIES, attach_lore, build_tiny, record_traces  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def lore_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny_lore")
+    return {f: build_tiny(f, root / f) for f in FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def lore_engines(lore_dirs):
+    """{family: (engine with a rank-8 LoRE bank attached, its traces)} (tiny experts are 16 wide)."""
+    from spice_core.engine import SpiceEngine
+    from spice_core.lore import fit_lore_bank
+
+    out = {}
+    for fam, d in lore_dirs.items():
+        eng = SpiceEngine.load(d, device="cpu")
+        traces = record_traces(eng.lm)
+        attach_lore(eng, fit_lore_bank(eng.lm, traces, 8))
+        out[fam] = (eng, traces)
+    return out
