@@ -14,7 +14,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from pages.common import AppContext
+from pages.common import AppContext, fmt_bytes
 
 DATE = re.compile(r"\b(20\d\d-[01]\d-[0-3]\d)\b")
 
@@ -125,7 +125,7 @@ class AboutPage:
         i = self.ctx.info
         rows = [("model", f"`{i.model_name}` ({i.family})"), ("layers", f"{i.n_layers}, MoE: {len(i.moe_layers)}"),
                 ("experts", f"{i.n_experts} routed per layer, top-{i.top_k}"),
-                ("expert size", f"{i.expert_bytes / 1e6:.2f} MB"), ("device", i.device),
+                ("expert size", fmt_bytes(i.expert_bytes)), ("device", i.device),
                 ("timing", i.default_timing), ("draft heads", "yes" if i.has_draft else "no (gate predictor)"),
                 ("LoRE factors", "yes" if i.has_lore else "no"), ("context", f"{i.max_context_tokens:,} tokens"),
                 ("hardware profiles", ", ".join(i.profiles)), ("shapes", ", ".join(i.shapes))]

@@ -24,7 +24,7 @@ from spice_core.api import RunSettings
 from spice_core.errors import PromptError, SpiceError
 from pages import figures
 from pages.common import (ENGINE_GROUP, LORE_RANKS, AppContext, FreeDropdown, FreeSlider, as_plot,
-                          default_settings, policy_choices, settings_from_values, spice_error_text)
+                          default_settings, fmt_bytes, policy_choices, settings_from_values, spice_error_text)
 from pages.live import LiveRun, greedy_agreement
 from pages.messages import clean_message, drop_oldest_turn, engine_turns, normalize_history, note, problem_with
 from pages.runner import LIVE_FIELDS, RunStream
@@ -314,8 +314,12 @@ class ChatPage:
         summary = stream.summary()
         session.last_run_id = stream.run_id
         history[reply_at] = {"role": "assistant", "content": live.text}
-        if not live.text:
+        if not live.text.strip():
             history.pop(reply_at)
+            if not stream.error and stream.cancel_reason != "stop":
+                history.append(note("ℹ The model ended its reply without any text",
+                                    f"It produced {live.n_tokens} token{'s' if live.n_tokens != 1 else ''} "
+                                    f"(finish: {summary.finish_reason if summary else '?'}). Try rephrasing."))
         if stream.error:
             history.append(note("⚠ The reply stopped early" if live.n_tokens else "⚠ No reply", stream.error))
         elif stream.cancel_reason == "stop":
@@ -381,8 +385,8 @@ def _setting_names() -> tuple[str, ...]:
 
 
 def _settings_hint() -> str:
-    return ("Settings apply to your next message. During a reply, **τ_prefetch**, **τ_approx**, **max lookahead** "
-            "and the **CPU lane** apply from the next token.")
+    return ("Settings apply to your next message. During a reply, **τ_prefetch**, **τ_approx** and "
+            "**max lookahead** apply from the next token.")
 
 
 def _preview(text: str, n: int = 48) -> str:
@@ -409,14 +413,23 @@ def _agreement_line(settings: RunSettings, check_exact: bool) -> str | None:
 
 
 def _changes_text(stream: RunStream) -> str:
-    lines = []
+    lines = [f"- from token {c.from_token}: {', '.join(f'{f}={getattr(c_settings, f)!r}' for f in c.applied)}"
+             for c, c_settings in _applied_changes(stream)]
+    deferred = list(dict.fromkeys(f for c in stream.changes for f in c.deferred))
+    if deferred:
+        reasons = {c.message for c in stream.changes if c.message}
+        lines.append(f"- {', '.join(deferred)}: applies from your next message"
+                     + (f" ({'; '.join(sorted(reasons))})" if reasons else ""))
+    return "\n".join(lines)
+
+
+def _applied_changes(stream: RunStream):
+    """(change, the settings after it) for every change that applied something."""
+    out = []
     for c in stream.changes:
         if c.applied:
-            lines.append(f"- from token {c.from_token}: {', '.join(c.applied)}")
-        if c.deferred:
-            reason = f" ({c.message})" if c.message else ""
-            lines.append(f"- {', '.join(c.deferred)}: applies from your next message{reason}")
-    return "\n".join(lines)
+            out.append((c, c.settings_after))
+    return out
 
 
 def _run_title(summary, live: LiveRun) -> str:
@@ -425,11 +438,11 @@ def _run_title(summary, live: LiveRun) -> str:
 
 
 def _run_body(summary, stream: RunStream) -> str:
-    split = ", ".join(f"{k} {v}" for k, v in sorted(summary.miss_split.items())) or "none"
+    split = ", ".join(f"{k} {v}" for k, v in sorted(summary.miss_split.items()) if v) or "none"
     notes = "".join(f"\n- {n}" for n in summary.notes)
     return (f"Policy **{summary.policy}** · {summary.timing} timing ({summary.profile}, {summary.shape}) · "
             f"TTFT {summary.ttft_ms:.1f} ms · p90 TPOT {summary.tpot_ms_p90:.2f} ms · "
-            f"{summary.tokens_per_s:.1f} tokens/s · {summary.bytes_per_token / 1e6:.1f} MB copied per token · "
+            f"{summary.tokens_per_s:.1f} tokens/s · {fmt_bytes(summary.bytes_per_token)} copied per token · "
             f"stall {summary.stall_ms_per_token:.2f} ms per token · misses: {split} · "
             f"finished: {summary.finish_reason or stream.cancel_reason or '?'}{notes}\n\n"
             f"[Open this run in the trace explorer](trace?run={summary.run_id})")
@@ -460,7 +473,7 @@ def stats_html(live: LiveRun | None, settings: RunSettings, info, *, state: str 
             ("TPOT", f"{live.tpot_ms:.2f} ms", f"median, {timing}"),
             ("tokens/s", f"{live.tokens_per_s:.1f}", f"{timing}; streamed {wall_tps:.1f}/s"),
             ("hit rate", f"{100 * live.hit_rate:.0f}%", "resident + prefetched"),
-            ("copied", f"{live.bytes_per_token / 1e6:.1f} MB", "per token"),
+            ("copied", fmt_bytes(live.bytes_per_token), "per token"),
             ("stall", f"{live.stall_ms_per_token:.2f} ms", "per token"),
             ("lookahead", f"{(sum(live.lookahead) / len(live.lookahead)) if live.lookahead else 0:.1f}",
              "mean depth (layers)"),

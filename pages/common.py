@@ -205,6 +205,14 @@ class AppContext:
                 f"model on **{settings.profile}**; the tokens come from the real (small) model.")
 
 
+def fmt_bytes(n: float) -> str:
+    """1536 -> '1.5 kB', 17.3e6 -> '17.3 MB' (decimal units, as bandwidths are quoted)."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
 def spice_error_text(exc: BaseException) -> str:
     """The one line shown to a user for an error they can fix."""
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -34,8 +34,8 @@ from spice_core.errors import SpiceError
 log = logging.getLogger(__name__)
 
 # Thresholds a running generation may take from its next token; any other change waits for the
-# next message (the engine may refuse more, see RunStream._apply_settings).
-LIVE_FIELDS = ("tau_prefetch", "tau_approx", "max_lookahead", "cpu_lane")
+# next message (see RunStream._apply_settings).
+LIVE_FIELDS = ("tau_prefetch", "tau_approx", "max_lookahead")
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ class SettingsChange:
     deferred: tuple[str, ...]         # field names that wait for the next message
     from_token: int                   # first token index generated with the new values
     message: str = ""                 # engine's reason when it refused something
+    settings_after: RunSettings | None = None
 
 
 @dataclass
@@ -142,8 +143,7 @@ class RunStream:
                         break
                 self._tokens += 1
                 self._queue.put(step)
-                if step.finished:
-                    break
+                # No break on step.finished: the engine registers the run after its last yield.
                 self._between_tokens()
         except SpiceError as exc:
             self.error = str(exc)
@@ -157,7 +157,9 @@ class RunStream:
                 close()
             try:
                 self._summary = self.generation.summary()
-            except Exception:  # a run that failed early may have no summary; the UI copes
+            except SpiceError as exc:     # a run that failed early may have no summary; the UI copes
+                log.info("no summary for run %s: %s", self.run_id, exc)
+            except Exception:
                 log.warning("no summary for run %s", self.run_id, exc_info=True)
             self._queue.put(None)
             self._done.set()
@@ -178,27 +180,21 @@ class RunStream:
             self._apply_settings(pending)
 
     def _apply_settings(self, wanted: RunSettings) -> None:
+        """Hand the engine only the live thresholds (the contract promises those from the next token);
+        every other change is reported as waiting for the next message."""
         changed = [f for f in RunSettings.__dataclass_fields__ if getattr(wanted, f) != getattr(self.settings, f)]
-        if not changed:
-            return
-        try:
-            self.generation.update_settings(wanted)
-            self.settings = wanted
-            self.changes.append(SettingsChange(tuple(changed), (), self._tokens))
-            return
-        except SpiceError as exc:
-            refusal = str(exc)
-        # The engine refused the whole change: keep what it can take live, defer the rest.
         live = {f: getattr(wanted, f) for f in changed if f in LIVE_FIELDS}
         deferred = tuple(f for f in changed if f not in live)
+        refusal = ""
         if live:
-            partial = replace(self.settings, **live)
+            candidate = replace(self.settings, **live)
             try:
-                self.generation.update_settings(partial)
-                self.settings = partial
+                self.generation.update_settings(candidate)
+                self.settings = candidate
             except SpiceError as exc:
                 refusal, deferred, live = str(exc), tuple(changed), {}
-        self.changes.append(SettingsChange(tuple(live), deferred, self._tokens, refusal))
+        if live or deferred:
+            self.changes.append(SettingsChange(tuple(live), deferred, self._tokens, refusal, self.settings))
 
 
 class EngineRunner:

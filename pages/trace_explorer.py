@@ -18,7 +18,7 @@ import pandas as pd
 
 from spice_core.errors import SpiceError
 from pages import figures
-from pages.common import AppContext, FreeDropdown, as_plot, spice_error_text
+from pages.common import AppContext, FreeDropdown, as_plot, fmt_bytes, spice_error_text
 
 log = logging.getLogger(__name__)
 
@@ -89,14 +89,14 @@ def per_token_series(events) -> tuple[list[int], list[float], list[float], list[
 
 
 def summary_html(s, label: str = "") -> str:
-    split = " · ".join(f"{k} {v}" for k, v in sorted(s.miss_split.items())) or "no misses"
+    split = " · ".join(f"{k} {v}" for k, v in sorted(s.miss_split.items()) if v) or "no misses"
     cards = [
         ("tokens", f"{s.n_tokens}", s.finish_reason or "—"),
         ("TTFT", f"{s.ttft_ms:.1f} ms", "incl. prefill"),
         ("TPOT", f"{s.tpot_ms_median:.2f} ms", f"median · p90 {s.tpot_ms_p90:.2f}"),
         ("tokens/s", f"{s.tokens_per_s:.1f}", s.timing),
         ("hit rate", f"{100 * s.hit_rate:.0f}%", split),
-        ("copied", f"{s.bytes_per_token / 1e6:.1f} MB", "per token"),
+        ("copied", fmt_bytes(s.bytes_per_token), "per token"),
         ("stall", f"{s.stall_ms_per_token:.2f} ms", "per token"),
     ]
     body = "".join(f"<div class='card'><div class='k'>{k}</div><div class='v'>{v}</div><div class='s'>{t}</div></div>"
@@ -155,7 +155,10 @@ class TraceExplorer:
         api_kind.submit(self.export, inputs=[api_run, api_kind], outputs=[api_file], api_name="export")
 
     def _choices(self) -> list[tuple[str, str]]:
-        runs = list(reversed(self.ctx.engine.list_runs()))
+        # Newest first: the app knows the order of the runs it started (run ids carry none); others follow
+        # in the engine's order.
+        started = {run_id: i for i, run_id in enumerate(self.ctx.run_labels)}
+        runs = sorted(self.ctx.engine.list_runs(), key=lambda s: -started.get(s.run_id, -1))
         out = []
         for s in runs:
             label = self.ctx.run_labels.get(s.run_id, "")

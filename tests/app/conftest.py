@@ -1,59 +1,10 @@
-"""Fixtures for the app tests: the app launched in-process on a free port, with a fake engine.
-
-`chat_inputs()` lists the /chat endpoint's inputs in order, so a test only names what it changes.
-"""
+"""Fixtures for the app tests: the app launched in-process (fake engine) and a client per test."""
 from __future__ import annotations
-
-import os
-import sys
-import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-# Heartbeats every 0.2 s (default 15 s): a closed client is noticed, and closes, at once.
-os.environ.setdefault("GRADIO_HEARTBEAT_INTERVAL", "0.2")
-
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import app  # noqa: E402
-from fake_engine import FakeEngine  # noqa: E402
-from pages.common import AppContext  # noqa: E402
-
-CHAT_DEFAULTS = dict(policy="spice", cache_frac=0.25, tau_prefetch=0.2, tau_approx=0.0, max_lookahead=4,
-                     lore_rank=16, cpu_lane=True, profile="rtx4090-pcie4x16", shape="deepseek-v2-lite",
-                     max_new_tokens=24, temperature=0.0, live_panels=True, check_exact=False)
-
-
-def chat_inputs(message, history=None, **overrides) -> list:
-    values = CHAT_DEFAULTS | overrides
-    return [message, history or [], *values.values()]
-
-
-def settings_inputs(**overrides) -> list:
-    values = CHAT_DEFAULTS | overrides
-    return list(values.values())[:11]
-
-
-@dataclass
-class Served:
-    demo: object
-    ctx: AppContext
-    engine: FakeEngine
-    url: str
-
-    def wait_idle(self, timeout_s: float = 10.0) -> bool:
-        return self.ctx.runner.wait_idle(timeout_s)
-
-
-def serve(engine: FakeEngine, **kwargs) -> Served:
-    demo, ctx = app.build_app(engine, orphan_after_s=kwargs.pop("orphan_after_s", 1.0), **kwargs)
-    demo.launch(server_name="127.0.0.1", server_port=None, prevent_thread_lock=True, quiet=True,
-                **app.launch_kwargs())
-    return Served(demo, ctx, engine, demo.local_url)
+from app_helpers import serve
+from fake_engine import FakeEngine
 
 
 @pytest.fixture(scope="module")
@@ -71,29 +22,3 @@ def client(served):
     yield c
     c.close()
     assert served.wait_idle(10), "a generation was still running after the test"
-
-
-def last_notes(history) -> list[str]:
-    """Titles and texts of the app's notes in a chat history returned by the API."""
-    out = []
-    for m in history:
-        meta = m.get("metadata") or {}
-        if meta.get("title"):
-            out.append(f"{meta['title']} :: {content(m)}")
-    return out
-
-
-def content(message) -> str:
-    c = message.get("content")
-    if isinstance(c, str):
-        return c
-    return "".join(part.get("text", "") for part in c if isinstance(part, dict))
-
-
-def wait_for(predicate, timeout_s: float = 5.0, interval_s: float = 0.02) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return predicate()

@@ -37,7 +37,7 @@ SHAPES = {"deepseek-v2-lite": 1.0, "qwen2-57b-a14b": 3.2, "native": 0.05}   # ex
 PREDICTOR_RECALL = {"oracle_prefetch": 1.0, "spice_prefetch": 0.85, "spice": 0.85, "spice_no_lore": 0.85,
                     "spice_no_cpu": 0.85, "gate_prefetch": 0.65}
 CPU_POLICIES = ("cpu_compute", "spice", "spice_no_lore")
-LIVE_FIELDS = ("tau_prefetch", "tau_approx", "max_lookahead", "cpu_lane")
+LIVE_FIELDS = ("tau_prefetch", "tau_approx", "max_lookahead")
 WORDS = ("the", "expert", "router", "token", "cache", "copy", "layer", "quietly", "moves", "while", "a",
          "model", "thinks", "of", "tea", "and", "stories", "river", "light", "small", "garden", "over")
 
@@ -303,7 +303,8 @@ class FakeEngine:
 
     # --- finished runs -------------------------------------------------------------------
     def list_runs(self) -> list[RunSummary]:
-        return [r.summary for r in self._runs.values() if r.summary is not None]
+        """Newest first, like the real engine."""
+        return [r.summary for r in reversed(self._runs.values()) if r.summary is not None]
 
     def _run(self, run_id: str) -> _Run:
         run = self._runs.get(run_id)

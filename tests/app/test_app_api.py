@@ -12,7 +12,7 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from conftest import CHAT_DEFAULTS, chat_inputs, content, last_notes, serve, settings_inputs, wait_for
+from app_helpers import CHAT_DEFAULTS, chat_inputs, content, last_notes, serve, settings_inputs, wait_for
 from fake_engine import FakeEngine
 
 
@@ -82,7 +82,7 @@ def test_conversation_history_reaches_the_engine_without_app_notes(served, clien
 # --- trace explorer and exports ---------------------------------------------------------------
 def test_trace_download_is_valid_chrome_trace_json(served, client):
     client.predict(*chat_inputs("trace me", max_new_tokens=12), api_name="/chat")
-    run_id = served.engine.list_runs()[-1].run_id
+    run_id = served.engine.generations[-1].run_id
     path = client.predict(run_id, "chrome", api_name="/export")
     trace = json.loads(open(path).read())
     assert isinstance(trace["traceEvents"], list) and trace["traceEvents"]
@@ -97,7 +97,7 @@ def test_trace_download_is_valid_chrome_trace_json(served, client):
 
 def test_tensorboard_zip_and_csv_exports_open(served, client):
     client.predict(*chat_inputs("export me", max_new_tokens=8), api_name="/chat")
-    run_id = served.engine.list_runs()[-1].run_id
+    run_id = served.engine.generations[-1].run_id
     zpath = client.predict(run_id, "tensorboard", api_name="/export")
     with zipfile.ZipFile(zpath) as zf:
         assert any(n.endswith(".pt.trace.json.gz") for n in zf.namelist())
@@ -111,14 +111,14 @@ def test_export_of_unknown_run_or_kind_is_refused_with_a_message(served, client)
     with pytest.raises(AppError, match="unknown"):
         client.predict("run-9999", "chrome", api_name="/export")
     client.predict(*chat_inputs("x", max_new_tokens=2), api_name="/chat")
-    run_id = served.engine.list_runs()[-1].run_id
+    run_id = served.engine.generations[-1].run_id
     with pytest.raises(AppError, match="export kind"):
         client.predict(run_id, "../../etc/passwd", api_name="/export")
 
 
 def test_trace_run_shows_timeline_overview_and_per_layer_table(served, client):
     client.predict(*chat_inputs("explore", max_new_tokens=10), api_name="/chat")
-    run_id = served.engine.list_runs()[-1].run_id
+    run_id = served.engine.generations[-1].run_id
     out = client.predict(run_id, 0, 16, api_name="/trace_run")
     message, summary, overview, timeline, table = out[:5]
     assert message == "" and run_id in summary

@@ -1,0 +1,78 @@
+"""The app driving the real engine (spice_core.engine.SpiceEngine) on CPU.
+
+A tiny random DeepSeek-V2 checkpoint built in the test stands in for the shipped model, so
+these run everywhere; the last test uses the shipped model and is skipped without it.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from gradio_client import Client
+
+from app_helpers import ROOT, chat_inputs, content, last_notes, serve
+
+engine_mod = pytest.importorskip("spice_core.engine", reason="the engine (spice_core/engine.py) is not in this tree")
+sys.path.insert(0, str(ROOT / "tests"))
+from tiny_models import build_tiny  # noqa: E402
+
+SHIPPED = ROOT / "assets" / "spice-mini"
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    model_dir = build_tiny("deepseek_v2", tmp_path_factory.mktemp("tiny") / "deepseek_v2")
+    s = serve(engine_mod.SpiceEngine.load(model_dir, device="cpu"))
+    yield s
+    s.demo.close()
+    s.ctx.exports.cleanup()
+
+
+def _plot(value) -> dict:
+    assert isinstance(value, dict) and value["type"] == "plotly"
+    return json.loads(value["plot"])
+
+
+def test_real_engine_chat_streams_and_its_trace_exports_as_valid_chrome_json(real):
+    from spice_core.trace.chrome_schema import validate_chrome_trace
+
+    c = Client(real.url, verbose=False)
+    out = c.predict(*chat_inputs("tell me a story about the cat", max_new_tokens=16, policy="spice_prefetch",
+                                 cache_frac=0.5), api_name="/chat")
+    notes = last_notes(out[1])
+    run_note = [n for n in notes if n.startswith("Run ")]
+    assert run_note, notes
+    run_id = run_note[0].split()[1]
+    assert {t["type"] for t in _plot(out[3])["data"]} >= {"heatmap"}
+    assert any(t["type"] == "bar" for t in _plot(out[5])["data"])
+    trace = json.loads(Path(c.predict(run_id, "chrome", api_name="/export")).read_text())
+    assert validate_chrome_trace(trace) == []
+    table = c.predict(run_id, 0, 16, api_name="/trace_run")[4]
+    assert [row[0] for row in table["data"]] == list(real.ctx.info.moe_layers)
+    c.close()
+
+
+def test_real_engine_refuses_a_too_small_cache_with_its_own_message(real):
+    c = Client(real.url, verbose=False)
+    out = c.predict(*chat_inputs("the cat", max_new_tokens=4, policy="lru", cache_frac=0.0), api_name="/chat")
+    notes = last_notes(out[1])
+    assert any(n.startswith("⚠ The engine refused this message") and "cache" in n for n in notes), notes
+    out = c.predict(*chat_inputs("the cat", out[1], max_new_tokens=4), api_name="/chat")
+    assert any(n.startswith("Run ") for n in last_notes(out[1]))
+    c.close()
+
+
+@pytest.mark.skipif(not (SHIPPED / "config.json").exists(),
+                    reason="the shipped model (assets/spice-mini/) is not in this checkout yet")
+def test_shipped_model_answers_in_english_through_the_app():
+    s = serve(engine_mod.SpiceEngine.load(None, device="cpu"))
+    try:
+        c = Client(s.url, verbose=False)
+        out = c.predict(*chat_inputs("Tell me a story about a cat.", max_new_tokens=32), api_name="/chat")
+        replies = [content(m) for m in out[1] if m["role"] == "assistant" and not m.get("metadata")]
+        assert replies and len(replies[-1].split()) >= 5, out[1]
+        c.close()
+    finally:
+        s.demo.close()
