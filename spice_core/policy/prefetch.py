@@ -23,6 +23,7 @@ Pure: lists of floats in, a plan out.
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -77,6 +78,7 @@ def plan_lookahead(
     h_min_value: float = 0.0,
 ) -> PrefetchPlan:
     items: list[PrefetchItem] = []
+    planned: set[ExpertKey] = set()
     next_use: dict[ExpertKey, int] = {}
     queue_end = max(now_ms, copy_free_at_ms)
     depth, reason = 0, "bound"
@@ -84,7 +86,8 @@ def plan_lookahead(
         if pred.distance > max_lookahead:
             reason = "bound"
             break
-        ranked = sorted(range(len(pred.probs)), key=lambda e: -pred.probs[e])[: max(top_k, 1) * 2]
+        # The 2k most confident (ties: lower expert index), without sorting all E experts.
+        ranked = heapq.nsmallest(max(top_k, 1) * 2, range(len(pred.probs)), key=lambda e: (-pred.probs[e], e))
         confident = [e for e in ranked if pred.probs[e] >= tau_prefetch]
         for e in confident:
             next_use.setdefault(ExpertKey(pred.layer, e), pred.distance)
@@ -95,7 +98,7 @@ def plan_lookahead(
         stopped = False
         for e in confident:
             key = ExpertKey(pred.layer, e)
-            if is_resident_or_inflight(key) or any(i.key == key for i in items):
+            if key in planned or is_resident_or_inflight(key):
                 continue
             if max_items is not None and len(items) >= max_items:
                 reason, stopped = "cache", True
@@ -108,6 +111,7 @@ def plan_lookahead(
                 reason, stopped = "time", True
                 break
             items.append(PrefetchItem(key, pred.distance, pred.probs[e], arrival))
+            planned.add(key)
             queue_end = arrival
         if stopped:
             break

@@ -154,28 +154,31 @@ class DraftTrainConfig:
             raise ConfigError(f"eval_frac={self.eval_frac} is out of range: use a value in (0, 1)")
 
 
-def _targets(traces, idx: torch.Tensor, tl: torch.Tensor, off: torch.Tensor):
-    """Router distributions and selections of every head's target for tokens ``idx`` [B].
+def _targets(traces, idx: torch.Tensor, tl: torch.Tensor, off: torch.Tensor, with_selection: bool = True):
+    """Router distributions (and selections) of every head's target for tokens ``idx`` [B].
 
-    Returns probs [n,D,B,E], selected mask [n,D,B,E] (bool), valid [n,D,B] (target exists in the same row).
+    Token-major, the layout the heads' logits come in: probs [n,B,D,E] float32, selected
+    [n,B,D,E] bool (None without ``with_selection``), valid [n,B,D] (target in the same row).
     """
     N = traces.n_tokens
-    j = idx[None, None, :] + off[:, :, None]                     # [n,D,B]
+    j = idx[None, :, None] + off[:, None, :]                     # [n,B,D]
     jc = j.clamp(max=N - 1)
-    valid = (j < N) & (traces.row[jc] == traces.row[idx][None, None, :])
-    layer = tl[:, :, None].expand_as(jc)
-    probs = traces.probs[layer, jc].float()                      # [n,D,B,E]
-    sel = torch.zeros_like(probs, dtype=torch.bool)
-    sel.scatter_(-1, traces.topk[layer, jc].long(), True)
+    valid = (j < N) & (traces.row[jc] == traces.row[idx][None, :, None])
+    layer = tl[:, None, :].expand_as(jc)
+    probs = traces.probs[layer, jc].float()
+    sel = None
+    if with_selection:
+        sel = torch.zeros_like(probs, dtype=torch.bool)
+        sel.scatter_(-1, traces.topk[layer, jc].long(), True)
     return probs, sel, valid
 
 
 def _fit_calibration(logq: torch.Tensor, sel: torch.Tensor, valid: torch.Tensor, top_k: int,
                      steps: int = 60) -> torch.Tensor:
-    """Platt scaling per head: logq, sel [n,D,B,E], valid [n,D,B] -> calib [n,D,3] (a, m, c).
+    """Platt scaling per head: logq, sel [n,B,D,E], valid [n,B,D] -> calib [n,D,3] (a, m, c).
 
     Heads are independent, so each MoE layer's D heads are fitted together (small tensors)."""
-    n, D = logq.shape[:2]
+    n, _, D, _ = logq.shape
     out = torch.zeros(n, D, 3)
     for p in range(n):
         lq = logq[p]
@@ -189,7 +192,7 @@ def _fit_calibration(logq: torch.Tensor, sel: torch.Tensor, valid: torch.Tensor,
 
         def closure():
             opt.zero_grad()
-            z = params[:, 0, None, None] * f1 + params[:, 1, None, None] * f2 + params[:, 2, None, None]
+            z = params[:, 0, None] * f1 + params[:, 1, None] * f2 + params[:, 2, None]
             loss = (F.binary_cross_entropy_with_logits(z, y, reduction="none") * w).sum() / w.sum().clamp(min=1)
             loss.backward()
             return loss
@@ -239,8 +242,8 @@ def train_draft(traces, cfg: DraftTrainConfig = DraftTrainConfig(), *,
     ev_probs, ev_sel, ev_valid = _targets(eval_tr, ev_idx, tl, off)
     ev_x = eval_tr.hidden[:, ev_idx].float()
 
-    def eval_logits(Wt, bt):
-        return torch.baddbmm(bt[:, None, :], ev_x, Wt.transpose(1, 2)).view(n, -1, D, E).permute(0, 2, 1, 3)
+    def eval_logits(Wt, bt):                                                  # [n,B,D,E]
+        return torch.baddbmm(bt[:, None, :], ev_x, Wt.transpose(1, 2)).view(n, -1, D, E)
 
     def heldout_loss(Wt, bt) -> float:
         lq = torch.log_softmax(eval_logits(Wt, bt), dim=-1)
@@ -255,11 +258,11 @@ def train_draft(traces, cfg: DraftTrainConfig = DraftTrainConfig(), *,
         perm = torch.randperm(Ntr, generator=g)
         for s in range(steps_per_epoch):
             idx = perm[s * cfg.batch_tokens:(s + 1) * cfg.batch_tokens].sort().values
-            probs, _, valid = _targets(train_tr, idx, tl, off)
+            probs, _, valid = _targets(train_tr, idx, tl, off, with_selection=False)
             x = train_tr.hidden[:, idx].float()                                   # [n,B,H]
             logits = torch.baddbmm(b[:, None, :], x, W.transpose(1, 2))           # [n,B,D*E]
-            lq = torch.log_softmax(logits.view(n, -1, D, E).permute(0, 2, 1, 3), dim=-1)
-            ce = -(probs * lq).sum(-1)                                            # [n,D,B]
+            lq = torch.log_softmax(logits.view(n, -1, D, E), dim=-1)
+            ce = -(probs * lq).sum(-1)                                            # [n,B,D]
             loss = (ce * valid).sum() / valid.sum().clamp(min=1)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -289,8 +292,8 @@ def train_draft(traces, cfg: DraftTrainConfig = DraftTrainConfig(), *,
 
 
 def recall_by_distance(scores: torch.Tensor, sel: torch.Tensor, valid: torch.Tensor, k: int) -> list[float]:
-    """scores, sel [n,D,B,E], valid [n,D,B] -> per distance: mean |top-k(scores) ∩ selected| / k."""
+    """scores, sel [n,B,D,E], valid [n,B,D] -> per distance: mean |top-k(scores) ∩ selected| / k."""
     top = torch.topk(scores, k, dim=-1).indices
-    hit = sel.gather(-1, top).float().sum(-1) / k                 # [n,D,B]
+    hit = sel.gather(-1, top).float().sum(-1) / k                 # [n,B,D]
     v = valid.float()
-    return ((hit * v).sum(dim=(0, 2)) / v.sum(dim=(0, 2)).clamp(min=1)).tolist()
+    return ((hit * v).sum(dim=(0, 1)) / v.sum(dim=(0, 1)).clamp(min=1)).tolist()

@@ -53,9 +53,10 @@ def test_targets_never_cross_into_another_row(traces):
     idx = torch.arange(traces.n_tokens)
     _, _, valid = _targets(traces, idx, tl, off)
     row_len = torch.bincount(traces.row.long())[traces.row.long()]               # [N]
-    expected = traces.pos[None, None, :] + off[:, :, None] < row_len[None, None, :]
+    expected = traces.pos[None, :, None] + off[:, None, :] < row_len[None, :, None]
     assert torch.equal(valid, expected)
-    assert not valid[off > 0][:, traces.pos == 63].any()   # a row's last token has no next-token target
+    last = valid[:, traces.pos == 63, :]                     # a row's last token has no next-token target
+    assert not last.permute(0, 2, 1)[off > 0].any()
 
 
 def test_distillation_beats_popularity_on_its_training_distribution(traces, trained):
@@ -64,8 +65,8 @@ def test_distillation_beats_popularity_on_its_training_distribution(traces, trai
     tl, off = target_table(n, D)
     idx = torch.arange(traces.n_tokens)
     _, sel, valid = _targets(traces, idx, tl, off)
-    logq = torch.stack([draft.predict_batch(p, traces.hidden[p].float())[0] for p in range(n)]).permute(0, 2, 1, 3)
-    freq = traces.expert_frequency()[tl][:, :, None, :].expand_as(logq)
+    logq = torch.stack([draft.predict_batch(p, traces.hidden[p].float())[0] for p in range(n)])
+    freq = traces.expert_frequency()[tl][:, None, :, :].expand_as(logq)
     draft_recall = recall_by_distance(logq, sel, valid, traces.top_k)
     pop_recall = recall_by_distance(freq, sel, valid, traces.top_k)
     assert all(d > p + 0.05 for d, p in zip(draft_recall, pop_recall)), (draft_recall, pop_recall)
@@ -86,7 +87,7 @@ def test_confidence_is_calibrated_roughly(traces, trained):
     n, D = len(traces.moe_layers), draft.distances
     tl, off = target_table(n, D)
     _, sel, valid = _targets(traces, torch.arange(traces.n_tokens), tl, off)
-    conf = torch.stack([draft.predict_batch(p, traces.hidden[p].float())[1] for p in range(n)]).permute(0, 2, 1, 3)
+    conf = torch.stack([draft.predict_batch(p, traces.hidden[p].float())[1] for p in range(n)])
     m = valid[..., None].expand_as(conf)
     assert abs(conf[m].mean().item() - sel[m].float().mean().item()) < 0.08
 

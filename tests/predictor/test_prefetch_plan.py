@@ -100,7 +100,9 @@ def test_h_min_is_the_papers_formula():
 
 # ------------------------------------------------------------------ eviction
 def views(*specs):
-    return [SlotView(K(1, e), tick, 1, protected=prot) for e, tick, prot in specs]
+    """Slot views as the engine passes them: least recently used first."""
+    return sorted((SlotView(K(1, e), tick, 1, protected=prot) for e, tick, prot in specs),
+                  key=lambda v: v.last_use_tick)
 
 
 def test_farthest_next_use_evicts_the_expert_needed_last():
