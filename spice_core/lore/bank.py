@@ -226,18 +226,20 @@ class LoreBank:
                 f"{self.max_rank}, {self.nbytes / 1e6:.2f} MB on {self.device})")
 
 
-def check_rank(rank, *, max_rank: int, expert_width: int) -> None:
-    """ConfigError unless 1 <= rank <= min(max_rank, expert_width); the message says what to change."""
+def check_rank(rank, *, max_rank: int, expert_width: int, flag: str = "--lore-rank") -> None:
+    """ConfigError unless 1 <= rank <= min(max_rank, expert_width); the message names ``flag`` and
+    says what to change."""
+    limit = min(max_rank, expert_width)
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-        raise ConfigError(f"--lore-rank {rank!r} is out of range: use an integer in [1, {min(max_rank, expert_width)}]")
+        raise ConfigError(f"{flag} {rank!r} is out of range: use an integer in [1, {limit}]")
     if rank > expert_width:
         raise ConfigError(
-            f"--lore-rank {rank} is above the expert width {expert_width}: a surrogate wider than the expert "
-            f"costs more than the expert itself; use --lore-rank <= {min(max_rank, expert_width)}")
+            f"{flag} {rank} is above the expert width {expert_width}: a surrogate wider than the expert "
+            f"costs more than the expert itself; use {flag} <= {limit}")
     if rank > max_rank:
         raise ConfigError(
-            f"--lore-rank {rank} is above the rank the LoRE factors were built with ({max_rank}): use --lore-rank "
-            f"<= {max_rank}, or rebuild them with a higher rank: {CALIBRATE_HINT} --lore-rank {rank}")
+            f"{flag} {rank} is above the rank the LoRE factors were built with ({max_rank}): use {flag} "
+            f"<= {max_rank}, or rebuild them with a higher rank: {CALIBRATE_HINT} --lore-max-rank {rank}")
 
 
 # ---------------------------------------------------------------------- file format

@@ -188,7 +188,8 @@ def fit_lore_bank(lm, traces, max_rank: int, *, background: float = DEFAULT_BACK
     """Fit a rank-``max_rank`` surrogate for every routed expert of ``lm`` on ``traces`` (see the
     module docstring for the accepted forms); any lower rank is then `LoreBank.with_rank`.
     ``progress(done, total)`` is called after each MoE layer."""
-    check_rank(max_rank, max_rank=min(lm.layout.intermediate, lm.layout.hidden), expert_width=lm.layout.intermediate)
+    check_rank(max_rank, max_rank=min(lm.layout.intermediate, lm.layout.hidden), expert_width=lm.layout.intermediate,
+               flag="--lore-max-rank")
     if not 0.0 <= background <= 10.0:
         raise ConfigError(f"background={background} is out of range: use a value in [0, 10]")
     hidden = hidden_by_layer(traces, lm)

@@ -73,7 +73,7 @@ def test_families_without_a_shared_expert_use_lore_alone(lore_engines):
                                         (-3, r"--lore-rank -3 is out of range"),
                                         (17, r"above the expert width 16.*use --lore-rank <= 8"),
                                         (12, r"above the rank the LoRE factors were built with \(8\).*--lore-rank "
-                                             r"<= 8.*python -m spice_core calibrate --model M --lore-rank 12")])
+                                             r"<= 8.*python -m spice_core calibrate --model M --lore-max-rank 12")])
 def test_bad_lore_rank_says_what_to_change(lore_engines, rank, match):
     bank = lore_engines["olmoe"][0].artifacts.lore
     with pytest.raises(ConfigError, match=match):

@@ -1,0 +1,115 @@
+"""The CPU lane: exact results, core budget, failures and timeouts counted, and the orchestrator's
+fallback to an exact copy when a lane task fails (output never silently corrupted)."""
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from spice_core.errors import ConfigError
+from spice_core.exec import cpu_lane as cpu_lane_mod
+from spice_core.exec.cpu_lane import CpuLane
+from spice_core.exec.experts import expert_forward
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tiny_models import build_tiny  # noqa: E402
+
+
+@pytest.fixture
+def two_cores(monkeypatch):
+    monkeypatch.setattr(cpu_lane_mod, "available_cores", lambda: 2)
+    yield
+    torch.set_num_threads(1)          # the lane sets the process-wide intra-op thread count
+
+
+def _expert(seed=0, H=16, I=8):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(5, H, generator=g), torch.randn(2 * I, H, generator=g), torch.randn(H, I, generator=g)
+
+
+def test_lane_result_is_the_exact_expert_output(two_cores):
+    x, gate_up, down = _expert()
+    with CpuLane(workers=1) as lane:
+        y, worker, t0, t1 = lane.submit(x, gate_up, down, F.silu, torch.device("cpu")).result()
+    assert torch.equal(y, expert_forward(x, gate_up, down, F.silu))
+    assert worker == 0 and t1 >= t0 and lane.failures == 0 and lane.tasks == 1
+
+
+def test_one_core_machine_gets_no_lane_and_is_told_what_to_change(monkeypatch):
+    monkeypatch.setattr(cpu_lane_mod, "available_cores", lambda: 1)
+    with pytest.raises(ConfigError, match=r"needs at least 2 cores .* may use 1: run with --no-cpu-lane"):
+        CpuLane()
+
+
+@pytest.mark.parametrize("workers,threads,match", [(0, None, r"workers=0 is out of range"),
+                                                   (4, None, r"would oversubscribe this machine's 2 cores"),
+                                                   (1, 3, r"1 workers x 3 threads would oversubscribe 2 cores")])
+def test_lane_never_oversubscribes_cores(two_cores, workers, threads, match):
+    with pytest.raises(ConfigError, match=match):
+        CpuLane(workers=workers, threads_per_worker=threads)
+
+
+def test_threads_default_to_the_cores_left_after_the_driver(monkeypatch):
+    monkeypatch.setattr(cpu_lane_mod, "available_cores", lambda: 16)
+    lane = CpuLane(workers=3)
+    try:
+        assert lane.threads_per_worker == 5       # 3 x 5 = 15 = 16 cores - the driver thread
+    finally:
+        lane.close()
+        torch.set_num_threads(1)
+
+
+def test_a_failing_task_raises_from_result_and_is_counted(two_cores):
+    x, gate_up, down = _expert()
+    with CpuLane() as lane:
+        res = lane.submit(x, gate_up[:, :3], down, F.silu, torch.device("cpu"))   # wrong shape
+        with pytest.raises(RuntimeError):
+            res.result()
+        assert lane.failures == 1
+
+
+def test_an_overdue_task_times_out_instead_of_hanging(two_cores):
+    x, gate_up, down = _expert()
+    release = threading.Event()
+
+    def stuck(t):
+        release.wait(5.0)
+        return F.silu(t)
+
+    with CpuLane(timeout_s=0.05) as lane:
+        res = lane.submit(x, gate_up, down, stuck, torch.device("cpu"))
+        with pytest.raises(TimeoutError, match="still running after 0.1 s"):
+            res.result()
+        assert lane.failures == 1
+        release.set()
+
+
+def test_orchestrator_falls_back_to_an_exact_copy_when_the_cpu_lane_fails(tmp_path):
+    """A CPU-lane failure costs a copy, is counted and traced; the logits stay exact."""
+    from transformers import AutoModelForCausalLM
+
+    from spice_core.api import RunSettings
+    from spice_core.engine import SpiceEngine
+    from spice_core.quality import installed_runtime
+
+    d = build_tiny("deepseek_v2", tmp_path / "m")
+    eng = SpiceEngine.load(d, device="cpu")
+    ids = [5, 17, 33, 2, 9, 41, 7, 3]
+    with torch.no_grad():
+        ref = AutoModelForCausalLM.from_pretrained(d).eval()(torch.tensor([ids])).logits[0]
+        with installed_runtime(eng, RunSettings(policy="cpu_compute", cache_frac=0.3)) as (rt, _):
+            def worker_died(handle):
+                raise RuntimeError("worker died")
+
+            rt.timeline.cpu_result = worker_died
+            rt.begin_token(0)
+            got = eng.lm.model(input_ids=torch.tensor([ids])).logits[0]
+            rt.end_token()
+            events = rt.timeline.drain_events()
+    assert (got - ref).abs().max().item() < 1e-4
+    assert rt.totals["cpu_fallbacks"] > 0 and rt.counters.cpu_fallbacks == rt.totals["cpu_fallbacks"]
+    fallbacks = [e for e in events if e.kind == "cpu_fallback"]
+    assert len(fallbacks) == rt.totals["cpu_fallbacks"] and "worker died" in fallbacks[0].detail
+    assert sum(1 for e in events if e.kind == "copy") >= len(fallbacks)

@@ -1,0 +1,134 @@
+"""The per-miss decision on hand-made costs (no tensors): the machine decides CPU vs copy,
+approximation only below tau, in-flight prefetches, and the per-layer plan's queue accounting."""
+import pytest
+
+from spice_core.api import RunSettings
+from spice_core.errors import ConfigError
+from spice_core.policy.miss import (MissAction, MissCosts, MissOptions, MissRequest, QueueState, decide_miss,
+                                    plan_misses)
+from spice_core.timing.costs import CostModel
+from spice_core.timing.profiles import get_profile, get_shape
+
+EXACT = MissOptions(tau_approx=0.0, can_approx=True, can_cpu=True, can_copy=True)
+
+
+def machine(profile: str, now_ms: float = 10.0) -> MissCosts:
+    """Idle queues; one DeepSeek-V2-Lite expert for one token on ``profile``."""
+    c = CostModel(get_profile(profile), get_shape("deepseek-v2-lite"))
+    return MissCosts(now_ms=now_ms, copy_free_at_ms=0.0, copy_ms=c.copy_ms(), cpu_free_at_ms=0.0,
+                     cpu_ms=c.cpu_expert_ms(1), gpu_ms=c.gpu_expert_ms(1))
+
+
+def test_on_the_h200_box_a_copy_beats_the_cpu_lane():
+    costs = machine("h200-pcie5x16")
+    assert costs.copy_ms == pytest.approx(0.325, abs=0.01)      # DESIGN §2: ~0.31 ms per expert
+    assert costs.cpu_ms == pytest.approx(1.06, abs=0.05)        # ~1 ms from DRAM on its 16 cores
+    assert decide_miss(0.3, costs, EXACT) == MissAction.COPY
+
+
+def test_on_a_pcie4_x8_desktop_the_cpu_lane_beats_a_copy():
+    costs = machine("rtx5090-pcie4x8")
+    assert costs.copy_ms > 1.3 > costs.cpu_ms
+    assert decide_miss(0.3, costs, EXACT) == MissAction.CPU
+
+
+def test_the_choice_follows_the_costs_not_the_profile_name():
+    # the same desktop, its copy queue backed up by 2 ms of prefetches vs. idle: the CPU wins more clearly;
+    # the H200 box with 1 ms of copies queued: now the CPU lane finishes first there too
+    h200 = machine("h200-pcie5x16")
+    busy = MissCosts(**{**h200.__dict__, "copy_free_at_ms": h200.now_ms + 1.0})
+    assert decide_miss(0.3, busy, EXACT) == MissAction.CPU
+    slow_cpu = MissCosts(**{**machine("rtx5090-pcie4x8").__dict__, "cpu_ms": 5.0})
+    assert decide_miss(0.3, slow_cpu, EXACT) == MissAction.COPY
+
+
+@pytest.mark.parametrize("weight,tau,expected", [
+    (0.049, 0.05, MissAction.APPROX), (0.05, 0.05, MissAction.COPY), (0.2, 0.05, MissAction.COPY),
+    (0.0, 0.0, MissAction.COPY), (0.99, 1.0, MissAction.APPROX)])
+def test_approximate_only_below_tau(weight, tau, expected):
+    opts = MissOptions(tau_approx=tau, can_approx=True, can_cpu=False, can_copy=True)
+    assert decide_miss(weight, machine("h200-pcie5x16"), opts) == expected
+
+
+def test_no_approximation_without_a_surrogate_whatever_tau():
+    opts = MissOptions(tau_approx=0.5, can_approx=False, can_cpu=True, can_copy=True)
+    assert decide_miss(0.01, machine("rtx5090-pcie4x8"), opts) == MissAction.CPU
+
+
+def test_an_inflight_prefetch_that_lands_first_is_waited_for():
+    costs = machine("rtx5090-pcie4x8")
+    soon = MissCosts(**{**costs.__dict__, "inflight_arrival_ms": costs.now_ms + 0.2})
+    assert decide_miss(0.3, soon, EXACT) == MissAction.WAIT_PREFETCH
+    landed = MissCosts(**{**costs.__dict__, "inflight_arrival_ms": costs.now_ms - 1.0})
+    tau = MissOptions(tau_approx=0.5, can_approx=True, can_cpu=True, can_copy=True)
+    assert decide_miss(0.01, landed, tau) == MissAction.WAIT_PREFETCH     # landed: a hit, never approximated
+
+
+def test_a_late_prefetch_loses_to_a_faster_exact_path_or_to_approximation():
+    costs = machine("rtx5090-pcie4x8")
+    late = MissCosts(**{**costs.__dict__, "inflight_arrival_ms": costs.now_ms + 5.0})
+    assert decide_miss(0.3, late, EXACT) == MissAction.CPU
+    copy_only = MissOptions(can_cpu=False, can_copy=True)
+    assert decide_miss(0.3, late, copy_only) == MissAction.COPY
+    approx = MissOptions(tau_approx=0.1, can_approx=True, can_cpu=False, can_copy=True)
+    assert decide_miss(0.05, late, approx) == MissAction.APPROX
+    nothing_else = MissOptions(can_cpu=False, can_copy=False)
+    assert decide_miss(0.3, late, nothing_else) == MissAction.WAIT_PREFETCH
+
+
+def test_ties_prefer_waiting_then_copying():
+    t = MissCosts(now_ms=0.0, copy_free_at_ms=0.0, copy_ms=1.0, cpu_free_at_ms=0.0, cpu_ms=1.0,
+                  inflight_arrival_ms=1.0)
+    assert decide_miss(0.5, t, EXACT) == MissAction.WAIT_PREFETCH
+    assert decide_miss(0.5, MissCosts(**{**t.__dict__, "inflight_arrival_ms": None}), EXACT) == MissAction.COPY
+
+
+def test_no_exact_path_is_an_internal_error():
+    with pytest.raises(ValueError, match="no exact miss path"):
+        decide_miss(0.5, machine("h200-pcie5x16"), MissOptions(can_cpu=False, can_copy=False))
+
+
+def _requests(profile: str, weights):
+    c = CostModel(get_profile(profile), get_shape("deepseek-v2-lite"))
+    return [MissRequest(w, c.copy_ms(), c.cpu_expert_ms(1), c.gpu_expert_ms(1)) for w in weights]
+
+
+def test_a_layer_of_misses_is_shared_out_between_the_copy_queue_and_the_cpu_lane():
+    # PCIe 4.0 x8: the CPU lane is slightly faster, but 6 misses must not all queue on it
+    q = QueueState(now_ms=0.0, copy_free_at_ms=0.0)
+    acts = plan_misses(_requests("rtx5090-pcie4x8", [0.3] * 6), q, EXACT)
+    assert acts[0] == MissAction.CPU and acts.count(MissAction.COPY) == 3 and acts.count(MissAction.CPU) == 3
+    assert q.copy_free_at_ms > 0 and q.cpu_free_at_ms[0] > 0
+    # H200: copies win until the copy backlog nears one CPU run (~3 copies), then the CPU takes one in four
+    acts = plan_misses(_requests("h200-pcie5x16", [0.3] * 8), QueueState(now_ms=0.0, copy_free_at_ms=0.0), EXACT)
+    assert acts[:2] == [MissAction.COPY] * 2 and acts.count(MissAction.CPU) == 2 and acts.count(MissAction.COPY) == 6
+
+
+def test_plan_charges_copies_behind_prefetches_already_queued():
+    c = CostModel(get_profile("rtx4090-pcie4x16"), get_shape("deepseek-v2-lite"))
+    assert c.copy_ms() < c.cpu_expert_ms(1)                      # idle: a copy would win here
+    q = QueueState(now_ms=5.0, copy_free_at_ms=5.0 + 3 * c.copy_ms())   # three prefetches ahead
+    assert plan_misses(_requests("rtx4090-pcie4x16", [0.3]), q, EXACT) == [MissAction.CPU]
+
+
+def test_plan_with_several_cpu_workers_uses_the_earliest_free():
+    q = QueueState(now_ms=0.0, copy_free_at_ms=100.0, cpu_free_at_ms=[4.0, 0.0])
+    reqs = [MissRequest(0.3, copy_ms=1.0, cpu_ms=1.0)] * 3
+    assert plan_misses(reqs, q, EXACT) == [MissAction.CPU] * 3
+    assert q.cpu_free_at_ms == [4.0, 3.0]
+
+
+def test_plan_approximates_below_tau_without_touching_the_queues():
+    q = QueueState(now_ms=0.0, copy_free_at_ms=0.0)
+    opts = MissOptions(tau_approx=0.1, can_approx=True, can_cpu=True, can_copy=True)
+    acts = plan_misses(_requests("h200-pcie5x16", [0.05, 0.5, 0.09]), q, opts)
+    assert acts == [MissAction.APPROX, MissAction.COPY, MissAction.APPROX]
+    assert q.cpu_free_at_ms == [0.0]
+
+
+@pytest.mark.parametrize("tau", [-0.01, 1.01, 2.0])
+def test_tau_approx_outside_unit_interval_says_the_allowed_range(tau):
+    with pytest.raises(ConfigError, match=r"tau_approx=.* is out of range: use a value in \[0.0, 1.0\]"):
+        RunSettings(tau_approx=tau)
+    with pytest.raises(ValueError, match=r"must be in \[0, 1\]"):
+        MissOptions(tau_approx=tau)
