@@ -77,7 +77,7 @@ def _check_host_memory(needed_bytes: int) -> None:
                           f"{avail / 1e9:.1f} GB is free: use a smaller model or a larger machine")
 
 
-def build_model(spec: str, device: str):
+def build_model(spec: str, device: str, overrides: dict | None = None):
     """(hf model with experts still fused, tokenizer or None, description)."""
     if spec.startswith("random:"):
         from spice_core.bench_models import random_model
@@ -85,7 +85,8 @@ def build_model(spec: str, device: str):
         return random_model(shape, device, check_memory=_check_host_memory)
     if spec.startswith("lift:"):
         from spice_core.lift import lifted_model
-        return lifted_model(Path(spec.split(":", 1)[1]), device, check_memory=_check_host_memory)
+        return lifted_model(Path(spec.split(":", 1)[1]), device, check_memory=_check_host_memory,
+                            overrides=overrides)
     from transformers import AutoModelForCausalLM
 
     from spice_core.model.loader import _load_tokenizer, resolve_model_path
@@ -128,7 +129,7 @@ def _stock_generate_tpot(hf, prompts: list[list[int]], max_new: int) -> float:
     return statistics.median(tpots)
 
 
-def run_bench(cfg: dict, out: Path, device: str | None = None) -> list[dict]:
+def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path | None = None) -> list[dict]:
     from spice_core.engine import SpiceEngine
     from spice_core.model.loader import offload_model
     from spice_core.timing.profiles import get_profile, profile_from_dict
@@ -139,7 +140,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None) -> list[dict]:
     links = cfg.get("links", ["native"])
     reps = int(cfg.get("repetitions", 1))
     max_new = int(cfg.get("max_new_tokens", 64))
-    hf, tok, desc = build_model(cfg["model"], device)
+    hf, tok, desc = build_model(cfg["model"], device, cfg.get("lift_overrides"))
     prompts = _prompt_ids(cfg, tok, hf.config.vocab_size)
     records: list[dict] = []
     stock_tpot = None
@@ -155,6 +156,8 @@ def run_bench(cfg: dict, out: Path, device: str | None = None) -> list[dict]:
         print(f"lift check (miniature vs lifted, greedy): {json.dumps(lift_check)}", flush=True)
     lm = offload_model(hf, torch.device(device), tokenizer=tok, path=Path(desc))
     hw = None
+    if hw_profile is not None:
+        cfg["hw_profile"] = str(hw_profile)
     if cfg.get("hw_profile"):
         hw = profile_from_dict(json.loads(Path(cfg["hw_profile"]).read_text()))
     ref_policy = next((p for p in policies if p in EXACT_POLICIES), None)
@@ -162,9 +165,17 @@ def run_bench(cfg: dict, out: Path, device: str | None = None) -> list[dict]:
     done = 0
     t0 = time.time()
     per: dict[tuple, list] = {}
+    lifted_arts = None
     for link in links:
         eng = SpiceEngine(lm, timing=cfg["timing"], hw_profile=hw, link_gbps=LINKS_GBPS[link])
-        eng.load_artifacts() if cfg.get("artifacts", True) and not cfg["model"].startswith("random:") else None
+        if cfg.get("artifacts", True) and cfg["model"].startswith("lift:"):
+            if lifted_arts is None:
+                from spice_core.lift import lift_artifacts
+                from spice_core.model.loader import resolve_model_path
+                lifted_arts = lift_artifacts(resolve_model_path(cfg["model"].split(":", 1)[1]), lm) or False
+            eng.artifacts = lifted_arts or None
+        elif cfg.get("artifacts", True) and not cfg["model"].startswith("random:"):
+            eng.load_artifacts()
         for rep in range(reps):
             for budget in budgets:
                 for pi, ids in enumerate(prompts):
@@ -286,11 +297,12 @@ def add_cli(sub) -> None:
     p.add_argument("--config", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--device", default=None)
+    p.add_argument("--hw-profile", type=Path, default=None, help="profile JSON from calibrate-hw (measured mode)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     cfg = _load_config(args.config)
-    records = run_bench(cfg, args.out, args.device)
+    records = run_bench(cfg, args.out, args.device, args.hw_profile)
     print(markdown_table(records, cfg))
     return 0

@@ -28,11 +28,21 @@ import torch
 from spice_core.errors import ConfigError
 
 
-def _lift_config(mini_cfg):
+def _lift_config(mini_cfg, overrides: dict | None = None):
+    """DeepSeek-V2-Lite's config with the miniature's vocabulary; ``overrides`` (dry runs on small
+    machines) may narrow widths, never the topology."""
     from spice_core.bench_models import deepseek_v2_lite_config
 
     cfg = deepseek_v2_lite_config(vocab_size=mini_cfg.vocab_size,
                                   max_positions=mini_cfg.max_position_embeddings)
+    for k, v in (overrides or {}).items():
+        if k not in ("hidden_size", "num_attention_heads", "num_key_value_heads", "qk_nope_head_dim", "v_head_dim",
+                     "kv_lora_rank", "moe_intermediate_size", "intermediate_size"):
+            raise ConfigError(f"lift override {k!r} is not a width: only widths may change")
+        setattr(cfg, k, v)
+    if getattr(cfg, "head_dim", None) is not None:
+        cfg.head_dim = cfg.qk_rope_head_dim
+    cfg.qk_head_dim = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
     cfg.tie_word_embeddings = mini_cfg.tie_word_embeddings
     cfg.rope_theta = getattr(mini_cfg, "rope_theta", 10000.0)
     if hasattr(mini_cfg, "rope_parameters"):
@@ -118,7 +128,7 @@ def lift_weights(mini, big) -> None:
             mod.variance_epsilon = eps * (kl / KL if mod_name.endswith("kv_a_layernorm") else h / H)
 
 
-def lifted_model(mini_dir: Path, device: str, check_memory=None):
+def lifted_model(mini_dir: Path, device: str, check_memory=None, overrides: dict | None = None):
     """(lifted model with fused experts on ``device``, tokenizer, description)."""
     from transformers import AutoModelForCausalLM
 
@@ -126,7 +136,7 @@ def lifted_model(mini_dir: Path, device: str, check_memory=None):
 
     path = resolve_model_path(str(mini_dir))
     mini = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16).eval()
-    cfg = _lift_config(mini.config)
+    cfg = _lift_config(mini.config, overrides)
     if check_memory is not None:
         from spice_core.bench_models import _estimate_params
         check_memory(_estimate_params(cfg) * 2)
@@ -177,3 +187,41 @@ def run(args) -> int:
     res = verify(resolve_model_path(args.model), device, list(DEFAULT_PROMPTS[:4]), args.max_new_tokens)
     print(json.dumps(res, indent=1))
     return 0
+
+
+def lift_artifacts(mini_dir: Path, big_lm):
+    """The miniature's calibration artifacts (draft heads, LoRE factors, popularity), zero-padded
+    to the lifted model's hidden width: the lifted model's MoE inputs equal the miniature's in
+    the first h dims and are zero beyond, so padded heads and surrogates compute the same values.
+    None when the miniature has no artifacts."""
+    from spice_core.model.loader import load_model
+    from spice_core.predictor.artifacts import Artifacts, load_artifacts_if_present
+    from spice_core.predictor.draft import DraftPredictor
+
+    mini_lm = load_model(mini_dir, "cpu")
+    arts = load_artifacts_if_present(mini_lm)
+    if arts is None:
+        return None
+    h, H = mini_lm.layout.hidden, big_lm.layout.hidden
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(*t.shape[:-1], H, dtype=t.dtype)
+        out[..., :h] = t
+        return out
+
+    lifted = Artifacts(popularity=arts.popularity, calibration=arts.calibration)
+    if arts.draft is not None:
+        d = arts.draft.tensors()
+        lifted.draft = DraftPredictor(arts.draft.moe_layers, pad(d["weight"]), d["bias"], d["calib"],
+                                      arts.draft.top_k, device=big_lm.device)
+    if arts.lore is not None:
+        from spice_core.lore.bank import LoreBank, LoreLayer, shared_fn_for
+
+        src = arts.lore
+        layers = {layer: LoreLayer(G=pad(ly.G), U=pad(ly.U), T=ly.T, C=pad(ly.C), alpha=ly.alpha)
+                  for layer, ly in src.layers.items()}
+        lifted.lore = LoreBank(layers, hidden=H, expert_width=big_lm.layout.intermediate, n_experts=src.n_experts,
+                               act=src.act, dtype=big_lm.layout.dtype, shared_fn=shared_fn_for(big_lm),
+                               device="cpu", target_device=big_lm.device, rank=src.rank,
+                               fingerprint="lifted:" + src.fingerprint, info=src.info)
+    return lifted

@@ -200,6 +200,9 @@ def load_model(model: str | Path | None, device: str | torch.device | None = Non
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("--device cuda was asked for but no CUDA GPU is visible: use --device cpu")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()   # a library should not draw progress bars on the user's terminal
     try:
         hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or "auto", trust_remote_code=False,
                                                   use_safetensors=True)
