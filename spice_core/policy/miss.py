@@ -22,7 +22,7 @@ drains), an action out; no tensors, no clocks. The rules, in order:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 
@@ -94,7 +94,7 @@ class MissRequest:
     copy_ms: float
     cpu_ms: float
     gpu_ms: float = 0.0
-    inflight_arrival_ms: float | None = None
+    inflight_arrival_ms: float | None = None    # set: a prefetch of it is in flight (no second copy)
     copy_value_ms: float = 0.0
 
 
@@ -122,7 +122,8 @@ def plan_misses(requests: list[MissRequest], queues: QueueState, opts: MissOptio
                           cpu_free_at_ms=queues.cpu_free_at_ms[w], cpu_ms=req.cpu_ms,
                           inflight_arrival_ms=req.inflight_arrival_ms, gpu_ms=req.gpu_ms,
                           copy_value_ms=req.copy_value_ms)
-        action = decide_miss(req.router_weight, costs, opts)
+        req_opts = opts if req.inflight_arrival_ms is None else replace(opts, can_copy=False)
+        action = decide_miss(req.router_weight, costs, req_opts)
         if action == MissAction.COPY:
             queues.copy_free_at_ms = max(queues.now_ms, queues.copy_free_at_ms) + req.copy_ms
         elif action == MissAction.CPU:

@@ -145,3 +145,13 @@ def test_a_copy_is_credited_with_the_later_hits_it_buys():
     reqs = [MissRequest(0.3, desk.copy_ms, desk.cpu_ms, desk.gpu_ms, copy_value_ms=credit)] * 6
     acts = plan_misses(reqs, QueueState(now_ms=0.0, copy_free_at_ms=0.0), EXACT)
     assert acts[0] == MissAction.COPY and MissAction.CPU in acts
+
+
+def test_plan_never_copies_an_expert_whose_prefetch_is_in_flight():
+    # the copy credit would make a second copy look cheapest; the prefetch is already that copy
+    desk = machine("rtx5090-pcie4x8", now_ms=0.0)
+    late = MissRequest(0.3, desk.copy_ms, cpu_ms=50.0, gpu_ms=desk.gpu_ms, inflight_arrival_ms=3.0,
+                       copy_value_ms=10.0)
+    assert plan_misses([late], QueueState(now_ms=0.0, copy_free_at_ms=3.0), EXACT) == [MissAction.WAIT_PREFETCH]
+    soon_cpu = MissRequest(0.3, desk.copy_ms, cpu_ms=1.0, inflight_arrival_ms=3.0, copy_value_ms=10.0)
+    assert plan_misses([soon_cpu], QueueState(now_ms=0.0, copy_free_at_ms=3.0), EXACT) == [MissAction.CPU]
