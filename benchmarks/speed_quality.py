@@ -259,40 +259,44 @@ def pareto(points):
 
 
 def plot(results, args, out: Path) -> list[str]:
-    """Pareto plot per profile (HTML; PNG when kaleido renders offline). Returns what was written."""
+    """Speed-up over lru against perplexity increase, one panel per profile, with the Pareto front
+    of the spice settings (HTML; PNG when kaleido renders offline). Returns what was written."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     profs = args["profiles"]
     recs = [r for res in results for r in res["records"]]
-    fig = make_subplots(rows=1, cols=len(profs), subplot_titles=profs, shared_yaxes=False)
+    fig = make_subplots(rows=1, cols=len(profs), subplot_titles=profs)
     colors = {True: "#d62728", False: "#1f77b4"}
+    small = min(results[0]["ranks"])
     for i, prof in enumerate(profs, start=1):
         rows = [r for r in recs if r["profile"] == prof]
+        lru = next(r["tpot_ms"] for r in rows if r["policy"] == "lru")
+        for r in rows:
+            r["speedup"] = lru / r["tpot_ms"]
         for lane in (True, False):
             pts = [r for r in rows if r["policy"] == "spice" and r["cpu_lane"] == lane]
             fig.add_trace(go.Scatter(
-                x=[r["ppl_delta_pct"] for r in pts], y=[r["tpot_ms"] for r in pts], mode="markers+text",
-                text=[f"τ{r['tau_approx']:g}" + (f"/r{r['lore_rank']}" if r["tau_approx"] else "") for r in pts],
-                textposition="top center", marker=dict(color=colors[lane], size=9,
-                                                       symbol=["circle" if r["lore_rank"] == min(results[0]["ranks"])
-                                                               else "diamond" for r in pts]),
+                x=[r["ppl_delta_pct"] for r in pts], y=[r["speedup"] for r in pts], mode="markers+text",
+                text=[f"τ{r['tau_approx']:g}" + (f" r{r['lore_rank']}" if r["tau_approx"] else "") for r in pts],
+                textposition="top center", textfont=dict(size=9),
+                marker=dict(color=colors[lane], size=9,
+                            symbol=["circle" if r["lore_rank"] == small else "diamond" for r in pts]),
                 name="spice, CPU lane " + ("on" if lane else "off"), legendgroup=str(lane), showlegend=i == 1), 1, i)
         front = pareto([r for r in rows if r["policy"] == "spice"])
-        fig.add_trace(go.Scatter(x=[r["ppl_delta_pct"] for r in front], y=[r["tpot_ms"] for r in front],
-                                 mode="lines", line=dict(color="gray", dash="dot"), name="Pareto front",
+        fig.add_trace(go.Scatter(x=[r["ppl_delta_pct"] for r in front], y=[r["speedup"] for r in front],
+                                 mode="lines", line=dict(color="gray", dash="dot"), name="Pareto front (spice)",
                                  legendgroup="front", showlegend=i == 1), 1, i)
-        for r in rows:
-            if r["policy"] in BASELINES:
-                fig.add_trace(go.Scatter(x=[r["ppl_delta_pct"]], y=[r["tpot_ms"]], mode="markers+text",
-                                         text=[r["policy"]], textposition="bottom right",
-                                         marker=dict(color="black", symbol="x", size=10), name=r["policy"],
-                                         legendgroup=r["policy"], showlegend=False), 1, i)
-        lru = next(r["tpot_ms"] for r in rows if r["policy"] == "lru")
-        fig.add_hline(y=lru / SPEEDUP_TARGET, line=dict(color="green", dash="dash"), row=1, col=i)
+        base = [r for r in rows if r["policy"] in BASELINES]
+        fig.add_trace(go.Scatter(x=[r["ppl_delta_pct"] for r in base], y=[r["speedup"] for r in base],
+                                 mode="markers+text", text=[r["policy"] for r in base], textposition="bottom right",
+                                 textfont=dict(size=9), marker=dict(color="black", symbol="x", size=9),
+                                 name="baselines (exact)", legendgroup="base", showlegend=i == 1), 1, i)
+        fig.add_hline(y=SPEEDUP_TARGET, line=dict(color="green", dash="dash"), row=1, col=i)
         fig.add_vline(x=PPL_BUDGET_PCT, line=dict(color="green", dash="dash"), row=1, col=i)
-        fig.update_xaxes(title_text="perplexity increase %", row=1, col=i)
-        fig.update_yaxes(title_text="TPOT ms (modeled)" if i == 1 else None, row=1, col=i)
+        fig.update_xaxes(title_text="perplexity increase % (measured)", row=1, col=i)
+        fig.update_yaxes(title_text="TPOT speed-up over lru (modeled)" if i == 1 else None, rangemode="tozero",
+                         row=1, col=i)
     fig.update_layout(height=480, width=460 * len(profs), legend=dict(orientation="h", y=-0.2),
                       margin=dict(t=40, l=60, r=20, b=90))
     written = []
@@ -303,7 +307,8 @@ def plot(results, args, out: Path) -> list[str]:
         fig.write_image(str(out.with_suffix(".png")), scale=1)
         written.append(out.with_suffix(".png").name)
     except Exception as e:  # noqa: BLE001 - kaleido missing, or it cannot find/launch a browser offline
-        written.append(f"no PNG ({type(e).__name__}: {str(e).splitlines()[0][:160]})")
+        msg = (str(e).splitlines() or [repr(e)])[0][:160]
+        written.append(f"no PNG (kaleido could not render it here: {type(e).__name__}: {msg})")
     return written
 
 
@@ -329,7 +334,12 @@ def main(argv=None) -> int:
     ap.add_argument("--fit-rank", type=int, default=16)
     ap.add_argument("--jobs", type=int, default=2, help="profiles run in parallel, one process (1 thread) each")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "speed-quality")
+    ap.add_argument("--from-json", type=Path, default=None, help="rewrite the report and plot from a saved run")
     args = vars(ap.parse_args(argv))
+    if args["from_json"] is not None:
+        saved = json.loads(args["from_json"].read_text())
+        args.update(saved["args"])
+        return _report(saved["results"], args, saved["argv"], args["out"])
     args["ranks"] = sorted(set(args["ranks"]))
     if not all(0.0 <= t <= 1.0 for t in args["taus"]):
         ap.error("--taus: every tau_approx must be in [0, 1]")
@@ -345,7 +355,12 @@ def main(argv=None) -> int:
     argv_doc = [a if not a.startswith(str(ROOT)) else str(Path(a).relative_to(ROOT)) for a in argv]
     out.with_suffix(".json").write_text(json.dumps(
         {"argv": argv_doc, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in args.items()
-                                    if k not in ("out", "model")}, "results": results}, indent=1, default=str) + "\n")
+                                    if k not in ("out", "model", "from_json")}, "results": results},
+        indent=1, default=str) + "\n")
+    return _report(results, args, argv_doc, out)
+
+
+def _report(results, args, argv_doc, out: Path) -> int:
     md = markdown(results, args, argv_doc)
     written = plot(results, args, out)
     md += "\nPlot: " + ", ".join(written) + "\n"
