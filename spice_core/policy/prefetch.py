@@ -1,19 +1,38 @@
 """Confidence-aware adaptive lookahead: which predicted experts to prefetch now.
 
-After layer l's router runs, for d = 1, 2, ...: take layer l+d's experts whose predicted
-confidence >= tau_prefetch, in order of need (nearer layers first, then by confidence),
-and queue each while the copy queue can still deliver it before layer l+d starts:
+After layer l's router runs, the predictor gives, for d = 1, 2, ..., a confidence per
+expert of the MoE layer d steps ahead (crossing into the next token). Candidates are the
+experts with confidence >= tau_prefetch (at most 2k per layer), from d = 1 up to the first
+layer where none is confident or max_lookahead. Of those:
 
-    arrival = max(now, copy_free_at) + queued_ms + copy_ms   <=   now + d * layer_ms
+- d = 1: queued most confident first while they arrive before layer l+1 starts; a late one
+  only if it is more likely needed than not (probability of use >= 0.5, see below): it still
+  lands before the demand copy it replaces, while an unlikely late one would mostly delay
+  the demand copies of the layer it was meant for.
+- d >= 2: most confident first across all distances, each admitted while the copy queue can
+  still deliver it before layer l+d starts, counting what the queue must carry before then:
 
-(d = 1 is exempt: a late prefetch of the next layer's expert still lands before the
-demand copy that would otherwise be issued when that layer starts.)
+      max(now, copy_free_at) + copy_ms * load(d')  <=  now + d' * layer_ms      for every d' >= d
+      load(d') = prefetches chosen for layers l+1..l+d'
+                 + expected demand copies of layers l+1..l+d'-1 (issued when each starts)
+      expected demand of layer l+j = max(0, k - expected number of its experts resident,
+                                               in flight or chosen)
 
-The depth therefore adapts every step, and we record why it stopped:
-  "confidence"  no expert at depth d reached tau_prefetch
-  "time"        the queue could not deliver depth d's experts in time
-  "bound"       d reached max_lookahead (or the end of the predictions)
-  "cache"       no slot could be freed without evicting something needed sooner
+  Probabilities of use are the confidences rescaled so each layer's sum to k (a router
+  softmax sums to 1; calibrated confidences already sum to ~k). A chosen expert of
+  probability p thus adds a full copy before its own layer but only (1 - p) before later
+  ones (it replaces its own likely demand copy). Choosing unit-length copies with deadlines,
+  most valuable first with a feasibility check, maximises the expected number of prefetch
+  hits (a scheduling matroid). Copies are issued in order of need (nearer layers first, then
+  confidence), the order their deadlines come in.
+
+The depth adapts every step: the farthest distance up to which every confident expert is
+resident, in flight or chosen. Why it stopped there:
+  "confidence"  no expert at the next distance reached tau_prefetch
+  "time"        the queue could not deliver a confident expert of the next distance in time
+  "bound"       max_lookahead (or the end of the predictions) was reached
+  "cache"       the plan reached max_items (the orchestrator also reports it when no slot
+                could be freed without evicting something needed sooner)
 
 Alongside, the SPICE paper's H_min = P * M_e / (B * T_comp): the lookahead depth needed
 to hide a layer's P missing experts of M_e bytes over a link of B bytes/ms behind
@@ -63,6 +82,17 @@ def h_min(missing_per_layer: float, expert_bytes: int, bandwidth_bytes_per_ms: f
     return missing_per_layer * expert_bytes / (bandwidth_bytes_per_ms * layer_ms)
 
 
+def _use_probabilities(probs: Sequence[float], k: int) -> list[float]:
+    """Confidences rescaled so a layer's sum to k (it uses k experts), capped at 1.
+
+    Calibrated predictors (the draft, the oracle) already sum to about k and are left as they
+    are; a router's softmax (the gate predictor) sums to 1 and is scaled by k. Used only to
+    estimate how many demand copies a layer will still need, never to pick candidates."""
+    total = sum(probs)
+    scale = k / total if total > 0 else 0.0
+    return [min(1.0, p * scale) for p in probs]
+
+
 def plan_lookahead(
     predictions: Sequence[LayerPrediction],
     *,
@@ -77,43 +107,86 @@ def plan_lookahead(
     max_items: int | None = None,
     h_min_value: float = 0.0,
 ) -> PrefetchPlan:
-    items: list[PrefetchItem] = []
-    planned: set[ExpertKey] = set()
-    next_use: dict[ExpertKey, int] = {}
+    """See the module docstring. ``predictions`` may come in any order; one per distance."""
+    k = max(top_k, 1)
     queue_end = max(now_ms, copy_free_at_ms)
-    depth, reason = 0, "bound"
+    next_use: dict[ExpertKey, int] = {}
+    cands: dict[int, list[tuple[float, int, ExpertKey, float]]] = {}   # d -> (confidence, expert, key, use prob.)
+    covered: dict[int, float] = {}          # d -> expected number of layer l+d's experts already on their way
+    seen: set[ExpertKey] = set()
+    loop_reason, last_d = "bound", 0
     for pred in sorted(predictions, key=lambda p: p.distance):
-        if pred.distance > max_lookahead:
-            reason = "bound"
+        d = pred.distance
+        if d > max_lookahead:
             break
-        # The 2k most confident (ties: lower expert index), without sorting all E experts.
-        ranked = heapq.nsmallest(max(top_k, 1) * 2, range(len(pred.probs)), key=lambda e: (-pred.probs[e], e))
+        ranked = heapq.nsmallest(2 * k, range(len(pred.probs)), key=lambda e: (-pred.probs[e], e))
         confident = [e for e in ranked if pred.probs[e] >= tau_prefetch]
-        for e in confident:
-            next_use.setdefault(ExpertKey(pred.layer, e), pred.distance)
         if not confident:
-            reason = "confidence"
+            loop_reason = "confidence"
             break
-        deadline = now_ms + pred.distance * layer_ms
-        stopped = False
+        last_d = d
+        use = _use_probabilities(pred.probs, k)
+        covered[d] = sum(u for e, u in enumerate(use) if u > 1e-3 and is_resident_or_inflight(ExpertKey(pred.layer, e)))
+        cands[d] = []
         for e in confident:
             key = ExpertKey(pred.layer, e)
-            if key in planned or is_resident_or_inflight(key):
-                continue
-            if max_items is not None and len(items) >= max_items:
-                reason, stopped = "cache", True
-                break
-            arrival = queue_end + copy_ms
-            # The next layer's experts are always worth queueing: even a late prefetch lands before
-            # a demand copy issued when the layer starts. Deeper speculation must arrive in time,
-            # or it would only delay the copies nearer layers need.
-            if arrival > deadline and pred.distance > 1:
-                reason, stopped = "time", True
-                break
-            items.append(PrefetchItem(key, pred.distance, pred.probs[e], arrival))
-            planned.add(key)
-            queue_end = arrival
-        if stopped:
+            next_use.setdefault(key, d)
+            if key not in seen and not is_resident_or_inflight(key):
+                cands[d].append((pred.probs[e], e, key, use[e]))
+            seen.add(key)
+    dists = sorted(cands)
+    chosen: dict[int, list[tuple[float, int, ExpertKey, float]]] = {d: [] for d in dists}
+    dropped: dict[int, str] = {}            # distance -> why a confident expert there was not taken
+    n_items = 0
+
+    def room() -> bool:
+        return max_items is None or n_items < max_items
+
+    def take(d, cand) -> None:
+        chosen[d].append(cand)
+        covered[d] += cand[3]
+
+    def untake(d) -> None:
+        covered[d] -= chosen[d].pop()[3]
+
+    # d = 1: most confident first; in time, or late but more likely needed than not.
+    for cand in sorted(cands.get(1, ()), key=lambda t: (-t[0], t[1])):
+        if not room():
+            dropped.setdefault(1, "cache")
             break
-        depth = pred.distance
+        if queue_end + copy_ms * (n_items + 1) > now_ms + layer_ms + 1e-9 and cand[3] < 0.5:
+            dropped.setdefault(1, "time")
+            continue
+        take(1, cand)
+        n_items += 1
+
+    def fits(upto: int) -> bool:
+        """Everything the queue carries before layer l+upto starts arrives by then: the prefetches
+        chosen for layers l+1..l+upto and the expected demand copies of layers l+1..l+upto-1."""
+        load = sum(len(chosen[j]) + (max(0.0, k - covered[j]) if j < upto else 0.0) for j in dists if j <= upto)
+        return queue_end + copy_ms * load <= now_ms + upto * layer_ms + 1e-9
+
+    # d >= 2: most confident first, while every deadline from its layer on still holds.
+    later = sorted(((c[0], d, c) for d in dists if d >= 2 for c in cands[d]), key=lambda t: (-t[0], t[1], t[2][1]))
+    for _, d, cand in later:
+        if not room():
+            dropped.setdefault(d, "cache")
+            continue
+        take(d, cand)
+        if all(fits(dd) for dd in dists if dd >= d):
+            n_items += 1
+        else:
+            untake(d)
+            dropped.setdefault(d, "time")
+    depth, reason = last_d, loop_reason
+    for d in dists:
+        if d in dropped:
+            depth, reason = d - 1, dropped[d]
+            break
+    items: list[PrefetchItem] = []
+    t = queue_end
+    for d in dists:
+        for c, e, key, _ in sorted(chosen[d], key=lambda x: (-x[0], x[1])):
+            t += copy_ms
+            items.append(PrefetchItem(key, d, c, t))
     return PrefetchPlan(tuple(items), depth, reason, h_min_value, next_use)

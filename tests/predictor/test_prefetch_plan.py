@@ -8,9 +8,11 @@ from spice_core.policy.prefetch import LayerPrediction, h_min, plan_lookahead
 from spice_core.types import ExpertKey as K
 
 
-def pred(d, layer, conf):
-    """A prediction over 8 experts: {expert: confidence}, others 0."""
-    probs = [0.0] * 8
+def pred(d, layer, conf, k=2):
+    """A prediction over 8 experts, {expert: confidence}; like a calibrated predictor's, the
+    confidences sum to k (the rest is spread evenly over the other experts)."""
+    rest = max(0.0, k - sum(conf.values())) / (8 - len(conf))
+    probs = [rest] * 8
     for e, c in conf.items():
         probs[e] = c
     return LayerPrediction(d, layer, tuple(probs))
@@ -24,7 +26,7 @@ def plan(preds, resident=(), **kw):
 
 
 def test_items_come_in_order_of_need_nearer_layers_first_then_confidence():
-    p = plan([pred(2, 3, {5: 0.9, 6: 0.4}), pred(1, 2, {1: 0.5, 0: 0.8})])
+    p = plan([pred(2, 3, {5: 0.9, 6: 0.4}), pred(1, 2, {1: 0.5, 0: 0.8})], layer_ms=3.0)
     assert [i.key for i in p.items] == [K(2, 0), K(2, 1), K(3, 5), K(3, 6)]
     assert [i.distance for i in p.items] == [1, 1, 2, 2]
     assert [i.arrival_ms for i in p.items] == [1.0, 2.0, 3.0, 4.0]
@@ -39,7 +41,7 @@ def test_stops_for_confidence_when_no_expert_reaches_tau():
 def test_tau_zero_takes_top_ranked_and_tau_one_takes_only_certain():
     preds = [pred(1, 2, {0: 1.0, 1: 0.6, 2: 0.1})]
     assert {i.key for i in plan(preds, tau_prefetch=1.0).items} == {K(2, 0)}
-    assert len(plan(preds, tau_prefetch=0.0).items) == 4      # 2 * top_k candidates, zeros included
+    assert len(plan(preds, tau_prefetch=0.0, layer_ms=10.0).items) == 4      # the 2 * top_k most confident
 
 
 def test_stops_for_time_when_the_queue_cannot_deliver_before_the_layer_starts():
@@ -50,9 +52,9 @@ def test_stops_for_time_when_the_queue_cannot_deliver_before_the_layer_starts():
 
 
 def test_a_busy_copy_queue_shortens_the_lookahead():
-    preds = [pred(d, d + 1, {0: 0.9}) for d in range(1, 5)]
-    idle = plan(preds, copy_ms=1.0)
-    busy = plan(preds, copy_ms=1.0, copy_free_at_ms=5.0)
+    preds = [pred(d, d + 1, {0: 0.9}, k=1) for d in range(1, 5)]
+    idle = plan(preds, copy_ms=1.0, top_k=1)
+    busy = plan(preds, copy_ms=1.0, top_k=1, copy_free_at_ms=5.0)
     assert idle.depth == 4 and len(idle.items) == 4
     assert busy.stop_reason == "time" and busy.depth < idle.depth
 
@@ -60,6 +62,47 @@ def test_a_busy_copy_queue_shortens_the_lookahead():
 def test_next_layer_prefetch_is_queued_even_when_late():
     p = plan([pred(1, 2, {0: 0.9})], copy_free_at_ms=10.0)
     assert [i.key for i in p.items] == [K(2, 0)] and p.items[0].arrival_ms == 11.0
+
+
+def test_when_the_link_is_short_the_confident_expert_goes_before_the_unlikely_nearer_one():
+    # After the next layer's copy there is room for one more: the 0.95 expert at d=3 beats the 0.35 one at d=2.
+    p = plan([pred(1, 2, {0: 0.9}, k=1), pred(2, 3, {1: 0.35}, k=1), pred(3, 4, {2: 0.95}, k=1)], top_k=1,
+             copy_ms=1.0, layer_ms=1.5, copy_free_at_ms=1.0)
+    assert [i.key for i in p.items] == [K(2, 0), K(4, 2)]
+    assert (p.depth, p.stop_reason) == (1, "time")
+
+
+def test_expected_demand_copies_of_nearer_layers_reserve_the_link():
+    # Layer 2 predicted poorly: most of its 2 experts will be demand copies issued when it starts,
+    # ahead of layer 3, so layer 3's experts no longer fit; predicted well, they do.
+    poor = plan([pred(1, 2, {0: 0.3, 1: 0.3}), pred(2, 3, {1: 0.9, 2: 0.9})], copy_ms=1.0, layer_ms=2.1)
+    good = plan([pred(1, 2, {0: 0.95, 1: 0.95}), pred(2, 3, {1: 0.9, 2: 0.9})], copy_ms=1.0, layer_ms=2.1)
+    assert {i.key for i in poor.items} == {K(2, 0), K(2, 1)} and poor.stop_reason == "time"
+    assert {K(3, 1), K(3, 2)} <= {i.key for i in good.items} and good.depth == 2
+
+
+def test_resident_experts_lower_the_expected_demand_even_when_not_confident():
+    preds = [pred(1, 2, {0: 0.3, 1: 0.3}), pred(2, 3, {1: 0.9, 2: 0.9})]
+    # Layer 2's remaining probability mass sits on experts 2..7; with them resident, layer 2 needs
+    # few demand copies and layer 3's experts fit.
+    resident = [K(2, e) for e in range(2, 8)]
+    p = plan(preds, resident=resident, copy_ms=1.0, layer_ms=2.1)
+    assert {K(3, 1), K(3, 2)} <= {i.key for i in p.items}
+
+
+def test_router_softmax_confidences_are_rescaled_to_k_for_the_demand_estimate():
+    # A softmax (sums to 1) over a layer whose two likely experts are resident: no demand expected.
+    softmax = LayerPrediction(1, 2, (0.45, 0.45, 0.02, 0.02, 0.02, 0.02, 0.01, 0.01))
+    far = pred(2, 3, {5: 0.6})
+    p = plan([softmax, far], resident=[K(2, 0), K(2, 1)], tau_prefetch=0.4, copy_ms=1.0, layer_ms=1.0)
+    assert [i.key for i in p.items] == [K(3, 5)]
+
+
+def test_a_late_next_layer_expert_is_queued_only_if_more_likely_needed_than_not():
+    p = plan([pred(1, 2, {0: 0.9, 1: 0.35})], copy_free_at_ms=10.0)
+    assert [i.key for i in p.items] == [K(2, 0)] and p.stop_reason == "time" and p.depth == 0
+    on_time = plan([pred(1, 2, {0: 0.9, 1: 0.35})], layer_ms=5.0)
+    assert [i.key for i in on_time.items] == [K(2, 0), K(2, 1)]
 
 
 def test_stops_at_the_bound():
