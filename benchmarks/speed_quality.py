@@ -180,6 +180,39 @@ def run_profile(args: dict, profile: str) -> dict:
                      "dtype": str(lm.layout.dtype)}}
 
 
+def lore_report(args: dict) -> dict:
+    """LoRE's relative output error per rank vs plain SVD of the weights and a linear reduced-rank
+    regression, on held-out activations (the eval half of the held-out text, never calibrated on):
+    once with surrogates fitted on 75% of those tokens and scored on the rest, once for the
+    shipped factors scored on all of them."""
+    from spice_core.lore import lore_error_report
+    from spice_core.predictor.traces import traces_for_model
+
+    engine, _ = load(args)
+    lm = engine.lm
+    traces = traces_for_model(lm, max_tokens=args["lore_tokens"], part="eval")
+    fitted = lore_error_report(lm, traces, args["lore_ranks"])
+    shipped = lore_error_report(lm, traces, args["lore_ranks"], bank=engine.artifacts.lore)
+    return {"fitted_here": fitted, "shipped": shipped, "tokens": traces.n_tokens, "source": traces.source}
+
+
+def lore_markdown(rep: dict) -> list[str]:
+    L = [f"## LoRE: relative output error per rank ({rep['tokens']} held-out tokens: {rep['source']})", "",
+         "rel. error = sqrt(Σ‖E(x) − Ê(x)‖² / Σ‖E(x)‖²) over every (token, routed expert) pair; 1.0 = dropping "
+         "the expert. *fitted here*: surrogates fitted on the first 75% of these tokens, scored on the last 25%; "
+         "*shipped*: the factors beside the model (fitted on the calibration half), scored on all of them.", "",
+         "| rank | LoRE (fitted here) | LoRE (shipped factors) | truncated SVD of the weights | linear RRR |",
+         "|---|---|---|---|---|"]
+    for a, b in zip(rep["fitted_here"], rep["shipped"]):
+        if "skipped" in a:
+            L.append(f"| {a['rank']} | skipped: {a['skipped']} | | | |")
+            continue
+        shipped = f"{b['lore_rel_err']:.3f}" if "lore_rel_err" in b else f"skipped: {b['skipped']}"
+        L.append(f"| {a['rank']} | {a['lore_rel_err']:.3f} | {shipped} | {a['svd_rel_err']:.3f} | "
+                 f"{a['linear_rel_err']:.3f} |")
+    return L + [""]
+
+
 # ---------------------------------------------------------------------- report
 def best_spice(records, profile):
     """The fastest spice config within the perplexity budget on ``profile`` (None if none)."""
@@ -243,6 +276,8 @@ def markdown(results, args, argv) -> str:
                      f"{r['mean_kl']:.5f} | {r['top1_agreement']:.4f} | {r['greedy_agreement']:.3f} | "
                      f"{r['diverged_prompts']}/{info['prompts']} |")
         L.append("")
+    if results[0].get("lore_report"):
+        L += lore_markdown(results[0]["lore_report"])
     L += [f"Ran on {platform.machine()} CPU, torch 1 thread per profile, {args['jobs']} profile(s) at a time; "
           f"{max(res['seconds'] for res in results):.0f} s for the slowest profile.", ""]
     return "\n".join(L)
@@ -332,6 +367,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fit-lore", action="store_true", help="fit LoRE here when the model has none beside it")
     ap.add_argument("--fit-tokens", type=int, default=8192)
     ap.add_argument("--fit-rank", type=int, default=16)
+    ap.add_argument("--lore-ranks", nargs="+", type=int, default=[8, 16, 32, 64])
+    ap.add_argument("--lore-tokens", type=int, default=8192, help="held-out tokens for the LoRE error table")
     ap.add_argument("--jobs", type=int, default=2, help="profiles run in parallel, one process (1 thread) each")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "speed-quality")
     ap.add_argument("--from-json", type=Path, default=None, help="rewrite the report and plot from a saved run")
@@ -350,6 +387,7 @@ def main(argv=None) -> int:
             results = list(pool.map(run_profile, [args] * len(args["profiles"]), args["profiles"]))
     else:
         results = [run_profile(args, p) for p in args["profiles"]]
+    results[0]["lore_report"] = lore_report(args) if args["lore_ranks"] else None
     out: Path = args["out"]
     out.parent.mkdir(parents=True, exist_ok=True)
     argv_doc = [a if not a.startswith(str(ROOT)) else str(Path(a).relative_to(ROOT)) for a in argv]
