@@ -40,13 +40,16 @@ PPL_BUDGET_PCT = 1.0
 SPEEDUP_TARGET = 1.5
 
 
-def configs(taus, ranks) -> list[dict]:
-    """The policy grid: baselines, then spice per (tau, rank, lane); tau 0 needs no rank."""
-    out = [dict(policy=p, tau_approx=0.0, lore_rank=ranks[0], cpu_lane=True) for p in BASELINES]
+def configs(taus, ranks, extra_ranks=()) -> list[dict]:
+    """The policy grid: baselines, then spice per (tau, rank, lane). tau 0 is exact whatever the
+    rank (one run per lane, at the largest rank, whose bytes the budget then carries); the
+    ``extra_ranks`` run with the CPU lane on only."""
+    top = max(ranks)
+    out = [dict(policy=p, tau_approx=0.0, lore_rank=top, cpu_lane=True) for p in BASELINES]
     for lane in (True, False):
         for tau in taus:
-            for r in (ranks[:1] if tau == 0 else ranks):
-                out.append(dict(policy="spice", tau_approx=tau, lore_rank=r, cpu_lane=lane))
+            rs = [top] if tau == 0 else sorted(set(ranks) | (set(extra_ranks) if lane else set()))
+            out += [dict(policy="spice", tau_approx=tau, lore_rank=r, cpu_lane=lane) for r in rs]
     return out
 
 
@@ -122,6 +125,7 @@ def run_profile(args: dict, profile: str) -> dict:
     engine, notes = load(args)
     lm = engine.lm
     ranks, rank_note = usable_ranks(engine, args["ranks"])
+    extra, _ = usable_ranks(engine, args["extra_ranks"])
     if rank_note:
         notes.append(rank_note)
     prompts = _prompts(lm, args["prompts"])
@@ -134,7 +138,7 @@ def run_profile(args: dict, profile: str) -> dict:
     exact_tokens = [[s.token_id for s in engine.start_ids(p, replace(base, policy="resident", cache_frac=1.0))]
                     for p in prompts]
     records = []
-    for cfg in configs(args["taus"], ranks):
+    for cfg in configs(args["taus"], ranks, [r for r in extra if r not in ranks]):
         s = replace(base, **cfg)
         steps, hits, misses, copied, stall, split, same, total, firsts, run_notes = [], 0, 0, 0, 0.0, {}, 0, 0, [], set()
         for p, ex in zip(prompts, exact_tokens):            # TPOT runs (modeled timing)
@@ -248,7 +252,8 @@ def markdown(results, args, argv) -> str:
          f"- quality **measured** on {info['model']} itself: {info['quality_tokens']} teacher-forced held-out tokens "
          f"({info['quality_source']}), decoded one token per step; greedy agreement with the exact model over the "
          "same prompts as TPOT",
-         f"- ranks used: {results[0]['ranks']}"] + [f"- note: {n}" for n in notes] + [""]
+         f"- LoRE ranks: {results[0]['ranks']}" + (f", and {args['extra_ranks']} with the CPU lane on only"
+                                                  if args.get("extra_ranks") else "")] + [f"- note: {n}" for n in notes] + [""]
     L += ["## Target: at ≤ 1% perplexity increase, spice ≥ 1.5× faster than lru (25% cache, PCIe 4.0 profiles)", ""]
     for prof in args["profiles"]:
         lru = next(r for r in recs if r["profile"] == prof and r["policy"] == "lru")
@@ -303,7 +308,7 @@ def plot(results, args, out: Path) -> list[str]:
     recs = [r for res in results for r in res["records"]]
     fig = make_subplots(rows=1, cols=len(profs), subplot_titles=profs)
     colors = {True: "#d62728", False: "#1f77b4"}
-    small = min(results[0]["ranks"])
+    small = min(results[0]["ranks"] + list(args.get("extra_ranks") or []))
     for i, prof in enumerate(profs, start=1):
         rows = [r for r in recs if r["profile"] == prof]
         lru = next(r["tpot_ms"] for r in rows if r["policy"] == "lru")
@@ -358,6 +363,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-frac", type=float, default=0.25)
     ap.add_argument("--taus", nargs="+", type=float, default=[0.0, 0.02, 0.05, 0.1, 0.2])
     ap.add_argument("--ranks", nargs="+", type=int, default=[16, 32])
+    ap.add_argument("--extra-ranks", nargs="*", type=int, default=[],
+                    help="more LoRE ranks, CPU lane on only (e.g. 1: on 24-wide experts, what rank ~59 is on "
+                         "DeepSeek-V2-Lite's 1408-wide ones)")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--quality-tokens", type=int, default=512, help="teacher-forced held-out tokens per setting")
@@ -378,6 +386,7 @@ def main(argv=None) -> int:
         args.update(saved["args"])
         return _report(saved["results"], args, saved["argv"], args["out"])
     args["ranks"] = sorted(set(args["ranks"]))
+    args["extra_ranks"] = sorted(set(args["extra_ranks"]))
     if not all(0.0 <= t <= 1.0 for t in args["taus"]):
         ap.error("--taus: every tau_approx must be in [0, 1]")
     if args["jobs"] > 1 and len(args["profiles"]) > 1:
