@@ -1,6 +1,6 @@
 """About page: what SPICE does, how to read the panels, the engine in use, and the latest benchmark.
 
-The benchmark table is read from the Markdown files in ``docs/benchmarks/`` each time the page
+The benchmark table is read from the Markdown files under ``docs/benchmarks/`` each time the page
 opens (so a new benchmark shows without a restart): the newest file by the latest ISO date it
 mentions (its modification time when it mentions none), its first table and the heading above
 it, with the file's path as the source.
@@ -90,7 +90,7 @@ def first_table(text: str) -> tuple[str, str]:
 def benchmark_tables(folder: Path) -> list[BenchmarkTable]:
     """Every benchmark file with a table, newest first."""
     out = []
-    for path in sorted(Path(folder).glob("*.md")):
+    for path in sorted(Path(folder).rglob("*.md")):
         try:
             text = path.read_text(encoding="utf-8")
         except OSError:
@@ -129,7 +129,7 @@ class AboutPage:
                 ("timing", i.default_timing), ("draft heads", "yes" if i.has_draft else "no (gate predictor)"),
                 ("LoRE factors", "yes" if i.has_lore else "no"), ("context", f"{i.max_context_tokens:,} tokens"),
                 ("hardware profiles", ", ".join(i.profiles)), ("shapes", ", ".join(i.shapes))]
-        return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+        return "| | this app's engine |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
 
     def _rel(self, path: Path) -> str:
         try:

@@ -31,7 +31,9 @@ from pages.runner import LIVE_FIELDS, RunStream
 
 log = logging.getLogger(__name__)
 
-PANEL_INTERVAL_S = 0.5      # live panels refresh at 2 Hz at most (and once more when the reply ends)
+PANEL_INTERVAL_S = 0.5      # each live panel refreshes at 2 Hz while tokens arrive (and once when the reply ends)
+PANELS = ("heatmap", "prefetch", "gantt")   # in output order
+TEXT_INTERVAL_S = 0.06      # the reply's text at most ~16 times a second (tokens keep their own pace)
 TAKE_TIMEOUT_S = 0.1        # how long the chat loop waits for the next token before checking notices
 CURSOR = " ▍"
 EXAMPLES = ["Tell me a short story about a lighthouse keeper.",
@@ -64,32 +66,33 @@ class ChatPage:
     # --- layout --------------------------------------------------------------------------
     def build(self) -> None:
         info, d = self.info, self.defaults
-        self.session = gr.State(lambda: ChatSession())
+        self.session = gr.State(ChatSession())   # deep-copied per browser session
+        with gr.Sidebar(label="Settings", open=True, width=330, elem_id="spice-controls"):
+            self._build_controls(d)
         self.banner = gr.Markdown(self._banner(d), elem_id="spice-banner", elem_classes=["spice-banner"])
         with gr.Row(equal_height=False):
-            with gr.Column(scale=3, min_width=420):
+            with gr.Column(scale=5, min_width=380):
                 self.chatbot = gr.Chatbot(
-                    label=f"Chat with {info.model_name}", height=440, elem_id="spice-chat", buttons=["copy"],
-                    placeholder="**Ask anything.** Replies stream token by token; the panels below show which "
-                                "experts each token used and where their time went.")
+                    label=f"Chat with {info.model_name}", height=430, elem_id="spice-chat", buttons=["copy"],
+                    placeholder="**Ask anything.** Replies stream token by token; the panels show which experts "
+                                "each token used and where its time went. Settings are in the side bar.")
                 with gr.Row(equal_height=True):
                     self.msg = gr.Textbox(placeholder="Type a message and press Enter", show_label=False, lines=1,
                                           max_lines=6, scale=8, autofocus=True, elem_id="spice-msg")
-                    self.send = gr.Button("Send", variant="primary", scale=1, min_width=80, elem_id="spice-send")
-                    self.stop = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="spice-stop")
-                with gr.Row():
+                    self.send = gr.Button("Send", variant="primary", scale=1, min_width=70, elem_id="spice-send")
+                    self.stop = gr.Button("Stop", variant="stop", scale=1, min_width=70, elem_id="spice-stop")
+                with gr.Row(equal_height=False):
                     gr.Examples(EXAMPLES, inputs=[self.msg], label="Try")
                     self.new_chat = gr.Button("New chat", size="sm", scale=0, min_width=100, elem_id="spice-new")
-            with gr.Column(scale=2, min_width=320, elem_id="spice-controls"):
-                self._build_controls(d)
-        self.stats = gr.HTML(stats_html(None, d, self.info), elem_id="spice-stats")
+            with gr.Column(scale=6, min_width=420):
+                self.stats = gr.HTML(stats_html(None, d, self.info), elem_id="spice-stats")
+                self.gantt = gr.Plot(as_plot(figures.empty_figure("lane activity appears here while a reply streams")),
+                                     label="Lanes: GPU, copy stream, CPU workers (last 2 tokens)",
+                                     elem_id="spice-gantt")
         self.heatmap = gr.Plot(as_plot(figures.empty_figure("send a message to see which experts each token uses")),
-                               label="Experts per layer: this token and all tokens so far", elem_id="spice-heatmap")
-        with gr.Row(equal_height=False):
-            self.prefetch = gr.Plot(as_plot(figures.empty_figure("prefetches appear here while a reply streams")),
-                                    label="Prefetch timeline and lookahead", elem_id="spice-prefetch")
-            self.gantt = gr.Plot(as_plot(figures.empty_figure("lane activity appears here while a reply streams")),
-                                 label="Lanes: GPU, copy stream, CPU workers (last 3 tokens)", elem_id="spice-gantt")
+                               label="Experts per layer: this token, and all tokens so far", elem_id="spice-heatmap")
+        self.prefetch = gr.Plot(as_plot(figures.empty_figure("prefetches appear here while a reply streams")),
+                                label="Prefetch timeline and lookahead", elem_id="spice-prefetch")
         self._wire()
 
     def _build_controls(self, d: RunSettings) -> None:
@@ -139,13 +142,14 @@ class ChatPage:
     def _wire(self) -> None:
         outputs = [self.msg, self.chatbot, self.stats, self.heatmap, self.prefetch, self.gantt]
         triggers = [self.msg.submit, self.send.click]
+        # The browser runs a trigger's listeners in order and waits for each to finish, and it will not
+        # send the chat event again while it streams: this quick listener goes first and says why.
+        gr.on(triggers, self.note_if_busy, inputs=[self.session], outputs=None, queue=False,
+              api_visibility="private", show_progress="hidden")
         gr.on(triggers, self.chat, inputs=[self.msg, self.chatbot, *self.controls, self.live_panels,
                                             self.check_exact, self.session],
               outputs=outputs, api_name="chat", concurrency_id=ENGINE_GROUP, concurrency_limit=1,
               show_progress="minimal", show_progress_on=[self.chatbot])
-        # Runs beside the chat event (which the browser will not send twice): say why nothing happens.
-        gr.on(triggers, self.note_if_busy, inputs=[self.session], outputs=None, queue=False, api_visibility="private",
-              show_progress="hidden")
         self.stop.click(self.stop_reply, inputs=[self.session], outputs=[self.settings_note], queue=False,
                         api_name="stop", show_progress="hidden")
         gr.on([c.change for c in self.controls], self.on_settings, inputs=[*self.controls, self.session],
@@ -260,7 +264,11 @@ class ChatPage:
         yield ("", history, stats_html(live, settings, self.info, state="starting"), skip, skip, skip)
 
         first_wall = None
-        next_panels = 0.0
+        # Each panel refreshes every PANEL_INTERVAL_S, the three staggered by a third of it, so the
+        # browser redraws one chart at a time instead of three at once; text at most every TEXT_INTERVAL_S.
+        start = time.monotonic()
+        panel_due = [start + i * PANEL_INTERVAL_S / len(PANELS) for i in range(len(PANELS))]
+        text_due, text_dirty, panel_dirty = 0.0, False, [False] * len(PANELS)
         try:
             while True:
                 steps, ended = stream.take(TAKE_TIMEOUT_S)
@@ -271,23 +279,28 @@ class ChatPage:
                     live.add(step)
                 if steps and first_wall is None:
                     first_wall = time.perf_counter()
-                added_notes = False
                 while session.notices:
                     history.append(session.notices.pop(0))
-                    added_notes = True
-                if not steps and not added_notes and not ended:
-                    continue
-                history[reply_at] = {"role": "assistant", "content": live.text + ("" if ended else CURSOR)}
+                    text_dirty = True
+                text_dirty |= bool(steps)
+                if steps:
+                    panel_dirty = [True] * len(PANELS)
                 if ended:
                     break
                 now = time.monotonic()
-                if live_panels and now >= next_panels and live.n_tokens:
-                    next_panels = now + PANEL_INTERVAL_S
-                    yield (skip, history, stats_html(live, stream.settings, self.info, stream=stream,
-                                                     wall_tps=_wall_tps(live, first_wall)),
-                           *self._panels(live))
-                else:
-                    yield (skip, history, skip, skip, skip, skip)
+                out = [skip] * 6
+                if text_dirty and now >= text_due:
+                    history[reply_at] = {"role": "assistant", "content": live.text + CURSOR}
+                    out[1], text_due, text_dirty = history, now + TEXT_INTERVAL_S, False
+                if live_panels and live.n_tokens:
+                    for i, name in enumerate(PANELS):
+                        if panel_dirty[i] and now >= panel_due[i]:
+                            out[3 + i] = as_plot(self._figure(name, live))
+                            panel_due[i], panel_dirty[i] = now + PANEL_INTERVAL_S, False
+                            out[2] = stats_html(live, stream.settings, self.info, stream=stream,
+                                                wall_tps=_wall_tps(live, first_wall))
+                if any(o is not skip for o in out):
+                    yield tuple(out)
         finally:
             if not stream.done:
                 stream.cancel("closed")
@@ -360,8 +373,15 @@ class ChatPage:
         return f"{100 * score:.0f}% (first {same} of {len(ids)} tokens identical)"
 
     def _panels(self, live: LiveRun):
-        return (as_plot(figures.outcome_heatmap(live)), as_plot(figures.prefetch_timeline(live)),
-                as_plot(figures.lane_gantt(live.intervals())))
+        return tuple(as_plot(self._figure(name, live)) for name in PANELS)
+
+    @staticmethod
+    def _figure(name: str, live: LiveRun) -> dict:
+        if name == "heatmap":
+            return figures.outcome_heatmap(live)
+        if name == "prefetch":
+            return figures.prefetch_timeline(live)
+        return figures.lane_gantt(live.intervals())
 
     def _banner(self, settings: RunSettings) -> str:
         i = self.info

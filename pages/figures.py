@@ -58,7 +58,9 @@ def _layout(height: int, uirevision: str, **kw) -> dict:
         "height": height, "uirevision": uirevision, "margin": {"l": 50, "r": 12, "t": 36, "b": 40},
         "font": {"size": 12, "family": "Inter, system-ui, sans-serif", "color": "#27313c"},
         "paper_bgcolor": "white", "plot_bgcolor": "white", "hoverlabel": {"font": {"size": 12}},
-        "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0, "font": {"size": 11}},
+        # top right: the gr.Plot label sits over the top-left corner
+        "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 1, "xanchor": "right",
+                   "font": {"size": 11}},
         "xaxis": _axis(), "yaxis": _axis(),
     }
     layout.update(kw)
@@ -126,9 +128,10 @@ def outcome_heatmap(live: LiveRun) -> Figure:
     ]
     data += [_legend_square(OUTCOME_LABELS[c], OUTCOME_COLOURS[c]) for c in CATEGORIES]
     tick = max(1, live.n_experts // 16)
+    plot_px = max(120, min(420, 16 * len(rows)))
     layout = _layout(
-        max(250, min(540, 130 + 14 * len(rows))), "heatmap", margin={"l": 50, "r": 12, "t": 70, "b": 40},
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.1, "x": 0, "font": {"size": 11}},
+        plot_px + 150, "heatmap", margin={"l": 46, "r": 12, "t": 44, "b": 106},
+        legend=_bottom_legend(-74 / plot_px),
         xaxis=_axis(domain=[0, 0.485], title={"text": "expert"}, dtick=tick, showgrid=False, zeroline=False),
         xaxis2=_axis(domain=[0.515, 1], title={"text": "expert"}, dtick=tick, anchor="y", showgrid=False,
                      zeroline=False),
@@ -218,31 +221,60 @@ def lane_order(lanes: Iterable[str]) -> list[str]:
     return sorted(set(lanes), key=key)
 
 
-def lane_gantt(intervals: Iterable[LaneInterval], *, uirevision: str = "gantt", max_bars: int = 40_000,
+def merge_touching(intervals: Iterable, gap_ms: float = 1e-4) -> list[tuple[str, str, float, float, list]]:
+    """(lane, kind, start_ms, end_ms, [(layer, expert), ...]) with back-to-back intervals of one kind on one
+    lane merged: a token's six routed experts on the GPU become one bar, which keeps the browser fast."""
+    ordered = sorted((iv for iv in intervals if iv.end_ms > iv.start_ms), key=lambda iv: (iv.lane, iv.start_ms))
+    merged: list[list] = []
+    open_by_key: dict[tuple[str, str], list] = {}
+    for iv in ordered:
+        key = (iv.lane, iv.kind)
+        cur = open_by_key.get(key)
+        if cur is not None and iv.start_ms - cur[3] <= gap_ms and merged and merged[-1] is cur:
+            cur[3] = max(cur[3], iv.end_ms)
+            cur[4].append((iv.layer, iv.expert))
+            continue
+        cur = [iv.lane, iv.kind, iv.start_ms, iv.end_ms, [(iv.layer, iv.expert)]]
+        merged.append(cur)
+        open_by_key[key] = cur
+    return [tuple(m) for m in merged]
+
+
+def _where(parts: list) -> str:
+    layers = sorted({layer for layer, _ in parts if layer >= 0})
+    if not layers:
+        return ""
+    experts = [f"E{e}" for _, e in parts if e >= 0]
+    head = f" · L{layers[0]}" if len(layers) == 1 else f" · L{layers[0]}–L{layers[-1]}"
+    if not experts:
+        return head
+    shown = ", ".join(experts[:8]) + (f" +{len(experts) - 8}" if len(experts) > 8 else "")
+    return f"{head} {shown}"
+
+
+def lane_gantt(intervals: Iterable, *, uirevision: str = "gantt", max_bars: int = 20_000,
                empty_hint: str = "no lane activity yet: send a message") -> Figure:
     """One row per lane, one bar per busy interval coloured by kind (ms from the run's start).
 
     Accepts anything with lane / kind / start_ms / end_ms / layer / expert (LaneInterval, TraceEvent).
+    Back-to-back intervals of one kind on one lane are drawn as one bar (hover lists what it holds).
     """
     by_kind: dict[str, dict[str, list]] = {}
     lanes: set[str] = set()
     shown = truncated = 0
-    for iv in intervals:
-        dur = iv.end_ms - iv.start_ms
-        if dur <= 0:
-            continue
+    for lane, kind, start, end, parts in merge_touching(intervals):
         if shown >= max_bars:
             truncated += 1
             continue
         shown += 1
-        lanes.add(iv.lane)
-        g = by_kind.setdefault(iv.kind, {"base": [], "x": [], "y": [], "text": []})
-        g["base"].append(round(iv.start_ms, 4))
-        g["x"].append(round(dur, 4))
-        g["y"].append(iv.lane)
-        where = "" if iv.layer < 0 else f" · L{iv.layer}" + ("" if iv.expert < 0 else f" E{iv.expert}")
-        g["text"].append(f"{KIND_LABELS.get(iv.kind, iv.kind)}{where} · {iv.start_ms:.3f}–{iv.end_ms:.3f} ms "
-                         f"({dur:.3f} ms)")
+        lanes.add(lane)
+        g = by_kind.setdefault(kind, {"base": [], "x": [], "y": [], "text": []})
+        g["base"].append(round(start, 4))
+        g["x"].append(round(end - start, 4))
+        g["y"].append(lane)
+        count = f" ×{len(parts)}" if len(parts) > 1 else ""
+        g["text"].append(f"{KIND_LABELS.get(kind, kind)}{count}{_where(parts)} · {start:.3f}–{end:.3f} ms "
+                         f"({end - start:.3f} ms)")
     if not by_kind:
         return empty_figure(empty_hint)
     known = list(KIND_COLOURS)
@@ -256,7 +288,7 @@ def lane_gantt(intervals: Iterable[LaneInterval], *, uirevision: str = "gantt", 
     order = lane_order(lanes)
     annotations = []
     if truncated:
-        annotations.append(_note(f"{truncated:,} more intervals not drawn: narrow the token range", 1, -0.3,
+        annotations.append(_note(f"{truncated:,} more bars not drawn: narrow the token range", 1, -0.3,
                                  xanchor="right"))
     layout = _layout(max(300, 170 + 34 * len(order)), uirevision, barmode="overlay", bargap=0.2,
                      margin={"l": 50, "r": 12, "t": 44, "b": 110}, legend=_bottom_legend(-58 / (34 * len(order) + 16)),

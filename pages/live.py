@@ -27,7 +27,7 @@ CATEGORIES = (NOT_SELECTED, *OUTCOMES)
 CODE = {name: i for i, name in enumerate(CATEGORIES)}
 HIT_OUTCOMES = ("hit", "prefetch_hit")
 
-GANTT_TOKENS = 3          # the lane chart shows the last few tokens
+GANTT_TOKENS = 2          # the lane chart shows the last few tokens
 PREFETCH_TOKENS = 2       # the prefetch timeline shows the prefetches of the last few tokens
 
 

@@ -92,7 +92,7 @@ class SweepPage:
         gr.Markdown("## Threshold sweep\nRuns every prompt once with exact settings (the reference), then with "
                     "each setting of the grid, and plots **greedy agreement** with the reference against **TPOT**. "
                     "Points on the dashed Pareto front are the settings worth using.")
-        self.session = gr.State(lambda: SweepSession())
+        self.session = gr.State(SweepSession())   # deep-copied per browser session
         with gr.Row(equal_height=False):
             with gr.Column(scale=3):
                 self.prompts = gr.Textbox("\n".join(DEFAULT_PROMPTS), lines=4, max_lines=MAX_PROMPTS,
@@ -106,9 +106,10 @@ class SweepPage:
                 self.tau_approx = gr.Textbox("0, 0.1, 0.3, 0.6", label="τ_approx values",
                                              info="used by lossy SPICE policies", elem_id="sweep-ta")
                 with gr.Row():
-                    self.cache_frac = FreeSlider(0.0, 1.0, value=d.cache_frac, step=0.05, label="GPU cache size")
+                    self.cache_frac = FreeSlider(0.0, 1.0, value=d.cache_frac, step=0.05, label="GPU cache size",
+                                                elem_id="sweep-cache")
                     self.max_new_tokens = FreeSlider(4, 128, value=d.max_new_tokens, step=1,
-                                                     label="Tokens per run")
+                                                     label="Tokens per run", elem_id="sweep-tokens")
                 with gr.Row():
                     self.profile = FreeDropdown(list(info.profiles), value=d.profile, label="Hardware profile")
                     self.shape = FreeDropdown(list(info.shapes), value=d.shape, label="Model shape")

@@ -117,10 +117,10 @@ class TraceExplorer:
         gr.Markdown("## Trace explorer\nEvery finished run (chat replies, exact checks, sweeps) with its full "
                     "timeline. Downloads: the Chrome trace opens in [Perfetto](https://ui.perfetto.dev); the "
                     "TensorBoard zip unpacks into a run folder for torch-tb-profiler; the CSV has one row per token.")
-        with gr.Row(equal_height=True):
+        with gr.Row(equal_height=False):
             self.run = FreeDropdown(choices=[], value=None, label="Run", scale=5, elem_id="trace-run",
                                    info="newest first")
-            self.refresh = gr.Button("Refresh", scale=0, min_width=110, elem_id="trace-refresh")
+            self.refresh = gr.Button("Refresh list", scale=0, min_width=120, size="md", elem_id="trace-refresh")
         self.message = gr.Markdown("", elem_classes=["spice-note"])
         self.summary = gr.HTML("", elem_id="trace-summary")
         with gr.Row():
