@@ -1,12 +1,13 @@
 """Turn a training run's output into the shipped model directory.
 
-    python -m training.export --run runs/spice-mini --data data/spice-mini --out assets/spice-mini
+    python -m training.export --run runs/stage1 --run runs/stage2 --data data/spice-mini --out assets/spice-mini
 
-Loads the run's bf16 shards into a fresh ``DeepseekV2ForCausalLM`` of the run's config and
-writes it with ``save_pretrained(max_shard_size="9MB")`` — transformers then stores the
-routed experts under per-expert keys (``model.layers.L.mlp.experts.E.gate_proj.weight``) like
-the real DeepSeek-V2-Lite checkpoints — plus the generation config, the tokenizer and a
-SHA-256 manifest (``checksums.sha256``) that ``checkpoint_check.verify_checkpoint`` reads.
+Loads the last run's bf16 shards into a fresh ``DeepseekV2ForCausalLM`` of its config and
+writes it with ``save_pretrained(max_shard_size="8MB")`` (files stay under 9 MB) — transformers
+then stores the routed experts under per-expert keys (``model.layers.L.mlp.experts.E.gate_proj.weight``)
+like the real DeepSeek-V2-Lite checkpoints — plus the generation config, the tokenizer, the merged
+loss log, each stage's ``train_state.json`` (as ``training_stage{n}.json``) and a SHA-256 manifest
+(``checksums.sha256``) that ``checkpoint_check.verify_checkpoint`` reads.
 The model card is written separately (``training.model_card``), after evaluation.
 """
 from __future__ import annotations
@@ -54,10 +55,25 @@ def write_checksums(model_dir: Path) -> None:
     (model_dir / CHECKSUMS).write_text("\n".join(lines) + "\n")
 
 
-def export(run_dir: Path, data_dir: Path, out_dir: Path) -> dict:
+def merge_loss_logs(run_dirs: list[Path], out_path: Path) -> None:
+    """One CSV of all stages' loss logs, with a ``stage`` column (1 = the first run)."""
+    import csv
+
+    with out_path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        for stage, run_dir in enumerate(run_dirs, start=1):
+            with (run_dir / "loss.csv").open() as src:
+                rows = list(csv.reader(src))
+            if stage == 1:
+                writer.writerow(["stage"] + rows[0])
+            writer.writerows([str(stage)] + row for row in rows[1:])
+
+
+def export(run_dirs: list[Path], data_dir: Path, out_dir: Path) -> dict:
+    """Export the weights of the last run in ``run_dirs`` (earlier ones are earlier training stages)."""
     from transformers import GenerationConfig
 
-    model, state = load_run_model(run_dir)
+    model, state = load_run_model(run_dirs[-1])
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.glob("model*.safetensors*"):
         old.unlink()
@@ -67,14 +83,17 @@ def export(run_dir: Path, data_dir: Path, out_dir: Path) -> dict:
     model.save_pretrained(str(out_dir), max_shard_size=MAX_SHARD_SIZE)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(data_dir / "tokenizer" / name, out_dir / name)
-    shutil.copy(run_dir / "loss.csv", out_dir / "training_loss.csv")
+    merge_loss_logs(run_dirs, out_dir / "training_loss.csv")
+    for stage, run_dir in enumerate(run_dirs, start=1):
+        shutil.copy(run_dir / "train_state.json", out_dir / f"training_stage{stage}.json")
     write_checksums(out_dir)
     return state
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--run", type=Path, required=True)
+    ap.add_argument("--run", type=Path, action="append", required=True,
+                    help="training output; repeat for several stages, in order (the last one's weights are exported)")
     ap.add_argument("--data", type=Path, default=Path("data/spice-mini"))
     ap.add_argument("--out", type=Path, default=Path("assets/spice-mini"))
     args = ap.parse_args()

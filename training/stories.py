@@ -180,6 +180,11 @@ _DESCRIPTIONS = (
     "Every {day}, {he} liked to play {game} with {his} friends.",
     "{He} always carried {his} {O} with {him}.",
 )
+_OBJECT_INTROS = (
+    "{He} loved {his} {O} very much.",
+    "{He} had a {O}, and {he} loved it.",
+    "{He} loved {his} {O} more than anything.",
+)
 _AMBIENT = (
     "The sun was shining and the {N1s} were {col}.",
     "The air smelled like {smell}.",
@@ -251,6 +256,11 @@ def generate_story(seed: int, request: StoryRequest | None = None) -> Story:
     descriptions = list(_DESCRIPTIONS)
     rng.shuffle(descriptions)
     wanted = descriptions[:rng.randint(1, 3)]
+    if req.obj:
+        # A requested object is named right after the opening, the same way each time, so the
+        # model learns to copy it from the request (the first training run, without this, did not).
+        wanted = [t for t in wanted if "{O" not in t]
+        wanted.insert(0, rng.choice(_OBJECT_INTROS))
     if req.place and not any("{PL}" in t for t in [*wanted, sentences[0]]):
         wanted.append("{He} loved to {act} in the {PL} every {time}.")
     if req.friend_kind:

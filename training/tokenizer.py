@@ -2,8 +2,9 @@
 
 Specials, in id order: ``<|endoftext|>`` (0: end of document, EOS and BOS), ``<|user|>`` (1),
 ``<|assistant|>`` (2), ``<|pad|>`` (3). A chat renders as
-``<|user|> {message} <|assistant|> {reply}<|endoftext|>`` — exactly the text the story
-generator writes for its chat-wrapped stories, so a prompt built with
+``<|endoftext|><|user|> {message} <|assistant|> {reply}<|endoftext|>`` — exactly the text the story
+generator writes for its chat-wrapped stories (training packs documents after an
+``<|endoftext|>``, so it doubles as the start token), so a prompt built with
 ``apply_chat_template(..., add_generation_prompt=True)`` ends where a reply starts.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|user|>", "<|assistant|>", "<|pad|>")
 VOCAB_SIZE = 8192
 CHAT_TEMPLATE = (
+    "{{- bos_token -}}"
     "{%- for message in messages -%}"
     "{%- if message['role'] == 'user' -%}"
     "{{ '<|user|> ' + message['content'] + ' ' }}"

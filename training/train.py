@@ -62,9 +62,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--save-every-s", type=float, default=120.0)
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--story-seed-offset", type=int, default=0,
+                    help="first story seed (a second stage uses fresh stories by starting elsewhere)")
     ap.add_argument("--experts", default="grouped_mm", choices=("grouped_mm", "eager"),
                     help="transformers experts implementation (falls back to eager if grouped_mm fails)")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="start from a saved model directory (a second training stage) instead of random weights")
     return ap.parse_args(argv)
 
 
@@ -154,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     batches = MixedBatches(args.data, MixConfig(
         seq_len=args.seq, batch_rows=args.batch, prose_fraction=args.prose_fraction,
         chat_fraction=args.chat_fraction, workers=args.workers, seed=args.seed + step0,
-        first_story_seed=step0 * args.batch * 16))
+        first_story_seed=args.story_seed_offset + step0 * args.batch * 16))
 
     import torch
     import torch.nn.functional as F
@@ -167,7 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     cfg = CONFIGS[args.config](vocab_size=manifest["vocab_size"], max_positions=args.seq) \
         if args.config == "mini" else CONFIGS[args.config](vocab_size=manifest["vocab_size"])
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).to(device)
+    if args.init_from:
+        model = AutoModelForCausalLM.from_pretrained(str(args.init_from), dtype=torch.bfloat16).to(device)
+        cfg = model.config
+        log.info("initialised from %s", args.init_from)
+    else:
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).to(device)
     model.config._experts_implementation = args.experts
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -213,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
             "aux_coef": args.aux_coef, "prose_fraction": args.prose_fraction, "chat_fraction": args.chat_fraction,
             "experts_implementation": model.config._experts_implementation, "rows_by_source": batches.rows_by_source,
             "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+            "init_from": str(args.init_from) if args.init_from else None, "story_seed_offset": args.story_seed_offset,
+            "min_lr_frac": args.min_lr_frac, "warmup_steps": args.warmup_steps, "minutes": args.minutes,
             "torch": torch.__version__, "transformers": transformers.__version__, **extra,
         }
         write_json(args.out / "train_state.json", state)
