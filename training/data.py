@@ -3,6 +3,7 @@
     worker w (of n): seeds s0+w, s0+w+n, ... ─► training_document ─► tokenize ─► pack rows ─► queue
     main: each batch = rows from the queue + ``prose_fraction`` of rows cut at random from prose/*.train.npy
 
+With ``workers=0`` stories are generated in the calling process instead.
 A row is ``seq_len + 1`` token ids (inputs are ``row[:-1]``, targets ``row[1:]``);
 documents are packed back to back with <|endoftext|> between them. Workers never import
 torch and never touch a GPU, so they can be started before CUDA is initialised. Story seeds
@@ -24,32 +25,38 @@ log = logging.getLogger(__name__)
 ROWS_PER_CHUNK = 32
 
 
+def _story_chunks(tok, first_seed: int, seed_step: int, seq_len: int, chat_fraction: float):
+    """Endless packed rows ``[ROWS_PER_CHUNK, seq_len + 1]`` (uint16) from stories first_seed, +seed_step, ..."""
+    from training.stories import training_document
+
+    width = seq_len + 1
+    buf: list[int] = []
+    seed = first_seed
+    while True:
+        docs = [training_document(seed + i * seed_step, chat_fraction) for i in range(64)]
+        seed += 64 * seed_step
+        for enc in tok.encode_batch(docs):
+            buf.extend(enc.ids)
+        while len(buf) >= ROWS_PER_CHUNK * width:
+            yield np.asarray(buf[:ROWS_PER_CHUNK * width], dtype=np.uint16).reshape(ROWS_PER_CHUNK, width)
+            del buf[:ROWS_PER_CHUNK * width]
+
+
 def _story_worker(tokenizer_path: str, first_seed: int, seed_step: int, seq_len: int, chat_fraction: float,
                   out: mp.Queue, stop: mp.Event) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"   # one core per worker
     out.cancel_join_thread()                          # exit at once on stop, even with rows unsent
     from tokenizers import Tokenizer
 
-    from training.stories import training_document
-
-    tok = Tokenizer.from_file(tokenizer_path)
-    width = seq_len + 1
-    buf: list[int] = []
-    seed = first_seed
-    while not stop.is_set():
-        docs = [training_document(seed + i * seed_step, chat_fraction) for i in range(64)]
-        seed += 64 * seed_step
-        for enc in tok.encode_batch(docs):
-            buf.extend(enc.ids)
-        while len(buf) >= ROWS_PER_CHUNK * width:
-            chunk = np.asarray(buf[:ROWS_PER_CHUNK * width], dtype=np.uint16).reshape(ROWS_PER_CHUNK, width)
-            del buf[:ROWS_PER_CHUNK * width]
-            while not stop.is_set():
-                try:
-                    out.put(chunk, timeout=0.5)
-                    break
-                except queue_mod.Full:
-                    continue
+    for chunk in _story_chunks(Tokenizer.from_file(tokenizer_path), first_seed, seed_step, seq_len, chat_fraction):
+        while not stop.is_set():
+            try:
+                out.put(chunk, timeout=0.5)
+                break
+            except queue_mod.Full:
+                continue
+        if stop.is_set():
+            return
 
 
 @dataclass
@@ -75,6 +82,11 @@ class MixedBatches:
         ctx = mp.get_context("spawn")
         self.queue: mp.Queue = ctx.Queue(maxsize=256)
         self.stop = ctx.Event()
+        self.local = None
+        if cfg.workers == 0:   # generate in this process (tests, small CPU runs)
+            from tokenizers import Tokenizer
+            self.local = _story_chunks(Tokenizer.from_file(str(data_dir / "tokenizer" / "tokenizer.json")),
+                                       cfg.first_story_seed, 1, cfg.seq_len, cfg.chat_fraction)
         self.procs = [
             ctx.Process(target=_story_worker, daemon=True, args=(
                 str(data_dir / "tokenizer" / "tokenizer.json"), cfg.first_story_seed + w, cfg.workers,
@@ -87,6 +99,9 @@ class MixedBatches:
 
     def _story_rows(self, n: int) -> np.ndarray:
         while self._pending.shape[0] < n:
+            if self.local is not None:
+                self._pending = np.concatenate([self._pending, next(self.local)])
+                continue
             try:
                 chunk = self.queue.get(timeout=120)
             except queue_mod.Empty as e:

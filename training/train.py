@@ -58,7 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--clip", type=float, default=1.0)
     ap.add_argument("--prose-fraction", type=float, default=0.15)
     ap.add_argument("--chat-fraction", type=float, default=0.3)
-    ap.add_argument("--workers", type=int, default=max(1, min(8, (os.cpu_count() or 2) - 2)))
+    ap.add_argument("--workers", type=int, default=max(1, min(8, (os.cpu_count() or 2) - 2)),
+                    help="story generator processes (0: generate in this process)")
     ap.add_argument("--save-every-s", type=float, default=120.0)
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)

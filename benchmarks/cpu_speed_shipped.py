@@ -1,0 +1,144 @@
+"""CPU speed of the shipped model with plain transformers: load + first token, and greedy tokens/s.
+
+    python benchmarks/cpu_speed_shipped.py [--model assets/spice-mini] [--runs 5] [--threads 1]
+        [--dtypes bfloat16 float32] [--experts grouped_mm eager] [--write docs/benchmarks/shipped-model-cpu.md]
+
+Each run is a fresh Python process (so loading is measured cold-ish, with the files in the
+page cache after the first run): it imports torch + transformers (timed separately), then
+times ``from_pretrained`` + tokenising the chat prompt + the prefill forward that yields the
+first token ("load + first token"), then decodes ``--new-tokens`` more tokens greedily with a
+plain ``model(...)`` loop and a ``DynamicCache`` (EOS is ignored so every run decodes the same
+count). One torch thread by default. The table reports the median of ``--runs`` runs per setting.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "Tell me a story about a cat and a ball"
+
+
+def child(args: argparse.Namespace) -> None:
+    t0 = time.perf_counter()
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+    torch.set_num_threads(args.threads)
+    t_import = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).eval()
+    model.config._experts_implementation = args.experts
+    tok = AutoTokenizer.from_pretrained(args.model)
+    ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)["input_ids"]
+    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        logits = model(input_ids=ids, use_cache=True, **{cache_kw: cache}).logits
+        nxt = logits[:, -1].argmax(-1, keepdim=True)
+        t_first = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        for _ in range(args.new_tokens):
+            logits = model(input_ids=nxt, use_cache=True, **{cache_kw: cache}).logits
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+        t_decode = time.perf_counter() - t2
+    print(json.dumps({"import_s": t_import, "load_first_token_s": t_first,
+                      "tokens_per_s": args.new_tokens / t_decode, "prompt_tokens": ids.shape[1]}))
+
+
+def run_one(args: argparse.Namespace, dtype: str, experts: str) -> dict:
+    cmd = [sys.executable, __file__, "--child", "--model", args.model, "--threads", str(args.threads),
+           "--new-tokens", str(args.new_tokens), "--dtypes", dtype, "--experts", experts]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(ROOT / "assets" / "spice-mini"))
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    ap.add_argument("--experts", nargs="+", default=["grouped_mm", "eager"])
+    ap.add_argument("--write", type=Path, default=None, help="write the markdown report here")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        args.dtype, args.experts = args.dtypes[0], args.experts[0]
+        child(args)
+        return
+
+    import torch
+    import transformers
+
+    load_before = os.getloadavg()
+    rows = []
+    for dtype in args.dtypes:
+        for experts in args.experts:
+            runs = [run_one(args, dtype, experts) for _ in range(args.runs)]
+            row = {"dtype": dtype, "experts": experts,
+                   **{k: statistics.median(r[k] for r in runs) for k in ("import_s", "load_first_token_s", "tokens_per_s")},
+                   "tokens_per_s_all": [round(r["tokens_per_s"], 1) for r in runs],
+                   "load_first_token_s_all": [round(r["load_first_token_s"], 2) for r in runs]}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    load_after = os.getloadavg()
+    command = "python benchmarks/cpu_speed_shipped.py " + " ".join(
+        a if not a.startswith(str(ROOT)) else os.path.relpath(a, ROOT) for a in sys.argv[1:])
+    table = "\n".join(
+        f"| {r['dtype']} | `{r['experts']}` | {r['load_first_token_s']:.2f} | {r['tokens_per_s']:.1f} | "
+        f"{r['import_s']:.2f} | {', '.join(map(str, r['tokens_per_s_all']))} |" for r in rows)
+    report = f"""# Shipped model (assets/spice-mini) on the CPU, plain transformers
+
+Command (from the repository root):
+
+```
+{command.strip()}
+```
+
+Machine: {cpu_name()}, {os.cpu_count()} cores visible; torch {torch.__version__}, transformers
+{transformers.__version__}, {args.threads} torch thread(s). Load average (1/5/15 min) before the runs
+{load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f}
+(other work on the machine slows every number here).
+
+Each run is a fresh process: "load + first token" is `from_pretrained` + tokenising the chat prompt
+"{PROMPT}" + the prefill forward that yields the first token (the imports of torch and transformers are
+timed separately); tokens/s is {args.new_tokens} greedy decode steps of a plain `model(...)` loop with a
+`DynamicCache`. Medians of {args.runs} runs.
+
+| weights dtype | experts kernel | load + first token (s) | greedy tokens/s | imports (s) | tokens/s of each run |
+|---|---|---|---|---|---|
+{table}
+
+The checkpoint is stored in bf16; `float32` rows load it with `dtype=torch.float32`. `grouped_mm` is
+transformers' default experts kernel; `eager` is its per-expert loop.
+"""
+    if args.write:
+        args.write.parent.mkdir(parents=True, exist_ok=True)
+        args.write.write_text(report)
+    print(report)
+
+
+if __name__ == "__main__":
+    main()
