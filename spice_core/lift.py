@@ -14,9 +14,12 @@ Why it is exact (in real arithmetic):
   kv_a_layernorm, whose width grows 64 -> 512, differ);
 - extra heads have zero queries, keys, values and output columns: they add nothing;
 - extra qk_nope / v dims are zero; the softmax scale 1/sqrt(qk_head_dim) shrinks with the
-  wider heads, so queries are scaled by sqrt(192/128) to keep every score the same;
+  wider heads, so each attention module's scale is multiplied by sqrt(192/128) to keep every
+  score the same;
 - padded expert / MLP widths have zero gate, up and down weights: act(0) * 0 = 0.
-bf16 rounding of the two non-power-of-two factors is the only source of difference.
+In bf16 the kv_a_layernorm gain factor sqrt(64/512) rounds, and GEMMs over wider inner
+dimensions accumulate in a different order: logits agree to bf16 noise, not bit for bit
+(tests/engine/test_lift.py checks exactness in fp32).
 """
 from __future__ import annotations
 
@@ -89,7 +92,7 @@ def lift_weights(mini, big) -> None:
         elif name.endswith("norm.weight"):
             put(name, w * g_hidden, slice(0, h))
         elif name.endswith("q_proj.weight"):
-            wq = w.view(n, dn + r, h) * q_scale
+            wq = w.view(n, dn + r, h)
             d = dst[name].view(N, Dn + r, H)
             d[:n, :dn, :h].copy_(wq[:, :dn])
             d[:n, Dn:Dn + r, :h].copy_(wq[:, dn:])
@@ -122,6 +125,11 @@ def lift_weights(mini, big) -> None:
             put(name, w, slice(None), slice(0, h))
         else:
             raise ConfigError(f"lift: no rule for parameter {name} {tuple(w.shape)}")
+    # Softmax scale: keep the miniature's 1/sqrt(dn + r) instead of the wider heads' 1/sqrt(Dn + r),
+    # set on the attention modules (exact; scaling the query weights instead would round in bf16).
+    for mod in big.modules():
+        if hasattr(mod, "scaling") and hasattr(mod, "qk_head_dim"):
+            mod.scaling = mod.scaling * q_scale
     eps = mc.rms_norm_eps
     for mod_name, mod in big.named_modules():
         if hasattr(mod, "variance_epsilon"):
