@@ -200,6 +200,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
                         per.setdefault((link, budget, pol), []).append((steps, agree, rec.totals, run.summary()))
                         done += 1
                         _progress(done, total, t0, f"{link} {budget:.2f} {pol}")
+        _write_partial(out, cfg, desc, lm, per, hw)   # a run cut short still leaves its finished links
     sys.stderr.write("\n")
     for (link, budget, pol), runs in per.items():
         records.append(_aggregate(cfg, desc, lm, link, budget, pol, runs, hw))
@@ -216,6 +217,12 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
     (out / "results.json").write_text(json.dumps(records, indent=1, default=float))
     (out / "results.md").write_text(markdown_table(records, cfg))
     return records
+
+
+def _write_partial(out: Path, cfg: dict, desc: str, lm, per: dict, hw) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    recs = [_aggregate(cfg, desc, lm, link, budget, pol, runs, hw) for (link, budget, pol), runs in per.items()]
+    (out / "results.partial.json").write_text(json.dumps(recs, indent=1, default=float))
 
 
 def _progress(done: int, total: int, t0: float, label: str) -> None:
