@@ -197,6 +197,11 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
                             n = min(len(toks), len(ref_tokens))
                             agree = sum(a == b for a, b in zip(toks[:n], ref_tokens[:n])) / max(1, n)
                         rec = eng.get_record(run.run_id)
+                        if pi == 0 and rep == 0 and pol in cfg.get("export_traces", []):
+                            from spice_core.trace.export import write_chrome_trace
+                            write_chrome_trace(rec.events, out / f"trace-{link}-{budget:.2f}-{pol}.json",
+                                               metadata={"policy": pol, "link": link, "budget_frac": budget,
+                                                         "model": desc, "timing": cfg["timing"]})
                         per.setdefault((link, budget, pol), []).append((steps, agree, rec.totals, run.summary()))
                         done += 1
                         _progress(done, total, t0, f"{link} {budget:.2f} {pol}")
