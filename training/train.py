@@ -181,7 +181,6 @@ def main(argv: list[str] | None = None) -> int:
     model.config._experts_implementation = args.experts
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    names = {id(p): n for n, p in model.named_parameters()}
     masters = [p.detach().float().clone() for p in params]
     decay = [m for p, m in zip(params, masters) if p.ndim >= 2]
     no_decay = [m for p, m in zip(params, masters) if p.ndim < 2]
@@ -307,7 +306,6 @@ def main(argv: list[str] | None = None) -> int:
                                                  max(1e-9, train_seconds - (resume_state or {}).get("train_seconds", 0)))})
     for h in capture.handles:
         h.remove()
-    del names
     return 0
 
 
