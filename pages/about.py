@@ -17,6 +17,7 @@ import gradio as gr
 from pages.common import AppContext, fmt_bytes
 
 DATE = re.compile(r"\b(20\d\d-[01]\d-[0-3]\d)\b")
+SEPARATOR = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")   # a table's |---|:--:| row
 
 ABOUT = """
 ## What SPICE does
@@ -78,7 +79,7 @@ def first_table(text: str) -> tuple[str, str]:
     for i, line in enumerate(lines):
         if line.startswith("#"):
             heading = line.lstrip("#").strip()
-        is_sep = i + 1 < len(lines) and re.match(r"^\s*\|?\s*:?-{3,}", lines[i + 1] or "")
+        is_sep = i + 1 < len(lines) and SEPARATOR.match(lines[i + 1])
         if line.strip().startswith("|") and is_sep:
             j = i
             while j < len(lines) and lines[j].strip().startswith("|"):
@@ -129,7 +130,7 @@ class AboutPage:
                 ("timing", i.default_timing), ("draft heads", "yes" if i.has_draft else "no (gate predictor)"),
                 ("LoRE factors", "yes" if i.has_lore else "no"), ("context", f"{i.max_context_tokens:,} tokens"),
                 ("hardware profiles", ", ".join(i.profiles)), ("shapes", ", ".join(i.shapes))]
-        return "| | this app's engine |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+        return "| property | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
 
     def _rel(self, path: Path) -> str:
         try:
@@ -140,9 +141,9 @@ class AboutPage:
     def on_load(self):
         tables = benchmark_tables(self.dir)
         if not tables:
-            return gr.update(choices=[], value=None), "No benchmark results yet (`docs/benchmarks/*.md`)."
+            return gr.update(choices=[], value=None, visible=False), "No benchmark results yet (`docs/benchmarks/*.md`)."
         choices = [(f"{self._rel(b.path)} ({b.date})", self._rel(b.path)) for b in tables]
-        return gr.update(choices=choices, value=choices[0][1]), self._render(tables[0])
+        return gr.update(choices=choices, value=choices[0][1], visible=True), self._render(tables[0])
 
     def show(self, rel):
         for b in benchmark_tables(self.dir):

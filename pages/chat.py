@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 PANEL_INTERVAL_S = 0.5      # each live panel refreshes at 2 Hz while tokens arrive (and once when the reply ends)
 PANELS = ("heatmap", "prefetch", "gantt")   # in output order
-TEXT_INTERVAL_S = 0.06      # the reply's text at most ~16 times a second (tokens keep their own pace)
+TEXT_INTERVAL_S = 0.1       # the reply's text at most 10 times a second (tokens keep their own pace)
 TAKE_TIMEOUT_S = 0.1        # how long the chat loop waits for the next token before checking notices
 CURSOR = " ▍"
 EXAMPLES = ["Tell me a short story about a lighthouse keeper.",

@@ -167,9 +167,8 @@ class ExportStore:
             if cached is not None and cached.exists():
                 return cached
             out = self.folder(run_id)
-            writer = {"chrome": self._engine.export_chrome_trace, "tensorboard": self._engine.export_tensorboard_zip,
-                      "csv": self._engine.export_csv}[kind]
-            path = Path(writer(run_id, out))
+            method = {"chrome": "export_chrome_trace", "tensorboard": "export_tensorboard_zip", "csv": "export_csv"}
+            path = Path(getattr(self._engine, method[kind])(run_id, out))
             self._paths[(run_id, kind)] = path
             return path
 

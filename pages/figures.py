@@ -103,28 +103,24 @@ def _discrete_scale() -> list:
 
 
 def outcome_heatmap(live: LiveRun) -> Figure:
-    """Layer × expert outcomes: the latest token (left) and each expert's most frequent outcome so far (right)."""
+    """Layer × expert outcomes: the latest token (left) and each expert's most frequent outcome so far (right).
+
+    Hover data stays small (it is resent at every refresh): short outcome names for the token, and the
+    five per-outcome counts as numbers for the totals.
+    """
     rows = [f"L{layer}" for layer in live.layers]
     experts = list(range(live.n_experts))
-    names = np.array(CATEGORIES, dtype=object)
-    totals = live.counts
-    selected = totals.sum(axis=-1)
-    # totals hover: "14× selected: hit 9 · prefetch_hit 3 · copy 2"
-    breakdown = np.full(selected.shape, "", dtype=object)
-    for i, name in enumerate(CATEGORIES[1:]):
-        n = totals[..., i]
-        part = np.where(n > 0, np.char.add(f"{name} ", n.astype(str)).astype(object), "")
-        sep = np.where((breakdown != "") & (n > 0), " · ", "")
-        breakdown = breakdown + sep + part
-    totals_text = np.char.add(selected.astype(str), "× selected").astype(object)
-    totals_text = np.where(selected > 0, totals_text + ": " + breakdown, "never selected")
+    short = np.array(["", "hit", "prefetched", "approx", "CPU", "copied"], dtype=object)
     scale = _discrete_scale()
     common = {"type": "heatmap", "x": experts, "y": rows, "zmin": -0.5, "zmax": len(CATEGORIES) - 0.5,
-              "colorscale": scale, "showscale": False, "xgap": 1, "ygap": 1,
-              "hovertemplate": "%{y} · expert %{x}: %{customdata}<extra></extra>"}
+              "colorscale": scale, "showscale": False, "xgap": 1, "ygap": 1}
     data = [
-        {**common, "z": live.current.tolist(), "customdata": names[live.current].tolist(), "xaxis": "x", "yaxis": "y"},
-        {**common, "z": live.totals_mode().tolist(), "customdata": totals_text.tolist(), "xaxis": "x2", "yaxis": "y"},
+        {**common, "z": live.current.tolist(), "text": short[live.current].tolist(), "xaxis": "x", "yaxis": "y",
+         "hovertemplate": "%{y} · expert %{x}: %{text}<extra>this token</extra>"},
+        {**common, "z": live.totals_mode().tolist(), "customdata": live.counts.tolist(), "xaxis": "x2", "yaxis": "y",
+         "hovertemplate": "%{y} · expert %{x}: hit %{customdata[0]} · prefetched %{customdata[1]} · "
+                          "approx %{customdata[2]} · CPU %{customdata[3]} · copied %{customdata[4]}"
+                          "<extra>all tokens</extra>"},
     ]
     data += [_legend_square(OUTCOME_LABELS[c], OUTCOME_COLOURS[c]) for c in CATEGORIES]
     tick = max(1, live.n_experts // 16)
@@ -195,8 +191,9 @@ def prefetch_timeline(live: LiveRun) -> Figure:
         450, "prefetch", barmode="overlay", margin={"l": 50, "r": 46, "t": 44, "b": 96},
         legend=_bottom_legend(-0.16),
         xaxis=_axis(domain=[0, 1], anchor="y", title={"text": "ms from the start of the run", "standoff": 4}),
-        yaxis=_axis(domain=[0.47, 1], anchor="x", autorange="reversed", type="category", categoryorder="array",
-                    categoryarray=[f"L{layer}" for layer in live.layers]),
+        yaxis=_axis(domain=[0.47, 1], anchor="x", type="category", categoryorder="array",
+                    categoryarray=[f"L{layer}" for layer in live.layers],
+                    range=[len(live.layers) - 0.5, -0.5], dtick=max(1, len(live.layers) // 14)),
         xaxis2=_axis(domain=[0, 1], anchor="y2", title={"text": "token", "standoff": 4}),
         yaxis2=_axis(domain=[0, 0.3], anchor="x2", title={"text": "depth"}, rangemode="tozero"),
         yaxis3=_axis(overlaying="y2", side="right", anchor="x2", range=[0, 105], title={"text": "hit %"},
@@ -349,9 +346,10 @@ def pareto_plot(rows: Sequence[dict], timing: str) -> Figure:
                           f"hit rate {100 * r['hit_rate']:.0f}%" for r in mine],
             "hoverinfo": "text"})
     front = pareto_front([(r["tpot_ms"], r["agreement"]) for r in rows])
-    data.append({"type": "scatter", "mode": "lines", "name": "Pareto front", "hoverinfo": "skip",
+    data.append({"type": "scatter", "mode": "lines+markers", "name": "Pareto front", "hoverinfo": "skip",
                  "x": [rows[i]["tpot_ms"] for i in front], "y": [round(100 * rows[i]["agreement"], 2) for i in front],
-                 "line": {"color": "#1d2733", "dash": "dash", "width": 1.5}})
+                 "line": {"color": "#1d2733", "dash": "dash", "width": 1.5},
+                 "marker": {"symbol": "circle-open", "size": 18, "color": "#1d2733", "line": {"width": 1.5}}})
     layout = _layout(420, "pareto", xaxis=_axis(title={"text": f"TPOT, median ms ({timing}): lower is faster"}),
                      yaxis=_axis(title={"text": "greedy agreement with the exact run (%)"}, range=[-3, 103]))
     return {"data": data, "layout": layout}

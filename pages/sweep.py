@@ -167,8 +167,12 @@ class SweepPage:
             if profile not in self.info.profiles or shape not in self.info.shapes:
                 raise ConfigError(f"profile/shape must be one of {', '.join(self.info.profiles)} / "
                                   f"{', '.join(self.info.shapes)}")
-            settings = grid(policies, parse_values(tau_prefetch_text, "τ_prefetch"),
-                            parse_values(tau_approx_text, "τ_approx"), base)
+            tau_approx = parse_values(tau_approx_text, "τ_approx")
+            notes = []
+            if not self.info.has_lore and tau_approx != [0.0]:
+                tau_approx = [0.0]
+                notes.append("τ_approx was left at 0: this model has no LoRE factors, so nothing is approximated.")
+            settings = grid(policies, parse_values(tau_prefetch_text, "τ_prefetch"), tau_approx, base)
         except (SpiceError, TypeError, ValueError) as exc:
             yield f"⚠ Sweep not started: {spice_error_text(exc)}", skip, skip, skip
             return
@@ -217,7 +221,8 @@ class SweepPage:
                            as_plot(figures.policy_bars(rows, timing)), _table(rows))
             verb = "Stopped" if session.stop else "Done"
             yield (f"{verb}: {len(rows)} settings, {done} runs in {time.perf_counter() - started:.0f} s "
-                   f"({timing} timing, {base.profile}, {base.shape}).", as_plot(figures.pareto_plot(rows, timing)),
+                   f"({timing} timing, {base.profile}, {base.shape}). {' '.join(notes)}".strip(),
+                   as_plot(figures.pareto_plot(rows, timing)),
                    as_plot(figures.policy_bars(rows, timing)), _table(rows))
         finally:
             session.running = False

@@ -1,0 +1,267 @@
+"""The app's pure parts, without a server: messages, settings, live numbers, figures, runner, tables."""
+from __future__ import annotations
+
+import json
+import time
+
+import plotly.graph_objects as go
+import pytest
+
+from app_helpers import CHAT_DEFAULTS
+from fake_engine import FakeEngine, settings
+from pages import figures
+from pages.about import benchmark_tables, first_table
+from pages.common import ExportStore, fmt_bytes, settings_from_values
+from pages.live import LiveRun, greedy_agreement
+from pages.messages import clean_message, drop_oldest_turn, engine_turns, normalize_history, note, problem_with
+from pages.runner import EngineRunner
+from pages.sweep import grid, parse_values
+from pages.trace_explorer import per_layer_frame, per_token_series
+from spice_core.api import LaneInterval, RunSettings
+from spice_core.errors import ConfigError, SpiceError
+
+
+# --- messages ----------------------------------------------------------------------------------
+def test_clean_message_keeps_newlines_and_tabs_and_drops_other_controls():
+    m = clean_message("a\x00b\tc\r\nd\x1b[0m\ud800")
+    assert m.text == "ab\tc\nd[0m" and m.removed == 3 and m.example == "U+0000"
+
+
+@pytest.mark.parametrize("raw,words", [("", "empty"), (" \n ", "empty"), ("\x07\x08", "only had control"),
+                                       ("x" * 5000, "5,000 characters"), ("\x00" * 20 + "abc", "binary")])
+def test_problem_with_names_what_is_wrong(raw, words):
+    assert words in problem_with(clean_message(raw), len(raw), 4000, 1024)
+
+
+def test_a_terminal_escape_in_normal_text_is_not_binary():
+    raw = "see \x1b[31mred\x1b[0m output please"
+    assert problem_with(clean_message(raw), len(raw), 4000, 1024) == ""
+
+
+def test_history_in_parts_or_strings_becomes_turns_without_app_notes():
+    history = normalize_history([
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {"role": "assistant", "content": "hello"},
+        note("Run x · 3 tokens", "stats"),
+        {"role": "assistant", "content": [{"type": "file", "file": {}}]},
+        "garbage",
+    ])
+    assert engine_turns(history) == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+
+
+def test_drop_oldest_turn_keeps_system_prompt_and_starts_on_a_user_turn():
+    turns = [{"role": "system", "content": "s"}, {"role": "user", "content": "1"},
+             {"role": "assistant", "content": "a"}, {"role": "user", "content": "2"}]
+    assert drop_oldest_turn(turns) == [{"role": "system", "content": "s"}, {"role": "user", "content": "2"}]
+    assert drop_oldest_turn([{"role": "user", "content": "only"}]) is None
+
+
+# --- settings ----------------------------------------------------------------------------------
+def _values(**overrides):
+    return dict(list((CHAT_DEFAULTS | overrides).items())[:11])
+
+
+def test_settings_from_values_converts_integral_floats_and_refuses_the_rest_by_name():
+    info = FakeEngine().info()
+    s = settings_from_values(info, _values(max_lookahead=6.0, lore_rank="8"))
+    assert s.max_lookahead == 6 and s.lore_rank == 8
+    for bad, words in [(dict(max_lookahead=2.5), "max_lookahead=2.5"), (dict(cpu_lane="yes"), "cpu_lane"),
+                       (dict(cache_frac=float("nan")), "cache_frac is NaN"), (dict(shape="huge"), "shape='huge'"),
+                       (dict(policy=None), "policy is missing")]:
+        with pytest.raises(ConfigError, match=words.replace("(", r"\(")):
+            settings_from_values(info, _values(**bad))
+
+
+# --- live numbers --------------------------------------------------------------------------------
+def test_live_numbers_match_the_engine_summary():
+    engine = FakeEngine(token_delay_s=0)
+    gen = engine.start_prompt("hello", settings(max_new_tokens=30))
+    live = LiveRun.for_engine(engine.info())
+    for step in gen:
+        live.add(step)
+    s = gen.summary()
+    assert live.n_tokens == s.n_tokens
+    assert live.tpot_ms == pytest.approx(s.tpot_ms_median)
+    assert live.hit_rate == pytest.approx(s.hit_rate)
+    assert live.bytes_per_token == pytest.approx(s.bytes_per_token)
+    assert live.counts.sum() == sum(len(st.outcomes) for st in engine._runs[gen.run_id].steps)
+
+
+def test_live_run_ignores_outcomes_for_layers_it_was_not_told_about():
+    from spice_core.api import ExpertOutcome, StepStats
+    live = LiveRun(layers=(1, 2), n_experts=4)
+    live.add(StepStats(0, 5, "x", 1.0, "modeled", 1, 1, 0, 0.0, 1.0,
+                       outcomes=(ExpertOutcome(1, 0, "hit"), ExpertOutcome(9, 0, "copy"), ExpertOutcome(2, 7, "copy"),
+                                 ExpertOutcome(2, 1, "weird"))))
+    assert live.counts.sum() == 1 and live.hit_rate == 1.0
+
+
+@pytest.mark.parametrize("tokens,ref,expected", [([1, 2, 3], [1, 2, 3], 1.0), ([1, 9, 3], [1, 2, 3], 1 / 3),
+                                                 ([], [1, 2], 0.0), ([1, 2], [1, 2, 3, 4], 0.5), ([], [], 1.0)])
+def test_greedy_agreement_is_the_share_of_the_reference_before_the_first_divergence(tokens, ref, expected):
+    assert greedy_agreement(tokens, ref) == pytest.approx(expected)
+
+
+# --- figures -----------------------------------------------------------------------------------------
+def _live(n=20):
+    engine = FakeEngine(token_delay_s=0)
+    live = LiveRun.for_engine(engine.info())
+    for step in engine.start_prompt("figures", settings(max_new_tokens=n)):
+        live.add(step)
+    return live
+
+
+def test_every_figure_is_valid_plotly_json_without_a_title():
+    live = _live()
+    rows = [dict(policy="lru", tau_prefetch=0.2, tau_approx=0.0, tpot_ms=9.0, agreement=1.0, hit_rate=0.5)]
+    for fig in (figures.outcome_heatmap(live), figures.prefetch_timeline(live), figures.lane_gantt(live.intervals()),
+                figures.token_overview([0, 1], [5.0, 2.0], [1.0, 0.5], [3.0, 1.0], "modeled"),
+                figures.pareto_plot(rows, "modeled"), figures.policy_bars(rows, "modeled"), figures.empty_figure("x")):
+        go.Figure(fig)                                    # validates against plotly's schema
+        json.dumps(fig, allow_nan=False)
+        assert "title" not in fig["layout"]
+
+
+def test_gantt_bars_start_at_base_and_merge_back_to_back_intervals():
+    ivs = [LaneInterval("gpu", "expert", 0.0, 1.0, 3, 1), LaneInterval("gpu", "expert", 1.0, 2.0, 3, 4),
+           LaneInterval("gpu", "stall", 2.0, 2.5, 3), LaneInterval("gpu", "expert", 2.5, 3.0, 3, 7),
+           LaneInterval("copy", "copy", 0.5, 2.0, 3, 7), LaneInterval("gpu", "hit", 1.0, 1.0, 3, 1)]
+    fig = figures.lane_gantt(ivs)
+    bars = {t["name"]: t for t in fig["data"]}
+    experts = bars[figures.KIND_LABELS["expert"]]
+    assert experts["base"] == [0.0, 2.5] and experts["x"] == [2.0, 0.5]
+    assert "×2" in experts["hovertext"][0] and "E1, E4" in experts["hovertext"][0]
+    assert fig["layout"]["yaxis"]["categoryarray"] == ["gpu", "copy"]
+
+
+def test_lane_order_is_gpu_copy_cpus_by_number_then_host():
+    assert figures.lane_order(["host", "cpu10", "copy", "cpu2", "gpu", "zz", "copy#2"]) == \
+        ["gpu", "copy", "copy#2", "cpu2", "cpu10", "host", "zz"]
+
+
+def test_pareto_front_keeps_only_settings_no_other_beats_on_both_axes():
+    points = [(10.0, 1.0), (8.0, 0.9), (9.0, 0.8), (6.0, 0.5), (7.0, 0.5)]
+    assert figures.pareto_front(points) == [3, 1, 0]
+
+
+# --- sweep ---------------------------------------------------------------------------------------------
+def test_sweep_grid_varies_only_the_thresholds_each_policy_uses():
+    base = RunSettings()
+    g = grid(["lru", "spice_prefetch", "spice"], [0.1, 0.5], [0.0, 0.3], base)
+    by_policy = {p: [(s.tau_prefetch, s.tau_approx) for s in g if s.policy == p] for p in ("lru", "spice_prefetch",
+                                                                                             "spice")}
+    assert by_policy == {"lru": [(base.tau_prefetch, 0.0)], "spice_prefetch": [(0.1, 0.0), (0.5, 0.0)],
+                         "spice": [(0.1, 0.0), (0.1, 0.3), (0.5, 0.0), (0.5, 0.3)]}
+    assert all(s.temperature == 0.0 for s in g)
+
+
+def test_parse_values_accepts_commas_and_spaces_and_names_bad_items():
+    assert parse_values("0.3, 0.1 0.3;0", "τ") == [0.0, 0.1, 0.3]
+    with pytest.raises(ConfigError, match="'x' is not a number"):
+        parse_values("0.1, x", "τ")
+
+
+# --- runner ---------------------------------------------------------------------------------------------
+def _drain(stream, timeout_s=10.0):
+    steps, end = [], time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        got, ended = stream.take(0.05)
+        steps += got
+        if ended:
+            return steps
+    raise AssertionError("the run did not end")
+
+
+def test_runner_cancels_a_run_nobody_reads_and_lets_the_next_one_start():
+    engine = FakeEngine(token_delay_s=0.01)
+    runner = EngineRunner(orphan_after_s=0.3)
+    s = settings(max_new_tokens=1000)
+    first = runner.start("a", s, lambda: engine.start_prompt("one", s))
+    assert first.join(5), "an unread run must cancel itself"
+    assert first.cancel_reason == "orphaned" and first.summary().finish_reason == "cancelled"
+    second = runner.start("b", settings(max_new_tokens=5), lambda: engine.start_prompt("two", settings(max_new_tokens=5)))
+    assert len(_drain(second)) == 5 and engine.concurrent_violations == 0
+
+
+def test_starting_a_run_cancels_the_previous_one_first():
+    engine = FakeEngine(token_delay_s=0.01)
+    runner = EngineRunner()
+    s = settings(max_new_tokens=1000)
+    first = runner.start("a", s, lambda: engine.start_prompt("one", s))
+    first.take(1.0)
+    second = runner.start("b", s, lambda: engine.start_prompt("two", s))
+    assert first.done and first.cancel_reason == "superseded" and engine.concurrent_violations == 0
+    second.cancel()
+    _drain(second)
+
+
+def test_runner_hands_only_live_thresholds_to_the_engine_and_defers_the_rest():
+    engine = FakeEngine(token_delay_s=0.01)
+    runner = EngineRunner()
+    s = settings(max_new_tokens=60)
+    stream = runner.start("a", s, lambda: engine.start_prompt("x", s))
+    stream.take(1.0)
+    stream.request_settings(RunSettings(**{**s.__dict__, "tau_prefetch": 0.7, "policy": "lru"}))
+    _drain(stream)
+    change = stream.changes[0]
+    assert change.applied == ("tau_prefetch",) and change.deferred == ("policy",) and change.from_token > 0
+    assert engine.generations[-1].settings_log[-1][1].tau_prefetch == 0.7
+
+
+def test_an_engine_error_mid_run_ends_the_stream_with_its_message():
+    engine = FakeEngine(token_delay_s=0, fail_at_token=2)
+    runner = EngineRunner()
+    s = settings(max_new_tokens=10)
+    stream = runner.start("a", s, lambda: engine.start_prompt("x", s))
+    assert len(_drain(stream)) == 2
+    assert "simulated engine bug" in stream.error and stream.internal_error
+
+
+def test_a_refused_start_raises_and_leaves_the_runner_free():
+    engine = FakeEngine(token_delay_s=0)
+    runner = EngineRunner()
+    s = settings()
+    with pytest.raises(SpiceError, match="empty"):
+        runner.start("a", s, lambda: engine.start_prompt("   ", s))
+    assert runner.active is None
+
+
+# --- exports, tables, about --------------------------------------------------------------------------
+def test_exports_go_to_a_folder_named_from_the_run_id_only(tmp_path):
+    class Engine:
+        def export_chrome_trace(self, run_id, out_dir):
+            path = out_dir / "t.json"
+            path.write_text("{}")
+            return path
+    store = ExportStore(Engine(), tmp_path)
+    path = store.get("../../etc/x", "chrome")
+    assert path.parent.parent == tmp_path and ".." not in path.parent.name
+    with pytest.raises(ConfigError):
+        store.get("r", "pdf")
+
+
+def test_per_layer_frame_and_per_token_series_from_trace_events():
+    engine = FakeEngine(token_delay_s=0)
+    gen = engine.start_prompt("tables", settings(max_new_tokens=6))
+    list(gen)
+    events = engine.get_events(gen.run_id)
+    frame = per_layer_frame(events, 6)
+    assert list(frame["layer"]) == list(engine.moe_layers)
+    assert (frame[["hit %", "prefetched hit %", "approx %", "CPU %", "copied %"]].sum(axis=1) - 100).abs().max() < 0.6
+    tokens, step_ms, stall_ms, mb = per_token_series(events)
+    assert tokens == list(range(6)) and all(s >= w for s, w in zip(step_ms, stall_ms))
+
+
+def test_about_finds_the_newest_benchmark_table(tmp_path):
+    (tmp_path / "old.md").write_text("# Old 2024-01-01\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "new.md").write_text("Measured 2025-03-04.\n## Results\n| x |\n|:--|\n| 9 |\ntext\n")
+    (tmp_path / "none.md").write_text("no table here 2026-01-01")
+    tables = benchmark_tables(tmp_path)
+    assert [t.path.name for t in tables] == ["new.md", "old.md"]
+    assert tables[0].heading == "Results" and tables[0].table == "| x |\n|:--|\n| 9 |"
+    assert first_table("nothing") == ("", "")
+
+
+def test_fmt_bytes_uses_decimal_units():
+    assert [fmt_bytes(n) for n in (12, 1536, 17.3e6, 2.7e9)] == ["12 B", "1.5 kB", "17.3 MB", "2.7 GB"]
