@@ -1,6 +1,6 @@
 """SPICE web app: chat with an offloaded MoE model, watch and tune the engine. Wiring only.
 
-    python app.py [--model DIR] [--device cpu|cuda]     serves on 127.0.0.1:7860
+    python app.py [--model DIR] [--device cpu|cuda] [--threads N]     serves on 127.0.0.1:7860
     (GRADIO_SERVER_NAME / GRADIO_SERVER_PORT override host and port, as on Hugging Face Spaces)
 
 Pages live in `pages/` (one module each); they reach the engine only through `spice_core.api`.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import logging
+import os
 from pathlib import Path
 
 import gradio as gr
@@ -57,7 +58,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="checkpoint folder (default: the shipped model)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1),
+                        help="torch CPU threads (default: all cores but one, which the web server keeps)")
     args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(max(1, args.threads))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = None
     if args.model or args.device:

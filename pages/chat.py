@@ -240,6 +240,7 @@ class ChatPage:
             yield only_chat(history + [note("⚠ Still answering your previous message",
                                             "Wait for it to finish or press Stop, then send again.")])
             return
+        user_at = len(history)
         history.append({"role": "user", "content": cleaned.text})
         if cleaned.removed:
             history.append(note(f"ℹ Removed {cleaned.removed} control character"
@@ -249,12 +250,13 @@ class ChatPage:
         epoch = session.epoch
         try:
             stream, turns, dropped = self._start(owner, turns, settings)
-        except SpiceError as exc:
-            yield only_chat(history + [note("⚠ The engine refused this message", spice_error_text(exc))], False)
+        except SpiceError as exc:     # not sent: the text stays in the box to be fixed
+            refused = [m for m in history if m.get("role") != "user" or m is not history[user_at]]
+            yield only_chat(refused + [note("⚠ The engine refused this message", spice_error_text(exc))])
             return
         session.stream = stream
         session.notices.clear()
-        self.ctx.run_labels[stream.run_id] = "chat: " + _preview(cleaned.text)
+        self.ctx.label_run(stream.run_id, "chat: " + _preview(cleaned.text))
         if dropped:
             history.append(note(f"ℹ Left out the {dropped} oldest exchange{'s' if dropped > 1 else ''} to fit the "
                                 f"model's context ({self.info.max_context_tokens:,} tokens)"))
@@ -359,7 +361,7 @@ class ChatPage:
             stream = self.ctx.runner.start(owner, exact, lambda: self.ctx.engine.start_chat(turns, exact))
         except SpiceError as exc:
             return f"not measured: {spice_error_text(exc)}"
-        self.ctx.run_labels[stream.run_id] = f"exact check of {session.last_run_id}"
+        self.ctx.label_run(stream.run_id, f"exact check of {session.last_run_id}")
         ids: list[int] = []
         while True:
             steps, ended = stream.take(1.0)

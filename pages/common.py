@@ -195,6 +195,12 @@ class AppContext:
         return cls(engine=engine, info=info, runner=EngineRunner(orphan_after_s=orphan_after_s),
                    exports=ExportStore(engine, export_root), max_message_chars=limit)
 
+    def label_run(self, run_id: str, label: str, keep: int = 512) -> None:
+        """Remember what started a run (the engine keeps only recent runs; so do we)."""
+        self.run_labels[run_id] = label
+        while len(self.run_labels) > keep:
+            self.run_labels.pop(next(iter(self.run_labels)))
+
     def describe_timing(self, settings: RunSettings) -> str:
         """One line for banners: which clock produced the numbers, and what modeled ones stand for."""
         if self.info.default_timing == "measured":

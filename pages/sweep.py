@@ -235,7 +235,7 @@ class SweepPage:
                                                       lambda: self.ctx.engine.start_prompt(prompt, settings))
         except SpiceError as exc:
             return [], None, spice_error_text(exc)
-        self.ctx.run_labels[stream.run_id] = label
+        self.ctx.label_run(stream.run_id, label)
         ids: list[int] = []
         while True:
             steps, ended = stream.take(0.5)
