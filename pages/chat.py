@@ -23,8 +23,9 @@ import gradio as gr
 from spice_core.api import RunSettings
 from spice_core.errors import PromptError, SpiceError
 from pages import figures
-from pages.common import (ENGINE_GROUP, LORE_RANKS, AppContext, FreeDropdown, FreeSlider, as_plot,
-                          default_settings, fmt_bytes, policy_choices, settings_from_values, spice_error_text)
+from pages import chat_text as text
+from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, FreeDropdown, FreeSlider, as_plot,
+                          default_settings, policy_choices, settings_from_values, spice_error_text)
 from pages.live import LiveRun, greedy_agreement
 from pages.messages import clean_message, drop_oldest_turn, engine_turns, normalize_history, note, problem_with
 from pages.runner import LIVE_FIELDS, RunStream
@@ -85,7 +86,7 @@ class ChatPage:
                     gr.Examples(EXAMPLES, inputs=[self.msg], label="Try")
                     self.new_chat = gr.Button("New chat", size="sm", scale=0, min_width=100, elem_id="spice-new")
             with gr.Column(scale=6, min_width=420):
-                self.stats = gr.HTML(stats_html(None, d, self.info), elem_id="spice-stats")
+                self.stats = gr.HTML(text.stats_html(None, d, self.info), elem_id="spice-stats")
                 self.gantt = gr.Plot(as_plot(figures.empty_figure("lane activity appears here while a reply streams")),
                                      label="Lanes: GPU, copy stream, CPU workers (last 2 tokens)",
                                      elem_id="spice-gantt")
@@ -131,7 +132,7 @@ class ChatPage:
                                            elem_id="ctl-live")
             self.check_exact = gr.Checkbox(value=False, label="Measure greedy agreement with exact settings after "
                                            "each lossy reply (generates it once more)", elem_id="ctl-check")
-        self.settings_note = gr.Markdown(_settings_hint(), elem_id="spice-settings-note",
+        self.settings_note = gr.Markdown(text.settings_hint(), elem_id="spice-settings-note",
                                          elem_classes=["spice-note"])
 
     @property
@@ -180,7 +181,7 @@ class ChatPage:
     def on_settings(self, *args):
         *values, session = args
         try:
-            settings = settings_from_values(self.info, dict(zip(_setting_names(), values)))
+            settings = settings_from_values(self.info, dict(zip(SETTING_FIELDS, values)))
         except SpiceError as exc:
             return f"⚠ Not applied: {spice_error_text(exc)}", gr.skip()
         previous = session.settings or self.defaults
@@ -188,7 +189,7 @@ class ChatPage:
         banner = self._banner(settings) if (settings.profile, settings.shape) != (previous.profile, previous.shape) \
             else gr.skip()
         if not session.streaming():
-            return _settings_hint(), banner
+            return text.settings_hint(), banner
         stream = session.stream
         changed = [f for f in RunSettings.__dataclass_fields__ if getattr(settings, f) != getattr(stream.settings, f)]
         stream.request_settings(settings)
@@ -201,14 +202,14 @@ class ChatPage:
         if later:
             parts.append(f"**{', '.join(later)}** applies from your next message (if the engine cannot change "
                          f"it mid-reply).")
-        return " ".join(parts) or _settings_hint(), banner
+        return " ".join(parts) or text.settings_hint(), banner
 
     def clear(self, session: ChatSession):
         session.epoch += 1
         if session.streaming():
             session.stream.cancel("stop")
         session.notices.clear()
-        return ("", [], stats_html(None, session.settings or self.defaults, self.info),
+        return ("", [], text.stats_html(None, session.settings or self.defaults, self.info),
                 as_plot(figures.empty_figure("send a message to see which experts each token uses")),
                 as_plot(figures.empty_figure("prefetches appear here while a reply streams")),
                 as_plot(figures.empty_figure("lane activity appears here while a reply streams")))
@@ -225,7 +226,7 @@ class ChatPage:
             return (skip if keep_text else "", h, skip, skip, skip, skip)
 
         try:
-            settings = settings_from_values(self.info, dict(zip(_setting_names(), values)))
+            settings = settings_from_values(self.info, dict(zip(SETTING_FIELDS, values)))
         except SpiceError as exc:
             yield only_chat(history + [note("⚠ Settings not applied", spice_error_text(exc))])
             return
@@ -256,14 +257,14 @@ class ChatPage:
             return
         session.stream = stream
         session.notices.clear()
-        self.ctx.label_run(stream.run_id, "chat: " + _preview(cleaned.text))
+        self.ctx.label_run(stream.run_id, "chat: " + text.preview(cleaned.text))
         if dropped:
             history.append(note(f"ℹ Left out the {dropped} oldest exchange{'s' if dropped > 1 else ''} to fit the "
                                 f"model's context ({self.info.max_context_tokens:,} tokens)"))
         reply_at = len(history)
         history.append({"role": "assistant", "content": CURSOR})
         live = LiveRun.for_engine(self.info)
-        yield ("", history, stats_html(live, settings, self.info, state="starting"), skip, skip, skip)
+        yield ("", history, text.stats_html(live, settings, self.info, state="starting"), skip, skip, skip)
 
         first_wall = None
         # Each panel refreshes every PANEL_INTERVAL_S, the three staggered by a third of it, so the
@@ -299,8 +300,8 @@ class ChatPage:
                         if panel_dirty[i] and now >= panel_due[i]:
                             out[3 + i] = as_plot(self._figure(name, live))
                             panel_due[i], panel_dirty[i] = now + PANEL_INTERVAL_S, False
-                            out[2] = stats_html(live, stream.settings, self.info, stream=stream,
-                                                wall_tps=_wall_tps(live, first_wall))
+                            out[2] = text.stats_html(live, stream.settings, self.info, stream=stream,
+                                                     wall_tps=text.wall_tps(live, first_wall))
                 if any(o is not skip for o in out):
                     yield tuple(out)
         finally:
@@ -340,18 +341,19 @@ class ChatPage:
         elif stream.cancel_reason == "stop":
             history.append(note(f"■ Stopped after {live.n_tokens} token{'s' if live.n_tokens != 1 else ''}"))
         if stream.changes:
-            history.append(note("Settings changed during this reply", _changes_text(stream)))
-        agreement = _agreement_line(settings, check_exact)
+            history.append(note("Settings changed during this reply", text.changes_text(stream)))
+        tps = text.wall_tps(live, first_wall)
+        agreement = text.agreement_line(settings, check_exact)
         if agreement is None and live.n_tokens:
-            yield ("", history, stats_html(live, stream.settings, self.info, stream=stream, summary=summary,
-                                           wall_tps=_wall_tps(live, first_wall), agreement="checking against the "
-                                           "exact settings…"), skip, skip, skip)
+            checking = text.stats_html(live, stream.settings, self.info, stream=stream, summary=summary, wall_tps=tps,
+                                       agreement="checking against the exact settings…")
+            yield "", history, checking, skip, skip, skip
             agreement = self._check_exact(turns, stream.settings, live, session)
         if summary is not None and live.n_tokens:
-            history.append(note(_run_title(summary, live), _run_body(summary, stream)))
-        yield ("", history, stats_html(live, stream.settings, self.info, stream=stream, summary=summary,
-                                       wall_tps=_wall_tps(live, first_wall), agreement=agreement or ""),
-               *self._panels(live))
+            history.append(note(text.run_title(summary, live), text.run_body(summary, stream)))
+        final = text.stats_html(live, stream.settings, self.info, stream=stream, summary=summary, wall_tps=tps,
+                                agreement=agreement or "")
+        yield ("", history, final, *self._panels(live))
 
     def _check_exact(self, turns, settings: RunSettings, live: LiveRun, session: ChatSession) -> str:
         """Generate the same reply with exact settings and compare greedy tokens."""
@@ -398,111 +400,3 @@ def build(ctx: AppContext) -> ChatPage:
     page = ChatPage(ctx)
     page.build()
     return page
-
-
-# --- text helpers ---------------------------------------------------------------------------------
-def _setting_names() -> tuple[str, ...]:
-    from pages.common import SETTING_FIELDS
-    return SETTING_FIELDS
-
-
-def _settings_hint() -> str:
-    return ("Settings apply to your next message. During a reply, **τ_prefetch**, **τ_approx** and "
-            "**max lookahead** apply from the next token.")
-
-
-def _preview(text: str, n: int = 48) -> str:
-    one = " ".join(text.split())
-    return one if len(one) <= n else one[: n - 1] + "…"
-
-
-def _wall_tps(live: LiveRun, first_wall: float | None) -> float:
-    if first_wall is None or live.n_tokens < 2:
-        return 0.0
-    elapsed = time.perf_counter() - first_wall
-    return (live.n_tokens - 1) / elapsed if elapsed > 0 else 0.0
-
-
-def _agreement_line(settings: RunSettings, check_exact: bool) -> str | None:
-    """The agreement text when no re-run is needed; None when one should be made."""
-    if settings.exact:
-        return "100% (exact settings: identical by design)"
-    if settings.temperature > 0:
-        return "n/a (sampling: set temperature to 0)"
-    if not check_exact:
-        return "not measured (tick “measure greedy agreement”)"
-    return None
-
-
-def _changes_text(stream: RunStream) -> str:
-    lines = [f"- from token {c.from_token}: {', '.join(f'{f}={getattr(c_settings, f)!r}' for f in c.applied)}"
-             for c, c_settings in _applied_changes(stream)]
-    deferred = list(dict.fromkeys(f for c in stream.changes for f in c.deferred))
-    if deferred:
-        reasons = {c.message for c in stream.changes if c.message}
-        lines.append(f"- {', '.join(deferred)}: applies from your next message"
-                     + (f" ({'; '.join(sorted(reasons))})" if reasons else ""))
-    return "\n".join(lines)
-
-
-def _applied_changes(stream: RunStream):
-    """(change, the settings after it) for every change that applied something."""
-    out = []
-    for c in stream.changes:
-        if c.applied:
-            out.append((c, c.settings_after))
-    return out
-
-
-def _run_title(summary, live: LiveRun) -> str:
-    return (f"Run {summary.run_id} · {summary.n_tokens} tokens · TPOT {summary.tpot_ms_median:.2f} ms "
-            f"({summary.timing}) · hit rate {100 * summary.hit_rate:.0f}%")
-
-
-def _run_body(summary, stream: RunStream) -> str:
-    split = ", ".join(f"{k} {v}" for k, v in sorted(summary.miss_split.items()) if v) or "none"
-    notes = "".join(f"\n- {n}" for n in summary.notes)
-    return (f"Policy **{summary.policy}** · {summary.timing} timing ({summary.profile}, {summary.shape}) · "
-            f"TTFT {summary.ttft_ms:.1f} ms · p90 TPOT {summary.tpot_ms_p90:.2f} ms · "
-            f"{summary.tokens_per_s:.1f} tokens/s · {fmt_bytes(summary.bytes_per_token)} copied per token · "
-            f"stall {summary.stall_ms_per_token:.2f} ms per token · misses: {split} · "
-            f"finished: {summary.finish_reason or stream.cancel_reason or '?'}{notes}\n\n"
-            f"[Open this run in the trace explorer](trace?run={summary.run_id})")
-
-
-def stats_html(live: LiveRun | None, settings: RunSettings, info, *, state: str = "", stream: RunStream | None = None,
-               summary=None, wall_tps: float = 0.0, agreement: str = "") -> str:
-    """The row of numbers above the panels (HTML; styled by the app's CSS)."""
-    timing = (live.timing if live is not None and live.timing else info.default_timing)
-    where = f"{settings.profile}, {settings.shape}" if timing == "modeled" else info.device
-    head = (f"<b>{settings.policy}</b> · cache {settings.cache_frac:.0%} · τ<sub>prefetch</sub> {settings.tau_prefetch:g}"
-            f" · τ<sub>approx</sub> {settings.tau_approx:g} · lookahead ≤ {settings.max_lookahead} · "
-            f"LoRE r{settings.lore_rank} · CPU lane {'on' if settings.cpu_lane else 'off'} · "
-            f"<span class='timing'>{timing} ({where})</span>")
-    if stream is not None and stream.changes:
-        last = stream.changes[-1]
-        if last.applied:
-            head += f" · <span class='changed'>changed {', '.join(last.applied)} from token {last.from_token}</span>"
-    if live is None or live.n_tokens == 0:
-        status = "starting…" if state == "starting" else "no reply yet"
-        cards = [("tokens", "0", status)]
-    else:
-        run_id = stream.run_id if stream is not None else ""
-        status = "done" if summary is not None else "streaming"
-        cards = [
-            ("tokens", f"{live.n_tokens}", f"{run_id} · {status}"),
-            ("TTFT", f"{live.ttft_ms:.1f} ms", "incl. prefill"),
-            ("TPOT", f"{live.tpot_ms:.2f} ms", f"median, {timing}"),
-            ("tokens/s", f"{live.tokens_per_s:.1f}", f"{timing}; streamed {wall_tps:.1f}/s"),
-            ("hit rate", f"{100 * live.hit_rate:.0f}%", "resident + prefetched"),
-            ("copied", fmt_bytes(live.bytes_per_token), "per token"),
-            ("stall", f"{live.stall_ms_per_token:.2f} ms", "per token"),
-            ("lookahead", f"{(sum(live.lookahead) / len(live.lookahead)) if live.lookahead else 0:.1f}",
-             "mean depth (layers)"),
-        ]
-        if agreement:
-            value, _, rest = agreement.partition(" ")
-            cards.append(("greedy agreement", value, rest.strip("()") or "vs exact settings"))
-    body = "".join(f"<div class='card'><div class='k'>{k}</div><div class='v'>{v}</div><div class='s'>{s}</div></div>"
-                   for k, v, s in cards)
-    return f"<div class='spice-stats'><div class='head'>{head}</div><div class='cards'>{body}</div></div>"

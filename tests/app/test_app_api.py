@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import re
 import json
 import threading
 import time
@@ -305,7 +306,7 @@ def test_slider_moved_mid_stream_applies_from_the_next_token(served, client):
 
 
 def test_full_queue_answers_busy():
-    s = serve(FakeEngine(token_delay_s=0.01), max_queue=1)
+    s = serve(FakeEngine(token_delay_s=0.005), max_queue=1)
     clients = [Client(s.url, verbose=False) for _ in range(3)]
     try:
         running = clients[0].submit(*chat_inputs("one", max_new_tokens=150), api_name="/chat")
@@ -379,3 +380,21 @@ def test_settings_defaults_match_the_run_settings_contract():
     from spice_core.api import RunSettings
     fields = set(RunSettings.__dataclass_fields__)
     assert set(list(CHAT_DEFAULTS)[:11]) <= fields
+
+
+def test_lossy_reply_is_checked_against_exact_settings_when_asked(served, client):
+    before = len(served.engine.generations)
+    out = client.predict(*chat_inputs("check me", max_new_tokens=20, tau_approx=0.6, check_exact=True),
+                         api_name="/chat")
+    assert len(served.engine.generations) == before + 2, "the exact re-run did not happen"
+    exact = served.engine.generations[-1]
+    assert exact.settings_log[0][1].tau_approx == 0.0 and exact.settings_log[0][1].max_new_tokens == 20
+    stats = out[2]
+    assert "greedy agreement" in stats and re.search(r"first \d+ of 20 tokens identical", stats), stats
+
+
+def test_exact_settings_need_no_check(served, client):
+    before = len(served.engine.generations)
+    out = client.predict(*chat_inputs("exact", max_new_tokens=5, tau_approx=0.0, check_exact=True), api_name="/chat")
+    assert len(served.engine.generations) == before + 1
+    assert "identical by design" in out[2]
