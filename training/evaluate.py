@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.corpus import validation_stories
+from training.corpus import VALIDATION_SEED_BASE, validation_stories
 
 STORY_DOMAINS = ("stories", "chat")
 PROSE_DOMAINS = ("austen", "bible", "shakespeare")
@@ -87,6 +87,33 @@ def request_following(model, tokenizer, n: int = 16, max_new_tokens: int = 48, s
         if not ok:
             misses.append({"prompt": prompt, "reply": reply})
     return {"requests": n, "followed": hits, "max_new_tokens": max_new_tokens, "misses": misses}
+
+
+def object_copy_probability(model, tokenizer, n: int = 40) -> float:
+    """Mean teacher-forced probability of the requested object's token where a held-out chat story first
+    names it (chats whose request names a one-token object and a kind): does the model copy it?"""
+    import torch
+
+    from training.stories import generate_chat_story
+
+    probs: list[float] = []
+    seed = VALIDATION_SEED_BASE + 10**9
+    while len(probs) < n:
+        story = generate_chat_story(seed)
+        seed += 1
+        req = story.request
+        obj_ids = tokenizer(" " + req.obj)["input_ids"] if req.obj else []
+        if not (req.kind and len(obj_ids) == 1):
+            continue
+        ids = tokenizer("<|endoftext|>" + story.document())["input_ids"]
+        start = ids.index(tokenizer.convert_tokens_to_ids("<|assistant|>")) + 1
+        pos = next((i for i in range(start, len(ids)) if ids[i] == obj_ids[0]), None)
+        if pos is None:
+            continue
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([ids[:pos]])).logits[0, -1].float()
+        probs.append(logits.softmax(-1)[obj_ids[0]].item())
+    return float(np.mean(probs))
 
 
 def domain_windows(tokenizer_json: Path, data_dir: Path | None, seq_len: int, n_windows: int) -> dict[str, np.ndarray]:

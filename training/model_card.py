@@ -141,7 +141,9 @@ keys `model.layers.L.mlp.experts.E.{{gate,up,down}}_proj.weight` as in the real 
 `model.safetensors.index.json`, `tokenizer.json` + `tokenizer_config.json` (specials `<|endoftext|>` = 0, also
 BOS/EOS, `<|user|>` = 1, `<|assistant|>` = 2, `<|pad|>` = 3; the chat template renders
 `<|endoftext|><|user|> … <|assistant|> …<|endoftext|>`), `checksums.sha256`, `training_loss.csv`, `eval.json`.
-Load with `AutoModelForCausalLM.from_pretrained("assets/spice-mini")` (transformers ≥ 5.17).
+Load with `AutoModelForCausalLM.from_pretrained("assets/spice-mini")` (transformers ≥ 5.17). On a CPU, decoding is
+fastest with `dtype=torch.float32, experts_implementation="batched_mm"`; measured speeds are in
+`docs/benchmarks/shipped-model-cpu.md` (`benchmarks/cpu_speed_shipped.py`).
 
 ## Training
 
@@ -156,10 +158,12 @@ Load with `AutoModelForCausalLM.from_pretrained("assets/spice-mini")` (transform
   `{stages[0]['experts_implementation']}`), in two stages:
 {stage_lines}
 - Why two stages: after stage 1 the model copied the requested *kind* of hero (a cat) but never the requested
-  *object* (teacher-forced probability of the requested object at its first mention: 0.005 on held-out chats;
-  every greedy story got the same "toy train"). The generator then learned to name a requested object in the
-  sentence after the opening, and stage 2 continued from stage 1's weights with more chat stories; the same
-  probe then gives 0.98.
+  *object*: the teacher-forced probability of the requested object where a held-out chat story first names it
+  was 0.005 on that generator's chats, and every greedy story got the same "toy train". The generator then
+  learned to name a requested object in the sentence after the opening ("She loved her ball very much."), and
+  stage 2 continued from stage 1's weights with more chat stories. On the current generator's held-out chats
+  (`training.evaluate.object_copy_probability`) the probability is 0.00001 for the stage-1 weights and 0.984
+  for the shipped ones.
 - Both stages: AdamW (β 0.9/0.95, weight decay 0.1, warm-up then cosine to 10% of the peak over the stage's
   time budget), bf16 weights with fp32 master copies, gradient clipping 1.0, batches of
   {stages[0]['batch_rows']} × {stages[0]['seq_len']} tokens, a Switch-style load-balancing loss (coefficient
