@@ -50,7 +50,9 @@ def load_run_model(run_dir: Path):
 def write_checksums(model_dir: Path) -> None:
     lines = []
     for path in sorted(model_dir.iterdir()):
-        if path.is_file() and path.name != CHECKSUMS and path.suffix in (".safetensors", ".json"):
+        # Only what export and the model card write: calibration files added later are not listed.
+        if path.is_file() and (path.name.startswith(("model", "config", "generation_config", "tokenizer", "training_"))
+                               or path.name == "eval.json") and path.suffix in (".safetensors", ".json"):
             lines.append(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.name}")
     (model_dir / CHECKSUMS).write_text("\n".join(lines) + "\n")
 

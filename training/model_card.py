@@ -70,7 +70,8 @@ def evaluate(model_dir: Path, data_dir: Path | None) -> dict:
     out["greedy_reference"] = {"prompt": CHAT_PROMPTS[0], "max_new_tokens": 32,
                                "token_ids": greedy[0, ids["input_ids"].shape[1]:].tolist()}
     out["parameters"] = sum(p.numel() for p in model.parameters())
-    out["checkpoint_bytes"] = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
+    shards = set(json.loads((model_dir / "model.safetensors.index.json").read_text())["weight_map"].values())
+    out["checkpoint_bytes"] = sum((model_dir / name).stat().st_size for name in shards)
     return out
 
 
