@@ -160,8 +160,8 @@ fastest with `dtype=torch.float32, experts_implementation="batched_mm"`; measure
 {stage_lines}
 - Why two stages: after stage 1 the model copied the requested *kind* of hero (a cat) but never the requested
   *object*: the teacher-forced probability of the requested object where a held-out chat story first names it
-  was 0.005 on that generator's chats, and every greedy story got the same "toy train". The generator then
-  learned to name a requested object in the sentence after the opening ("She loved her ball very much."), and
+  was 0.005 on that generator's chats, and every greedy story got the same "toy train". The generator was then
+  changed to name a requested object in the sentence after the opening ("She loved her ball very much."), and
   stage 2 continued from stage 1's weights with more chat stories. On the current generator's held-out chats
   (`training.evaluate.object_copy_probability`) the probability is 0.00001 for the stage-1 weights and 0.984
   for the shipped ones.
