@@ -122,6 +122,8 @@ def main(argv=None) -> int:
     ap.add_argument("--distances", type=int, default=8)
     ap.add_argument("--tau", type=float, default=0.2, help="confidence threshold for precision (default: the "
                                                            "engine's --tau-prefetch default)")
+    ap.add_argument("--draft", type=Path, default=None,
+                    help="a spice-draft.safetensors to score instead of the one beside the model")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "predictor_recall.md")
     args = ap.parse_args(argv)
@@ -132,8 +134,12 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     lm = load_model(args.model, args.device)
     D, k, n = args.distances, lm.top_k, len(lm.moe_layers)
-    arts = load_artifacts_if_present(lm)
-    draft, draft_note = (arts.draft if arts else None), "the committed artifacts beside the model"
+    if args.draft is not None:
+        from spice_core.predictor.artifacts import load_draft
+        draft, draft_note = load_draft(args.draft, lm), f"{args.draft.name} given with --draft"
+    else:
+        arts = load_artifacts_if_present(lm)
+        draft, draft_note = (arts.draft if arts else None), "the artifacts beside the model"
     calib = traces_for_model(lm, max_tokens=args.calib_tokens, part="calibration")
     if draft is None or draft.distances < D:
         routers = [lm.moe_block(layer).gate.weight.detach() for layer in lm.moe_layers]

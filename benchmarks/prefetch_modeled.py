@@ -51,24 +51,29 @@ def heldout_prompts(lm, n: int) -> list[list[int]]:
     of the shipped model's held-out split), else the engine bench's default prompts."""
     from spice_core.predictor.traces import is_shipped_model
 
+    from spice_core.generation import build_prompt_ids
+
     tok = lm.tokenizer
-    texts: list[str] = []
+    out: list[list[int]] = []
     if is_shipped_model(lm):
         try:
-            from training.corpus import validation_stories
-            plain = validation_stories(2 * n, chat=False)[1::2]
-            chat = validation_stories(2 * n, chat=True)[1::2]
-            for i in range(n):
-                if i % 3 == 2:     # a chat request, cut right after the assistant tag
-                    texts.append(chat[i].split("<|assistant|>")[0] + "<|assistant|>")
-                else:              # the first two sentences of a story
-                    texts.append(".".join(plain[i].split(".")[:2]) + ".")
+            from training.stories import generate_chat_story, generate_story
+            from training.corpus import VALIDATION_SEED_BASE
         except ImportError:
-            texts = []
-    if not texts:
+            generate_story = None
+        if generate_story is not None:
+            for i in range(n):
+                seed = VALIDATION_SEED_BASE + 2 * i + 1          # odd held-out seeds: the eval half
+                if i % 3 == 2:     # a chat request through the chat template, as the app sends it
+                    request = generate_chat_story(seed + 10**9).request.text
+                    out.append(build_prompt_ids(tok, messages=[{"role": "user", "content": request}]))
+                else:              # the first two sentences of a held-out story
+                    text = ".".join(generate_story(seed).text.split(".")[:2]) + "."
+                    out.append(build_prompt_ids(tok, prompt=text))
+    if not out:
         from spice_core.bench import DEFAULT_PROMPTS
-        texts = [DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)] for i in range(n)]
-    return [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+        out = [build_prompt_ids(tok, prompt=DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)]) for i in range(n)]
+    return out
 
 
 class _Capture:
@@ -145,6 +150,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", action="store_true", help="also sweep tau x max-lookahead for the predictors at 25%%")
     ap.add_argument("--sweep-prompts", type=int, default=4)
     ap.add_argument("--sweep-new-tokens", type=int, default=64)
+    ap.add_argument("--draft", type=Path, default=None,
+                    help="a spice-draft.safetensors to use instead of the one beside the model")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "prefetch_modeled.md")
     args = ap.parse_args(argv)
@@ -154,6 +161,10 @@ def main(argv=None) -> int:
     lm = load_model(args.model, args.device, dtype=dtype)
     engine = SpiceEngine(lm, timing=args.timing)
     engine.load_artifacts()
+    if args.draft is not None:
+        from spice_core.predictor.artifacts import Artifacts, load_draft
+        engine.artifacts = engine.artifacts or Artifacts()
+        engine.artifacts.draft = load_draft(args.draft, lm)
     cap = _Capture(engine)
     prompts = heldout_prompts(lm, args.prompts)
     shape = get_shape(args.shape, engine.native_shape)

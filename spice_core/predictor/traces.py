@@ -187,7 +187,7 @@ def tokenize_texts(lm, texts: Sequence[str], *, seq_len: int = DEFAULT_SEQ_LEN,
     for t in texts:
         if not t.strip():
             continue
-        stream.extend(tok(t, add_special_tokens=False)["input_ids"])
+        stream.extend(tok(t, add_special_tokens=False, verbose=False)["input_ids"])
         if eos is not None and not (tok.eos_token and t.endswith(tok.eos_token)):
             stream.append(int(eos))
         if max_tokens is not None and len(stream) >= max_tokens:

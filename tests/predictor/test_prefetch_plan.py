@@ -45,8 +45,9 @@ def test_tau_zero_takes_top_ranked_and_tau_one_takes_only_certain():
 
 
 def test_stops_for_time_when_the_queue_cannot_deliver_before_the_layer_starts():
-    # layer_ms 2, copy 1.5: d=1 deadline 2 (exempt from lateness), d=2 deadline 4, queue ends at 4.5 after 3 copies
-    p = plan([pred(1, 2, {0: 0.9, 1: 0.8}), pred(2, 3, {0: 0.9, 1: 0.9})], copy_ms=1.5)
+    # layer_ms 2, copy 1.5: d=1 deadline 2 (the late 0.85 one is likely enough), d=2 deadline 4 but the
+    # queue ends at 3.0 after the next layer's two copies
+    p = plan([pred(1, 2, {0: 0.9, 1: 0.85}), pred(2, 3, {0: 0.9, 1: 0.9})], copy_ms=1.5)
     assert [i.key for i in p.items] == [K(2, 0), K(2, 1)]
     assert (p.depth, p.stop_reason) == (1, "time")
 
@@ -98,10 +99,10 @@ def test_router_softmax_confidences_are_rescaled_to_k_for_the_demand_estimate():
     assert [i.key for i in p.items] == [K(3, 5)]
 
 
-def test_a_late_next_layer_expert_is_queued_only_if_more_likely_needed_than_not():
-    p = plan([pred(1, 2, {0: 0.9, 1: 0.35})], copy_free_at_ms=10.0)
+def test_a_late_next_layer_expert_is_queued_only_if_very_likely_needed():
+    p = plan([pred(1, 2, {0: 0.9, 1: 0.6})], copy_free_at_ms=10.0)
     assert [i.key for i in p.items] == [K(2, 0)] and p.stop_reason == "time" and p.depth == 0
-    on_time = plan([pred(1, 2, {0: 0.9, 1: 0.35})], layer_ms=5.0)
+    on_time = plan([pred(1, 2, {0: 0.9, 1: 0.6})], layer_ms=5.0)
     assert [i.key for i in on_time.items] == [K(2, 0), K(2, 1)]
 
 
