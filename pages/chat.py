@@ -143,14 +143,16 @@ class ChatPage:
     def _wire(self) -> None:
         outputs = [self.msg, self.chatbot, self.stats, self.heatmap, self.prefetch, self.gantt]
         triggers = [self.msg.submit, self.send.click]
-        # The browser runs a trigger's listeners in order and waits for each to finish, and it will not
-        # send the chat event again while it streams: this quick listener goes first and says why.
-        gr.on(triggers, self.note_if_busy, inputs=[self.session], outputs=None, queue=False,
-              api_visibility="private", show_progress="hidden")
         gr.on(triggers, self.chat, inputs=[self.msg, self.chatbot, *self.controls, self.live_panels,
                                             self.check_exact, self.session],
               outputs=outputs, api_name="chat", concurrency_id=ENGINE_GROUP, concurrency_limit=1,
               show_progress="minimal", show_progress_on=[self.chatbot])
+        # The browser runs a trigger's listeners in order, waiting for each. While a reply streams it skips
+        # the chat listener (trigger mode "once") and runs this one at once, which says why nothing happens;
+        # on a first send it runs after the reply, finds nothing streaming and does nothing. Listed second so
+        # that a first send pays no extra round trip before its first token.
+        gr.on(triggers, self.note_if_busy, inputs=[self.session], outputs=None, queue=False,
+              api_visibility="private", show_progress="hidden")
         self.stop.click(self.stop_reply, inputs=[self.session], outputs=[self.settings_note], queue=False,
                         api_name="stop", show_progress="hidden")
         gr.on([c.change for c in self.controls], self.on_settings, inputs=[*self.controls, self.session],
@@ -347,13 +349,14 @@ class ChatPage:
         if agreement is None and live.n_tokens:
             checking = text.stats_html(live, stream.settings, self.info, stream=stream, summary=summary, wall_tps=tps,
                                        agreement="checking against the exact settings…")
-            yield "", history, checking, skip, skip, skip
+            yield skip, history, checking, skip, skip, skip
             agreement = self._check_exact(turns, stream.settings, live, session)
         if summary is not None and live.n_tokens:
             history.append(note(text.run_title(summary, live), text.run_body(summary, stream)))
         final = text.stats_html(live, stream.settings, self.info, stream=stream, summary=summary, wall_tps=tps,
                                 agreement=agreement or "")
-        yield ("", history, final, *self._panels(live))
+        # The textbox was cleared when the message was sent; what the user typed since stays.
+        yield (skip, history, final, *self._panels(live))
 
     def _check_exact(self, turns, settings: RunSettings, live: LiveRun, session: ChatSession) -> str:
         """Generate the same reply with exact settings and compare greedy tokens."""

@@ -34,8 +34,9 @@ def _assistant_text(history) -> str:
 # --- a chat turn -----------------------------------------------------------------------------
 def test_chat_streams_tokens_and_ends_with_plotly_panels(served, client):
     job = client.submit(*chat_inputs("Tell me a story", max_new_tokens=40), api_name="/chat")
-    lengths = []
+    lengths, boxes = [], []
     for update in job:
+        boxes.append(update[0])
         history = update[1]
         if isinstance(history, list) and history:
             lengths.append(len(_assistant_text(history)))
@@ -43,7 +44,8 @@ def test_chat_streams_tokens_and_ends_with_plotly_panels(served, client):
     text = _assistant_text(final[1])
     assert len(text.split()) >= 30, text
     assert len({n for n in lengths if n}) >= 3, f"the reply did not stream: lengths {lengths}"
-    assert final[0] == "", "the textbox is cleared after sending"
+    assert "" in boxes, "the textbox is cleared when the message is sent"
+    assert final[0] != "", "and not cleared again when the reply ends (the user may be typing)"
     heatmap, prefetch, gantt = (_plot(v) for v in final[3:6])
     assert "heatmap" in _trace_types(heatmap)
     assert "bar" in _trace_types(gantt) and "bar" in _trace_types(prefetch)
@@ -306,7 +308,7 @@ def test_slider_moved_mid_stream_applies_from_the_next_token(served, client):
 
 
 def test_full_queue_answers_busy():
-    s = serve(FakeEngine(token_delay_s=0.005), max_queue=1)
+    s = serve(FakeEngine(token_delay_s=0.01), max_queue=1)
     clients = [Client(s.url, verbose=False) for _ in range(3)]
     try:
         running = clients[0].submit(*chat_inputs("one", max_new_tokens=150), api_name="/chat")

@@ -49,7 +49,7 @@ def _context(browser):
 
 @pytest.fixture
 def fake_app():
-    served = serve(FakeEngine(token_delay_s=0.05), orphan_after_s=1.5)
+    served = serve(FakeEngine(token_delay_s=0.1), orphan_after_s=1.5)   # 512 tokens: 50 s, stopped early
     yield served
     served.demo.close()
     served.ctx.exports.cleanup()
@@ -145,6 +145,8 @@ def test_a_person_chats_tunes_stops_and_recovers(browser, fake_app):
     _click(page, "#spice-stop")
     assert _wait(lambda: "Stopped after" in _chat_text(page), 60), _chat_text(page)[-300:]
     assert "Settings changed during this reply" in _chat_text(page)
+    page.wait_for_timeout(500)
+    assert box.input_value() == "wait for me", "the end of a reply must not wipe what was typed meanwhile"
 
     # 5. an empty message gets a note, nothing is sent
     _send(page, "   ")
