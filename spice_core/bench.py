@@ -304,17 +304,68 @@ def markdown_table(records: list[dict], cfg: dict) -> str:
             + "\n".join(rows) + "\n")
 
 
+def write_figures(records: list[dict], out: Path) -> list[Path]:
+    """TPOT per policy (bars, one group per link and budget) with the physical floor, as plotly HTML
+    (and PNG where a static image backend works). Plotly is imported lazily: GPU machines
+    without it still write results.json / results.md."""
+    try:
+        import plotly.graph_objects as go
+    except ImportError:
+        log.warning("plotly is not installed: skipping figures (re-render later with bench --replot DIR)")
+        return []
+    rows = [r for r in records if r.get("tpot_ms_median") is not None and r["policy"] in POLICIES]
+    groups = sorted({(r["link"], r["budget_frac"]) for r in rows})
+    fig = go.Figure()
+    for link, budget in groups:
+        rs = sorted((r for r in rows if (r["link"], r["budget_frac"]) == (link, budget)),
+                    key=lambda r: POLICIES.index(r["policy"]))
+        fig.add_bar(name=f"{link}, budget {budget:.0%}", x=[r["policy"] for r in rs],
+                    y=[r["tpot_ms_median"] for r in rs],
+                    error_y=dict(type="data", symmetric=False,
+                                 array=[(r["tpot_ms_p90"] or r["tpot_ms_median"]) - r["tpot_ms_median"] for r in rs]),
+                    customdata=[[r.get("hit_rate"), r.get("floor_ms")] for r in rs],
+                    hovertemplate="%{x}: %{y:.1f} ms (p90 bar)<br>hit rate %{customdata[0]:.3f}"
+                                  "<br>floor %{customdata[1]:.1f} ms<extra></extra>")
+        floor = [r.get("floor_ms") for r in rs]
+        if any(f is not None for f in floor):
+            fig.add_scatter(name=f"physical floor ({link})", x=[r["policy"] for r in rs], y=floor, mode="markers",
+                            marker=dict(symbol="line-ew-open", size=28))
+    timing = rows[0]["timing"] if rows else ""
+    fig.update_layout(barmode="group", yaxis_title=f"TPOT median, ms ({timing})", xaxis_title="policy",
+                      legend=dict(orientation="h", y=-0.25), margin=dict(t=30))
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "tpot.html"]
+    fig.write_html(paths[0], include_plotlyjs="cdn")
+    try:
+        fig.write_image(out / "tpot.png", width=1100, height=550)
+        paths.append(out / "tpot.png")
+    except Exception as e:  # noqa: BLE001 - static export needs kaleido and a browser; optional
+        log.warning("no PNG written (%s): the HTML figure has the same data", e)
+    return paths
+
+
 def add_cli(sub) -> None:
     p = sub.add_parser("bench", help="compare policies in one run (see docs/benchmarks/)")
-    p.add_argument("--config", type=Path, required=True)
+    p.add_argument("--config", type=Path, default=None)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--replot", action="store_true", help="only re-render figures from OUT/results.json")
     p.add_argument("--device", default=None)
     p.add_argument("--hw-profile", type=Path, default=None, help="profile JSON from calibrate-hw (measured mode)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    if args.replot:
+        path = args.out / "results.json"
+        if not path.exists():
+            raise ConfigError(f"--replot: {path} does not exist: run the benchmark first")
+        for p in write_figures(json.loads(path.read_text()), args.out):
+            print(p)
+        return 0
+    if args.config is None:
+        raise ConfigError("--config FILE is required (or --replot to re-render figures)")
     cfg = _load_config(args.config)
     records = run_bench(cfg, args.out, args.device, args.hw_profile)
+    write_figures(records, args.out)
     print(markdown_table(records, cfg))
     return 0

@@ -1,0 +1,39 @@
+"""The bench command: records with the documented keys, interleaved policies, clear config errors."""
+import json
+
+import pytest
+
+from spice_core.bench import _load_config, run_bench
+from spice_core.errors import ConfigError
+
+KEYS = {"model", "policy", "budget_frac", "link", "timing", "tpot_ms_median", "tpot_ms_p90", "hit_rate",
+        "bytes_per_token", "stall_ms_per_token", "greedy_agreement", "ppl_delta_pct"}
+
+
+def test_bench_writes_records_with_the_documented_keys(tmp_path):
+    cfg = {"model": "random:tiny-deepseek", "policies": ["resident", "on_demand", "lru"], "budgets": [0.3],
+           "links": ["native"], "timing": "modeled", "profile": "h200-pcie5x16", "shape": "deepseek-v2-lite",
+           "prompts": {"random_ids": 2, "length": 8}, "max_new_tokens": 5}
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(cfg))
+    recs = run_bench(_load_config(path), tmp_path / "out", "cpu")
+    assert {r["policy"] for r in recs} == {"resident", "on_demand", "lru"}
+    for r in recs:
+        assert KEYS <= set(r)
+        assert r["timing"] == "modeled" and r["greedy_agreement"] == 1.0
+    on_demand = next(r for r in recs if r["policy"] == "on_demand")
+    resident = next(r for r in recs if r["policy"] == "resident")
+    assert on_demand["hit_rate"] == 0.0 and on_demand["tpot_ms_median"] > resident["tpot_ms_median"]
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert len(saved) == 3 and (tmp_path / "out" / "results.md").exists()
+
+
+@pytest.mark.parametrize("patch,needle", [({"policies": ["fifo"]}, "policy"), ({"links": ["pcie9"]}, "link"),
+                                          ({"budgets": [1.5]}, "budget"), ({"timing": "measured"}, "CUDA")])
+def test_bad_config_is_refused_before_any_work(tmp_path, patch, needle):
+    cfg = {"model": "random:tiny-deepseek", "policies": ["lru"]}
+    cfg.update(patch)
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match=needle):
+        _load_config(path)
