@@ -31,6 +31,10 @@ def test_bench_writes_records_with_the_documented_keys(tmp_path):
 @pytest.mark.parametrize("patch,needle", [({"policies": ["fifo"]}, "policy"), ({"links": ["pcie9"]}, "link"),
                                           ({"budgets": [1.5]}, "budget"), ({"timing": "measured"}, "CUDA")])
 def test_bad_config_is_refused_before_any_work(tmp_path, patch, needle):
+    import torch
+
+    if patch.get("timing") == "measured" and torch.cuda.is_available():
+        pytest.skip("measured timing is valid on a CUDA machine")
     cfg = {"model": "random:tiny-deepseek", "policies": ["lru"]}
     cfg.update(patch)
     path = tmp_path / "cfg.json"
