@@ -2,8 +2,8 @@
 
 The benchmark table is read from the Markdown files under ``docs/benchmarks/`` each time the page
 opens (so a new benchmark shows without a restart): the newest file by the latest ISO date it
-mentions (its modification time when it mentions none), its first table and the heading above
-it, with the file's path as the source.
+mentions (its modification time when it mentions none; ties go to the most recently written),
+its first table and the heading above it, with the file's path as the source.
 """
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ def benchmark_tables(folder: Path) -> list[BenchmarkTable]:
         heading, table = first_table(text)
         if table:
             out.append(BenchmarkTable(path, heading, table, _file_date(path, text)))
-    return sorted(out, key=lambda b: (b.date, b.path.name), reverse=True)
+    return sorted(out, key=lambda b: (b.date, b.path.stat().st_mtime, b.path.name), reverse=True)
 
 
 class AboutPage:
@@ -114,10 +114,10 @@ class AboutPage:
                 gr.Markdown(ABOUT)
             with gr.Column(scale=2):
                 gr.Markdown("## This engine\n" + self._engine_table())
-                gr.Markdown("## Latest benchmark")
-                self.pick = gr.Dropdown(choices=[], value=None, label="Benchmark file", elem_id="about-bench-pick",
-                                        info="newest first")
-                self.bench = gr.Markdown("", elem_id="about-bench")
+        gr.Markdown("## Latest benchmark")
+        self.pick = gr.Dropdown(choices=[], value=None, label="Benchmark file", elem_id="about-bench-pick",
+                                info="newest first")
+        self.bench = gr.Markdown("", elem_id="about-bench")
         gr.on(None, self.on_load, outputs=[self.pick, self.bench], queue=False, api_name="benchmarks")
         self.pick.change(self.show, inputs=[self.pick], outputs=[self.bench], queue=False,
                          api_visibility="private")

@@ -183,6 +183,15 @@ def prefetch_timeline(live: LiveRun) -> Figure:
                  "marker": {"size": 4}, "xaxis": "x2", "yaxis": "y2"})
     data.append({"type": "scatter", "mode": "lines", "x": tokens, "y": hit_pct, "name": "hit rate %",
                  "line": {"color": "#2e9d5b", "dash": "dot"}, "xaxis": "x2", "yaxis": "y3"})
+    # Zoom on the prefetches that were used: a wasted one may have been issued long before (it is
+    # reported when its layer passes without needing it) and would squeeze the rest into a corner.
+    used = [p for _, p in live.prefetches() if p.needed_ms is not None] or [p for _, p in live.prefetches()]
+    x_range = None
+    if used:
+        lo = min(p.issued_ms for p in used)
+        hi = max(max(p.arrived_ms, p.needed_ms or p.arrived_ms) for p in used)
+        pad = 0.03 * max(hi - lo, 1e-3)
+        x_range = [lo - pad, hi + pad]
     annotations = [_subtitle("prefetches of the last tokens: copy issued → arrived, | = needed", 0, 1.0),
                    _subtitle("per token", 0, 0.3)]
     if not groups:
@@ -190,10 +199,11 @@ def prefetch_timeline(live: LiveRun) -> Figure:
     layout = _layout(
         450, "prefetch", barmode="overlay", margin={"l": 50, "r": 46, "t": 44, "b": 96},
         legend=_bottom_legend(-0.16),
-        xaxis=_axis(domain=[0, 1], anchor="y", title={"text": "ms from the start of the run", "standoff": 4}),
+        xaxis=_axis(domain=[0, 1], anchor="y", title={"text": "ms from the start of the run", "standoff": 4},
+                    **({"range": x_range} if x_range else {})),
         yaxis=_axis(domain=[0.47, 1], anchor="x", type="category", categoryorder="array",
                     categoryarray=[f"L{layer}" for layer in live.layers],
-                    range=[len(live.layers) - 0.5, -0.5], dtick=max(1, len(live.layers) // 14)),
+                    range=[len(live.layers) - 0.5, -0.5], dtick=-(-len(live.layers) // 9)),
         xaxis2=_axis(domain=[0, 1], anchor="y2", title={"text": "token", "standoff": 4}),
         yaxis2=_axis(domain=[0, 0.3], anchor="x2", title={"text": "depth"}, rangemode="tozero"),
         yaxis3=_axis(overlaying="y2", side="right", anchor="x2", range=[0, 105], title={"text": "hit %"},
