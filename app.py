@@ -65,6 +65,7 @@ def main() -> None:
 
     torch.set_num_threads(max(1, args.threads))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)     # Gradio polls itself at start-up
     engine = None
     if args.model or args.device:
         from spice_core.engine import SpiceEngine
