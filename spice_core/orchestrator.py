@@ -245,19 +245,28 @@ class LayerRuntime:
         actions: dict[int, MissAction | str] = {}
         n_miss = 0
         misses: list[tuple[int, float, int]] = []     # (expert, largest router weight, tokens)
+        orchestrate, now = self.spec.miss_mode == "orchestrate", tl.now_ms()
         for e in needed:
             key = ExpertKey(layer, e)
-            n_sel = len(routes[e][0])
             if key in self.slots.where:
                 st = self.slots.state[self.slots.where[key]]
-                actions[e] = "prefetch_hit" if st.prefetched else "hit"
-                st.busy = True
+                inf = self._inflight.get(key) if st.prefetched else None
+                if not (orchestrate and inf is not None and inf.arrival_ms > now):
+                    actions[e] = "prefetch_hit" if st.prefetched else "hit"
+                    st.busy = True
+                    self.counters.hits += len(routes[e][0])
+                    continue
+                # A prefetch still in flight: the miss decision weighs waiting for it against the others.
+            misses.append((e, max(w_l[t][p] for t, p in zip(*routes[e])), len(routes[e][0])))
+        for (e, _, n_sel), action in zip(misses, self._decide_layer(layer, misses)):
+            if action == MissAction.WAIT_PREFETCH:
+                self.slots.state[self.slots.where[ExpertKey(layer, e)]].busy = True
+                actions[e] = "prefetch_hit"
                 self.counters.hits += n_sel
                 continue
+            actions[e] = action
             self.counters.misses += n_sel
             n_miss += 1
-            misses.append((e, max(w_l[t][p] for t, p in zip(*routes[e])), n_sel))
-        actions.update(zip([e for e, _, _ in misses], self._decide_layer(layer, misses)))
         self._miss_rate_ema = 0.8 * self._miss_rate_ema + 0.2 * (n_miss / max(1, len(needed)))
 
         # 1. CPU lane first, so it overlaps everything below.
@@ -342,11 +351,14 @@ class LayerRuntime:
             return [MissAction.COPY] * len(misses)
         tl = self.timeline
         reqs = []
+        # A copied expert stays cached: credit it with the transfer a later use saves (recent hit rate).
+        copy_value = (1.0 - self._miss_rate_ema) * self.costs.copy_ms() if spec.keep_misses else 0.0
         for e, weight, n_tokens in misses:
-            inf = self._inflight.get(ExpertKey(layer, e))
+            inf = self._inflight.get(ExpertKey(layer, e))   # only experts whose prefetch is still in flight
             reqs.append(MissRequest(router_weight=weight, copy_ms=self.costs.copy_ms(),
                                     cpu_ms=self.costs.cpu_expert_ms(n_tokens), gpu_ms=self.costs.gpu_expert_ms(n_tokens),
-                                    inflight_arrival_ms=inf.arrival_ms if inf is not None else None))
+                                    inflight_arrival_ms=inf.arrival_ms if inf is not None else None,
+                                    copy_value_ms=copy_value))
         # CPU-lane tasks are collected within their layer, so the lane is idle when a layer starts.
         queues = QueueState(now_ms=tl.now_ms(), copy_free_at_ms=tl.copy_free_at_ms())
         opts = MissOptions(tau_approx=self.tau_approx, can_approx=spec.use_lore and self.lore is not None,
