@@ -10,8 +10,9 @@ prompt the policies run back to back (interleaved). With ``--timing modeled`` (t
 the engine runs the shipped model exactly and the timing model replays its decisions as if
 each expert had the ``--shape``'s size on the ``--profile``'s hardware; the numbers are then
 deterministic, so one repetition suffices. ``--timing measured --device cuda`` times the
-same runs with CUDA events on the GPU it runs on (``--profiles`` then only sets the cost
-model the policies decide with; pass the machine's calibrated profile).
+same runs with CUDA events on the GPU it runs on; ``--profiles`` is then ignored (the
+policies decide with ``--hw-profile FILE``, a profile written by ``calibrate-hw``, or the
+h200-pcie5x16 profile) and ``--repetitions 3`` is the protocol.
 
 Per policy: TPOT median / p90 over all decode steps of all prompts (first token excluded),
 hit rate, experts copied and wasted per token (prefetched, evicted unused), stall ms per
@@ -42,7 +43,7 @@ from spice_core.model.loader import load_model  # noqa: E402
 from spice_core.timing.profiles import get_profile, get_shape  # noqa: E402
 
 POLICIES = ("on_demand", "lru", "gate_prefetch", "spice_prefetch", "oracle_prefetch")
-SWEEP_TAUS = (0.05, 0.1, 0.2, 0.35, 0.5, 0.7)
+SWEEP_TAUS = (0.05, 0.2, 0.5, 0.8)
 SWEEP_DEPTHS = (2, 4, 8)
 
 
@@ -143,6 +144,8 @@ def main(argv=None) -> int:
     ap.add_argument("--profiles", nargs="+", default=["rtx4090-pcie4x16", "h200-pcie5x16"])
     ap.add_argument("--budgets", nargs="+", type=float, default=[0.10, 0.25, 0.50])
     ap.add_argument("--policies", nargs="+", default=list(POLICIES))
+    ap.add_argument("--hw-profile", type=Path, default=None, help="measured timing: calibrated profile JSON")
+    ap.add_argument("--repetitions", type=int, default=1)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--tau-prefetch", type=float, default=0.2)
@@ -159,7 +162,13 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     lm = load_model(args.model, args.device, dtype=dtype)
-    engine = SpiceEngine(lm, timing=args.timing)
+    hw = None
+    if args.hw_profile is not None:
+        from spice_core.timing.profiles import profile_from_dict
+        hw = profile_from_dict(json.loads(args.hw_profile.read_text()))
+    engine = SpiceEngine(lm, timing=args.timing, hw_profile=hw)
+    if args.timing == "measured":
+        args.profiles = [hw.name if hw is not None else "h200-pcie5x16"]
     engine.load_artifacts()
     if args.draft is not None:
         from spice_core.predictor.artifacts import Artifacts, load_draft
@@ -184,11 +193,12 @@ def main(argv=None) -> int:
         table[(prof, "compute")] = aggregate(res, native)
         for budget in args.budgets:
             runs = {p: [] for p in args.policies}
-            for ids in prompts:                                    # interleaved: every policy per prompt
-                for p in args.policies:
-                    runs[p].append(run_one(engine, cap, ids, settings(p, prof, budget)))
-                ref = runs["lru"][-1]["tokens"] if "lru" in runs else None
-                identical &= all(r[-1]["tokens"] == ref for r in runs.values()) if ref else True
+            for _ in range(args.repetitions):
+                for ids in prompts:                                # interleaved: every policy per prompt
+                    for p in args.policies:
+                        runs[p].append(run_one(engine, cap, ids, settings(p, prof, budget)))
+                    ref = runs["lru"][-1]["tokens"] if "lru" in runs else None
+                    identical &= all(r[-1]["tokens"] == ref for r in runs.values()) if ref else True
             for p in args.policies:
                 table[(prof, budget, p)] = aggregate(runs[p], native)
             print(f"{prof} {budget:.0%}: " + ", ".join(
@@ -212,7 +222,7 @@ def main(argv=None) -> int:
 
     info = {"model": lm.name, "shape": shape.name, "expert_mb_at_shape": shape.expert_bytes / 1e6,
             "routed_gb_per_token": n_moe * lm.top_k * shape.expert_bytes / 1e9, "timing": args.timing,
-            "prompts": len(prompts), "prompt_tokens": [len(p) for p in prompts], "max_new_tokens": args.max_new_tokens,
+            "repetitions": args.repetitions, "prompts": len(prompts), "prompt_tokens": [len(p) for p in prompts], "max_new_tokens": args.max_new_tokens,
             "tau_prefetch": args.tau_prefetch, "max_lookahead": args.max_lookahead, "identical_tokens": identical,
             "has_draft": engine.info().has_draft, "draft_bytes": engine.artifacts.draft.nbytes
             if engine.artifacts and engine.artifacts.draft else 0,
@@ -223,7 +233,8 @@ def main(argv=None) -> int:
     dump = {"info": info, "table": {" | ".join(map(str, k)): v for k, v in table.items()},
             "sweep": {" | ".join(map(str, k)): v for k, v in sweep.items()}}
     args.out.with_suffix(".json").write_text(json.dumps(dump, indent=1) + "\n")
-    args.out.write_text(markdown(info, table, sweep, args, argv if argv is not None else sys.argv[1:], n_moe, lm))
+    profs = {pr: hw if hw is not None and hw.name == pr else get_profile(pr) for pr in args.profiles}
+    args.out.write_text(markdown(info, table, sweep, args, argv if argv is not None else sys.argv[1:], profs))
     print(args.out.read_text())
     return 0
 
@@ -232,7 +243,7 @@ def _gap(lru, x, oracle):
     return (lru - x) / (lru - oracle) if lru - oracle > 1e-9 else float("nan")
 
 
-def markdown(info, table, sweep, args, argv, n_moe, lm) -> str:
+def markdown(info, table, sweep, args, argv, profs) -> str:
     cmd = ("python benchmarks/prefetch_modeled.py " + " ".join(argv)).strip()
     L = [f"# Prefetching policies: TPOT per budget and link ({info['model']}, {info['timing']})", "",
          "```", cmd, "```", "",
@@ -242,7 +253,8 @@ def markdown(info, table, sweep, args, argv, n_moe, lm) -> str:
                                               if info["timing"] == "modeled" else ""),
          f"- workload: {info['prompts']} held-out prompts ({min(info['prompt_tokens'])}–{max(info['prompt_tokens'])} "
          f"tokens), {info['max_new_tokens']} greedy tokens each, batch 1; TPOT over all decode steps (first token "
-         f"excluded); policies interleaved per prompt; deterministic (modeled), so one repetition",
+         f"excluded); policies interleaved per prompt; {info['repetitions']} repetition(s)"
+         + (" (modeled timing is deterministic)" if info["timing"] == "modeled" else ""),
          f"- prefetch settings: tau_prefetch {info['tau_prefetch']}, max_lookahead {info['max_lookahead']}; draft "
          f"heads {'present' if info['has_draft'] else 'MISSING (spice_prefetch fell back to gate)'} "
          f"({info['draft_bytes'] / 1e6:.2f} MB native), charged inside the budget at the shape's size",
@@ -250,7 +262,7 @@ def markdown(info, table, sweep, args, argv, n_moe, lm) -> str:
          "- floor = max(compute, (1 − hit rate) × routed bytes per token / link bandwidth); compute = the "
          "resident policy's TPOT (every expert on the GPU)", ""]
     for prof in args.profiles:
-        p = get_profile(prof)
+        p = profs[prof]
         comp = table[(prof, "compute")]["tpot_median_ms"]
         L += [f"## {prof} ({p.h2d_pinned_gbps:g} GB/s pinned host→device; compute floor {comp:.2f} ms/token)", ""]
         for budget in args.budgets:
