@@ -7,8 +7,8 @@ Two flows:
   empty message, close a tab mid-reply and chat at once from a new tab;
 - with the shipped model (``assets/spice-mini/``; the fake when it is absent): a reply, then every
   page: the trace explorer with its Chrome-trace download, a small sweep, About. This flow saves a
-  screenshot of every page to ``docs/screenshots/`` (with the shipped model; to a temporary
-  folder with the fake; ``SPICE_SCREENSHOTS_DIR`` overrides).
+  screenshot of every page into a temporary folder, or into ``SPICE_SCREENSHOTS_DIR``:
+  ``python scripts/screenshots.py`` refreshes the committed ``docs/screenshots/`` that way.
 """
 from __future__ import annotations
 
@@ -59,10 +59,10 @@ def fake_app():
 def shipped_app(tmp_path):
     if (SHIPPED / "config.json").exists():
         from spice_core.engine import SpiceEngine
-        served, default_dir = serve(SpiceEngine.load(None, device="cpu")), ROOT / "docs" / "screenshots"
+        served = serve(SpiceEngine.load(None, device="cpu"))
     else:
-        served, default_dir = serve(FakeEngine(token_delay_s=0.02)), tmp_path
-    shots = Path(os.environ.get("SPICE_SCREENSHOTS_DIR") or default_dir)
+        served = serve(FakeEngine(token_delay_s=0.02))
+    shots = Path(os.environ.get("SPICE_SCREENSHOTS_DIR") or tmp_path)     # scripts/screenshots.py sets it
     shots.mkdir(parents=True, exist_ok=True)
     yield served, shots
     served.demo.close()
