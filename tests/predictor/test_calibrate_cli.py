@@ -87,3 +87,13 @@ def test_max_lookahead_below_one_is_refused(depth, model, capsys):
         RunSettings(policy="spice_prefetch", max_lookahead=depth)
     assert main(["generate", "--model", str(model), "--prompt", "hi", "--max-lookahead", str(depth)]) == 2
     assert "max_lookahead" in capsys.readouterr().err
+
+
+def test_calibrate_also_fits_lore_when_asked_and_the_engine_loads_both(model, text, capsys):
+    from spice_core.engine import SpiceEngine
+
+    assert main(["calibrate", "--threads", "1", "--model", str(model), "--text", str(text), "--max-tokens", "400",
+                 "--distances", "2", "--lore-max-rank", "4"]) == 0
+    assert "LoRE: spice-lore.safetensors (max rank 4)" in capsys.readouterr().out
+    info = SpiceEngine.load(model, device="cpu").info()
+    assert info.has_draft and info.has_lore
