@@ -67,8 +67,8 @@ def _scores(name, lm, traces, draft, pop_freq, D):
     raise ValueError(name)
 
 
-def _metrics(scores, conf, sel, valid, k, tau, D, same_token_only=None):
-    """Per distance: recall@k, precision/coverage/count at tau, and the number of scored pairs."""
+def _metrics(scores, conf, sel, valid, k, taus, D, same_token_only=None):
+    """Per distance: recall@k, precision/coverage/count at each tau, and the number of scored pairs."""
     have = ~torch.isnan(scores[..., 0])                   # [n,B,D]
     v = valid & have
     if same_token_only is not None:
@@ -77,20 +77,26 @@ def _metrics(scores, conf, sel, valid, k, tau, D, same_token_only=None):
     c = torch.nan_to_num(conf, nan=-1.0)
     top = torch.topk(s, k, dim=-1).indices
     hit = sel.gather(-1, top).float().sum(-1) / k
-    chosen = c >= tau
-    tp = (chosen & sel).float().sum(-1)
-    npred = chosen.float().sum(-1)
-    rows = []
+    rows = [{} for _ in range(D)]
     for d in range(D):
         m = v[:, :, d]
         cnt = int(m.sum())
         if cnt == 0:
-            rows.append(None)
+            rows[d] = None
             continue
-        rows.append({"recall_at_k": float(hit[:, :, d][m].mean()),
-                     "precision_at_tau": float(tp[:, :, d][m].sum() / npred[:, :, d][m].sum().clamp(min=1)),
-                     "coverage_at_tau": float(tp[:, :, d][m].sum() / (k * cnt)),
-                     "predicted_per_layer": float(npred[:, :, d][m].mean()), "pairs": cnt})
+        rows[d] = {"recall_at_k": float(hit[:, :, d][m].mean()), "pairs": cnt, "at_tau": {}}
+    for tau in taus:
+        chosen = c >= tau
+        tp = (chosen & sel).float().sum(-1)
+        npred = chosen.float().sum(-1)
+        for d in range(D):
+            if rows[d] is None:
+                continue
+            m = v[:, :, d]
+            rows[d]["at_tau"][str(tau)] = {
+                "precision": float(tp[:, :, d][m].sum() / npred[:, :, d][m].sum().clamp(min=1)),
+                "coverage": float(tp[:, :, d][m].sum() / (k * int(m.sum()))),
+                "predicted_per_layer": float(npred[:, :, d][m].mean())}
     return rows
 
 
@@ -120,8 +126,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=8192, help="held-out tokens to score on")
     ap.add_argument("--calib-tokens", type=int, default=24_576, help="tokens to train a draft on if none fits")
     ap.add_argument("--distances", type=int, default=8)
-    ap.add_argument("--tau", type=float, default=0.2, help="confidence threshold for precision (default: the "
-                                                           "engine's --tau-prefetch default)")
+    ap.add_argument("--tau", type=float, nargs="+", default=[0.2, 0.8],
+                    help="confidence thresholds for precision (default: the engine's --tau-prefetch default 0.2, and "
+                         "0.8, the probability a late next-layer prefetch needs)")
     ap.add_argument("--draft", type=Path, default=None,
                     help="a spice-draft.safetensors to score instead of the one beside the model")
     ap.add_argument("--threads", type=int, default=1)
@@ -201,19 +208,20 @@ def _markdown(r, argv, D) -> str:
     for d in range(D):
         cells = [_fmt(rows[d]["recall_at_k"]) if rows[d] else "—" for rows in r["results"].values()]
         lines.append(f"| {d + 1} | " + " | ".join(cells) + " | 1.000 |")
-    lines += ["", f"## At tau = {tau}: precision / coverage / experts predicted per layer", "",
-              "Precision: share of the experts with confidence >= tau that the layer selected (what the "
-              "prefetcher would copy); coverage: share of the selected experts among them. Confidence is the "
-              "draft's calibrated probability of use, the gate's router probability, the expert's routing "
-              "frequency for popularity.", "",
-              "| d | " + " | ".join(r["results"]) + " |", "|---" * (len(r["results"]) + 1) + "|"]
-    for d in range(D):
-        cells = []
-        for rows in r["results"].values():
-            x = rows[d]
-            cells.append("—" if not x else
-                         f"{x['precision_at_tau']:.2f} / {x['coverage_at_tau']:.2f} / {x['predicted_per_layer']:.1f}")
-        lines.append(f"| {d + 1} | " + " | ".join(cells) + " |")
+    for t in tau:
+        lines += ["", f"## At tau = {t}: precision / coverage / experts predicted per layer", "",
+                  "Precision: share of the experts with confidence >= tau that the layer selected (what the "
+                  "prefetcher would copy); coverage: share of the selected experts among them. Confidence is the "
+                  "draft's calibrated probability of use, the gate's router probability, the expert's routing "
+                  "frequency for popularity.", "",
+                  "| d | " + " | ".join(r["results"]) + " |", "|---" * (len(r["results"]) + 1) + "|"]
+        for d in range(D):
+            cells = []
+            for rows in r["results"].values():
+                x = rows[d]["at_tau"][str(t)] if rows[d] else None
+                cells.append("—" if not x else
+                             f"{x['precision']:.2f} / {x['coverage']:.2f} / {x['predicted_per_layer']:.1f}")
+            lines.append(f"| {d + 1} | " + " | ".join(cells) + " |")
     om, mo = r["overhead_ms_per_token_measured"], r["overhead_ms_per_token_modeled"]
     env = r["environment"]
     lines += ["", "## Predictor overhead per token", "",
