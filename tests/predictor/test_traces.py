@@ -97,3 +97,13 @@ def test_pack_rows_drops_single_token_tails():
     assert pack_rows(list(range(8)), 3) == [[0, 1, 2], [3, 4, 5], [6, 7]]
     with pytest.raises(ConfigError):
         pack_rows([1, 2], 1)
+
+
+def test_shipped_models_calibration_and_eval_halves_of_the_heldout_split_are_disjoint():
+    from spice_core.predictor.traces import _shipped_heldout_texts
+
+    cal, cal_src = _shipped_heldout_texts("calibration")
+    ev, ev_src = _shipped_heldout_texts("eval")
+    assert "held-out split" in cal_src and "calibration half" in cal_src and "eval half" in ev_src
+    assert set(cal).isdisjoint(ev) and len(cal) > 1000
+    assert sum("<|user|>" in t for t in cal) > 0.2 * len(cal)    # chat-wrapped stories, as in training
