@@ -107,9 +107,9 @@ class DraftPredictor:
     def predict(self, layer: int, x_last: torch.Tensor, runtime) -> list[LayerPrediction]:
         """x_last [1,H]: layer ``layer``'s MoE input of the newest token."""
         p = self._pos[layer]
-        depth = min(int(runtime.max_lookahead), self.distances)
-        if depth <= 0:
-            return []
+        # All D heads, whatever runtime.max_lookahead: it bounds prefetching (policy/prefetch.py),
+        # while predictions beyond it still inform eviction, and cost the same single matmul.
+        depth = self.distances
         E = self.n_experts
         w, b = self.weight[p, : depth * E], self.bias[p, : depth * E]
 

@@ -176,3 +176,10 @@ def test_cache_slots_for_budget_counts_reserved_bytes_inside_the_budget():
     assert cache_slots_for_budget(1000, 100) == 10
     assert cache_slots_for_budget(1000, 100, reserved_bytes=250) == 7
     assert cache_slots_for_budget(100, 100, reserved_bytes=500) == 0
+
+
+def test_predictions_beyond_the_prefetch_bound_inform_eviction_but_are_not_prefetched():
+    preds = [pred(d, d + 1, {0: 0.9}) for d in range(1, 7)]
+    p = plan(preds, max_lookahead=2, layer_ms=10.0)
+    assert {i.distance for i in p.items} == {1, 2} and p.stop_reason == "bound" and p.depth == 2
+    assert p.next_use[K(6, 0)] == 5 and p.next_use[K(7, 0)] == 6
