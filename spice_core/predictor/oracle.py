@@ -1,8 +1,15 @@
 """Oracle predictor: the true future routing, read from a recorded trace of the same
-generation (exact policies route identically). Only for upper bounds in benchmarks."""
+generation (exact policies route identically). Only for upper bounds in benchmarks.
+
+It looks at least ``MIN_HORIZON`` MoE layers ahead whatever ``max_lookahead`` is: the
+planner prefetches only up to max_lookahead but lets every prediction inform eviction, and
+the upper bound must see at least as far as the draft's heads (8 distances by default)."""
 from __future__ import annotations
 
 from spice_core.policy.prefetch import LayerPrediction
+
+
+MIN_HORIZON = 8
 
 
 class OraclePredictor:
@@ -18,7 +25,7 @@ class OraclePredictor:
         n = len(layers)
         p = layers.index(layer)
         out = []
-        for d in range(1, runtime.max_lookahead + 1):
+        for d in range(1, max(runtime.max_lookahead, MIN_HORIZON) + 1):
             tok, q = runtime.token + (p + d) // n, (p + d) % n
             experts = self.routing.get((tok, layers[q]))
             if experts is None:

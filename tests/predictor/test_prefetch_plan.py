@@ -183,3 +183,15 @@ def test_predictions_beyond_the_prefetch_bound_inform_eviction_but_are_not_prefe
     p = plan(preds, max_lookahead=2, layer_ms=10.0)
     assert {i.distance for i in p.items} == {1, 2} and p.stop_reason == "bound" and p.depth == 2
     assert p.next_use[K(6, 0)] == 5 and p.next_use[K(7, 0)] == 6
+
+
+def test_oracle_sees_at_least_as_far_as_the_draft_heads():
+    from types import SimpleNamespace
+
+    from spice_core.predictor.oracle import MIN_HORIZON, OraclePredictor
+
+    lm = SimpleNamespace(moe_layers=(1, 2, 3), n_experts=4)
+    routing = {(t, layer): (t % 4,) for t in range(6) for layer in (1, 2, 3)}
+    preds = OraclePredictor(lm, routing).predict(3, None, SimpleNamespace(max_lookahead=2, token=0))
+    assert len(preds) == MIN_HORIZON >= 8
+    assert (preds[0].layer, preds[0].probs) == (1, (0.0, 1.0, 0.0, 0.0))   # next token's first MoE layer
