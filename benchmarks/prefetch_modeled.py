@@ -12,7 +12,8 @@ each expert had the ``--shape``'s size on the ``--profile``'s hardware; the numb
 deterministic, so one repetition suffices. ``--timing measured --device cuda`` times the
 same runs with CUDA events on the GPU it runs on; ``--profiles`` is then ignored (the
 policies decide with ``--hw-profile FILE``, a profile written by ``calibrate-hw``, or the
-h200-pcie5x16 profile) and ``--repetitions 3`` is the protocol.
+h200-pcie5x16 profile), ``--link-gbps 13`` emulates the paper's PCIe 4.0 x8 link, and
+``--repetitions 3`` is the protocol.
 
 Per policy: TPOT median / p90 over all decode steps of all prompts (first token excluded),
 hit rate, experts copied and wasted per token (prefetched, evicted unused), stall ms per
@@ -145,6 +146,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budgets", nargs="+", type=float, default=[0.10, 0.25, 0.50])
     ap.add_argument("--policies", nargs="+", default=list(POLICIES))
     ap.add_argument("--hw-profile", type=Path, default=None, help="measured timing: calibrated profile JSON")
+    ap.add_argument("--link-gbps", type=float, default=None,
+                    help="measured timing: emulate a slower host-to-device link by pacing copies (e.g. 13 for PCIe 4.0 x8)")
     ap.add_argument("--repetitions", type=int, default=1)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -166,7 +169,7 @@ def main(argv=None) -> int:
     if args.hw_profile is not None:
         from spice_core.timing.profiles import profile_from_dict
         hw = profile_from_dict(json.loads(args.hw_profile.read_text()))
-    engine = SpiceEngine(lm, timing=args.timing, hw_profile=hw)
+    engine = SpiceEngine(lm, timing=args.timing, hw_profile=hw, link_gbps=args.link_gbps)
     if args.timing == "measured":
         args.profiles = [hw.name if hw is not None else "h200-pcie5x16"]
     engine.load_artifacts()

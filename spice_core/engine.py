@@ -57,10 +57,13 @@ class RunRecord:
 
 class SpiceEngine:
     def __init__(self, lm: LoadedModel, *, timing: str | None = None, hw_profile=None,
-                 link_gbps: float | None = None) -> None:
+                 link_gbps: float | None = None, prefetch_after_experts: bool | None = None) -> None:
         """``hw_profile``: the calibrated profile whose costs drive decisions in measured mode.
-        ``link_gbps``: emulate a slower host-to-device link (measured mode) by pacing copies."""
+        ``link_gbps``: emulate a slower host-to-device link (measured mode) by pacing copies.
+        ``prefetch_after_experts``: plan prefetches after launching a layer's experts (default:
+        when timing is measured, see orchestrator.py)."""
         self.lm = lm
+        self.prefetch_after_experts = prefetch_after_experts
         self.link_gbps = link_gbps
         self._sleep_cycles_per_ms = 0.0
         self.timing = timing or ("measured" if lm.device.type == "cuda" else "modeled")
@@ -291,7 +294,7 @@ class SpiceEngine:
         rt = LayerRuntime(lm, spec, n_slots, self._timeline(costs, modeled), costs,
                           tau_prefetch=s.tau_prefetch, tau_approx=s.tau_approx if lore is not None else 0.0,
                           max_lookahead=s.max_lookahead, predictor=predictor, cpu_lane=cpu_lane, lore=lore,
-                          static_experts=static)
+                          static_experts=static, prefetch_after_experts=self.prefetch_after_experts)
         if spec.use_cpu and not s.cpu_lane and spec.miss_mode == "orchestrate":
             rt.spec = replace(spec, use_cpu=False)
         if spec.use_cpu and s.cpu_lane and rt.cpu_lane is None and real_lane:

@@ -2,8 +2,15 @@
 
     router output ─► group selections by expert ─► per expert: hit | prefetch_hit | miss
                                                             miss ─► decide_miss (policy/miss.py)
-          ─► issue: CPU-lane tasks, demand copies, then prefetches for layers ahead (policy/prefetch.py)
+          ─► issue: CPU-lane tasks, demand copies, prefetches for layers ahead (policy/prefetch.py)
           ─► GPU: each expert in ascending index order (waiting on its copy) ─► collect CPU results
+
+Where the prefetch planning goes is a mechanism choice (``prefetch_after_experts``). With
+no host cost (modeled timing) prefetches are issued before the layer's experts, so they
+start as early as possible. On a real GPU at batch 1 the host is the bottleneck (each layer
+syncs once to read its routing, so the GPU idles while Python plans): there the plan runs
+after the experts are launched, overlapping their GPU work, and its copies start a little
+later.
           ─► combine in ascending expert order (the stock loop's order: exact policies match it)
 
 Mechanisms used: GpuSlots (cache + staging), HostStore, CpuLane, a Timeline. Decisions come
@@ -112,7 +119,8 @@ class _NextUse:
 class LayerRuntime:
     def __init__(self, lm: LoadedModel, spec: PolicySpec, n_slots: int, timeline, costs: CostModel, *,
                  tau_prefetch: float = 0.2, tau_approx: float = 0.0, max_lookahead: int = 4,
-                 predictor=None, cpu_lane=None, lore=None, static_experts: list[ExpertKey] | None = None) -> None:
+                 predictor=None, cpu_lane=None, lore=None, static_experts: list[ExpertKey] | None = None,
+                 prefetch_after_experts: bool | None = None) -> None:
         self.lm, self.spec, self.timeline, self.costs = lm, spec, timeline, costs
         self.tau_prefetch, self.tau_approx, self.max_lookahead = tau_prefetch, tau_approx, max_lookahead
         self.predictor, self.cpu_lane, self.lore = predictor, cpu_lane, lore
@@ -120,6 +128,10 @@ class LayerRuntime:
         self.slots = GpuSlots(lm.layout, n_slots, lm.device)
         self.eviction = EVICTION_POLICIES[spec.eviction]()
         self.copy_stream = getattr(timeline, "copy_stream", None)   # measured CUDA timelines own it
+        if prefetch_after_experts is None:
+            prefetch_after_experts = getattr(timeline, "mode", "modeled") == "measured"
+        self.prefetch_after_experts = prefetch_after_experts
+        self._cuda_stream = None
         self.moe_pos = {layer: p for p, layer in enumerate(lm.moe_layers)}
         prev = -1
         self._layers_before: dict[int, tuple[int, ...]] = {}
@@ -150,6 +162,15 @@ class LayerRuntime:
             self.slots.assign(slot, key, self.tick, prefetched=False)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def _compute_stream(self):
+        """The model's CUDA stream; measured timelines hold it (looking it up costs ~25 µs a call)."""
+        stream = getattr(self.timeline, "compute_stream", None)
+        if stream is None:
+            if self._cuda_stream is None:
+                self._cuda_stream = torch.cuda.current_stream(self.device)
+            stream = self._cuda_stream
+        return stream
 
     def _next_use(self) -> "_NextUse":
         return _NextUse(self._next_use_abs, self.global_pos)
@@ -204,7 +225,7 @@ class LayerRuntime:
         st.busy = False
         if self.device.type == "cuda":
             ev = torch.cuda.Event()
-            ev.record()
+            ev.record(self._compute_stream())
             st.free_event = ev
 
     # ------------------------------------------------------------------ per token
@@ -227,6 +248,9 @@ class LayerRuntime:
         for l_ in self._layers_before[layer]:
             tl.layer(l_, T, dense=l_ != layer)
         self.global_pos = self.token * len(self.lm.moe_layers) + self.moe_pos[layer]
+        prefetching = self.spec.prefetches and self.predictor is not None
+        if prefetching and hasattr(self.predictor, "launch"):
+            self.predictor.launch(layer, x[-1:], self)    # its readback rides on the routing's sync below
         idx_l, w_l = top_k_index.tolist(), top_k_weights.tolist()
         routes: dict[int, tuple[list[int], list[int]]] = {}
         for t, row in enumerate(idx_l):
@@ -286,8 +310,10 @@ class LayerRuntime:
                 self.slots.assign(slot, key, self.tick, prefetched=False)
                 self.slots.state[slot].busy = True
                 copy_slots[e] = slot
-        # 3. Prefetch for layers ahead (after demand copies: they must not queue behind speculation).
-        if self.spec.prefetches and self.predictor is not None:
+        # 3. Prefetch for layers ahead, before the experts when the host is not the bottleneck (modeled
+        #    timing has no host cost), else in step 5 (see `prefetch_after_experts`). Always after the
+        #    demand copies: they must not queue behind speculation.
+        if prefetching and not self.prefetch_after_experts:
             self._prefetch(layer, x)
 
         # 4. GPU experts, ascending.
@@ -323,11 +349,14 @@ class LayerRuntime:
             self._release(slot)
             if not self.spec.keep_misses and act_e == MissAction.COPY:
                 self.slots.evict(key)
-        # 5. CPU results.
+        # 5. Or here: planned while the GPU runs the experts just launched.
+        if prefetching and self.prefetch_after_experts:
+            self._prefetch(layer, x)
+        # 6. CPU results.
         for e, h in cpu_handles.items():
             outs[e] = self._collect_cpu(ExpertKey(layer, e), h, rows(x, e), act)
 
-        # 6. Combine exactly as the stock loop does.
+        # 7. Combine exactly as the stock loop does.
         final = torch.zeros_like(x)
         for e in needed:
             toks, poss = routes[e]
@@ -369,7 +398,9 @@ class LayerRuntime:
         gate_up, down = self.lm.host.weights(key)
         if self.cpu_lane is None:   # modeled mode on a CPU machine: compute here, time it as the CPU lane
             return self.timeline.cpu_expert(key, n, lambda: expert_forward(xs, gate_up, down, act))
-        return self.timeline.cpu_expert(key, n, lambda: self.cpu_lane.submit(xs, gate_up, down, act, self.device))
+        stream = self._compute_stream() if xs.device.type == "cuda" else None
+        return self.timeline.cpu_expert(key, n, lambda: self.cpu_lane.submit(xs, gate_up, down, act, self.device,
+                                                                             stream=stream))
 
     def _collect_cpu(self, key: ExpertKey, handle, xs: torch.Tensor, act) -> torch.Tensor:
         try:

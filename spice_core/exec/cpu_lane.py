@@ -112,9 +112,10 @@ class CpuLane:
             self.failures += 1
 
     def submit(self, x_dev: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, act: Callable,
-               out_device: torch.device) -> LaneResult:
+               out_device: torch.device, stream=None) -> LaneResult:
         """Start copying x [n,H] to the host now and run the expert (gate_up [2I,H], down [H,I],
-        host tensors) on a worker; the output comes back on ``out_device``. Never raises."""
+        host tensors) on a worker; the output comes back on ``out_device``. Never raises.
+        ``stream``: the CUDA stream x is produced on (default: the current one, looked up)."""
         out_device = torch.device(out_device)
         self.tasks += 1
         try:
@@ -123,7 +124,7 @@ class CpuLane:
             ready = None
             if cuda_in:
                 ready = torch.cuda.Event()
-                ready.record()
+                ready.record(stream if stream is not None else torch.cuda.current_stream(x_dev.device))
             pin = out_device.type == "cuda"
 
             def job():

@@ -61,6 +61,14 @@ class LayerPrediction:
     distance: int
     layer: int
     probs: tuple[float, ...]     # confidence per expert
+    order: tuple[int, ...] | None = None   # experts by descending confidence, ties by index (optional:
+                                           # predictors that sort on the device save the planner a sort)
+
+    def ranked(self) -> tuple[int, ...]:
+        if self.order is not None:
+            return self.order
+        probs = self.probs
+        return tuple(sorted(range(len(probs)), key=lambda e: (-probs[e], e)))
 
 
 @dataclass(frozen=True)
@@ -119,8 +127,13 @@ def plan_lookahead(
     collecting = True
     for pred in sorted(predictions, key=lambda p: p.distance):
         d, probs, layer = pred.distance, pred.probs, pred.layer
-        # The 2k most confident at or above tau (ties: lower expert index). Hot path: filter first.
-        confident = sorted((e for e, c in enumerate(probs) if c >= tau_prefetch), key=lambda e: (-probs[e], e))[:2 * k]
+        ranked = pred.ranked()
+        # The 2k most confident at or above tau (ties: lower expert index).
+        confident = []
+        for e in ranked:
+            if probs[e] < tau_prefetch or len(confident) == 2 * k:
+                break
+            confident.append(e)
         for e in confident:      # every prediction informs eviction, also beyond the prefetch horizon
             next_use.setdefault(ExpertKey(layer, e), d)
         if not collecting:
@@ -137,8 +150,14 @@ def plan_lookahead(
         total = sum(probs)
         scale = k / total if total > 0 else 0.0
         floor = 0.05 / scale if scale > 0 else float("inf")     # experts below 5% hardly change the estimate
-        covered[d] = sum(min(1.0, c * scale) for e, c in enumerate(probs)
-                         if c >= floor and is_resident_or_inflight(ExpertKey(layer, e)))
+        cov = 0.0
+        for e in ranked:
+            c = probs[e]
+            if c < floor:
+                break
+            if is_resident_or_inflight(ExpertKey(layer, e)):
+                cov += min(1.0, c * scale)
+        covered[d] = cov
         cands[d] = []
         for e in confident:
             key = ExpertKey(layer, e)
@@ -178,8 +197,13 @@ def plan_lookahead(
         return queue_end + copy_ms * load <= now_ms + upto * layer_ms + 1e-9
 
     # d >= 2: most confident first, while every deadline from its layer on still holds.
+    # Loads only grow as items are taken, and a later candidate of the same distance adds at least as
+    # much (1 before its own layer, 1 - p with a smaller p after it): once one misses a deadline, every
+    # later one of its distance does too, so those are skipped without checking.
     later = sorted(((c[0], d, c) for d in dists if d >= 2 for c in cands[d]), key=lambda t: (-t[0], t[1], t[2][1]))
     for _, d, cand in later:
+        if dropped.get(d) == "time":
+            continue
         if not room():
             dropped.setdefault(d, "cache")
             continue

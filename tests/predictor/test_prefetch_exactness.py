@@ -53,3 +53,15 @@ def test_spice_prefetch_really_prefetches_with_a_low_threshold(engines, family):
     steps = list(run)
     assert eng.get_record(run.run_id).totals["prefetch_bytes"] > 0
     assert any(st.prefetches for st in steps)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("policy", ["spice_prefetch", "spice_no_lore"])
+def test_prefetch_planned_after_the_experts_is_token_identical(calibrated_dirs, references, family, policy):
+    """The measured-mode order (plan after launching the layer's experts) on the same tiny models."""
+    eng = SpiceEngine.load(calibrated_dirs[family], device="cpu", prefetch_after_experts=True)
+    s = RunSettings(policy=policy, cache_frac=0.4, tau_prefetch=0.0, max_lookahead=4, max_new_tokens=N_NEW)
+    run = eng.start_ids(PROMPT, s)
+    tokens = [st.token_id for st in run]
+    assert tokens == references[family][: len(tokens)]
+    assert eng.get_record(run.run_id).totals["prefetch_bytes"] > 0

@@ -1,0 +1,131 @@
+"""Host (Python driver) overhead per token and per MoE layer, per policy.
+
+    python benchmarks/host_overhead.py [--model assets/spice-mini] [--device cuda|cpu]
+        [--timing measured|modeled] [--policies lru spice_prefetch ...] [--tokens 32]
+        [--orders auto before after] [--profile-out FILE]
+
+On the shipped miniature every kernel is tiny, so wall time per token is almost entirely
+the engine's host work: routing readback, grouping, miss planning, the draft and the
+lookahead plan, slot bookkeeping and copy/event issue. The difference between a policy and
+`resident` is the overhead that policy adds to every token at any model size (at batch 1
+each MoE layer syncs once to read its routing, so host work is not hidden behind the GPU).
+
+Prints, per policy and prefetch order (``--orders``: where the prefetch planning runs,
+before or after the layer's experts are launched; auto = the engine's default): wall ms
+per token (median of decode steps over prompts), experts copied per token, and ms per MoE
+layer of each engine section (instrumented by wrapping the engine's methods). With
+``--profile-out`` also writes the cProfile of one generation per policy (top 40 by
+cumulative time). Timing label: *measured* wall clock on this machine.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import cProfile
+import io
+import platform
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from spice_core.api import RunSettings  # noqa: E402
+from spice_core.bench import DEFAULT_PROMPTS  # noqa: E402
+from spice_core.engine import SpiceEngine  # noqa: E402
+import spice_core.orchestrator as orch  # noqa: E402
+
+SECTIONS = ("run_layer", "_prefetch", "_decide_layer", "_acquire_slot", "_copy_into")
+
+
+def _instrument(totals: dict, counts: collections.Counter) -> None:
+    for name in SECTIONS:
+        fn = getattr(orch.LayerRuntime, name)
+
+        def wrapped(*a, __fn=fn, __name=name, **k):
+            t = time.perf_counter()
+            try:
+                return __fn(*a, **k)
+            finally:
+                totals[__name] += time.perf_counter() - t
+                counts[__name] += 1
+
+        setattr(orch.LayerRuntime, name, wrapped)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="assets/spice-mini")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--timing", default=None, help="measured (CUDA) or modeled; default: the engine's")
+    ap.add_argument("--policies", nargs="+",
+                    default=["resident", "on_demand", "lru", "gate_prefetch", "spice_prefetch", "spice", "oracle_prefetch"])
+    ap.add_argument("--cache-frac", type=float, default=0.25)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--orders", nargs="+", default=["auto"], choices=["auto", "before", "after"])
+    ap.add_argument("--profile-out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    torch.manual_seed(0)
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    kw = {"timing": args.timing} if args.timing else {}
+    engine = SpiceEngine.load(args.model, device=args.device, **kw)
+    totals, counts = collections.defaultdict(float), collections.Counter()
+    _instrument(totals, counts)
+    prompts = DEFAULT_PROMPTS[: args.prompts]
+    print(f"# host overhead (measured wall clock), model {args.model}, device {args.device}, "
+          f"timing {engine.timing}, cache {args.cache_frac:.0%}, {len(prompts)} prompts x {args.tokens} tokens")
+    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+          f"{torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}")
+    print("| policy | prefetch order | wall ms/token | copies/token | "
+          + " | ".join(f"{s} ms/layer" for s in SECTIONS) + " |")
+    print("|---|---|---|---|" + "---|" * len(SECTIONS))
+    profiles = []
+    expert_bytes = engine.lm.layout.nbytes
+    for order in args.orders:
+        engine.prefetch_after_experts = {"auto": None, "before": False, "after": True}[order]
+        for pol in args.policies:
+            s = RunSettings(policy=pol, cache_frac=args.cache_frac, max_new_tokens=args.tokens,
+                            profile="h200-pcie5x16")
+            run = engine.start_prompt(prompts[0], s)   # warm-up (allocator, lazy imports)
+            for _ in run:
+                pass
+            totals.clear()
+            counts.clear()
+            steps, copies = [], []
+            for prompt in prompts:
+                run = engine.start_prompt(prompt, s)
+                t = time.perf_counter()
+                for i, st in enumerate(run):
+                    now = time.perf_counter()
+                    if i > 0:
+                        steps.append((now - t) * 1e3)
+                        copies.append(st.bytes_copied / expert_bytes)
+                    t = now
+            layers = max(1, counts["run_layer"])
+            cells = " | ".join(f"{totals[n] / layers * 1e3:.3f}" for n in SECTIONS)
+            print(f"| {pol} | {order} | {statistics.median(steps):.2f} | {statistics.mean(copies):.1f} | {cells} |",
+                  flush=True)
+            if args.profile_out is not None:
+                pr = cProfile.Profile()
+                run = engine.start_prompt(prompts[0], s)
+                pr.enable()
+                for _ in run:
+                    pass
+                pr.disable()
+                buf = io.StringIO()
+                pstats.Stats(pr, stream=buf).sort_stats("cumulative").print_stats(40)
+                profiles.append(f"## {pol} ({order})\n{buf.getvalue()}")
+    if args.profile_out is not None:
+        args.profile_out.parent.mkdir(parents=True, exist_ok=True)
+        args.profile_out.write_text("\n".join(profiles))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
