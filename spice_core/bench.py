@@ -50,15 +50,19 @@ def _load_config(path: Path) -> dict:
         raise ConfigError(f"--config {path}: no such file") from e
     except json.JSONDecodeError as e:
         raise ConfigError(f"--config {path}: not valid JSON ({e})") from e
-    for p in cfg.get("policies", []):
-        if p not in POLICIES:
-            raise ConfigError(f"config policy {p!r} is unknown: choose from {', '.join(POLICIES)}")
-    for link in cfg.get("links", ["native"]):
-        if link not in LINKS_GBPS:
-            raise ConfigError(f"config link {link!r} is unknown: choose from {', '.join(LINKS_GBPS)}")
-    for b in cfg.get("budgets", [0.25]):
-        if not 0 < float(b) <= 1:
-            raise ConfigError(f"config budget {b} is out of range: use fractions in (0, 1]")
+    runs = cfg.get("runs") or []
+    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+        raise ConfigError("config \"runs\" must be a list of objects (each overriding policies, budgets, links, ...)")
+    for where in [cfg, *runs]:
+        for p in where.get("policies", []):
+            if p not in POLICIES:
+                raise ConfigError(f"config policy {p!r} is unknown: choose from {', '.join(POLICIES)}")
+        for link in where.get("links", ["native"]):
+            if link not in LINKS_GBPS:
+                raise ConfigError(f"config link {link!r} is unknown: choose from {', '.join(LINKS_GBPS)}")
+        for b in where.get("budgets", [0.25]):
+            if not 0 < float(b) <= 1:
+                raise ConfigError(f"config budget {b} is out of range: use fractions in (0, 1]")
     timing = cfg.get("timing", "measured" if torch.cuda.is_available() else "modeled")
     if timing == "measured" and not torch.cuda.is_available():
         raise ConfigError("config timing 'measured' needs CUDA: use \"timing\": \"modeled\" on this machine")
@@ -95,8 +99,47 @@ def build_model(spec: str, device: str, overrides: dict | None = None):
     return hf, _load_tokenizer(path), str(path)
 
 
+def heldout_prompt_ids(tokenizer, n: int) -> list[list[int]]:
+    """Openings of the shipped model's held-out stories (the eval half of its held-out split) and,
+    every third prompt, a held-out chat request through the chat template, as the app sends it."""
+    from spice_core.generation import build_prompt_ids
+    try:
+        from training.corpus import VALIDATION_SEED_BASE
+        from training.stories import generate_chat_story, generate_story
+    except ImportError as e:
+        raise ConfigError("\"prompts\": {\"heldout\": N} needs the repository's training/ package: run from the "
+                          "repository root, or list the prompts as text") from e
+    out = []
+    for i in range(n):
+        seed = VALIDATION_SEED_BASE + 2 * i + 1          # odd held-out seeds: the eval half
+        if i % 3 == 2:
+            request = generate_chat_story(seed + 10**9).request.text
+            out.append(build_prompt_ids(tokenizer, messages=[{"role": "user", "content": request}]))
+        else:
+            text = ".".join(generate_story(seed).text.split(".")[:2]) + "."
+            out.append(build_prompt_ids(tokenizer, prompt=text))
+    return out
+
+
+def long_prompt_ids(tokenizer, n_tokens: int) -> list[int]:
+    """One long-context prompt of exactly ``n_tokens``: held-out stories back to back."""
+    from training.corpus import VALIDATION_SEED_BASE
+    from training.stories import generate_story
+    ids: list[int] = []
+    i = 0
+    while len(ids) < n_tokens:
+        seed = VALIDATION_SEED_BASE + 2 * (1000 + i) + 1
+        ids += tokenizer(generate_story(seed).text + "\n\n", add_special_tokens=False)["input_ids"]
+        i += 1
+    return ids[:n_tokens]
+
+
 def _prompt_ids(cfg: dict, tokenizer, vocab: int) -> list[list[int]]:
     p = cfg.get("prompts", list(DEFAULT_PROMPTS))
+    if isinstance(p, dict) and "heldout" in p:
+        if tokenizer is None:
+            raise ConfigError("held-out prompts need the model's tokenizer: use \"prompts\": {\"random_ids\": N}")
+        return heldout_prompt_ids(tokenizer, int(p["heldout"]))
     if isinstance(p, dict):
         g = torch.Generator().manual_seed(int(p.get("seed", 0)))
         return [torch.randint(10, vocab, (int(p.get("length", 32)),), generator=g).tolist()
@@ -142,6 +185,16 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
     max_new = int(cfg.get("max_new_tokens", 64))
     hf, tok, desc = build_model(cfg["model"], device, cfg.get("lift_overrides"))
     prompts = _prompt_ids(cfg, tok, hf.config.vocab_size)
+    workloads = [("prompts", i, ids) for i, ids in enumerate(prompts)]
+    long_tokens = int(cfg.get("long_prompt_tokens", 0))
+    if long_tokens:
+        if tok is None:
+            raise ConfigError("long_prompt_tokens needs the model's tokenizer")
+        max_ctx = int(getattr(hf.config, "max_position_embeddings", 0) or 0)
+        if max_ctx and long_tokens + max_new > max_ctx:
+            raise ConfigError(f"long_prompt_tokens {long_tokens} + max_new_tokens {max_new} exceed the model's "
+                              f"context of {max_ctx} tokens: lower long_prompt_tokens")
+        workloads.append(("long", len(prompts), long_prompt_ids(tok, long_tokens)))
     records: list[dict] = []
     stock_tpot = None
     if cfg.get("reference_generate") and cfg["timing"] == "measured":
@@ -160,13 +213,28 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         cfg["hw_profile"] = str(hw_profile)
     if cfg.get("hw_profile"):
         hw = profile_from_dict(json.loads(Path(cfg["hw_profile"]).read_text()))
-    ref_policy = next((p for p in policies if p in EXACT_POLICIES), None)
-    total = len(links) * reps * len(budgets) * len(prompts) * len(policies)
+    # Blocks: the config itself, or its "runs" (each may override policies, budgets, links, n_prompts,
+    # max_new_tokens, long_prompt, repetitions), all on the one model built above.
+    blocks = []
+    for b in cfg.get("runs") or [{}]:
+        pols = b.get("policies", policies)
+        n_p = int(b.get("n_prompts", len(prompts)))
+        wl = [w for w in workloads if w[0] == "prompts"][:n_p]
+        if b.get("long_prompt", True):
+            wl += [w for w in workloads if w[0] == "long"]
+        blocks.append((b.get("links", links), [float(x) for x in b.get("budgets", budgets)], pols, wl,
+                       int(b.get("max_new_tokens", max_new)), int(b.get("repetitions", reps))))
+    total = sum(len(ls) * r * len(bs) * len(wl) * len(ps) for ls, bs, ps, wl, _, r in blocks)
     done = 0
     t0 = time.time()
     per: dict[tuple, list] = {}
     lifted_arts = None
-    for link in links:
+    engines: dict[str, SpiceEngine] = {}
+
+    def engine_for(link: str) -> SpiceEngine:
+        nonlocal lifted_arts
+        if link in engines:
+            return engines[link]
         eng = SpiceEngine(lm, timing=cfg["timing"], hw_profile=hw, link_gbps=LINKS_GBPS[link])
         if cfg.get("artifacts", True) and cfg["model"].startswith("lift:"):
             if lifted_arts is None:
@@ -176,39 +244,54 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
             eng.artifacts = lifted_arts or None
         elif cfg.get("artifacts", True) and not cfg["model"].startswith("random:"):
             eng.load_artifacts()
-        for rep in range(reps):
-            for budget in budgets:
-                for pi, ids in enumerate(prompts):
-                    ref_tokens = None
-                    for pol in policies:
-                        s = RunSettings(policy=pol, cache_frac=budget, max_new_tokens=max_new,
-                                        profile=cfg.get("profile", "h200-pcie5x16"),
-                                        shape=cfg.get("shape", "deepseek-v2-lite"),
-                                        tau_prefetch=float(cfg.get("tau_prefetch", 0.2)),
-                                        tau_approx=float(cfg.get("tau_approx", 0.0)),
-                                        max_lookahead=int(cfg.get("max_lookahead", 4)))
-                        run = eng.start_ids(ids, s)
-                        steps = list(run)
-                        toks = [st.token_id for st in steps]
-                        if pol == ref_policy:
-                            ref_tokens = toks
-                        agree = None
-                        if ref_tokens is not None:
-                            n = min(len(toks), len(ref_tokens))
-                            agree = sum(a == b for a, b in zip(toks[:n], ref_tokens[:n])) / max(1, n)
-                        rec = eng.get_record(run.run_id)
-                        if pi == 0 and rep == 0 and pol in cfg.get("export_traces", []):
-                            from spice_core.trace.export import write_chrome_trace
-                            write_chrome_trace(rec.events, out / f"trace-{link}-{budget:.2f}-{pol}.json",
-                                               metadata={"policy": pol, "link": link, "budget_frac": budget,
-                                                         "model": desc, "timing": cfg["timing"]})
-                        per.setdefault((link, budget, pol), []).append((steps, agree, rec.totals, run.summary()))
-                        done += 1
-                        _progress(done, total, t0, f"{link} {budget:.2f} {pol}")
-        _write_partial(out, cfg, desc, lm, per, hw)   # a run cut short still leaves its finished links
+        engines[link] = eng
+        return eng
+
+    for b_links, b_budgets, b_policies, b_workloads, b_max_new, b_reps in blocks:
+        ref_policy = next((p for p in b_policies if p in EXACT_POLICIES), None)
+        for link in b_links:
+            eng = engine_for(link)
+            for rep in range(b_reps):
+                for budget in b_budgets:
+                    for workload, pi, ids in b_workloads:
+                        ref_tokens = None
+                        for pol in b_policies:
+                            s = RunSettings(policy=pol, cache_frac=budget, max_new_tokens=b_max_new,
+                                            profile=cfg.get("profile", "h200-pcie5x16"),
+                                            shape=cfg.get("shape", "deepseek-v2-lite"),
+                                            tau_prefetch=float(cfg.get("tau_prefetch", 0.2)),
+                                            tau_approx=float(cfg.get("tau_approx", 0.0)),
+                                            max_lookahead=int(cfg.get("max_lookahead", 4)),
+                                            lore_rank=int(cfg.get("lore_rank", 16)))
+                            if device == "cuda":
+                                torch.cuda.reset_peak_memory_stats()
+                            run = eng.start_ids(ids, s)
+                            steps = list(run)
+                            toks = [st.token_id for st in steps]
+                            if pol == ref_policy:
+                                ref_tokens = toks
+                            agree = None
+                            if ref_tokens is not None:
+                                n = min(len(toks), len(ref_tokens))
+                                agree = sum(a == b for a, b in zip(toks[:n], ref_tokens[:n])) / max(1, n)
+                            rec = eng.get_record(run.run_id)
+                            trace = out / f"trace-{link}-{budget:.2f}-{pol}.json"
+                            if pi == 0 and pol in cfg.get("export_traces", []) and not trace.exists():
+                                from spice_core.trace.export import write_chrome_trace
+                                write_chrome_trace(rec.events, trace,
+                                                   metadata={"policy": pol, "link": link, "budget_frac": budget,
+                                                             "model": desc, "timing": cfg["timing"]})
+                            totals = dict(rec.totals)
+                            if device == "cuda":
+                                totals["gpu_peak_bytes"] = torch.cuda.max_memory_allocated()
+                            per.setdefault((link, budget, pol, workload), []).append(
+                                (steps, agree, totals, run.summary()))
+                            done += 1
+                            _progress(done, total, t0, f"{link} {budget:.2f} {pol} {workload}")
+                        _write_partial(out, cfg, desc, lm, per, hw)   # a run cut short keeps what finished
     sys.stderr.write("\n")
-    for (link, budget, pol), runs in per.items():
-        records.append(_aggregate(cfg, desc, lm, link, budget, pol, runs, hw))
+    for (link, budget, pol, workload), runs in per.items():
+        records.append(_aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload))
     if stock_tpot is not None:
         records.append({"model": desc, "policy": "transformers_generate", "budget_frac": 1.0, "link": "native",
                         "timing": "measured", "tpot_ms_median": stock_tpot, "tpot_ms_p90": None, "hit_rate": 1.0,
@@ -226,7 +309,8 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
 
 def _write_partial(out: Path, cfg: dict, desc: str, lm, per: dict, hw) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    recs = [_aggregate(cfg, desc, lm, link, budget, pol, runs, hw) for (link, budget, pol), runs in per.items()]
+    recs = [_aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload)
+            for (link, budget, pol, workload), runs in per.items()]
     (out / "results.partial.json").write_text(json.dumps(recs, indent=1, default=float))
 
 
@@ -238,7 +322,7 @@ def _progress(done: int, total: int, t0: float, label: str) -> None:
     sys.stderr.flush()
 
 
-def _aggregate(cfg, desc, lm, link, budget, pol, runs, hw) -> dict:
+def _aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload: str = "prompts") -> dict:
     decode = [st for steps, *_ in runs for st in steps if st.index > 0]
     tpots = sorted(st.step_ms for st in decode)
     sel = sum(st.hits + st.misses for st in decode)
@@ -250,6 +334,7 @@ def _aggregate(cfg, desc, lm, link, budget, pol, runs, hw) -> dict:
     agrees = [a for _, a, _, _ in runs if a is not None]
     return {
         "model": desc, "policy": pol, "budget_frac": budget, "link": link, "timing": cfg["timing"],
+        "workload": workload,
         "profile": cfg.get("profile") if cfg["timing"] == "modeled" else (hw.name if hw else "this machine"),
         "shape": cfg.get("shape") if cfg["timing"] == "modeled" else "native",
         "tpot_ms_median": statistics.median(tpots) if tpots else None,
@@ -261,6 +346,7 @@ def _aggregate(cfg, desc, lm, link, budget, pol, runs, hw) -> dict:
         "miss_split": split,
         "wasted_prefetch_bytes": sum(t.get("wasted_prefetch_bytes", 0) for _, _, t, _ in runs),
         "greedy_agreement": statistics.mean(agrees) if agrees else None,
+        "gpu_peak_mb": max((t.get("gpu_peak_bytes", 0) for _, _, t, _ in runs), default=0) / 1e6 or None,
         "ppl_delta_pct": 0.0 if pol in EXACT_POLICIES or float(cfg.get("tau_approx", 0)) == 0 else None,
         "n_runs": len(runs), "n_decode_tokens": len(decode),
     }
@@ -268,8 +354,8 @@ def _aggregate(cfg, desc, lm, link, budget, pol, runs, hw) -> dict:
 
 def _add_floors(records: list[dict], lm, prof, cfg) -> None:
     """Physical floor: max(compute, (1 - hit rate) x routed bytes per token / bandwidth)."""
-    resident = {(r["link"], r["budget_frac"]): r["tpot_ms_median"] for r in records if r["policy"] == "resident"}
-    compute = min(resident.values()) if resident else None
+    resident = {(r["link"], r["budget_frac"], r.get("workload", "prompts")): r["tpot_ms_median"]
+                for r in records if r["policy"] == "resident"}
     if cfg["timing"] == "modeled":
         from spice_core.timing.profiles import get_shape
         expert_bytes = get_shape(cfg.get("shape", "deepseek-v2-lite")).expert_bytes if cfg.get("shape") != "native" \
@@ -282,16 +368,20 @@ def _add_floors(records: list[dict], lm, prof, cfg) -> None:
             continue
         gbps = LINKS_GBPS.get(r["link"]) or prof.h2d_pinned_gbps
         transfer = (1 - r["hit_rate"]) * routed_per_token / (gbps * 1e6)
+        # compute: the fastest resident run of the same workload (any link or budget: it copies nothing)
+        same = [v for (_, _, w), v in resident.items() if w == r.get("workload", "prompts") and v is not None]
+        compute = min(same) if same else None
         r["floor_ms"] = max(compute or 0.0, transfer)
         r["routed_bytes_per_token"] = routed_per_token
 
 
 def markdown_table(records: list[dict], cfg: dict) -> str:
-    cols = ["link", "budget_frac", "policy", "tpot_ms_median", "tpot_ms_p90", "hit_rate", "bytes_per_token",
+    cols = ["workload", "link", "budget_frac", "policy", "tpot_ms_median", "tpot_ms_p90", "hit_rate", "bytes_per_token",
             "stall_ms_per_token", "greedy_agreement", "floor_ms"]
     head = "| " + " | ".join(cols) + " | miss split (approx/cpu/copy) |\n|" + "---|" * (len(cols) + 1) + "\n"
     rows = []
-    for r in sorted(records, key=lambda r: (r["link"], r["budget_frac"], POLICIES.index(r["policy"])
+    for r in sorted(records, key=lambda r: (r.get("workload", "prompts") != "prompts", r["link"], r["budget_frac"],
+                                            POLICIES.index(r["policy"])
                                             if r["policy"] in POLICIES else -1)):
         cells = []
         for c in cols:
@@ -313,7 +403,8 @@ def write_figures(records: list[dict], out: Path) -> list[Path]:
     except ImportError:
         log.warning("plotly is not installed: skipping figures (re-render later with bench --replot DIR)")
         return []
-    rows = [r for r in records if r.get("tpot_ms_median") is not None and r["policy"] in POLICIES]
+    rows = [r for r in records if r.get("tpot_ms_median") is not None and r["policy"] in POLICIES
+            and r.get("workload", "prompts") == "prompts"]
     groups = sorted({(r["link"], r["budget_frac"]) for r in rows})
     fig = go.Figure()
     for link, budget in groups:
@@ -365,6 +456,10 @@ def run(args) -> int:
     if args.config is None:
         raise ConfigError("--config FILE is required (or --replot to re-render figures)")
     cfg = _load_config(args.config)
+    hw_path = args.hw_profile or cfg.get("hw_profile")
+    if hw_path is not None and not Path(hw_path).is_file():
+        raise ConfigError(f"hardware profile {hw_path}: no such file: write one with "
+                          "`python -m spice_core calibrate-hw --out FILE` or drop --hw-profile")
     records = run_bench(cfg, args.out, args.device, args.hw_profile)
     write_figures(records, args.out)
     print(markdown_table(records, cfg))

@@ -46,12 +46,44 @@ def add_cli(sub) -> None:
     p.add_argument("--lore-max-rank", type=int, default=DEFAULT_LORE_MAX_RANK,
                    help=f"largest LoRE rank to fit (default {DEFAULT_LORE_MAX_RANK})")
     p.add_argument("--no-lore", action="store_true", help="skip LoRE fitting")
+    p.add_argument("--lore-only", action="store_true",
+                   help="keep the existing draft heads and only (re)fit LoRE beside them")
     p.add_argument("--out", type=Path, default=None, help="output folder (default: beside the model, where the "
                                                           "engine looks for them)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the calibration report as JSON")
     p.set_defaults(func=run)
+
+
+def calibrate_lore_only(model=None, *, device: str = "cpu", text: Path | None = None, max_tokens: int = 24_576,
+                        seq_len: int = 256, lore_max_rank: int = DEFAULT_LORE_MAX_RANK, out: Path | None = None,
+                        command: str = "") -> dict:
+    """Fit LoRE beside draft heads that already exist (their calibration record is kept and
+    extended): for adding LoRE to a model calibrated with --no-lore without retraining the draft."""
+    from spice_core.model.loader import load_model
+    from spice_core.predictor.artifacts import CALIBRATION_FILE, DRAFT_FILE
+    from spice_core.predictor.traces import traces_for_model
+
+    t0 = time.perf_counter()
+    lm = load_model(model, device)
+    out = Path(out) if out is not None else Path(lm.path)
+    cal_path = out / CALIBRATION_FILE
+    if not (out / DRAFT_FILE).exists() or not cal_path.exists():
+        raise ConfigError(f"--lore-only needs draft artifacts in {out}: run `python -m spice_core calibrate "
+                          f"--model {model or lm.path}` first (it fits both)")
+    traces = traces_for_model(lm, text_file=text, max_tokens=max_tokens, seq_len=seq_len)
+    lore_report = _fit_lore(lm, traces, lore_max_rank, out)
+    lore_report["traces"] = {"source": traces.source, "tokens": traces.n_tokens, "seq_len": seq_len}
+    lore_report["command"] = command
+    cal = json.loads(cal_path.read_text())
+    cal["lore"] = lore_report
+    cal["files_bytes"] = {name: (out / name).stat().st_size for name in (DRAFT_FILE, "spice-lore.safetensors")
+                          if (out / name).exists()}
+    tmp = cal_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cal, indent=1))
+    tmp.replace(cal_path)
+    return {"lore": lore_report, "files_bytes": cal["files_bytes"], "total_s": round(time.perf_counter() - t0, 1)}
 
 
 def _check_args(args) -> None:
@@ -164,6 +196,8 @@ def _command_line(args) -> str:
             parts.append(f"--{flag.replace('_', '-')} {v}")
     if args.no_lore:
         parts.append("--no-lore")
+    if getattr(args, "lore_only", False):
+        parts.append("--lore-only")
     return " ".join(parts)
 
 
@@ -171,6 +205,18 @@ def run(args) -> int:
     _check_args(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.lore_only:
+        if args.no_lore:
+            raise ConfigError("--lore-only and --no-lore contradict each other: pass one of them")
+        rep = calibrate_lore_only(args.model, device=args.device, text=args.text, max_tokens=args.max_tokens,
+                                  seq_len=args.seq_len, lore_max_rank=args.lore_max_rank, out=args.out,
+                                  command=_command_line(args))
+        lo = rep["lore"]
+        print("LoRE: " + (f"skipped ({lo['skipped']})" if "skipped" in lo else f"{lo['file']} (max rank {lo['max_rank']})"))
+        for name, size in rep["files_bytes"].items():
+            print(f"{name}: {size / 1e6:.2f} MB")
+        print(f"done in {rep['total_s']} s")
+        return 0
     report = calibrate(args.model, device=args.device, text=args.text, max_tokens=args.max_tokens,
                        seq_len=args.seq_len, distances=args.distances, epochs=args.epochs,
                        train_seconds=args.train_seconds, lore_max_rank=args.lore_max_rank, lore=not args.no_lore,

@@ -41,3 +41,47 @@ def test_bad_config_is_refused_before_any_work(tmp_path, patch, needle):
     path.write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match=needle):
         _load_config(path)
+
+
+def test_bench_runs_blocks_on_one_model_and_a_long_prompt_workload(tmp_path):
+    """"runs" share the model; each block may narrow policies, budgets and prompts; the long-context
+    prompt is recorded as its own workload."""
+    cfg = {"model": "assets/spice-mini", "timing": "modeled", "prompts": {"heldout": 2}, "long_prompt_tokens": 120,
+           "max_new_tokens": 3, "runs": [{"policies": ["lru", "spice_prefetch"], "n_prompts": 1, "long_prompt": False},
+                                         {"budgets": [0.1], "policies": ["on_demand"]}]}
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(cfg))
+    recs = run_bench(_load_config(path), tmp_path / "out", "cpu")
+    got = {(r["policy"], r["budget_frac"], r["workload"], r["n_runs"]) for r in recs}
+    assert got == {("lru", 0.25, "prompts", 1), ("spice_prefetch", 0.25, "prompts", 1),
+                   ("on_demand", 0.1, "prompts", 2), ("on_demand", 0.1, "long", 1)}
+    spice = next(r for r in recs if r["policy"] == "spice_prefetch")
+    assert spice["greedy_agreement"] == 1.0     # lru is this block's exact reference
+
+
+def test_long_prompt_beyond_the_context_is_refused_before_decoding(tmp_path):
+    cfg = {"model": "assets/spice-mini", "timing": "modeled", "prompts": {"heldout": 1}, "long_prompt_tokens": 500,
+           "max_new_tokens": 64, "policies": ["lru"]}
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="context"):
+        run_bench(_load_config(path), tmp_path / "out", "cpu")
+
+
+@pytest.mark.parametrize("patch,needle", [({"runs": [{"policies": ["fifo"]}]}, "policy"), ({"runs": "all"}, "runs")])
+def test_bad_run_blocks_are_refused_before_any_work(tmp_path, patch, needle):
+    cfg = {"model": "random:tiny-deepseek", "policies": ["lru"], "timing": "modeled", **patch}
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match=needle):
+        _load_config(path)
+
+
+def test_missing_hardware_profile_is_refused_before_the_model_is_built(tmp_path, capsys):
+    from spice_core.cli import main
+
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({"model": "random:tiny-deepseek", "policies": ["lru"], "timing": "modeled"}))
+    assert main(["bench", "--config", str(path), "--out", str(tmp_path / "o"), "--hw-profile",
+                 str(tmp_path / "nope.json")]) == 2
+    assert "calibrate-hw" in capsys.readouterr().err

@@ -97,3 +97,24 @@ def test_calibrate_also_fits_lore_when_asked_and_the_engine_loads_both(model, te
     assert "LoRE: spice-lore.safetensors (max rank 4)" in capsys.readouterr().out
     info = SpiceEngine.load(model, device="cpu").info()
     assert info.has_draft and info.has_lore
+
+
+def test_lore_only_adds_lore_beside_an_existing_draft_without_retraining_it(model, text, capsys):
+    from spice_core.engine import SpiceEngine
+
+    assert calibrate("--model", model, "--text", text, "--max-tokens", "400", "--distances", "2") == 0
+    draft_before = (model / DRAFT_FILE).read_bytes()
+    capsys.readouterr()
+    assert main(["calibrate", "--threads", "1", "--model", str(model), "--text", str(text), "--max-tokens", "400",
+                 "--lore-only", "--lore-max-rank", "4"]) == 0
+    assert "LoRE: spice-lore.safetensors (max rank 4)" in capsys.readouterr().out
+    assert (model / DRAFT_FILE).read_bytes() == draft_before
+    cal = json.loads((model / CALIBRATION_FILE).read_text())
+    assert cal["lore"]["max_rank"] == 4 and "spice-lore.safetensors" in cal["files_bytes"]
+    info = SpiceEngine.load(model, device="cpu").info()
+    assert info.has_draft and info.has_lore
+
+
+def test_lore_only_without_a_draft_names_the_full_calibrate_command(model, text, capsys):
+    assert main(["calibrate", "--threads", "1", "--model", str(model), "--text", str(text), "--lore-only"]) == 2
+    assert "spice_core calibrate" in capsys.readouterr().err
