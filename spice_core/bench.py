@@ -235,7 +235,8 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         nonlocal lifted_arts
         if link in engines:
             return engines[link]
-        eng = SpiceEngine(lm, timing=cfg["timing"], hw_profile=hw, link_gbps=LINKS_GBPS[link])
+        eng = SpiceEngine(lm, timing=cfg["timing"], hw_profile=hw, link_gbps=LINKS_GBPS[link],
+                          prefetch_after_experts=cfg.get("prefetch_after_experts"))
         if cfg.get("artifacts", True) and cfg["model"].startswith("lift:"):
             if lifted_arts is None:
                 from spice_core.lift import lift_artifacts

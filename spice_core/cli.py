@@ -16,6 +16,7 @@ from spice_core.errors import SpiceError
 COMMAND_MODULES = (
     "spice_core.cli_generate",      # generate
     "spice_core.timing.calibrate_hw",  # calibrate-hw
+    "spice_core.timing.recalibrate",   # recalibrate (host costs from measured traces)
     "spice_core.calibrate",         # calibrate (draft heads, LoRE)
     "spice_core.quality",           # quality
     "spice_core.bench",             # bench

@@ -221,7 +221,12 @@ class SpiceEngine:
             if self.link_gbps:
                 prof = replace(prof, h2d_pinned_gbps=self.link_gbps)
             return CostModel(prof, self.native_shape)
-        return CostModel(get_profile(s.profile), get_shape(s.shape, self.native_shape))
+        # Modeled: the named profile, or the engine's own (e.g. recalibrated from a measured run), with the
+        # emulated link's bandwidth when one is set.
+        prof = self.hw_profile or get_profile(s.profile)
+        if self.link_gbps:
+            prof = replace(prof, h2d_pinned_gbps=self.link_gbps)
+        return CostModel(prof, get_shape(s.shape, self.native_shape))
 
     def _timeline(self, costs: CostModel, modeled: bool):
         if modeled or self.timing == "modeled":

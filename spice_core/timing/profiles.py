@@ -38,6 +38,17 @@ class HardwareProfile:
     cpu_task_us: float            # fixed cost of one CPU-lane task (dispatch, sync)
     host_step_us: float           # per-token host work (sampling, Python between tokens)
     source: str = ""
+    # The host as a lane (0 = never the bottleneck, the timing model's classic assumption). Eager
+    # batch-1 decoding syncs once per MoE layer to read the routing, so Python launch and
+    # bookkeeping time is not hidden behind the GPU; `recalibrate` fits these from a measured trace.
+    host_layer_us: float = 0.0    # launching one decoder layer's non-expert work
+    host_expert_us: float = 0.0   # launching one expert on the GPU
+    host_copy_us: float = 0.0     # issuing one host-to-device expert copy (slot bookkeeping included)
+    host_plan_us: float = 0.0     # one lookahead prediction + plan after a MoE layer
+
+    @property
+    def models_host(self) -> bool:
+        return (self.host_layer_us + self.host_expert_us + self.host_copy_us + self.host_plan_us) > 0
 
     def __post_init__(self) -> None:
         for f in fields(self):

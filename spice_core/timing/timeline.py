@@ -75,9 +75,27 @@ class ModeledTimeline:
     _token_start: float = 0.0
     _events: list[TraceEvent] = field(default_factory=list)
     _pending_results: dict = field(default_factory=dict)
+    _host: float = 0.0            # the host's clock, when the profile models it (see `_launch`)
 
     def __post_init__(self) -> None:
         self._cpu_free = [0.0] * max(1, self.cpu_workers)
+        self._host_on = self.costs.profile.models_host
+
+    def _launch(self, host_us: float, gpu_ms: float) -> tuple[float, float]:
+        """Start and end of a GPU op the host launches now. Without host modeling: after the
+        previous GPU op. With it: not before the host starts launching, and not done before the
+        host has finished launching (launch-bound eager kernels)."""
+        if not self._host_on:
+            start = self._gpu_free
+            return start, start + gpu_ms
+        start = max(self._gpu_free, self._host)
+        self._host += host_us / 1e3
+        return start, max(start + gpu_ms, self._host)
+
+    def _sync(self) -> None:
+        """The host waits for the GPU (a readback)."""
+        if self._host_on:
+            self._host = max(self._host, self._gpu_free)
 
     # -- helpers
     def _emit(self, lane: str, kind: str, start: float, end: float, key: ExpertKey | None,
@@ -91,20 +109,26 @@ class ModeledTimeline:
     # -- operations
     def start_token(self, token: int) -> None:
         self._token = token
-        self._token_start = self._gpu_free
+        self._sync()
+        self._token_start = max(self._gpu_free, self._host) if self._host_on else self._gpu_free
 
     def layer(self, layer: int, n_tokens: int, dense: bool, fn: Callable[[], None] | None = None) -> None:
         if fn is not None:
             fn()
         dur = self.costs.gpu_layer_ms(n_tokens, dense=dense)
-        start = self._gpu_free
-        self._gpu_free = start + dur
+        start, self._gpu_free = self._launch(self.costs.profile.host_layer_us, dur)
         self._emit("gpu", "layer", start, self._gpu_free, ExpertKey(layer, -1), detail="dense" if dense else "")
+        if not dense:
+            self._sync()          # the MoE layer's routing is read back before its experts are placed
 
     def copy(self, key: ExpertKey, nbytes: int, kind: str, fn: Callable[[], None]) -> OpHandle:
         fn()
         modeled_bytes = self._scaled_bytes(nbytes)
-        start = max(self._copy_free, self._gpu_free)   # issued now, from the driver's point in the stream
+        if self._host_on:
+            self._host += self.costs.profile.host_copy_us / 1e3
+            start = max(self._copy_free, self._host)   # issued when the host gets to it
+        else:
+            start = max(self._copy_free, self._gpu_free)   # issued now, from the driver's point in the stream
         end = start + self.costs.copy_ms(modeled_bytes)
         self._copy_free = end
         self._emit("copy", kind, start, end, key, modeled_bytes)
@@ -117,30 +141,29 @@ class ModeledTimeline:
 
     def gpu_expert(self, key: ExpertKey, n_tokens: int, fn: Callable[[], object]) -> object:
         out = fn()
-        start = self._gpu_free
-        self._gpu_free = start + self.costs.gpu_expert_ms(n_tokens)
+        start, self._gpu_free = self._launch(self.costs.profile.host_expert_us, self.costs.gpu_expert_ms(n_tokens))
         self._emit("gpu", "expert", start, self._gpu_free, key)
         return out
 
     def approx(self, key: ExpertKey, n_tokens: int, rank: int, fn: Callable[[], object]) -> object:
         out = fn()
-        start = self._gpu_free
-        self._gpu_free = start + self.costs.approx_ms(rank, n_tokens)
+        start, self._gpu_free = self._launch(self.costs.profile.host_expert_us, self.costs.approx_ms(rank, n_tokens))
         self._emit("gpu", "approx", start, self._gpu_free, key, detail=f"rank {rank}")
         return out
 
     def draft(self, layer: int, n_heads: int, fn: Callable[[], object]) -> object:
         """Predictor work on the GPU: ``n_heads`` small matmuls (launch-bound)."""
         out = fn()
-        start = self._gpu_free
-        self._gpu_free = start + n_heads * 2 * self.costs.profile.gpu_kernel_us / 1e3
+        start, self._gpu_free = self._launch(0.0, n_heads * 2 * self.costs.profile.gpu_kernel_us / 1e3)
         self._emit("gpu", "draft", start, self._gpu_free, ExpertKey(layer, -1), detail=f"{n_heads} heads")
+        if self._host_on:         # the prediction is read back and the lookahead planned on the host
+            self._host += self.costs.profile.host_plan_us / 1e3
         return out
 
     def cpu_expert(self, key: ExpertKey, n_tokens: int, fn: Callable[[], object]) -> OpHandle:
         out = fn()
         w = min(range(len(self._cpu_free)), key=lambda i: self._cpu_free[i])
-        start = max(self._cpu_free[w], self._gpu_free)
+        start = max(self._cpu_free[w], self._host if self._host_on else self._gpu_free)
         end = start + self.costs.cpu_expert_ms(n_tokens)
         self._cpu_free[w] = end
         self._emit(f"cpu{w}", "cpu_run", start, end, key)
@@ -148,6 +171,8 @@ class ModeledTimeline:
         return h
 
     def cpu_result(self, handle: OpHandle) -> object:
+        if self._host_on:         # the host collects the result, then hands it to the GPU
+            self._host = max(self._host, handle.end_ms)
         self.wait(handle)
         return handle.native
 
@@ -156,13 +181,19 @@ class ModeledTimeline:
         self._emit(lane, kind, t, t, key, nbytes, detail)
 
     def end_token(self) -> float:
+        if self._host_on:
+            self._sync()          # the sampled token is read back
+            self._host += self.costs.host_step_ms()
+            self._gpu_free = max(self._gpu_free, self._host)
+            self._emit("host", "token", self._token_start, self._host, None)
+            return self._host - self._token_start
         start = self._gpu_free
         self._gpu_free = start + self.costs.host_step_ms()
         self._emit("host", "token", self._token_start, self._gpu_free, None)
         return self._gpu_free - self._token_start
 
     def now_ms(self) -> float:
-        return self._gpu_free
+        return max(self._host, self._gpu_free) if self._host_on else self._gpu_free
 
     def copy_free_at_ms(self) -> float:
         return self._copy_free

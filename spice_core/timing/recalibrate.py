@@ -1,0 +1,184 @@
+"""Recalibrate a hardware profile's host costs from measured traces.
+
+    python -m spice_core recalibrate --profile hw.json --trace lru.json.gz \
+        [--prefetch-trace spice.json.gz] --out hw-recalibrated.json
+
+`calibrate-hw` measures the devices one operation at a time (copy bandwidth, one expert on
+the GPU and on the CPU). A measured decode at batch 1 is slower than those pieces add up to,
+because the host is a lane of its own: each MoE layer reads its routing back, so the Python
+that launches kernels, plans and issues copies is not hidden behind the GPU. This fits the
+profile's host fields (profiles.py) from the engine's own measured Chrome traces:
+
+- ``host_layer_us``: median span of a MoE layer's non-expert work (from the previous layer's
+  last expert to the routing readback), in a trace without prefetching;
+- ``host_copy_us``: slope of the gap between the routing readback and the first expert over
+  the number of demand copies issued in between (least squares; the intercept, the per-layer
+  miss bookkeeping, is added to ``host_layer_us``);
+- ``host_expert_us``: median interval between consecutive expert launches of one layer when
+  no stall sits between them;
+- ``host_plan_us`` (with a prefetching trace): how much longer its median MoE layer is, minus
+  the issue cost of the prefetch copies made per layer;
+- ``host_step_us``: the median time per token outside the layers (sampling, the readback of
+  the token, Python between tokens).
+
+Decode tokens only (token index ≥ 1). Pure: JSON in, numbers out.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+from spice_core.errors import ConfigError
+from spice_core.timing.profiles import HardwareProfile
+
+
+def read_trace_events(path: Path) -> list[dict]:
+    """The complete ('X') events of a Chrome trace written by this engine (.json or .json.gz)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"trace {path}: no such file: export one with `bench` (\"export_traces\") or the app")
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt") as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"trace {path} is not a readable Chrome trace JSON ({e})") from e
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    out = [e for e in events or [] if e.get("ph") == "X" and isinstance(e.get("args"), dict)
+           and e["args"].get("timing") == "measured"]
+    if not out:
+        raise ConfigError(f"trace {path} has no measured engine events: recalibrate from a measured (GPU) run")
+    return out
+
+
+def _by_layer(events: list[dict]) -> dict[tuple[int, int], dict]:
+    """(token, layer) -> {'layer': event, 'experts': [...], 'copies': [...], 'stalls': [...]} for decode tokens."""
+    out: dict[tuple[int, int], dict] = {}
+    for e in events:
+        a = e["args"]
+        if a["token"] < 1 or a["layer"] < 0:
+            continue
+        slot = out.setdefault((a["token"], a["layer"]), {"layer": None, "experts": [], "copies": [], "prefetches": [],
+                                                         "stalls": []})
+        kind, lane = a["kind"], a["lane"]
+        if lane == "gpu" and kind == "layer" and not a.get("detail"):
+            slot["layer"] = a
+        elif lane == "gpu" and kind in ("expert", "approx"):
+            slot["experts"].append(a)
+        elif lane == "gpu" and kind == "stall":
+            slot["stalls"].append(a)
+        elif lane == "copy" and kind == "copy":
+            slot["copies"].append(a)
+        elif lane == "copy" and kind == "prefetch":
+            slot["prefetches"].append(a)
+    return {k: v for k, v in out.items() if v["layer"] is not None}
+
+
+def _fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares intercept and slope (slope 0 when x does not vary)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    var = sum((x - mx) ** 2 for x in xs)
+    if var == 0:
+        return my, 0.0
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var
+    return my - slope * mx, slope
+
+
+def fit_host_costs(events: list[dict], prefetch_events: list[dict] | None = None) -> dict:
+    """Host costs in µs (see the module docstring), with the evidence each one rests on."""
+    layers = _by_layer(events)
+    if len(layers) < 8:
+        raise ConfigError("the trace has fewer than 8 decode MoE layers: trace a longer generation")
+    layer_ms = statistics.median(v["layer"]["dur_ms"] for v in layers.values())
+    gaps, n_copies, launch = [], [], []
+    for v in layers.values():
+        lay_end = v["layer"]["start_ms"] + v["layer"]["dur_ms"]
+        exps = sorted(v["experts"], key=lambda a: a["start_ms"])
+        if not exps:
+            continue
+        gaps.append(exps[0]["start_ms"] - lay_end)
+        n_copies.append(float(sum(1 for c in v["copies"] if c["start_ms"] <= exps[0]["start_ms"])))
+        stall_starts = sorted(s["start_ms"] for s in v["stalls"])
+        for a, b in zip(exps, exps[1:]):
+            if not any(a["start_ms"] < s < b["start_ms"] for s in stall_starts):
+                launch.append(b["start_ms"] - a["start_ms"])
+    intercept_ms, copy_ms = _fit_line(n_copies, gaps)
+    fit = {
+        "host_layer_us": 1e3 * (layer_ms + max(0.0, intercept_ms)),
+        "host_copy_us": 1e3 * max(0.0, copy_ms),
+        "host_expert_us": 1e3 * statistics.median(launch) if launch else 0.0,
+        "evidence": {"decode_moe_layers": len(layers), "median_layer_ms": layer_ms,
+                     "placement_gap_intercept_ms": intercept_ms, "copies_per_layer_mean": sum(n_copies) / len(n_copies),
+                     "expert_launch_intervals": len(launch)},
+    }
+    tokens = {}
+    for e in events:
+        a = e["args"]
+        if a["lane"] == "host" and a["kind"] == "token" and a["token"] >= 1:
+            tokens[a["token"]] = a["dur_ms"]
+    per_token_layers: dict[int, float] = {}
+    for (tok, _), v in layers.items():
+        per_token_layers[tok] = per_token_layers.get(tok, 0.0)
+    gpu_busy: dict[int, tuple[float, float]] = {}
+    for e in events:
+        a = e["args"]
+        if a["lane"] == "gpu" and a["token"] >= 1:
+            lo, hi = gpu_busy.get(a["token"], (float("inf"), float("-inf")))
+            gpu_busy[a["token"]] = (min(lo, a["start_ms"]), max(hi, a["start_ms"] + a["dur_ms"]))
+    outside = [tokens[t] - (hi - lo) for t, (lo, hi) in gpu_busy.items() if t in tokens]
+    fit["host_step_us"] = 1e3 * max(0.0, statistics.median(outside)) if outside else 0.0
+    if prefetch_events is not None:
+        pl = _by_layer(prefetch_events)
+        if len(pl) < 8:
+            raise ConfigError("the prefetching trace has fewer than 8 decode MoE layers: trace a longer generation")
+        p_layer_ms = statistics.median(v["layer"]["dur_ms"] for v in pl.values())
+        # Prefetch events carry the layer they are for (possibly of the next token): count them all.
+        n_prefetch = sum(1 for e in prefetch_events if e["args"]["token"] >= 1 and e["args"]["lane"] == "copy"
+                         and e["args"]["kind"] == "prefetch")
+        prefetch_per_layer = n_prefetch / len(pl)
+        plan_ms = p_layer_ms - layer_ms - prefetch_per_layer * copy_ms
+        fit["host_plan_us"] = 1e3 * max(0.0, plan_ms)
+        fit["evidence"].update({"prefetch_median_layer_ms": p_layer_ms, "prefetches_per_layer": prefetch_per_layer})
+    return fit
+
+
+def recalibrated_profile(profile: HardwareProfile, fit: dict, note: str = "") -> HardwareProfile:
+    keys = ("host_layer_us", "host_copy_us", "host_expert_us", "host_plan_us", "host_step_us")
+    new = {k: round(float(fit[k]), 1) for k in keys if k in fit}
+    src = (profile.source + "; " if profile.source else "") + "host costs recalibrated from measured traces" + \
+        (f" ({note})" if note else "")
+    return replace(profile, name=profile.name + "+host", source=src, **new)
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("recalibrate", help="fit a profile's host costs from measured traces (see timing/recalibrate.py)")
+    p.add_argument("--profile", type=Path, required=True, help="profile JSON from calibrate-hw")
+    p.add_argument("--trace", type=Path, required=True, help="measured Chrome trace of a policy without prefetching (lru)")
+    p.add_argument("--prefetch-trace", type=Path, default=None, help="measured trace of a prefetching policy")
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from spice_core.timing.profiles import profile_from_dict
+
+    if not args.profile.is_file():
+        raise ConfigError(f"--profile {args.profile}: no such file: write one with `python -m spice_core calibrate-hw`")
+    try:
+        prof = profile_from_dict(json.loads(args.profile.read_text()))
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--profile {args.profile} is not valid JSON ({e})") from e
+    fit = fit_host_costs(read_trace_events(args.trace),
+                         read_trace_events(args.prefetch_trace) if args.prefetch_trace else None)
+    names = ", ".join(p.name for p in (args.trace, args.prefetch_trace) if p is not None)
+    new = recalibrated_profile(prof, fit, note=names)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(new.as_dict(), indent=2))
+    for k, v in fit.items():
+        print(f"{k}: {json.dumps(v) if isinstance(v, dict) else f'{v:.1f}'}")
+    print(f"wrote {args.out}")
+    return 0

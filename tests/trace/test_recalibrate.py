@@ -1,0 +1,108 @@
+"""Host-cost recalibration from measured traces, and the timing model's host lane."""
+import gzip
+import json
+from dataclasses import replace
+
+import pytest
+
+from spice_core.cli import main
+from spice_core.errors import ConfigError
+from spice_core.timing.costs import CostModel
+from spice_core.timing.profiles import get_profile, get_shape
+from spice_core.timing.recalibrate import fit_host_costs, read_trace_events, recalibrated_profile
+from spice_core.timing.timeline import ModeledTimeline
+from spice_core.types import ExpertKey
+
+LAYER_MS, COPY_MS, BASE_GAP_MS, LAUNCH_MS = 1.0, 0.15, 0.2, 0.08
+
+
+def _ev(token, layer, expert, lane, kind, start, dur, detail=""):
+    return {"ph": "X", "name": kind, "ts": start * 1e3, "dur": dur * 1e3,
+            "args": {"token": token, "layer": layer, "expert": expert, "lane": lane, "kind": kind,
+                     "timing": "measured", "detail": detail, "start_ms": start, "dur_ms": dur}}
+
+
+def _trace(prefetches_per_layer=0, plan_ms=0.0):
+    """A synthetic measured decode: known layer span, copy issue cost, launch interval."""
+    ev, t = [], 0.0
+    for tok in range(1, 5):
+        t0 = t
+        for layer in range(1, 6):
+            span = LAYER_MS + (plan_ms + prefetches_per_layer * COPY_MS if prefetches_per_layer else 0.0)
+            ev.append(_ev(tok, layer, -1, "gpu", "layer", t, span))
+            t += span
+            n_copies = (tok + layer) % 4
+            for c in range(n_copies):
+                ev.append(_ev(tok, layer, 10 + c, "copy", "copy", t + 0.01 * c, 0.3))
+            for p in range(prefetches_per_layer):
+                ev.append(_ev(tok, layer + 1, 20 + p, "copy", "prefetch", t, 0.3))
+            t += BASE_GAP_MS + COPY_MS * n_copies
+            for e in range(6):
+                ev.append(_ev(tok, layer, e, "gpu", "expert", t, 0.05))
+                t += LAUNCH_MS
+        ev.append(_ev(tok, -1, -1, "host", "token", t0 - 0.2, t - t0 + 0.5))
+    return ev
+
+
+def test_fit_recovers_the_host_costs_of_a_known_trace():
+    fit = fit_host_costs(_trace())
+    assert fit["host_copy_us"] == pytest.approx(COPY_MS * 1e3, rel=1e-6)
+    assert fit["host_layer_us"] == pytest.approx((LAYER_MS + BASE_GAP_MS) * 1e3, rel=1e-6)
+    assert fit["host_expert_us"] == pytest.approx(LAUNCH_MS * 1e3, rel=1e-6)
+    assert fit["host_step_us"] == pytest.approx(500.0 + (LAUNCH_MS - 0.05) * 1e3, abs=1.0)   # after the last kernel
+
+
+def test_fit_attributes_the_longer_layers_of_a_prefetching_trace_to_planning():
+    fit = fit_host_costs(_trace(), _trace(prefetches_per_layer=3, plan_ms=0.9))
+    assert fit["host_plan_us"] == pytest.approx(900.0, rel=1e-6)
+
+
+def test_recalibrated_profile_keeps_the_device_numbers_and_names_its_source():
+    base = get_profile("h200-pcie5x16")
+    new = recalibrated_profile(base, fit_host_costs(_trace()), note="lru.json")
+    assert new.h2d_pinned_gbps == base.h2d_pinned_gbps and new.models_host and not base.models_host
+    assert "recalibrated" in new.source and new.name.endswith("+host")
+
+
+def test_host_lane_makes_a_layer_launch_bound_and_zero_costs_change_nothing():
+    shape = get_shape("deepseek-v2-lite")
+    base = get_profile("h200-pcie5x16")
+    plain = ModeledTimeline(CostModel(base, shape), native_expert_bytes=1)
+    hosted = ModeledTimeline(CostModel(replace(base, host_layer_us=3000.0, host_expert_us=1.0), shape),
+                             native_expert_bytes=1)
+    for tl in (plain, hosted):
+        tl.start_token(1)
+        tl.layer(1, 1, dense=False)
+        tl.gpu_expert(ExpertKey(1, 0), 1, lambda: None)
+    gpu_ms = CostModel(base, shape).gpu_layer_ms() + CostModel(base, shape).gpu_expert_ms()
+    assert plain.end_token() == pytest.approx(gpu_ms + base.host_step_us / 1e3)
+    assert hosted.end_token() >= 3.0 + base.host_step_us / 1e3     # the host's 3 ms launch dominates
+
+
+def test_recalibrate_cli_refuses_modeled_or_missing_traces(tmp_path, capsys):
+    modeled = tmp_path / "modeled.json.gz"
+    ev = _trace()
+    for e in ev:
+        e["args"]["timing"] = "modeled"
+    with gzip.open(modeled, "wt") as f:
+        json.dump({"traceEvents": ev}, f)
+    with pytest.raises(ConfigError, match="measured"):
+        read_trace_events(modeled)
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps(get_profile("h200-pcie5x16").as_dict()))
+    assert main(["recalibrate", "--profile", str(prof), "--trace", str(tmp_path / "nope.json"),
+                 "--out", str(tmp_path / "o.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_recalibrate_cli_writes_a_profile_the_bench_can_load(tmp_path):
+    from spice_core.timing.profiles import profile_from_dict
+
+    trace = tmp_path / "lru.json"
+    trace.write_text(json.dumps({"traceEvents": _trace()}))
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps(get_profile("h200-pcie5x16").as_dict()))
+    out = tmp_path / "new.json"
+    assert main(["recalibrate", "--profile", str(prof), "--trace", str(trace), "--out", str(out)]) == 0
+    new = profile_from_dict(json.loads(out.read_text()))
+    assert new.host_copy_us == pytest.approx(150.0)
