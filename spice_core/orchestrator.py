@@ -249,7 +249,7 @@ class LayerRuntime:
             tl.layer(l_, T, dense=l_ != layer)
         self.global_pos = self.token * len(self.lm.moe_layers) + self.moe_pos[layer]
         prefetching = self.spec.prefetches and self.predictor is not None
-        if prefetching and hasattr(self.predictor, "launch"):
+        if prefetching and hasattr(self.predictor, "launch") and not self._plan_not_worth_it():
             self.predictor.launch(layer, x[-1:], self)    # its readback rides on the routing's sync below
         idx_l, w_l = top_k_index.tolist(), top_k_weights.tolist()
         routes: dict[int, tuple[list[int], list[int]]] = {}
@@ -419,7 +419,22 @@ class LayerRuntime:
             self._release(slot)
             return out
 
+    def _plan_not_worth_it(self) -> bool:
+        """With a profile that models the host: skip this layer's plan when it costs the host more than
+        the copy stalls it could hide (the recent miss rate x k exposed copies)."""
+        prof = self.costs.profile
+        if prof.host_plan_us <= 0:
+            return False
+        return prof.host_plan_us / 1e3 > self._miss_rate_ema * self.lm.top_k * self.costs.copy_ms()
+
     def _prefetch(self, layer: int, x: torch.Tensor) -> None:
+        if self._plan_not_worth_it():
+            if hasattr(self.predictor, "discard"):
+                self.predictor.discard()
+            self.counters.depths.append(0)
+            self.counters.stop_reasons.append("cost")
+            self.counters.h_mins.append(-1.0)
+            return
         preds = self.predictor.predict(layer, x[-1:], self)
         layer_ms = self.costs.gpu_layer_ms() + self.lm.top_k * self.costs.gpu_expert_ms()
         bw_bytes_per_ms = self.costs.profile.h2d_pinned_gbps * 1e6
@@ -428,7 +443,8 @@ class LayerRuntime:
             preds, is_resident_or_inflight=lambda k: k in self.slots.where,
             tau_prefetch=self.tau_prefetch, max_lookahead=self.max_lookahead, now_ms=self.timeline.now_ms(),
             copy_free_at_ms=self.timeline.copy_free_at_ms(), copy_ms=self.costs.copy_ms(), layer_ms=layer_ms,
-            top_k=self.lm.top_k, max_items=max(0, self.slots.n_slots - self.lm.top_k), h_min_value=hm)
+            top_k=self.lm.top_k, max_items=max(0, self.slots.n_slots - self.lm.top_k), h_min_value=hm,
+            issue_ms=self.costs.profile.host_copy_us / 1e3)
         if len(self._next_use_abs) > 4 * self.slots.n_slots + 256:
             self._next_use_abs = {k: v for k, v in self._next_use_abs.items() if v >= self.global_pos}
         for key, d in plan.next_use.items():

@@ -39,6 +39,13 @@ resident, in flight or chosen. Why it stopped there:
   "bound"       max_lookahead (or the end of the predictions) was reached
   "cache"       the plan reached max_items (the orchestrator also reports it when no slot
                 could be freed without evicting something needed sooner)
+  "cost"        the orchestrator skipped the plan: on this machine planning costs the host more
+                than the copy stalls it could hide (only with a profile that models the host)
+
+Host cost (profiles that model the host, e.g. recalibrated from a measured run): issuing a
+copy costs the host ``issue_ms`` whether or not the expert is used, and saves at most one
+exposed copy (``copy_ms``) when it is. A candidate is only worth it when its probability of
+use p satisfies p * copy_ms > issue_ms; below that it is not taken (stop reason "cost").
 
 Alongside, the SPICE paper's H_min = P * M_e / (B * T_comp): the lookahead depth needed
 to hide a layer's P missing experts of M_e bytes over a link of B bytes/ms behind
@@ -115,6 +122,7 @@ def plan_lookahead(
     top_k: int,
     max_items: int | None = None,
     h_min_value: float = 0.0,
+    issue_ms: float = 0.0,
 ) -> PrefetchPlan:
     """See the module docstring. ``predictions`` may come in any order; one per distance."""
     k = max(top_k, 1)
@@ -123,6 +131,7 @@ def plan_lookahead(
     cands: dict[int, list[tuple[float, int, ExpertKey, float]]] = {}   # d -> (confidence, expert, key, use prob.)
     covered: dict[int, float] = {}          # d -> expected number of layer l+d's experts already on their way
     seen: set[ExpertKey] = set()
+    not_worth: set[int] = set()              # distances with a confident expert not worth its host cost
     loop_reason, last_d = "bound", 0
     collecting = True
     for pred in sorted(predictions, key=lambda p: p.distance):
@@ -162,7 +171,11 @@ def plan_lookahead(
         for e in confident:
             key = ExpertKey(layer, e)
             if key not in seen and not is_resident_or_inflight(key):
-                cands[d].append((probs[e], e, key, min(1.0, probs[e] * scale)))
+                use = min(1.0, probs[e] * scale)
+                if use * copy_ms > issue_ms:
+                    cands[d].append((probs[e], e, key, use))
+                else:
+                    not_worth.add(d)
             seen.add(key)
     dists = sorted(cands)
     chosen: dict[int, list[tuple[float, int, ExpertKey, float]]] = {d: [] for d in dists}
@@ -213,6 +226,8 @@ def plan_lookahead(
         else:
             untake(d)
             dropped.setdefault(d, "time")
+    for d in not_worth:
+        dropped.setdefault(d, "cost")
     depth, reason = last_d, loop_reason
     for d in dists:
         if d in dropped:

@@ -145,6 +145,10 @@ class DraftPredictor:
 
         self._launched = (layer, runtime.timeline.draft(layer, 1, run))
 
+    def discard(self) -> None:
+        """Drop a launched prediction the runtime decided not to use."""
+        self._launched = None
+
     @torch.no_grad()
     def predict(self, layer: int, x_last: torch.Tensor, runtime) -> list[LayerPrediction]:
         """x_last [1,H]: layer ``layer``'s MoE input of the newest token (used unless `launch` ran)."""

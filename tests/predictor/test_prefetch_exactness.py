@@ -65,3 +65,18 @@ def test_prefetch_planned_after_the_experts_is_token_identical(calibrated_dirs, 
     tokens = [st.token_id for st in run]
     assert tokens == references[family][: len(tokens)]
     assert eng.get_record(run.run_id).totals["prefetch_bytes"] > 0
+
+
+@pytest.mark.parametrize("family", ["deepseek_v2", "mixtral"])
+def test_a_profile_whose_host_cannot_afford_planning_skips_it_and_stays_exact(calibrated_dirs, references, family):
+    from dataclasses import replace
+
+    from spice_core.timing.profiles import get_profile
+
+    slow_host = replace(get_profile("h200-pcie5x16"), host_plan_us=1e6, host_copy_us=10.0)
+    eng = SpiceEngine.load(calibrated_dirs[family], device="cpu", hw_profile=slow_host)
+    run = eng.start_ids(PROMPT, RunSettings(policy="spice_prefetch", cache_frac=0.4, tau_prefetch=0.0,
+                                            max_new_tokens=N_NEW))
+    steps = list(run)
+    assert [st.token_id for st in steps] == references[family][: len(steps)]
+    assert eng.get_record(run.run_id).totals["prefetch_bytes"] == 0

@@ -195,3 +195,14 @@ def test_oracle_sees_at_least_as_far_as_the_draft_heads():
     preds = OraclePredictor(lm, routing).predict(3, None, SimpleNamespace(max_lookahead=2, token=0))
     assert len(preds) == MIN_HORIZON >= 8
     assert (preds[0].layer, preds[0].probs) == (1, (0.0, 1.0, 0.0, 0.0))   # next token's first MoE layer
+
+
+def test_with_a_host_issue_cost_only_experts_worth_it_are_prefetched():
+    """p * copy_ms > issue_ms: at issue 0.5 ms per copy of 1 ms, a 0.4-likely expert is not worth it."""
+    preds = [pred(1, 2, {0: 0.9, 1: 0.4}), pred(2, 3, {4: 0.8})]
+    free = plan(preds, layer_ms=4.0)
+    costly = plan(preds, layer_ms=4.0, issue_ms=0.5)
+    assert {i.key for i in free.items} == {K(2, 0), K(2, 1), K(3, 4)}
+    assert {i.key for i in costly.items} == {K(2, 0), K(3, 4)}
+    assert (costly.depth, costly.stop_reason) == (0, "cost")
+    assert costly.next_use[K(2, 1)] == 1          # still informs eviction
