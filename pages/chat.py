@@ -115,7 +115,7 @@ class ChatPage:
                                             elem_id="ctl-lookahead")
             with gr.Row():
                 self.lore_rank = FreeDropdown(list(lore_ranks), value=d.lore_rank if d.lore_rank in lore_ranks
-                                              else lore_ranks[0], label="LoRE rank", min_width=100,
+                                              else lore_ranks[-1], label="LoRE rank", min_width=100,
                                               elem_id="ctl-lore")
                 self.cpu_lane = gr.Checkbox(value=d.cpu_lane, label="CPU lane", info="compute some misses on the CPU",
                                             min_width=100, elem_id="ctl-cpu")

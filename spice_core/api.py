@@ -33,6 +33,9 @@ def _check_range(name: str, value: float, lo: float, hi: float) -> None:
         raise ConfigError(f"{name}={value!r} is out of range: use a value in [{lo}, {hi}]")
 
 
+DEFAULT_LORE_RANK = 16
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """Per-session, per-generation settings. Validated on construction.
@@ -48,7 +51,7 @@ class RunSettings:
     tau_prefetch: float = 0.2
     tau_approx: float = 0.0
     max_lookahead: int = 4
-    lore_rank: int = 16
+    lore_rank: int = DEFAULT_LORE_RANK   # the default means "up to 16": smaller LoRE factors are used whole
     cpu_lane: bool = True
     profile: str = "rtx4090-pcie4x16"
     shape: str = "deepseek-v2-lite"
@@ -176,6 +179,7 @@ class EngineInfo:
     has_draft: bool
     has_lore: bool
     max_context_tokens: int
+    lore_ranks: tuple[int, ...] = ()   # LoRE ranks the shipped factors offer (empty without LoRE)
 
 
 class Generation(Protocol):

@@ -213,8 +213,10 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         cfg["hw_profile"] = str(hw_profile)
     if cfg.get("hw_profile"):
         hw = profile_from_dict(json.loads(Path(cfg["hw_profile"]).read_text()))
+
     # Blocks: the config itself, or its "runs" (each may override policies, budgets, links, n_prompts,
-    # max_new_tokens, long_prompt, repetitions), all on the one model built above.
+    # max_new_tokens, long_prompt, repetitions, host_aware; "variant" labels its records), all on the
+    # one model built above.
     blocks = []
     for b in cfg.get("runs") or [{}]:
         pols = b.get("policies", policies)
@@ -223,20 +225,21 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         if b.get("long_prompt", True):
             wl += [w for w in workloads if w[0] == "long"]
         blocks.append((b.get("links", links), [float(x) for x in b.get("budgets", budgets)], pols, wl,
-                       int(b.get("max_new_tokens", max_new)), int(b.get("repetitions", reps))))
-    total = sum(len(ls) * r * len(bs) * len(wl) * len(ps) for ls, bs, ps, wl, _, r in blocks)
+                       int(b.get("max_new_tokens", max_new)), int(b.get("repetitions", reps)),
+                       bool(b.get("host_aware", cfg.get("host_aware", True))), str(b.get("variant", ""))))
+    total = sum(len(ls) * r * len(bs) * len(wl) * len(ps) for ls, bs, ps, wl, _, r, _, _ in blocks)
     done = 0
     t0 = time.time()
     per: dict[tuple, list] = {}
     lifted_arts = None
     engines: dict[str, SpiceEngine] = {}
 
-    def engine_for(link: str) -> SpiceEngine:
+    def engine_for(link: str, host_aware: bool) -> SpiceEngine:
         nonlocal lifted_arts
-        if link in engines:
-            return engines[link]
+        if (link, host_aware) in engines:
+            return engines[(link, host_aware)]
         eng = SpiceEngine(lm, timing=cfg["timing"], hw_profile=hw, link_gbps=LINKS_GBPS[link],
-                          prefetch_after_experts=cfg.get("prefetch_after_experts"))
+                          prefetch_after_experts=cfg.get("prefetch_after_experts"), host_aware=host_aware)
         if cfg.get("artifacts", True) and cfg["model"].startswith("lift:"):
             if lifted_arts is None:
                 from spice_core.lift import lift_artifacts
@@ -245,13 +248,13 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
             eng.artifacts = lifted_arts or None
         elif cfg.get("artifacts", True) and not cfg["model"].startswith("random:"):
             eng.load_artifacts()
-        engines[link] = eng
+        engines[(link, host_aware)] = eng
         return eng
 
-    for b_links, b_budgets, b_policies, b_workloads, b_max_new, b_reps in blocks:
+    for b_links, b_budgets, b_policies, b_workloads, b_max_new, b_reps, b_host_aware, b_variant in blocks:
         ref_policy = next((p for p in b_policies if p in EXACT_POLICIES), None)
         for link in b_links:
-            eng = engine_for(link)
+            eng = engine_for(link, b_host_aware)
             for rep in range(b_reps):
                 for budget in b_budgets:
                     for workload, pi, ids in b_workloads:
@@ -285,14 +288,14 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
                             totals = dict(rec.totals)
                             if device == "cuda":
                                 totals["gpu_peak_bytes"] = torch.cuda.max_memory_allocated()
-                            per.setdefault((link, budget, pol, workload), []).append(
+                            per.setdefault((link, budget, pol, workload, b_variant), []).append(
                                 (steps, agree, totals, run.summary()))
                             done += 1
                             _progress(done, total, t0, f"{link} {budget:.2f} {pol} {workload}")
                         _write_partial(out, cfg, desc, lm, per, hw)   # a run cut short keeps what finished
     sys.stderr.write("\n")
-    for (link, budget, pol, workload), runs in per.items():
-        records.append(_aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload))
+    for (link, budget, pol, workload, variant), runs in per.items():
+        records.append(_aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload, variant))
     if stock_tpot is not None:
         records.append({"model": desc, "policy": "transformers_generate", "budget_frac": 1.0, "link": "native",
                         "timing": "measured", "tpot_ms_median": stock_tpot, "tpot_ms_p90": None, "hit_rate": 1.0,
@@ -310,8 +313,8 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
 
 def _write_partial(out: Path, cfg: dict, desc: str, lm, per: dict, hw) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    recs = [_aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload)
-            for (link, budget, pol, workload), runs in per.items()]
+    recs = [_aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload, variant)
+            for (link, budget, pol, workload, variant), runs in per.items()]
     (out / "results.partial.json").write_text(json.dumps(recs, indent=1, default=float))
 
 
@@ -323,7 +326,7 @@ def _progress(done: int, total: int, t0: float, label: str) -> None:
     sys.stderr.flush()
 
 
-def _aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload: str = "prompts") -> dict:
+def _aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload: str = "prompts", variant: str = "") -> dict:
     decode = [st for steps, *_ in runs for st in steps if st.index > 0]
     tpots = sorted(st.step_ms for st in decode)
     sel = sum(st.hits + st.misses for st in decode)
@@ -335,7 +338,7 @@ def _aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload: str = "prom
     agrees = [a for _, a, _, _ in runs if a is not None]
     return {
         "model": desc, "policy": pol, "budget_frac": budget, "link": link, "timing": cfg["timing"],
-        "workload": workload,
+        "workload": workload, "variant": variant,
         "profile": cfg.get("profile") if cfg["timing"] == "modeled" else (hw.name if hw else "this machine"),
         "shape": cfg.get("shape") if cfg["timing"] == "modeled" else "native",
         "tpot_ms_median": statistics.median(tpots) if tpots else None,
@@ -377,7 +380,7 @@ def _add_floors(records: list[dict], lm, prof, cfg) -> None:
 
 
 def markdown_table(records: list[dict], cfg: dict) -> str:
-    cols = ["workload", "link", "budget_frac", "policy", "tpot_ms_median", "tpot_ms_p90", "hit_rate", "bytes_per_token",
+    cols = ["workload", "variant", "link", "budget_frac", "policy", "tpot_ms_median", "tpot_ms_p90", "hit_rate", "bytes_per_token",
             "stall_ms_per_token", "greedy_agreement", "floor_ms"]
     head = "| " + " | ".join(cols) + " | miss split (approx/cpu/copy) |\n|" + "---|" * (len(cols) + 1) + "\n"
     rows = []

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from spice_core.api import (POLICIES, EngineInfo, RunSettings, RunSummary, StepStats)
+from spice_core.api import DEFAULT_LORE_RANK, POLICIES, EngineInfo, RunSettings, RunSummary, StepStats
 from spice_core.errors import ConfigError, PromptError, SpiceError
 from spice_core.generation import TextStreamer, build_prompt_ids, sample_next
 from spice_core.model.loader import LoadedModel, load_model
@@ -57,13 +57,15 @@ class RunRecord:
 
 class SpiceEngine:
     def __init__(self, lm: LoadedModel, *, timing: str | None = None, hw_profile=None,
-                 link_gbps: float | None = None, prefetch_after_experts: bool | None = None) -> None:
+                 link_gbps: float | None = None, prefetch_after_experts: bool | None = None,
+                 host_aware: bool = True) -> None:
         """``hw_profile``: the calibrated profile whose costs drive decisions in measured mode.
         ``link_gbps``: emulate a slower host-to-device link (measured mode) by pacing copies.
         ``prefetch_after_experts``: plan prefetches after launching a layer's experts (default:
         when timing is measured, see orchestrator.py)."""
         self.lm = lm
         self.prefetch_after_experts = prefetch_after_experts
+        self.host_aware = host_aware   # False: the profile's host costs only time, they do not decide
         self.link_gbps = link_gbps
         self._sleep_cycles_per_ms = 0.0
         self.timing = timing or ("measured" if lm.device.type == "cuda" else "modeled")
@@ -118,7 +120,13 @@ class SpiceEngine:
             default_timing=self.timing, policies=POLICIES, profiles=profile_names(), shapes=shape_names(),
             has_draft=bool(self.artifacts and self.artifacts.draft is not None),
             has_lore=bool(self.artifacts and self.artifacts.lore is not None),
-            max_context_tokens=lm.max_context_tokens)
+            max_context_tokens=lm.max_context_tokens, lore_ranks=self._lore_ranks())
+
+    def _lore_ranks(self) -> tuple[int, ...]:
+        lore = self.artifacts.lore if self.artifacts else None
+        if lore is None:
+            return ()
+        return tuple(r for r in (1, 2, 4, 8, 16, 32, 64) if r < lore.max_rank) + (lore.max_rank,)
 
     @property
     def routed_bytes(self) -> int:
@@ -272,7 +280,15 @@ class SpiceEngine:
                     notes.append("no LoRE artifacts beside the model: misses are never approximated (exact only); "
                                  "build them with: python -m spice_core calibrate --model M")
             else:
-                lore = lore_all.with_rank(s.lore_rank)
+                rank = s.lore_rank
+                if rank > lore_all.max_rank and rank == DEFAULT_LORE_RANK:
+                    # The default means "up to 16": smaller factors (the shipped model's go to 4) are used whole.
+                    # A rank asked for explicitly above the factors' is an error (with_rank says how to refit).
+                    notes.append(f"the LoRE factors beside the model go up to rank {lore_all.max_rank}: using "
+                                 f"{lore_all.max_rank} (the default asks for up to {DEFAULT_LORE_RANK}; refit with: "
+                                 f"python -m spice_core calibrate --model M --lore-only)")
+                    rank = lore_all.max_rank
+                lore = lore_all.with_rank(rank)
                 reserved += lore.budget_bytes(lm.layout.nbytes, costs.shape)   # sized for the modeled shape
         cpu_lane = None
         real_lane = lm.device.type == "cuda" and self.timing == "measured" and not modeled   # else modeled inline
@@ -299,7 +315,8 @@ class SpiceEngine:
         rt = LayerRuntime(lm, spec, n_slots, self._timeline(costs, modeled), costs,
                           tau_prefetch=s.tau_prefetch, tau_approx=s.tau_approx if lore is not None else 0.0,
                           max_lookahead=s.max_lookahead, predictor=predictor, cpu_lane=cpu_lane, lore=lore,
-                          static_experts=static, prefetch_after_experts=self.prefetch_after_experts)
+                          static_experts=static, prefetch_after_experts=self.prefetch_after_experts,
+                          host_aware=self.host_aware)
         if spec.use_cpu and not s.cpu_lane and spec.miss_mode == "orchestrate":
             rt.spec = replace(spec, use_cpu=False)
         if spec.use_cpu and s.cpu_lane and rt.cpu_lane is None and real_lane:

@@ -111,8 +111,13 @@ def test_lore_only_adds_lore_beside_an_existing_draft_without_retraining_it(mode
     assert (model / DRAFT_FILE).read_bytes() == draft_before
     cal = json.loads((model / CALIBRATION_FILE).read_text())
     assert cal["lore"]["max_rank"] == 4 and "spice-lore.safetensors" in cal["files_bytes"]
-    info = SpiceEngine.load(model, device="cpu").info()
-    assert info.has_draft and info.has_lore
+    eng = SpiceEngine.load(model, device="cpu")
+    info = eng.info()
+    assert info.has_draft and info.has_lore and info.lore_ranks == (1, 2, 4)
+    # A rank above the fitted ones runs at the largest one, and the summary says so.
+    run = eng.start_ids([5, 6, 7, 8], RunSettings(policy="spice", tau_approx=0.5, lore_rank=16, max_new_tokens=4))
+    list(run)
+    assert any("go up to rank 4" in n for n in run.summary().notes)
 
 
 def test_lore_only_without_a_draft_names_the_full_calibrate_command(model, text, capsys):
