@@ -19,7 +19,10 @@ profile's host fields (profiles.py) from the engine's own measured Chrome traces
 - ``host_plan_us`` (with a prefetching trace): how much longer its median MoE layer is, minus
   the issue cost of the prefetch copies made per layer;
 - ``host_step_us``: the median time per token outside the layers (sampling, the readback of
-  the token, Python between tokens).
+  the token, Python between tokens);
+- ``cpu_task_us`` (when the traces hold CPU-lane tasks): raised so one modeled CPU expert takes
+  the median measured task. During decoding the lane shares the cores with the driver thread,
+  so a task takes longer than `calibrate-hw` measures on an idle machine.
 
 Decode tokens only (token index ≥ 1). Pure: JSON in, numbers out.
 """
@@ -143,12 +146,23 @@ def fit_host_costs(events: list[dict], prefetch_events: list[dict] | None = None
         plan_ms = p_layer_ms - layer_ms - prefetch_per_layer * copy_ms
         fit["host_plan_us"] = 1e3 * max(0.0, plan_ms)
         fit["evidence"].update({"prefetch_median_layer_ms": p_layer_ms, "prefetches_per_layer": prefetch_per_layer})
+    cpu = [e["args"]["dur_ms"] for e in [*events, *(prefetch_events or [])]
+           if e["args"]["kind"] == "cpu_run" and e["args"]["token"] >= 1]
+    if len(cpu) >= 10:
+        fit["cpu_task_ms_median"] = statistics.median(cpu)
+        fit["evidence"]["cpu_tasks"] = len(cpu)
     return fit
 
 
-def recalibrated_profile(profile: HardwareProfile, fit: dict, note: str = "") -> HardwareProfile:
+def recalibrated_profile(profile: HardwareProfile, fit: dict, note: str = "", shape=None) -> HardwareProfile:
+    """``shape``: the measured model's shape, to turn a measured CPU task into ``cpu_task_us``."""
     keys = ("host_layer_us", "host_copy_us", "host_expert_us", "host_plan_us", "host_step_us")
     new = {k: round(float(fit[k]), 1) for k in keys if k in fit}
+    if "cpu_task_ms_median" in fit and shape is not None:
+        from spice_core.timing.costs import CostModel
+        modeled = CostModel(profile, shape).cpu_expert_ms()
+        new["cpu_task_us"] = round(max(profile.cpu_task_us, profile.cpu_task_us + 1e3 * (fit["cpu_task_ms_median"]
+                                                                                      - modeled)), 1)
     src = (profile.source + "; " if profile.source else "") + "host costs recalibrated from measured traces" + \
         (f" ({note})" if note else "")
     return replace(profile, name=profile.name + "+host", source=src, **new)
@@ -159,6 +173,7 @@ def add_cli(sub) -> None:
     p.add_argument("--profile", type=Path, required=True, help="profile JSON from calibrate-hw")
     p.add_argument("--trace", type=Path, required=True, help="measured Chrome trace of a policy without prefetching (lru)")
     p.add_argument("--prefetch-trace", type=Path, default=None, help="measured trace of a prefetching policy")
+    p.add_argument("--shape", default="deepseek-v2-lite", help="the measured model's shape (for CPU-lane tasks)")
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=run)
 
@@ -175,7 +190,8 @@ def run(args) -> int:
     fit = fit_host_costs(read_trace_events(args.trace),
                          read_trace_events(args.prefetch_trace) if args.prefetch_trace else None)
     names = ", ".join(p.name for p in (args.trace, args.prefetch_trace) if p is not None)
-    new = recalibrated_profile(prof, fit, note=names)
+    from spice_core.timing.profiles import get_shape
+    new = recalibrated_profile(prof, fit, note=names, shape=get_shape(args.shape))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(new.as_dict(), indent=2))
     for k, v in fit.items():

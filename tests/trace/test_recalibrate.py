@@ -106,3 +106,13 @@ def test_recalibrate_cli_writes_a_profile_the_bench_can_load(tmp_path):
     assert main(["recalibrate", "--profile", str(prof), "--trace", str(trace), "--out", str(out)]) == 0
     new = profile_from_dict(json.loads(out.read_text()))
     assert new.host_copy_us == pytest.approx(150.0)
+
+
+def test_cpu_lane_tasks_in_the_trace_set_the_profiles_cpu_task_cost():
+    base = get_profile("h200-pcie5x16")
+    shape = get_shape("deepseek-v2-lite")
+    ev = _trace() + [_ev(1, 1, e, "cpu0", "cpu_run", 0.0, 2.5) for e in range(12)]
+    fit = fit_host_costs(ev)
+    assert fit["cpu_task_ms_median"] == pytest.approx(2.5)
+    new = recalibrated_profile(base, fit, shape=shape)
+    assert CostModel(new, shape).cpu_expert_ms() == pytest.approx(2.5, abs=1e-3)
