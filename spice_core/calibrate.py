@@ -211,11 +211,7 @@ def run(args) -> int:
         rep = calibrate_lore_only(args.model, device=args.device, text=args.text, max_tokens=args.max_tokens,
                                   seq_len=args.seq_len, lore_max_rank=args.lore_max_rank, out=args.out,
                                   command=_command_line(args))
-        lo = rep["lore"]
-        print("LoRE: " + (f"skipped ({lo['skipped']})" if "skipped" in lo else f"{lo['file']} (max rank {lo['max_rank']})"))
-        for name, size in rep["files_bytes"].items():
-            print(f"{name}: {size / 1e6:.2f} MB")
-        print(f"done in {rep['total_s']} s")
+        _print_lore_and_files(rep)
         return 0
     report = calibrate(args.model, device=args.device, text=args.text, max_tokens=args.max_tokens,
                        seq_len=args.seq_len, distances=args.distances, epochs=args.epochs,
@@ -230,9 +226,13 @@ def run(args) -> int:
           f"in {report['traces']['trace_s']} s")
     print(f"draft: {d['heads']} heads, {d['device_bytes'] / 1e6:.2f} MB on the device, trained in {d['train_s']} s "
           f"(best epoch {d['best_epoch']}); held-out recall@k {rec}")
+    _print_lore_and_files(report)
+    return 0
+
+
+def _print_lore_and_files(report: dict) -> None:
     lo = report["lore"]
     print("LoRE: " + (f"skipped ({lo['skipped']})" if "skipped" in lo else f"{lo['file']} (max rank {lo['max_rank']})"))
     for name, size in report["files_bytes"].items():
         print(f"wrote {name}: {size / 1e6:.2f} MB")
     print(f"done in {report['total_s']} s")
-    return 0

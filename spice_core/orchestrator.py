@@ -120,7 +120,7 @@ class LayerRuntime:
     def __init__(self, lm: LoadedModel, spec: PolicySpec, n_slots: int, timeline, costs: CostModel, *,
                  tau_prefetch: float = 0.2, tau_approx: float = 0.0, max_lookahead: int = 4,
                  predictor=None, cpu_lane=None, lore=None, static_experts: list[ExpertKey] | None = None,
-                 prefetch_after_experts: bool | None = None) -> None:
+                 prefetch_after_experts: bool | None = None, host_aware: bool = True) -> None:
         self.lm, self.spec, self.timeline, self.costs = lm, spec, timeline, costs
         self.tau_prefetch, self.tau_approx, self.max_lookahead = tau_prefetch, tau_approx, max_lookahead
         self.predictor, self.cpu_lane, self.lore = predictor, cpu_lane, lore
@@ -131,6 +131,7 @@ class LayerRuntime:
         if prefetch_after_experts is None:
             prefetch_after_experts = getattr(timeline, "mode", "modeled") == "measured"
         self.prefetch_after_experts = prefetch_after_experts
+        self.host_aware = host_aware      # decisions weigh the profile's host costs (when it has them)
         self._cuda_stream = None
         self.moe_pos = {layer: p for p, layer in enumerate(lm.moe_layers)}
         prev = -1
@@ -423,7 +424,7 @@ class LayerRuntime:
         """With a profile that models the host: skip this layer's plan when it costs the host more than
         the copy stalls it could hide (the recent miss rate x k exposed copies)."""
         prof = self.costs.profile
-        if prof.host_plan_us <= 0:
+        if prof.host_plan_us <= 0 or not self.host_aware:
             return False
         return prof.host_plan_us / 1e3 > self._miss_rate_ema * self.lm.top_k * self.costs.copy_ms()
 
@@ -444,7 +445,7 @@ class LayerRuntime:
             tau_prefetch=self.tau_prefetch, max_lookahead=self.max_lookahead, now_ms=self.timeline.now_ms(),
             copy_free_at_ms=self.timeline.copy_free_at_ms(), copy_ms=self.costs.copy_ms(), layer_ms=layer_ms,
             top_k=self.lm.top_k, max_items=max(0, self.slots.n_slots - self.lm.top_k), h_min_value=hm,
-            issue_ms=self.costs.profile.host_copy_us / 1e3)
+            issue_ms=self.costs.profile.host_copy_us / 1e3 if self.host_aware else 0.0)
         if len(self._next_use_abs) > 4 * self.slots.n_slots + 256:
             self._next_use_abs = {k: v for k, v in self._next_use_abs.items() if v >= self.global_pos}
         for key, d in plan.next_use.items():
