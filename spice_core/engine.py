@@ -55,6 +55,9 @@ class RunRecord:
     totals: dict = field(default_factory=dict)
 
 
+MEASURED_DEFAULT_PROFILE = "h200-pcie5x16-host"
+
+
 class SpiceEngine:
     def __init__(self, lm: LoadedModel, *, timing: str | None = None, hw_profile=None,
                  link_gbps: float | None = None, prefetch_after_experts: bool | None = None,
@@ -225,7 +228,9 @@ class SpiceEngine:
     # ------------------------------------------------------------------ runtime construction
     def _costs(self, s: RunSettings) -> CostModel:
         if self.timing == "measured":
-            prof = self.hw_profile or get_profile("h200-pcie5x16")
+            # Decisions in measured mode: the given profile, else the H200's with its host costs (the
+            # planner then skips prefetches and plans the host cannot afford; see policy/prefetch.py).
+            prof = self.hw_profile or get_profile(MEASURED_DEFAULT_PROFILE)
             if self.link_gbps:
                 prof = replace(prof, h2d_pinned_gbps=self.link_gbps)
             return CostModel(prof, self.native_shape)
@@ -243,7 +248,7 @@ class SpiceEngine:
 
         tl = MeasuredTimeline(self.lm.device, torch.cuda.Stream(self.lm.device), est_copy_ms=costs.copy_ms())
         if self.link_gbps:
-            native = (self.hw_profile or get_profile("h200-pcie5x16")).h2d_pinned_gbps
+            native = (self.hw_profile or get_profile(MEASURED_DEFAULT_PROFILE)).h2d_pinned_gbps
             if self.link_gbps < native:
                 if not self._sleep_cycles_per_ms:
                     self._sleep_cycles_per_ms = sleep_cycles_per_ms(self.lm.device)
