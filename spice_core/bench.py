@@ -67,7 +67,33 @@ def _load_config(path: Path) -> dict:
     if timing == "measured" and not torch.cuda.is_available():
         raise ConfigError("config timing 'measured' needs CUDA: use \"timing\": \"modeled\" on this machine")
     cfg["timing"] = timing
+    check_budgets_fit_the_model(cfg)
     return cfg
+
+
+def check_budgets_fit_the_model(cfg: dict) -> None:
+    """Before anything is built: a budget must hold at least one layer's top-k experts. Read from
+    config.json (local folders and lift: sources); a model that cannot be inspected cheaply is
+    checked by the engine at its first run instead."""
+    spec = str(cfg.get("model", ""))
+    if spec.startswith("random:"):
+        return
+    path = Path(spec.split(":", 1)[1] if spec.startswith("lift:") else spec) / "config.json"
+    try:
+        c = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return
+    top_k = c.get("num_experts_per_tok")
+    n_exp = c.get("n_routed_experts") or c.get("num_local_experts") or c.get("num_experts")
+    layers = c.get("num_hidden_layers")
+    if not (top_k and n_exp and layers):
+        return
+    min_frac = top_k / (n_exp * layers)     # an upper bound on the MoE layers gives a safe lower bound
+    for where in [cfg, *(cfg.get("runs") or [])]:
+        for b in where.get("budgets", []):
+            if float(b) < min_frac:
+                raise ConfigError(f"config budget {b} is below one layer's top-{top_k} experts "
+                                  f"({min_frac:.4f} of this model's routed experts): raise it")
 
 
 def _check_host_memory(needed_bytes: int) -> None:

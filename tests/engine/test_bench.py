@@ -85,3 +85,12 @@ def test_missing_hardware_profile_is_refused_before_the_model_is_built(tmp_path,
     assert main(["bench", "--config", str(path), "--out", str(tmp_path / "o"), "--hw-profile",
                  str(tmp_path / "nope.json")]) == 2
     assert "calibrate-hw" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model", ["assets/spice-mini", "lift:assets/spice-mini"])
+def test_budget_below_one_layers_top_k_is_refused_before_the_model_is_built(tmp_path, model):
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({"model": model, "policies": ["lru"], "timing": "modeled",
+                                "runs": [{"budgets": [0.25]}, {"budgets": [0.001]}]}))
+    with pytest.raises(ConfigError, match="below one layer's top-6"):
+        _load_config(path)
