@@ -17,6 +17,7 @@ runtime for the duration of the pass and their previous runtime back afterwards.
 """
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,12 +249,20 @@ def collect_traces(lm, rows: Sequence[Sequence[int]], *, batch_rows: int = 4, so
 
 # ---------------------------------------------------------------- calibration text sets
 def is_shipped_model(lm) -> bool:
+    """The shipped model itself, or a copy of it (same router weights as its calibration record):
+    both calibrate and evaluate on its held-out split."""
     from spice_core.model.loader import DEFAULT_MODEL_DIR
 
     try:
-        return Path(lm.path).resolve() == DEFAULT_MODEL_DIR.resolve()
-    except OSError:
+        if Path(lm.path).resolve() == DEFAULT_MODEL_DIR.resolve():
+            return True
+        shipped = json.loads((DEFAULT_MODEL_DIR / "spice-calibration.json").read_text()).get("fingerprint")
+    except (OSError, ValueError):
         return False
+    if not isinstance(shipped, dict) or shipped.get("n_experts") != lm.n_experts:
+        return False
+    from spice_core.predictor.artifacts import model_fingerprint
+    return model_fingerprint(lm).get("router_sha256") == shipped.get("router_sha256")
 
 
 def read_text_file(path: Path) -> list[str]:

@@ -114,3 +114,14 @@ def test_draft_lives_on_the_models_device_in_half_precision_for_half_models(cali
     lm = load_model(calibrated_dirs["deepseek_v2"], "cpu", dtype=torch.bfloat16)
     arts = load_artifacts_if_present(lm)
     assert arts.draft.weight.dtype == torch.float16 and arts.draft.weight.device.type == "cpu"
+
+
+def test_a_copy_of_the_shipped_model_is_recognised_by_its_routers(tmp_path):
+    """A copied folder still calibrates and evaluates on the shipped model's held-out split."""
+    import shutil
+
+    from spice_core.model.loader import DEFAULT_MODEL_DIR, load_model
+    from spice_core.predictor.traces import is_shipped_model
+
+    copy = shutil.copytree(DEFAULT_MODEL_DIR, tmp_path / "mini-copy")
+    assert is_shipped_model(load_model(copy, "cpu"))
