@@ -437,6 +437,7 @@ class LayerRuntime:
             self.counters.h_mins.append(-1.0)
             return
         preds = self.predictor.predict(layer, x[-1:], self)
+        self.timeline.plan(layer)
         layer_ms = self.costs.gpu_layer_ms() + self.lm.top_k * self.costs.gpu_expert_ms()
         bw_bytes_per_ms = self.costs.profile.h2d_pinned_gbps * 1e6
         hm = h_min(self._miss_rate_ema * self.lm.top_k, self.costs.expert_bytes, bw_bytes_per_ms, layer_ms)

@@ -138,6 +138,9 @@ class MeasuredTimeline:
     def draft(self, layer: int, n_heads: int, fn: Callable[[], object]) -> object:
         return self._gpu_op(ExpertKey(layer, -1), "draft", fn, detail=f"{n_heads} heads")
 
+    def plan(self, layer: int) -> None:
+        """Host planning is real time here: nothing to add."""
+
     def cpu_expert(self, key: ExpertKey, n_tokens: int, fn: Callable[[], object]) -> OpHandle:
         """``fn`` submits to the CPU lane and returns a Future whose result is
         (output, worker_index, start_perf_s, end_perf_s)."""
