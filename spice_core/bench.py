@@ -13,6 +13,10 @@ Config (JSON):
      "prompts": ["...", ...] | {"random_ids": 8, "length": 32},
      "max_new_tokens": 64, "repetitions": 1, "reference_generate": true, "hw_profile": "FILE"}
 Everything is validated before any model is built.
+
+Long protocols can be split: ``--shard K/N`` runs every policy on prompts K, K+N, ... (say one
+process per GPU, ``CUDA_VISIBLE_DEVICES=K``), and ``--merge DIR [DIR ...] --out OUT`` recombines
+the shards' records exactly (bench_records.py keeps every step's time).
 """
 from __future__ import annotations
 
@@ -198,7 +202,10 @@ def _stock_generate_tpot(hf, prompts: list[list[int]], max_new: int) -> float:
     return statistics.median(tpots)
 
 
-def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path | None = None) -> list[dict]:
+def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path | None = None,
+              shard: tuple[int, int] = (0, 1)) -> list[dict]:
+    """``shard`` (k, n): run only the prompts whose index is k modulo n (every policy on each), for one
+    process per GPU; `merge_records` (bench --merge) combines the shards' records exactly."""
     from spice_core.engine import SpiceEngine
     from spice_core.model.loader import offload_model
     from spice_core.timing.profiles import get_profile, profile_from_dict
@@ -250,6 +257,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         wl = [w for w in workloads if w[0] == "prompts"][:n_p]
         if b.get("long_prompt", True):
             wl += [w for w in workloads if w[0] == "long"]
+        wl = [w for w in wl if w[1] % shard[1] == shard[0]]
         blocks.append((b.get("links", links), [float(x) for x in b.get("budgets", budgets)], pols, wl,
                        int(b.get("max_new_tokens", max_new)), int(b.get("repetitions", reps)),
                        bool(b.get("host_aware", cfg.get("host_aware", True))), str(b.get("variant", ""))))
@@ -353,56 +361,36 @@ def _progress(done: int, total: int, t0: float, label: str) -> None:
 
 
 def _aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload: str = "prompts", variant: str = "") -> dict:
-    decode = [st for steps, *_ in runs for st in steps if st.index > 0]
-    tpots = sorted(st.step_ms for st in decode)
-    sel = sum(st.hits + st.misses for st in decode)
-    hits = sum(st.hits for st in decode)
-    split = {"approx": 0, "cpu": 0, "copy": 0}
-    for _, _, _, summ in runs:
-        for k in split:
-            split[k] += int(summ.miss_split.get(k, 0))
-    agrees = [a for _, a, _, _ in runs if a is not None]
+    from spice_core.bench_records import derive, raw_from_runs
+
+    raw = raw_from_runs(runs)
     return {
         "model": desc, "policy": pol, "budget_frac": budget, "link": link, "timing": cfg["timing"],
         "workload": workload, "variant": variant,
         "profile": cfg.get("profile") if cfg["timing"] == "modeled" else (hw.name if hw else "this machine"),
         "shape": cfg.get("shape") if cfg["timing"] == "modeled" else "native",
-        "tpot_ms_median": statistics.median(tpots) if tpots else None,
-        "tpot_ms_p90": tpots[int(0.9 * (len(tpots) - 1))] if tpots else None,
-        "ttft_ms_median": statistics.median(s.ttft_ms for *_, s in runs),
-        "hit_rate": hits / sel if sel else None,
-        "bytes_per_token": sum(st.bytes_copied for st in decode) / max(1, len(decode)),
-        "stall_ms_per_token": sum(st.stall_ms for st in decode) / max(1, len(decode)),
-        "miss_split": split,
-        "wasted_prefetch_bytes": sum(t.get("wasted_prefetch_bytes", 0) for _, _, t, _ in runs),
-        "greedy_agreement": statistics.mean(agrees) if agrees else None,
-        "gpu_peak_mb": max((t.get("gpu_peak_bytes", 0) for _, _, t, _ in runs), default=0) / 1e6 or None,
+        **derive(raw),
         "ppl_delta_pct": 0.0 if pol in EXACT_POLICIES or float(cfg.get("tau_approx", 0)) == 0 else None,
-        "n_runs": len(runs), "n_decode_tokens": len(decode),
+        "raw": raw,
     }
 
 
 def _add_floors(records: list[dict], lm, prof, cfg) -> None:
-    """Physical floor: max(compute, (1 - hit rate) x routed bytes per token / bandwidth)."""
-    resident = {(r["link"], r["budget_frac"], r.get("workload", "prompts")): r["tpot_ms_median"]
-                for r in records if r["policy"] == "resident"}
+    """Physical floor (bench_records.add_floors), after filling in what it needs."""
+    from spice_core.bench_records import add_floors
+
     if cfg["timing"] == "modeled":
         from spice_core.timing.profiles import get_shape
         expert_bytes = get_shape(cfg.get("shape", "deepseek-v2-lite")).expert_bytes if cfg.get("shape") != "native" \
             else lm.layout.nbytes
     else:
         expert_bytes = lm.layout.nbytes
-    routed_per_token = lm.top_k * len(lm.moe_layers) * expert_bytes
     for r in records:
-        if r["hit_rate"] is None or r["policy"] == "transformers_generate":
+        if r["policy"] == "transformers_generate":
             continue
-        gbps = LINKS_GBPS.get(r["link"]) or prof.h2d_pinned_gbps
-        transfer = (1 - r["hit_rate"]) * routed_per_token / (gbps * 1e6)
-        # compute: the fastest resident run of the same workload (any link or budget: it copies nothing)
-        same = [v for (_, _, w), v in resident.items() if w == r.get("workload", "prompts") and v is not None]
-        compute = min(same) if same else None
-        r["floor_ms"] = max(compute or 0.0, transfer)
-        r["routed_bytes_per_token"] = routed_per_token
+        r["routed_bytes_per_token"] = lm.top_k * len(lm.moe_layers) * expert_bytes
+        r["link_gbps"] = LINKS_GBPS.get(r["link"]) or prof.h2d_pinned_gbps
+    add_floors(records)
 
 
 def markdown_table(records: list[dict], cfg: dict) -> str:
@@ -472,7 +460,42 @@ def add_cli(sub) -> None:
     p.add_argument("--replot", action="store_true", help="only re-render figures from OUT/results.json")
     p.add_argument("--device", default=None)
     p.add_argument("--hw-profile", type=Path, default=None, help="profile JSON from calibrate-hw (measured mode)")
+    p.add_argument("--shard", default=None, metavar="K/N",
+                   help="run only prompts k, k+n, k+2n, ... (e.g. one process per GPU); combine with --merge")
+    p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="DIR",
+                   help="merge the results.json of shard runs into OUT (no model is loaded)")
     p.set_defaults(func=run)
+
+
+def _parse_shard(text: str | None) -> tuple[int, int]:
+    if text is None:
+        return 0, 1
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ConfigError(f"--shard {text!r}: use K/N with integers, e.g. 0/2") from None
+    if not (n >= 1 and 0 <= k < n):
+        raise ConfigError(f"--shard {text}: need 0 <= K < N")
+    return k, n
+
+
+def _merge(dirs: list[Path], out: Path) -> list[dict]:
+    from spice_core.bench_records import merge_records
+
+    records = []
+    for d in dirs:
+        path = d / "results.json"
+        if not path.is_file():
+            path = d / "results.partial.json"
+        if not path.is_file():
+            raise ConfigError(f"--merge {d}: no results.json or results.partial.json there: run the shard first")
+        records += json.loads(path.read_text())
+    merged = merge_records(records)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(merged, indent=1, default=float))
+    timing = merged[0]["timing"] if merged else "measured"
+    (out / "results.md").write_text(markdown_table(merged, {"timing": timing}))
+    return merged
 
 
 def run(args) -> int:
@@ -483,14 +506,20 @@ def run(args) -> int:
         for p in write_figures(json.loads(path.read_text()), args.out):
             print(p)
         return 0
+    if args.merge:
+        records = _merge(args.merge, args.out)
+        write_figures(records, args.out)
+        print(markdown_table(records, {"timing": records[0]["timing"] if records else "measured"}))
+        return 0
     if args.config is None:
-        raise ConfigError("--config FILE is required (or --replot to re-render figures)")
+        raise ConfigError("--config FILE is required (or --replot to re-render figures, --merge to combine shards)")
+    shard = _parse_shard(args.shard)
     cfg = _load_config(args.config)
     hw_path = args.hw_profile or cfg.get("hw_profile")
     if hw_path is not None and not Path(hw_path).is_file():
         raise ConfigError(f"hardware profile {hw_path}: no such file: write one with "
                           "`python -m spice_core calibrate-hw --out FILE` or drop --hw-profile")
-    records = run_bench(cfg, args.out, args.device, args.hw_profile)
+    records = run_bench(cfg, args.out, args.device, args.hw_profile, shard=shard)
     write_figures(records, args.out)
     print(markdown_table(records, cfg))
     return 0

@@ -94,3 +94,36 @@ def test_budget_below_one_layers_top_k_is_refused_before_the_model_is_built(tmp_
                                 "runs": [{"budgets": [0.25]}, {"budgets": [0.001]}]}))
     with pytest.raises(ConfigError, match="below one layer's top-6"):
         _load_config(path)
+
+
+def test_shards_merge_into_the_records_of_one_run(tmp_path):
+    """One process per GPU: --shard K/N runs every policy on prompts K, K+N, ...; --merge recombines
+    them exactly (modeled timing is deterministic, so the merged records equal an unsharded run's)."""
+    from spice_core.cli import main
+
+    cfg = {"model": "random:tiny-deepseek", "policies": ["resident", "lru", "on_demand"], "budgets": [0.3],
+           "timing": "modeled", "prompts": {"random_ids": 3, "length": 6}, "max_new_tokens": 4}
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(cfg))
+    assert main(["bench", "--config", str(path), "--out", str(tmp_path / "whole")]) == 0
+    for k in (0, 1):
+        assert main(["bench", "--config", str(path), "--out", str(tmp_path / f"s{k}"), "--shard", f"{k}/2"]) == 0
+    assert main(["bench", "--merge", str(tmp_path / "s0"), str(tmp_path / "s1"), "--out", str(tmp_path / "m")]) == 0
+    whole = {r["policy"]: r for r in json.loads((tmp_path / "whole" / "results.json").read_text())}
+    merged = {r["policy"]: r for r in json.loads((tmp_path / "m" / "results.json").read_text())}
+    s0 = {r["policy"]: r for r in json.loads((tmp_path / "s0" / "results.json").read_text())}
+    assert s0["lru"]["n_runs"] == 2 and merged["lru"]["n_runs"] == 3
+    for pol in whole:
+        for key in ("tpot_ms_median", "tpot_ms_p90", "hit_rate", "bytes_per_token", "stall_ms_per_token",
+                    "n_decode_tokens", "floor_ms", "greedy_agreement"):
+            assert merged[pol][key] == pytest.approx(whole[pol][key]), (pol, key)
+
+
+@pytest.mark.parametrize("shard", ["2/2", "a/b", "1"])
+def test_bad_shard_is_refused_before_any_work(tmp_path, shard, capsys):
+    from spice_core.cli import main
+
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({"model": "random:tiny-deepseek", "policies": ["lru"], "timing": "modeled"}))
+    assert main(["bench", "--config", str(path), "--out", str(tmp_path / "o"), "--shard", shard]) == 2
+    assert "--shard" in capsys.readouterr().err

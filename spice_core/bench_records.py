@@ -1,0 +1,101 @@
+"""Benchmark records: the raw sums a record keeps, the metrics derived from them, and merging.
+
+A record keeps, next to its derived metrics (TPOT median/p90, hit rate, bytes and stall per
+token, miss split, greedy agreement, ...), the ``raw`` data they come from: every decode step's
+time and the counters summed over its runs. Records of the same configuration made by
+separate processes (``bench --shard K/N``, say one per GPU) can then be merged exactly
+(``bench --merge DIR [DIR ...]``): medians and percentiles are recomputed from all steps, not
+averaged from the shards'.
+
+Pure: dicts in, dicts out.
+"""
+from __future__ import annotations
+
+import statistics
+
+# What identifies one configuration: records that share it are runs of the same thing.
+KEY_FIELDS = ("model", "timing", "link", "budget_frac", "policy", "workload", "variant")
+
+
+def raw_from_runs(runs) -> dict:
+    """``runs``: (steps, greedy agreement or None, totals dict, RunSummary) per generation."""
+    decode = [st for steps, *_ in runs for st in steps if st.index > 0]
+    split = {"approx": 0, "cpu": 0, "copy": 0}
+    for *_, summ in runs:
+        for k in split:
+            split[k] += int(summ.miss_split.get(k, 0))
+    return {
+        "step_ms": [st.step_ms for st in decode],
+        "ttft_ms": [s.ttft_ms for *_, s in runs],
+        "selections": sum(st.hits + st.misses for st in decode),
+        "hits": sum(st.hits for st in decode),
+        "bytes": sum(st.bytes_copied for st in decode),
+        "stall_ms": sum(st.stall_ms for st in decode),
+        "miss_split": split,
+        "wasted_prefetch_bytes": sum(t.get("wasted_prefetch_bytes", 0) for _, _, t, _ in runs),
+        "agreements": [a for _, a, _, _ in runs if a is not None],
+        "gpu_peak_bytes": max((t.get("gpu_peak_bytes", 0) for _, _, t, _ in runs), default=0),
+        "n_runs": len(runs),
+    }
+
+
+def derive(raw: dict) -> dict:
+    """The reported metrics of a record, from its raw data."""
+    tpots = sorted(raw["step_ms"])
+    n = len(tpots)
+    return {
+        "tpot_ms_median": statistics.median(tpots) if tpots else None,
+        "tpot_ms_p90": tpots[int(0.9 * (n - 1))] if tpots else None,
+        "ttft_ms_median": statistics.median(raw["ttft_ms"]) if raw["ttft_ms"] else None,
+        "hit_rate": raw["hits"] / raw["selections"] if raw["selections"] else None,
+        "bytes_per_token": raw["bytes"] / max(1, n),
+        "stall_ms_per_token": raw["stall_ms"] / max(1, n),
+        "miss_split": dict(raw["miss_split"]),
+        "wasted_prefetch_bytes": raw["wasted_prefetch_bytes"],
+        "greedy_agreement": statistics.mean(raw["agreements"]) if raw["agreements"] else None,
+        "gpu_peak_mb": raw["gpu_peak_bytes"] / 1e6 or None,
+        "n_runs": raw["n_runs"], "n_decode_tokens": n,
+    }
+
+
+def _combine(a: dict, b: dict) -> dict:
+    return {
+        "step_ms": a["step_ms"] + b["step_ms"], "ttft_ms": a["ttft_ms"] + b["ttft_ms"],
+        "selections": a["selections"] + b["selections"], "hits": a["hits"] + b["hits"],
+        "bytes": a["bytes"] + b["bytes"], "stall_ms": a["stall_ms"] + b["stall_ms"],
+        "miss_split": {k: a["miss_split"].get(k, 0) + b["miss_split"].get(k, 0)
+                       for k in {*a["miss_split"], *b["miss_split"]}},
+        "wasted_prefetch_bytes": a["wasted_prefetch_bytes"] + b["wasted_prefetch_bytes"],
+        "agreements": a["agreements"] + b["agreements"],
+        "gpu_peak_bytes": max(a["gpu_peak_bytes"], b["gpu_peak_bytes"]),
+        "n_runs": a["n_runs"] + b["n_runs"],
+    }
+
+
+def merge_records(records: list[dict]) -> list[dict]:
+    """One record per configuration, its raw data combined and its metrics derived again.
+    Records without raw data (e.g. the transformers reference) are kept once, as they are."""
+    merged: dict[tuple, dict] = {}
+    for r in records:
+        key = tuple(r.get(k) for k in KEY_FIELDS)
+        if key not in merged:
+            merged[key] = dict(r)
+        elif "raw" in r and "raw" in merged[key]:
+            m = merged[key]
+            m["raw"] = _combine(m["raw"], r["raw"])
+            m.update(derive(m["raw"]))
+    add_floors(list(merged.values()))
+    return list(merged.values())
+
+
+def add_floors(records: list[dict]) -> None:
+    """Physical floor: max(compute, (1 - hit rate) x routed bytes per token / link bandwidth), where
+    compute is the fastest resident record of the same workload (it copies nothing, so any link or
+    budget). Needs ``routed_bytes_per_token`` and ``link_gbps`` on the records."""
+    resident = [r for r in records if r["policy"] == "resident" and r.get("tpot_ms_median") is not None]
+    for r in records:
+        if r.get("hit_rate") is None or not r.get("link_gbps") or not r.get("routed_bytes_per_token"):
+            continue
+        transfer = (1 - r["hit_rate"]) * r["routed_bytes_per_token"] / (r["link_gbps"] * 1e6)
+        same = [x["tpot_ms_median"] for x in resident if x.get("workload", "prompts") == r.get("workload", "prompts")]
+        r["floor_ms"] = max(min(same) if same else 0.0, transfer)
