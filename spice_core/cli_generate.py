@@ -29,6 +29,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-lookahead", type=int, default=4)
     p.add_argument("--lore-rank", type=int, default=16)
     p.add_argument("--cpu-lane", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--hw-profile", type=Path, default=None,
+                   help="profile JSON (calibrate-hw / recalibrate) that times modeled runs and drives decisions "
+                        "in measured ones, in place of --profile")
 
 
 def settings_from_args(args, engine, **over) -> RunSettings:
@@ -55,7 +58,17 @@ def load_engine(args):
     get_profile(args.profile)
     if args.shape != "native":
         get_shape(args.shape)
-    return SpiceEngine.load(args.model, device=args.device, timing=args.timing)
+    hw = None
+    if getattr(args, "hw_profile", None) is not None:
+        from spice_core.timing.profiles import profile_from_dict
+        if not args.hw_profile.is_file():
+            raise ConfigError(f"--hw-profile {args.hw_profile}: no such file: write one with "
+                              "`python -m spice_core calibrate-hw --out FILE` (then `recalibrate`)")
+        try:
+            hw = profile_from_dict(json.loads(args.hw_profile.read_text()))
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--hw-profile {args.hw_profile} is not valid JSON ({e})") from e
+    return SpiceEngine.load(args.model, device=args.device, timing=args.timing, hw_profile=hw)
 
 
 def add_cli(sub) -> None:

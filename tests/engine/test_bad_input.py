@@ -133,3 +133,32 @@ def test_prompt_longer_than_context(engines):
 def test_run_settings_validate_with_the_field_name(field, value):
     with pytest.raises(ConfigError, match=field):
         RunSettings(**{field: value})
+
+
+def test_hw_profile_missing_or_broken_is_one_clear_line(capsys, tiny_dirs, tmp_path):
+    code, _, err = run_cli(capsys, "generate", "--model", str(tiny_dirs["mixtral"]), "--prompt", "hi",
+                           "--hw-profile", str(tmp_path / "nope.json"))
+    assert_one_line_error(code, err, "--hw-profile", "calibrate-hw")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    code, _, err = run_cli(capsys, "generate", "--model", str(tiny_dirs["mixtral"]), "--prompt", "hi",
+                           "--hw-profile", str(bad))
+    assert_one_line_error(code, err, "not valid JSON")
+
+
+def test_generate_times_with_a_given_profile(capsys, tiny_dirs, tmp_path):
+    """--hw-profile replaces --profile: a profile with a slow host shows in the modeled times."""
+    import json as _json
+    from dataclasses import replace
+
+    from spice_core.timing.profiles import get_profile
+
+    slow = tmp_path / "slow.json"
+    slow.write_text(_json.dumps(replace(get_profile("h200-pcie5x16"), host_layer_us=20000.0).as_dict()))
+    times = {}
+    for name, extra in (("plain", []), ("slow", ["--hw-profile", str(slow)])):
+        code, out, _ = run_cli(capsys, "generate", "--model", str(tiny_dirs["mixtral"]), "--prompt", "hi",
+                               "--max-new-tokens", "3", "--json", "--profile", "h200-pcie5x16", *extra)
+        assert code == 0
+        times[name] = _json.loads(out)["summary"]["tpot_ms"]
+    assert times["slow"] > times["plain"] + 20.0
