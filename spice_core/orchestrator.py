@@ -30,7 +30,7 @@ from spice_core.memory.gpu_slots import GpuSlots
 from spice_core.model.loader import LoadedModel
 from spice_core.policy.cache import EVICTION_POLICIES, FarthestNextUseEviction, SlotView
 from spice_core.policy.miss import MissAction, MissOptions, MissRequest, QueueState, plan_misses
-from spice_core.policy.prefetch import h_min, plan_lookahead
+from spice_core.policy.prefetch import h_min, plan_lookahead, plan_pays
 from spice_core.policy.spec import PolicySpec
 from spice_core.timing.costs import CostModel
 from spice_core.types import ExpertKey
@@ -423,10 +423,10 @@ class LayerRuntime:
     def _plan_not_worth_it(self) -> bool:
         """With a profile that models the host: skip this layer's plan when it costs the host more than
         the copy stalls it could hide (the recent miss rate x k exposed copies)."""
-        prof = self.costs.profile
-        if prof.host_plan_us <= 0 or not self.host_aware:
+        if not self.host_aware:
             return False
-        return prof.host_plan_us / 1e3 > self._miss_rate_ema * self.lm.top_k * self.costs.copy_ms()
+        return not plan_pays(self.costs.profile.host_plan_us / 1e3, self._miss_rate_ema, self.lm.top_k,
+                             self.costs.copy_ms())
 
     def _prefetch(self, layer: int, x: torch.Tensor) -> None:
         if self._plan_not_worth_it():

@@ -102,6 +102,12 @@ def h_min(missing_per_layer: float, expert_bytes: int, bandwidth_bytes_per_ms: f
     return missing_per_layer * expert_bytes / (bandwidth_bytes_per_ms * layer_ms)
 
 
+def plan_pays(host_plan_ms: float, recent_miss_rate: float, top_k: int, copy_ms: float) -> bool:
+    """Is a layer's lookahead plan worth its host time? It can hide at most the copies the layer
+    would otherwise expose: the recent miss rate x k copies. Free plans (no host cost) always pay."""
+    return host_plan_ms <= 0 or host_plan_ms <= recent_miss_rate * top_k * copy_ms
+
+
 # A next-layer expert that cannot arrive in time is queued only if at least this likely. On a saturated
 # link a late prefetch gains little (the copy would cross the link anyway, as a demand copy) while a
 # wasted one costs a full copy plus the cached expert it evicted: measured on spice-mini at 25% cache

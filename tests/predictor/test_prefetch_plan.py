@@ -206,3 +206,11 @@ def test_with_a_host_issue_cost_only_experts_worth_it_are_prefetched():
     assert {i.key for i in costly.items} == {K(2, 0), K(3, 4)}
     assert (costly.depth, costly.stop_reason) == (0, "cost")
     assert costly.next_use[K(2, 1)] == 1          # still informs eviction
+
+
+def test_a_plan_pays_when_it_can_hide_at_least_its_host_cost():
+    from spice_core.policy.prefetch import plan_pays
+
+    assert plan_pays(0.0, 0.0, 6, 0.3)                  # no host cost: always
+    assert not plan_pays(1.26, 0.5, 6, 0.32)           # native link: 0.96 ms of copies to hide
+    assert plan_pays(1.26, 0.5, 6, 1.33)               # PCIe 4.0 x8: 4 ms
