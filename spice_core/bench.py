@@ -11,7 +11,8 @@ Config (JSON):
      "policies": [...], "budgets": [0.25], "links": ["native", "pcie4x8"],
      "timing": "measured" | "modeled", "profile": "h200-pcie5x16", "shape": "deepseek-v2-lite",
      "prompts": ["...", ...] | {"random_ids": 8, "length": 32},
-     "max_new_tokens": 64, "repetitions": 1, "reference_generate": true, "hw_profile": "FILE"}
+     "max_new_tokens": 64, "repetitions": 1, "reference_generate": true, "hw_profile": "FILE",
+     "export_traces": ["spice"], "export_trace_prompts": "first" | "all"}
 Everything is validated before any model is built.
 
 Long protocols can be split: ``--shard K/N`` runs every policy on prompts K, K+N, ... (say one
@@ -313,8 +314,9 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
                                 n = min(len(toks), len(ref_tokens))
                                 agree = sum(a == b for a, b in zip(toks[:n], ref_tokens[:n])) / max(1, n)
                             rec = eng.get_record(run.run_id)
-                            trace = out / f"trace-{link}-{budget:.2f}-{pol}.json"
-                            if pi == 0 and pol in cfg.get("export_traces", []) and not trace.exists():
+                            every = cfg.get("export_trace_prompts") == "all"     # default: the first prompt's
+                            trace = out / (f"trace-{link}-{budget:.2f}-{pol}" + (f"-p{pi}" if every else "") + ".json")
+                            if (pi == 0 or every) and pol in cfg.get("export_traces", []) and not trace.exists():
                                 from spice_core.trace.export import write_chrome_trace
                                 write_chrome_trace(rec.events, trace,
                                                    metadata={"policy": pol, "link": link, "budget_frac": budget,

@@ -57,6 +57,19 @@ def read_trace_events(path: Path) -> list[dict]:
     return out
 
 
+def read_traces(paths: list[Path]) -> list[dict]:
+    """Events of several traces (e.g. one per prompt) as one list; each trace's tokens are renumbered
+    apart so their layers never mix."""
+    out = []
+    for i, path in enumerate(paths):
+        for e in read_trace_events(path):
+            a = dict(e["args"])
+            if a["token"] >= 1:
+                a["token"] += i * 1_000_000
+            out.append({**e, "args": a})
+    return out
+
+
 def _by_layer(events: list[dict]) -> dict[tuple[int, int], dict]:
     """(token, layer) -> {'layer': event, 'experts': [...], 'copies': [...], 'stalls': [...]} for decode tokens."""
     out: dict[tuple[int, int], dict] = {}
@@ -171,8 +184,10 @@ def recalibrated_profile(profile: HardwareProfile, fit: dict, note: str = "", sh
 def add_cli(sub) -> None:
     p = sub.add_parser("recalibrate", help="fit a profile's host costs from measured traces (see timing/recalibrate.py)")
     p.add_argument("--profile", type=Path, required=True, help="profile JSON from calibrate-hw")
-    p.add_argument("--trace", type=Path, required=True, help="measured Chrome trace of a policy without prefetching (lru)")
-    p.add_argument("--prefetch-trace", type=Path, default=None, help="measured trace of a prefetching policy")
+    p.add_argument("--trace", type=Path, nargs="+", required=True,
+                   help="measured Chrome trace(s) of a policy without prefetching (lru), e.g. one per prompt")
+    p.add_argument("--prefetch-trace", type=Path, nargs="+", default=None,
+                   help="measured trace(s) of a prefetching policy")
     p.add_argument("--shape", default="deepseek-v2-lite", help="the measured model's shape (for CPU-lane tasks)")
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=run)
@@ -187,9 +202,8 @@ def run(args) -> int:
         prof = profile_from_dict(json.loads(args.profile.read_text()))
     except json.JSONDecodeError as e:
         raise ConfigError(f"--profile {args.profile} is not valid JSON ({e})") from e
-    fit = fit_host_costs(read_trace_events(args.trace),
-                         read_trace_events(args.prefetch_trace) if args.prefetch_trace else None)
-    names = ", ".join(p.name for p in (args.trace, args.prefetch_trace) if p is not None)
+    fit = fit_host_costs(read_traces(args.trace), read_traces(args.prefetch_trace) if args.prefetch_trace else None)
+    names = ", ".join(p.name for p in [*args.trace, *(args.prefetch_trace or [])])
     from spice_core.timing.profiles import get_shape
     new = recalibrated_profile(prof, fit, note=names, shape=get_shape(args.shape))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -127,3 +127,14 @@ def test_bad_shard_is_refused_before_any_work(tmp_path, shard, capsys):
     path.write_text(json.dumps({"model": "random:tiny-deepseek", "policies": ["lru"], "timing": "modeled"}))
     assert main(["bench", "--config", str(path), "--out", str(tmp_path / "o"), "--shard", shard]) == 2
     assert "--shard" in capsys.readouterr().err
+
+
+def test_traces_of_every_prompt_when_asked(tmp_path):
+    cfg = {"model": "random:tiny-deepseek", "policies": ["lru"], "budgets": [0.3], "timing": "modeled",
+           "prompts": {"random_ids": 2, "length": 6}, "max_new_tokens": 3, "export_traces": ["lru"],
+           "export_trace_prompts": "all"}
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(cfg))
+    run_bench(_load_config(path), tmp_path / "out", "cpu")
+    assert sorted(p.name for p in (tmp_path / "out").glob("trace-*.json")) == [
+        "trace-native-0.30-lru-p0.json", "trace-native-0.30-lru-p1.json"]

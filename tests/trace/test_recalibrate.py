@@ -116,3 +116,19 @@ def test_cpu_lane_tasks_in_the_trace_set_the_profiles_cpu_task_cost():
     assert fit["cpu_task_ms_median"] == pytest.approx(2.5)
     new = recalibrated_profile(base, fit, shape=shape)
     assert CostModel(new, shape).cpu_expert_ms() == pytest.approx(2.5, abs=1e-3)
+
+
+def test_several_traces_fit_like_one_longer_trace(tmp_path):
+    """Traces of several prompts are combined; their tokens never mix (token numbers repeat across them)."""
+    from spice_core.timing.recalibrate import read_traces
+
+    paths = []
+    for i in range(2):
+        path = tmp_path / f"lru-p{i}.json"
+        path.write_text(json.dumps({"traceEvents": _trace()}))
+        paths.append(path)
+    events = read_traces(paths)
+    assert len({e["args"]["token"] for e in events}) == 2 * len({e["args"]["token"] for e in _trace()})
+    fit = fit_host_costs(events)
+    assert fit["host_copy_us"] == pytest.approx(COPY_MS * 1e3, rel=1e-6)
+    assert fit["evidence"]["decode_moe_layers"] == 2 * fit_host_costs(_trace())["evidence"]["decode_moe_layers"]
