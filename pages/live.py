@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from spice_core.api import EngineInfo, LaneInterval, PrefetchRecord, StepStats
-from spice_core.trace.events import OUTCOMES
+from spice_core.api import OUTCOMES, EngineInfo, LaneInterval, PrefetchRecord, StepStats
 
 # Heatmap codes: 0 = not selected, then the outcomes in schema order (hit, prefetch_hit, approx, cpu, copy).
 NOT_SELECTED = "not selected"

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Protocol
 
+from spice_core.trace.events import OUTCOMES  # noqa: F401 - re-exported for front ends
 from spice_core.errors import ConfigError
 
 # Names a user may pick; the engine refuses anything else with a ConfigError.

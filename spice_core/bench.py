@@ -209,7 +209,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
     process per GPU; `merge_records` (bench --merge) combines the shards' records exactly."""
     from spice_core.engine import SpiceEngine
     from spice_core.model.loader import offload_model
-    from spice_core.timing.profiles import get_profile, profile_from_dict
+    from spice_core.timing.profiles import get_profile, profile_from_file
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     policies = cfg.get("policies", ["on_demand", "lru"])
@@ -246,7 +246,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
     if hw_profile is not None:
         cfg["hw_profile"] = str(hw_profile)
     if cfg.get("hw_profile"):
-        hw = profile_from_dict(json.loads(Path(cfg["hw_profile"]).read_text()))
+        hw = profile_from_file(cfg["hw_profile"])
 
     # Blocks: the config itself, or its "runs" (each may override policies, budgets, links, n_prompts,
     # max_new_tokens, long_prompt, repetitions, host_aware; "variant" labels its records), all on the
@@ -518,9 +518,9 @@ def run(args) -> int:
     shard = _parse_shard(args.shard)
     cfg = _load_config(args.config)
     hw_path = args.hw_profile or cfg.get("hw_profile")
-    if hw_path is not None and not Path(hw_path).is_file():
-        raise ConfigError(f"hardware profile {hw_path}: no such file: write one with "
-                          "`python -m spice_core calibrate-hw --out FILE` or drop --hw-profile")
+    if hw_path is not None:
+        from spice_core.timing.profiles import profile_from_file
+        profile_from_file(hw_path)      # a missing or broken profile fails before the model is built
     records = run_bench(cfg, args.out, args.device, args.hw_profile, shard=shard)
     write_figures(records, args.out)
     print(markdown_table(records, cfg))

@@ -60,14 +60,8 @@ def load_engine(args):
         get_shape(args.shape)
     hw = None
     if getattr(args, "hw_profile", None) is not None:
-        from spice_core.timing.profiles import profile_from_dict
-        if not args.hw_profile.is_file():
-            raise ConfigError(f"--hw-profile {args.hw_profile}: no such file: write one with "
-                              "`python -m spice_core calibrate-hw --out FILE` (then `recalibrate`)")
-        try:
-            hw = profile_from_dict(json.loads(args.hw_profile.read_text()))
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"--hw-profile {args.hw_profile} is not valid JSON ({e})") from e
+        from spice_core.timing.profiles import profile_from_file
+        hw = profile_from_file(args.hw_profile)
     return SpiceEngine.load(args.model, device=args.device, timing=args.timing, hw_profile=hw)
 
 

@@ -117,6 +117,18 @@ def profile_from_dict(d: dict) -> HardwareProfile:
     return HardwareProfile(**d)
 
 
+def profile_from_file(path, flag: str = "--hw-profile") -> HardwareProfile:
+    """A profile JSON written by `calibrate-hw` or `recalibrate`; ``flag`` names the option in errors."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{flag} {path}: no such file: write one with `python -m spice_core calibrate-hw --out FILE` "
+                          "(then `recalibrate`)")
+    try:
+        return profile_from_dict(json.loads(path.read_text()))
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{flag} {path} is not valid JSON ({e})") from e
+
+
 def get_shape(name: str, native: ModelShape | None = None) -> ModelShape:
     """The named shape; ``native`` returns the loaded model's own (passed in by the engine)."""
     if name == NATIVE_SHAPE:

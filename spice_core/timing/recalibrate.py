@@ -136,9 +136,6 @@ def fit_host_costs(events: list[dict], prefetch_events: list[dict] | None = None
         a = e["args"]
         if a["lane"] == "host" and a["kind"] == "token" and a["token"] >= 1:
             tokens[a["token"]] = a["dur_ms"]
-    per_token_layers: dict[int, float] = {}
-    for (tok, _), v in layers.items():
-        per_token_layers[tok] = per_token_layers.get(tok, 0.0)
     gpu_busy: dict[int, tuple[float, float]] = {}
     for e in events:
         a = e["args"]
@@ -194,14 +191,9 @@ def add_cli(sub) -> None:
 
 
 def run(args) -> int:
-    from spice_core.timing.profiles import profile_from_dict
+    from spice_core.timing.profiles import profile_from_file
 
-    if not args.profile.is_file():
-        raise ConfigError(f"--profile {args.profile}: no such file: write one with `python -m spice_core calibrate-hw`")
-    try:
-        prof = profile_from_dict(json.loads(args.profile.read_text()))
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--profile {args.profile} is not valid JSON ({e})") from e
+    prof = profile_from_file(args.profile, "--profile")
     fit = fit_host_costs(read_traces(args.trace), read_traces(args.prefetch_trace) if args.prefetch_trace else None)
     names = ", ".join(p.name for p in [*args.trace, *(args.prefetch_trace or [])])
     from spice_core.timing.profiles import get_shape
