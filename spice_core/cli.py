@@ -1,8 +1,10 @@
 """Command line: `python -m spice_core <command> ...`.
 
 Each command lives in its own module exposing ``add_cli(subparsers)``; the parser it adds
-sets ``func(args) -> int``. Errors a user can cause (`SpiceError`) print one line and exit 2;
-nothing prints a traceback for them.
+sets ``func(args) -> int``. Errors a user can cause (`SpiceError`, including a flag argparse
+refuses: see cli_args.py) print one line and exit 2; nothing prints a traceback for them.
+Flags are checked as they are parsed (cli_args.py types), files and folders before any model
+is loaded, so a typo never waits for long work.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import importlib
 import logging
 import sys
 
+from spice_core.cli_args import SpiceArgumentParser, log_level
 from spice_core.errors import SpiceError
 
 COMMAND_MODULES = (
@@ -25,8 +28,8 @@ COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m spice_core", description="SPICE: offloaded MoE inference")
-    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    parser = SpiceArgumentParser(prog="python -m spice_core", description="SPICE: offloaded MoE inference")
+    parser.add_argument("--log-level", type=log_level, default="WARNING", help="logging level (default WARNING)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
@@ -39,18 +42,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
-                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        args = parser.parse_args(argv)
+    except SpiceError as e:
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=getattr(logging, args.log_level), format="%(levelname)s %(name)s: %(message)s")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
         return int(args.func(args) or 0)
     except SpiceError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        # The file system, not the code: a full disk, a file removed or made read-only mid-run.
+        where = f" {e.filename}" if e.filename else ""
+        print(f"error: cannot read or write{where}: {e.strerror or e}: check the path, its permissions "
+              "and free space", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -6,28 +6,28 @@ import json
 import sys
 from pathlib import Path
 
-from spice_core.api import POLICIES, RunSettings
+from spice_core import cli_args as ca
+from spice_core.api import MAX_NEW_TOKENS_LIMIT, POLICIES, RunSettings
 from spice_core.errors import ConfigError
-
-ABSURD_NEW_TOKENS = 4096
-
+from spice_core.user_files import check_writable_dir
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """Flags shared by every command that loads a model and runs a policy."""
+    """Flags shared by every command that loads a model and runs a policy (ranges as RunSettings)."""
     p.add_argument("--model", default=None, help="checkpoint folder or hub id (default: the shipped model)")
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--device", type=ca.device, default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--policy", default="lru", help=f"one of: {', '.join(POLICIES)}")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--cache-frac", type=float, default=None, help="GPU budget as a fraction of all routed experts' bytes")
-    g.add_argument("--cache-gb", type=float, default=None, help="GPU budget for routed experts in GB")
+    g.add_argument("--cache-frac", type=ca.fraction, default=None,
+                   help="GPU budget as a fraction of all routed experts' bytes")
+    g.add_argument("--cache-gb", type=ca.positive_float, default=None, help="GPU budget for routed experts in GB")
     p.add_argument("--profile", default="rtx4090-pcie4x16", help="hardware profile for modeled timing")
     p.add_argument("--shape", default="deepseek-v2-lite", help="target model shape for modeled timing (or native)")
     p.add_argument("--timing", choices=("measured", "modeled"), default=None,
                    help="default: measured on CUDA, modeled elsewhere")
-    p.add_argument("--tau-prefetch", type=float, default=0.2)
-    p.add_argument("--tau-approx", type=float, default=0.0)
-    p.add_argument("--max-lookahead", type=int, default=4)
-    p.add_argument("--lore-rank", type=int, default=16)
+    p.add_argument("--tau-prefetch", type=ca.fraction, default=0.2)
+    p.add_argument("--tau-approx", type=ca.fraction, default=0.0)
+    p.add_argument("--max-lookahead", type=ca.int_in(1, 64), default=4)
+    p.add_argument("--lore-rank", type=ca.positive_int, default=16)
     p.add_argument("--cpu-lane", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--hw-profile", type=Path, default=None,
                    help="profile JSON (calibrate-hw / recalibrate) that times modeled runs and drives decisions "
@@ -35,9 +35,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args, engine, **over) -> RunSettings:
-    if args.cache_gb is not None:
-        if args.cache_gb <= 0:
-            raise ConfigError(f"--cache-gb {args.cache_gb} must be > 0")
+    if args.cache_gb is not None:       # finite and > 0 (cli_args.positive_float)
         frac = min(1.0, args.cache_gb * 1e9 / engine.routed_bytes)
     else:
         frac = 0.25 if args.cache_frac is None else args.cache_frac
@@ -58,6 +56,11 @@ def load_engine(args):
     get_profile(args.profile)
     if args.shape != "native":
         get_shape(args.shape)
+    if args.timing == "measured" and (args.device or ("cuda" if _cuda() else "cpu")).startswith("cpu"):
+        raise ConfigError("--timing measured needs a CUDA device: use --timing modeled (or --device cuda on a GPU)")
+    if args.model is not None and Path(args.model).is_dir():
+        from spice_core.model.loader import read_config
+        read_config(Path(args.model))      # a broken config.json is named before the model loads
     hw = None
     if getattr(args, "hw_profile", None) is not None:
         from spice_core.timing.profiles import profile_from_file
@@ -65,26 +68,32 @@ def load_engine(args):
     return SpiceEngine.load(args.model, device=args.device, timing=args.timing, hw_profile=hw)
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def add_cli(sub) -> None:
     p = sub.add_parser("generate", help="generate text for one prompt and print a summary")
     add_engine_args(p)
     p.add_argument("--prompt", required=True)
     p.add_argument("--chat", action="store_true", help="wrap the prompt with the tokenizer's chat template")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--max-new-tokens", type=ca.int_in(1, MAX_NEW_TOKENS_LIMIT), default=64)
+    p.add_argument("--temperature", type=ca.float_in(0.0, 10.0), default=0.0)
+    p.add_argument("--top-p", type=ca.float_in(0.0, 1.0, lo_open=True), default=1.0)
+    p.add_argument("--seed", type=ca.seed, default=0)
+    p.add_argument("--stop", type=ca.nonempty_text, action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--trace-dir", type=Path, default=None, help="write Chrome trace, TensorBoard run and CSV here")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    if not (1 <= args.max_new_tokens <= ABSURD_NEW_TOKENS):
-        raise ConfigError(f"--max-new-tokens {args.max_new_tokens} is out of range: use 1..{ABSURD_NEW_TOKENS}")
     if not args.prompt.strip():
         raise ConfigError("--prompt is empty: pass some text")
+    if args.trace_dir is not None:
+        check_writable_dir(args.trace_dir, "--trace-dir")     # before generating, not after
     engine = load_engine(args)
     s = settings_from_args(args, engine, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                            top_p=args.top_p, seed=args.seed, stop=tuple(args.stop))

@@ -137,18 +137,35 @@ def _checkpoint_keys(path: Path, files: list[Path]) -> set[str]:
 
 
 def read_config(path: Path) -> dict:
+    """config.json as a dict, checked enough that nothing downstream trips on its types."""
     cfg_path = path / "config.json"
     if not cfg_path.exists():
         raise ModelLoadError(f"--model {path}: no config.json: pass a transformers checkpoint folder")
+    if not cfg_path.is_file():
+        raise ModelLoadError(f"--model {path}: config.json is not a file: pass a transformers checkpoint folder")
     try:
-        cfg = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelLoadError(f"{cfg_path} is not valid JSON ({e})") from e
-    archs = cfg.get("architectures") or []
+        cfg = json.loads(cfg_path.read_bytes().decode("utf-8"))
+    except OSError as e:
+        raise ModelLoadError(f"--model {path}: config.json cannot be read ({e.strerror or e}): fix its permissions") from e
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ModelLoadError(f"--model {path}: config.json is not valid JSON ({str(e)[:200]}): restore it") from e
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"--model {path}: config.json holds a {type(cfg).__name__}, not a JSON object: restore it")
+    archs = cfg.get("architectures")
+    if archs is None:
+        archs = []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise ModelLoadError(f"--model {path}: config.json \"architectures\" must be a list of class names, e.g. "
+                             f"[\"{SUPPORTED_ARCHITECTURES[0]}\"], not {json.dumps(archs)[:80]}")
     if not archs or archs[0] not in FAMILIES:
         raise UnsupportedModelError(
             f"--model {path}: architecture {archs[0] if archs else 'unknown'} is not supported: "
             f"use one of {', '.join(SUPPORTED_ARCHITECTURES)}")
+    for key in ("num_hidden_layers", "num_experts_per_tok", "hidden_size", "vocab_size"):
+        v = cfg.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise ModelLoadError(f"--model {path}: config.json \"{key}\" is {json.dumps(v)[:40]}: "
+                                 "it must be a positive integer")
     return cfg
 
 
@@ -185,8 +202,12 @@ def load_model(model: str | Path | None, device: str | torch.device | None = Non
     except Exception as e:  # noqa: BLE001 - config classes raise many types
         raise ModelLoadError(f"--model {path}: config.json cannot be read by transformers ({e})") from e
 
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    try:
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    except Exception as e:  # noqa: BLE001 - inconsistent sizes in config.json raise many types
+        raise ModelLoadError(f"--model {path}: config.json describes a model transformers cannot build "
+                             f"({type(e).__name__}: {e}): restore it") from e
     moe_layers = _find_moe_layers(skeleton)
     if not moe_layers:
         raise UnsupportedModelError(f"--model {path}: has no MoE layers (a dense model): use an MoE checkpoint "

@@ -100,15 +100,21 @@ def measure_profile(name: str = "this-machine", shape_name: str = "deepseek-v2-l
 
 
 def add_cli(sub) -> None:
+    from spice_core import cli_args as ca
+
     p = sub.add_parser("calibrate-hw", help="measure this machine's hardware profile (CUDA)")
-    p.add_argument("--name", default="this-machine")
+    p.add_argument("--name", type=ca.nonempty_text, default="this-machine")
     p.add_argument("--shape", default="deepseek-v2-lite")
     p.add_argument("--out", type=Path, default=Path("runs/hw-profile.json"))
-    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--reps", type=ca.int_in(1, 10_000), default=20)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from spice_core.user_files import check_writable_file
+
+    get_shape(args.shape)
+    check_writable_file(args.out, "--out")
     prof = measure_profile(args.name, args.shape, args.reps)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(prof.as_dict(), indent=2))

@@ -10,7 +10,8 @@ This module knows nothing of torch or of the engine.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+import math
+from dataclasses import MISSING, asdict, dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 
@@ -51,10 +52,22 @@ class HardwareProfile:
         return (self.host_layer_us + self.host_expert_us + self.host_copy_us + self.host_plan_us) > 0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"profile name={self.name!r}: use a non-empty string")
+        if not isinstance(self.source, str):
+            raise ConfigError(f"profile {self.name}: source={self.source!r} must be a string")
         for f in fields(self):
+            if f.name in ("name", "source"):
+                continue
             v = getattr(self, f.name)
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
-                raise ConfigError(f"profile {self.name}: {f.name}={v} must be >= 0")
+            want_int = f.type in ("int", int)
+            ok = isinstance(v, int) if want_int else isinstance(v, (int, float))
+            if not ok or isinstance(v, bool):
+                raise ConfigError(f"profile {self.name}: {f.name}={v!r} must be "
+                                  f"{'an integer' if want_int else 'a number'}")
+            # NaN passes every comparison: refuse non-finite values outright.
+            if not math.isfinite(v) or v < 0:
+                raise ConfigError(f"profile {self.name}: {f.name}={v} must be a finite number >= 0")
         if self.h2d_pinned_gbps <= 0 or self.gpu_mem_gbps <= 0 or self.cpu_mem_gbps <= 0:
             raise ConfigError(f"profile {self.name}: bandwidths must be > 0")
         if self.cpu_threads < 1:
@@ -108,25 +121,34 @@ def get_profile(name: str) -> HardwareProfile:
     return HardwareProfile(name=name, **profiles[name])
 
 
-def profile_from_dict(d: dict) -> HardwareProfile:
-    """A profile written by `calibrate-hw` (JSON); unknown keys are refused."""
+def profile_from_dict(d: dict, where: str = "profile file") -> HardwareProfile:
+    """A profile written by `calibrate-hw` (JSON); unknown and missing keys are refused."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where} holds a {type(d).__name__}, not a JSON object of profile fields")
     allowed = {f.name for f in fields(HardwareProfile)}
+    required = {f.name for f in fields(HardwareProfile) if f.default is MISSING}
     extra = set(d) - allowed
     if extra:
-        raise ConfigError(f"profile file has unknown keys {sorted(extra)}: allowed are {sorted(allowed)}")
-    return HardwareProfile(**d)
+        raise ConfigError(f"{where} has unknown keys {sorted(extra)}: allowed are {sorted(allowed)}")
+    missing = required - set(d)
+    if missing:
+        raise ConfigError(f"{where} lacks keys {sorted(missing)}: write it with "
+                          "`python -m spice_core calibrate-hw --out FILE`")
+    try:
+        return HardwareProfile(**d)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from e
 
 
 def profile_from_file(path, flag: str = "--hw-profile") -> HardwareProfile:
     """A profile JSON written by `calibrate-hw` or `recalibrate`; ``flag`` names the option in errors."""
+    from spice_core.user_files import read_json
+
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"{flag} {path}: no such file: write one with `python -m spice_core calibrate-hw --out FILE` "
                           "(then `recalibrate`)")
-    try:
-        return profile_from_dict(json.loads(path.read_text()))
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{flag} {path} is not valid JSON ({e})") from e
+    return profile_from_dict(read_json(path, flag, dict, limit_bytes=1_000_000), where=f"{flag} {path}")
 
 
 def get_shape(name: str, native: ModelShape | None = None) -> ModelShape:

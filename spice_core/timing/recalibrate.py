@@ -28,7 +28,6 @@ Decode tokens only (token index ≥ 1). Pure: JSON in, numbers out.
 """
 from __future__ import annotations
 
-import gzip
 import json
 import statistics
 from dataclasses import replace
@@ -38,31 +37,46 @@ from spice_core.errors import ConfigError
 from spice_core.timing.profiles import HardwareProfile
 
 
-def read_trace_events(path: Path) -> list[dict]:
-    """The complete ('X') events of a Chrome trace written by this engine (.json or .json.gz)."""
+# What every measured engine event's "args" must hold, and the types (bool is not a number).
+_EVENT_ARGS = {"token": int, "layer": int, "lane": str, "kind": str, "start_ms": (int, float), "dur_ms": (int, float)}
+MAX_TRACE_BYTES = 256 * 1024 * 1024     # decompressed; a long measured run is tens of MB
+
+
+def read_trace_events(path: Path, flag: str = "--trace") -> list[dict]:
+    """The complete ('X') events of a Chrome trace written by this engine (.json or .json.gz),
+    each checked to carry the fields the fit reads."""
+    from spice_core.user_files import is_number, read_json
+
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"trace {path}: no such file: export one with `bench` (\"export_traces\") or the app")
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rt") as f:
-            data = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"trace {path} is not a readable Chrome trace JSON ({e})") from e
-    events = data.get("traceEvents") if isinstance(data, dict) else data
-    out = [e for e in events or [] if e.get("ph") == "X" and isinstance(e.get("args"), dict)
-           and e["args"].get("timing") == "measured"]
+    if not path.exists():
+        raise ConfigError(f"{flag} {path}: no such file: export one with `bench` (\"export_traces\") or the app")
+    data = read_json(path, flag, (dict, list), limit_bytes=MAX_TRACE_BYTES)
+    events = data.get("traceEvents", []) if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise ConfigError(f"{flag} {path}: \"traceEvents\" is not a list: pass a Chrome trace written by this engine")
+    out = []
+    for i, e in enumerate(events):
+        if not (isinstance(e, dict) and e.get("ph") == "X" and isinstance(e.get("args"), dict)
+                and e["args"].get("timing") == "measured"):
+            continue
+        a = e["args"]
+        for key, typ in _EVENT_ARGS.items():
+            v = a.get(key)
+            if not isinstance(v, typ) or isinstance(v, bool) or (typ != str and not is_number(v)):
+                raise ConfigError(f"{flag} {path}: event {i} has args.{key}={json.dumps(v)[:40]}, expected "
+                                  f"{'a string' if typ is str else 'a number'}: pass a trace written by this engine")
+        out.append(e)
     if not out:
-        raise ConfigError(f"trace {path} has no measured engine events: recalibrate from a measured (GPU) run")
+        raise ConfigError(f"{flag} {path}: has no measured engine events: recalibrate from a measured (GPU) run")
     return out
 
 
-def read_traces(paths: list[Path]) -> list[dict]:
+def read_traces(paths: list[Path], flag: str = "--trace") -> list[dict]:
     """Events of several traces (e.g. one per prompt) as one list; each trace's tokens are renumbered
     apart so their layers never mix."""
     out = []
     for i, path in enumerate(paths):
-        for e in read_trace_events(path):
+        for e in read_trace_events(path, flag):
             a = dict(e["args"])
             if a["token"] >= 1:
                 a["token"] += i * 1_000_000
@@ -122,6 +136,8 @@ def fit_host_costs(events: list[dict], prefetch_events: list[dict] | None = None
         for a, b in zip(exps, exps[1:]):
             if not any(a["start_ms"] < s < b["start_ms"] for s in stall_starts):
                 launch.append(b["start_ms"] - a["start_ms"])
+    if not gaps:
+        raise ConfigError("the trace's decode MoE layers launch no experts: pass a measured trace of a full run")
     intercept_ms, copy_ms = _fit_line(n_copies, gaps)
     fit = {
         "host_layer_us": 1e3 * (layer_ms + max(0.0, intercept_ms)),
@@ -191,13 +207,16 @@ def add_cli(sub) -> None:
 
 
 def run(args) -> int:
-    from spice_core.timing.profiles import profile_from_file
+    from spice_core.timing.profiles import get_shape, profile_from_file
+    from spice_core.user_files import check_writable_file
 
+    shape = get_shape(args.shape)
+    check_writable_file(args.out, "--out")
     prof = profile_from_file(args.profile, "--profile")
-    fit = fit_host_costs(read_traces(args.trace), read_traces(args.prefetch_trace) if args.prefetch_trace else None)
+    fit = fit_host_costs(read_traces(args.trace), read_traces(args.prefetch_trace, "--prefetch-trace")
+                         if args.prefetch_trace else None)
     names = ", ".join(p.name for p in [*args.trace, *(args.prefetch_trace or [])])
-    from spice_core.timing.profiles import get_shape
-    new = recalibrated_profile(prof, fit, note=names, shape=get_shape(args.shape))
+    new = recalibrated_profile(prof, fit, note=names, shape=shape)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(new.as_dict(), indent=2))
     for k, v in fit.items():
