@@ -137,6 +137,8 @@ class StepStats:
     intervals: tuple[LaneInterval, ...] = ()
     finished: bool = False
     finish_reason: str = ""        # "eos" | "stop" | "length" | "cancelled" | ""
+    lookahead_stops: tuple[str, ...] = ()   # why each MoE layer's lookahead stopped ("confidence", "time",
+                                            # "bound", "cache", "cost"; policy/prefetch.py); () without prefetching
 
 
 @dataclass(frozen=True)

@@ -507,7 +507,8 @@ class GenerationRun:
                              hits=c.hits, misses=c.misses, bytes_copied=c.bytes_copied, stall_ms=stall,
                              lookahead_depth=(sum(c.depths) / len(c.depths)) if c.depths else 0.0,
                              outcomes=tuple(c.outcomes), prefetches=tuple(c.prefetches), intervals=intervals,
-                             finished=bool(finish), finish_reason=finish)
+                             finished=bool(finish), finish_reason=finish,
+                             lookahead_stops=tuple(c.stop_reasons))
             steps.append(step)
             yield step
             if finish:
