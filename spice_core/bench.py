@@ -32,10 +32,12 @@ from pathlib import Path
 import torch
 
 from spice_core.api import EXACT_POLICIES, POLICIES, RunSettings
+from spice_core.bench_config import LINKS_GBPS, load_config_file, load_results
+from spice_core.bench_models import check_host_memory, load_safetensors_model
 from spice_core.errors import ConfigError
+from spice_core.model.loader import _safetensors_files
 
 log = logging.getLogger(__name__)
-LINKS_GBPS = {"native": None, "pcie4x8": 13.0, "pcie4x16": 25.0}
 DEFAULT_PROMPTS = (
     "Once upon a time, a little cat found a red ball in the garden.",
     "Tell me a story about a dog who lost his bone.",
@@ -49,25 +51,7 @@ DEFAULT_PROMPTS = (
 
 
 def _load_config(path: Path) -> dict:
-    try:
-        cfg = json.loads(Path(path).read_text())
-    except FileNotFoundError as e:
-        raise ConfigError(f"--config {path}: no such file") from e
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--config {path}: not valid JSON ({e})") from e
-    runs = cfg.get("runs") or []
-    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
-        raise ConfigError("config \"runs\" must be a list of objects (each overriding policies, budgets, links, ...)")
-    for where in [cfg, *runs]:
-        for p in where.get("policies", []):
-            if p not in POLICIES:
-                raise ConfigError(f"config policy {p!r} is unknown: choose from {', '.join(POLICIES)}")
-        for link in where.get("links", ["native"]):
-            if link not in LINKS_GBPS:
-                raise ConfigError(f"config link {link!r} is unknown: choose from {', '.join(LINKS_GBPS)}")
-        for b in where.get("budgets", [0.25]):
-            if not 0 < float(b) <= 1:
-                raise ConfigError(f"config budget {b} is out of range: use fractions in (0, 1]")
+    cfg = load_config_file(path)
     timing = cfg.get("timing", "measured" if torch.cuda.is_available() else "modeled")
     if timing == "measured" and not torch.cuda.is_available():
         raise ConfigError("config timing 'measured' needs CUDA: use \"timing\": \"modeled\" on this machine")
@@ -80,18 +64,24 @@ def check_budgets_fit_the_model(cfg: dict) -> None:
     """Before anything is built: a budget must hold at least one layer's top-k experts. Read from
     config.json (local folders and lift: sources); a model that cannot be inspected cheaply is
     checked by the engine at its first run instead."""
+    from spice_core.model.loader import read_config
+
     spec = str(cfg.get("model", ""))
     if spec.startswith("random:"):
+        from spice_core.bench_models import SHAPES
+        if spec.split(":", 1)[1] not in SHAPES:
+            raise ConfigError(f"config model {spec!r}: random model shape is unknown: choose from "
+                              f"{', '.join('random:' + s for s in SHAPES)}")
         return
-    path = Path(spec.split(":", 1)[1] if spec.startswith("lift:") else spec) / "config.json"
-    try:
-        c = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return
+    folder = Path(spec.split(":", 1)[1] if spec.startswith("lift:") else spec)
+    if not folder.is_dir():
+        return                      # a hub id: checked when it is resolved
+    c = read_config(folder)         # a broken config.json is refused here, before any model is built
+    _safetensors_files(folder)      # and so is a checkpoint without safetensors
     top_k = c.get("num_experts_per_tok")
     n_exp = c.get("n_routed_experts") or c.get("num_local_experts") or c.get("num_experts")
     layers = c.get("num_hidden_layers")
-    if not (top_k and n_exp and layers):
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (top_k, n_exp, layers)):
         return
     min_frac = top_k / (n_exp * layers)     # an upper bound on the MoE layers gives a safe lower bound
     for where in [cfg, *(cfg.get("runs") or [])]:
@@ -102,14 +92,7 @@ def check_budgets_fit_the_model(cfg: dict) -> None:
 
 
 def _check_host_memory(needed_bytes: int) -> None:
-    try:
-        import os
-        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return
-    if needed_bytes > 0.9 * avail:
-        raise ConfigError(f"the model needs about {needed_bytes / 1e9:.1f} GB of host memory but only "
-                          f"{avail / 1e9:.1f} GB is free: use a smaller model or a larger machine")
+    check_host_memory(needed_bytes, "the model")
 
 
 def build_model(spec: str, device: str, overrides: dict | None = None):
@@ -122,11 +105,9 @@ def build_model(spec: str, device: str, overrides: dict | None = None):
         from spice_core.lift import lifted_model
         return lifted_model(Path(spec.split(":", 1)[1]), device, check_memory=_check_host_memory,
                             overrides=overrides)
-    from transformers import AutoModelForCausalLM
-
     from spice_core.model.loader import _load_tokenizer, resolve_model_path
     path = resolve_model_path(spec)
-    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype="auto").to(device).eval()
+    hf = load_safetensors_model(path).to(device).eval()
     return hf, _load_tokenizer(path), str(path)
 
 
@@ -172,6 +153,9 @@ def _prompt_ids(cfg: dict, tokenizer, vocab: int) -> list[list[int]]:
             raise ConfigError("held-out prompts need the model's tokenizer: use \"prompts\": {\"random_ids\": N}")
         return heldout_prompt_ids(tokenizer, int(p["heldout"]))
     if isinstance(p, dict):
+        if vocab <= 10:
+            raise ConfigError(f"\"prompts\": {{\"random_ids\": N}} needs a vocabulary over 10 tokens (the model has "
+                              f"{vocab}): list the prompts as text")
         g = torch.Generator().manual_seed(int(p.get("seed", 0)))
         return [torch.randint(10, vocab, (int(p.get("length", 32)),), generator=g).tolist()
                 for _ in range(int(p.get("random_ids", 8)))]
@@ -456,11 +440,13 @@ def write_figures(records: list[dict], out: Path) -> list[Path]:
 
 
 def add_cli(sub) -> None:
+    from spice_core import cli_args as ca
+
     p = sub.add_parser("bench", help="compare policies in one run (see docs/benchmarks/)")
     p.add_argument("--config", type=Path, default=None)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--replot", action="store_true", help="only re-render figures from OUT/results.json")
-    p.add_argument("--device", default=None)
+    p.add_argument("--device", type=ca.device, default=None)
     p.add_argument("--hw-profile", type=Path, default=None, help="profile JSON from calibrate-hw (measured mode)")
     p.add_argument("--shard", default=None, metavar="K/N",
                    help="run only prompts k, k+n, k+2n, ... (e.g. one process per GPU); combine with --merge")
@@ -491,7 +477,7 @@ def _merge(dirs: list[Path], out: Path) -> list[dict]:
             path = d / "results.partial.json"
         if not path.is_file():
             raise ConfigError(f"--merge {d}: no results.json or results.partial.json there: run the shard first")
-        records += json.loads(path.read_text())
+        records += load_results(path, "--merge")
     merged = merge_records(records)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(merged, indent=1, default=float))
@@ -501,13 +487,16 @@ def _merge(dirs: list[Path], out: Path) -> list[dict]:
 
 
 def run(args) -> int:
+    from spice_core.user_files import check_writable_dir
+
     if args.replot:
         path = args.out / "results.json"
         if not path.exists():
             raise ConfigError(f"--replot: {path} does not exist: run the benchmark first")
-        for p in write_figures(json.loads(path.read_text()), args.out):
+        for p in write_figures(load_results(path, "--replot"), args.out):
             print(p)
         return 0
+    check_writable_dir(args.out, "--out")
     if args.merge:
         records = _merge(args.merge, args.out)
         write_figures(records, args.out)

@@ -6,6 +6,8 @@ on the target device (fast on a GPU) and offloaded afterwards by `offload_model`
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from spice_core.errors import ConfigError
@@ -31,6 +33,57 @@ def tiny_deepseek_config():
         num_attention_heads=2, num_key_value_heads=2, n_shared_experts=1, n_routed_experts=16, num_experts_per_tok=4,
         first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8,
         v_head_dim=8, max_position_embeddings=512, architectures=["DeepseekV2ForCausalLM"])
+
+
+def available_host_bytes() -> int | None:
+    """Memory a new allocation can get: MemAvailable (page cache counts as free), capped by a
+    cgroup (container) limit; None where neither can be read."""
+    avail = None
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+                break
+    except (OSError, ValueError):
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    try:
+        limit, used = (open(f"/sys/fs/cgroup/memory.{n}").read().strip() for n in ("max", "current"))
+        if limit != "max":
+            avail = min(avail, int(limit) - int(used))
+    except (OSError, ValueError):
+        pass
+    return avail
+
+
+def check_host_memory(needed_bytes: int, what: str) -> None:
+    """Refuse, before allocating, what cannot fit in host memory (with a 10% margin)."""
+    avail = available_host_bytes()
+    if avail is not None and needed_bytes > 0.9 * avail:
+        raise ConfigError(f"{what} needs about {needed_bytes / 1e9:.1f} GB of host memory but only "
+                          f"{avail / 1e9:.1f} GB is available: use a machine with more memory (or a smaller model)")
+
+
+def load_safetensors_model(path, dtype="auto"):
+    """A checkpoint folder as a transformers model, from safetensors only (pickled .bin weights are
+    refused: loading them can run code); any loading failure becomes a ModelLoadError."""
+    from transformers import AutoModelForCausalLM
+
+    from spice_core.errors import ModelLoadError
+    from spice_core.model.loader import _safetensors_files, read_config
+
+    read_config(path)
+    _safetensors_files(path)
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, use_safetensors=True,
+                                                    trust_remote_code=False)
+    except Exception as e:  # noqa: BLE001 - transformers raises many types for bad checkpoints
+        raise ModelLoadError(f"--model {path}: transformers could not load it ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''})") from e
 
 
 SHAPES = {"deepseek-v2-lite": deepseek_v2_lite_config, "tiny-deepseek": tiny_deepseek_config}

@@ -21,7 +21,9 @@ from pathlib import Path
 
 import torch
 
+from spice_core import cli_args as ca
 from spice_core.errors import ConfigError
+from spice_core.user_files import check_writable_dir
 
 log = logging.getLogger(__name__)
 
@@ -33,25 +35,25 @@ def add_cli(sub) -> None:
                        description="Trace the model's routing over a calibration text set, distil the draft "
                                    "heads, fit LoRE surrogates, and save the artifacts beside the model.")
     p.add_argument("--model", default=None, help="checkpoint folder or hub id (default: the shipped model)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    p.add_argument("--text", type=Path, default=None,
+    p.add_argument("--device", type=ca.device, default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--text", type=ca.utf8_text_file, default=None,
                    help="UTF-8 text file to calibrate on (documents separated by blank lines); default: the shipped "
                         "model's held-out split, or a built-in prompt set for other models")
-    p.add_argument("--max-tokens", type=int, default=24_576, help="tokens of calibration text to trace (default 24576)")
-    p.add_argument("--seq-len", type=int, default=256, help="tokens per traced row (default 256)")
+    p.add_argument("--max-tokens", type=ca.int_in(256, 100_000_000), default=24_576, help="tokens of calibration text to trace (default 24576)")
+    p.add_argument("--seq-len", type=ca.int_in(8, 1_000_000), default=256, help="tokens per traced row (default 256)")
     p.add_argument("--distances", type=int, default=8, help="draft heads per MoE layer: distances 1..D (default 8)")
-    p.add_argument("--epochs", type=int, default=12, help="draft training epochs (default 12)")
-    p.add_argument("--train-seconds", type=float, default=240.0,
+    p.add_argument("--epochs", type=ca.int_in(1, 100_000), default=12, help="draft training epochs (default 12)")
+    p.add_argument("--train-seconds", type=ca.positive_float, default=240.0,
                    help="stop draft training after this long, keeping the best epoch (default 240)")
-    p.add_argument("--lore-max-rank", type=int, default=DEFAULT_LORE_MAX_RANK,
+    p.add_argument("--lore-max-rank", type=ca.positive_int, default=DEFAULT_LORE_MAX_RANK,
                    help=f"largest LoRE rank to fit (default {DEFAULT_LORE_MAX_RANK})")
     p.add_argument("--no-lore", action="store_true", help="skip LoRE fitting")
     p.add_argument("--lore-only", action="store_true",
                    help="keep the existing draft heads and only (re)fit LoRE beside them")
     p.add_argument("--out", type=Path, default=None, help="output folder (default: beside the model, where the "
                                                           "engine looks for them)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=ca.threads, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--seed", type=ca.seed, default=0)
     p.add_argument("--json", action="store_true", help="print the calibration report as JSON")
     p.set_defaults(func=run)
 
@@ -67,6 +69,9 @@ def calibrate_lore_only(model=None, *, device: str = "cpu", text: Path | None = 
 
     t0 = time.perf_counter()
     lm = load_model(model, device)
+    if seq_len > lm.max_context_tokens:
+        raise ConfigError(f"--seq-len {seq_len} is longer than the model's context ({lm.max_context_tokens} tokens): "
+                          f"use --seq-len <= {lm.max_context_tokens}")
     out = Path(out) if out is not None else Path(lm.path)
     cal_path = out / CALIBRATION_FILE
     if not (out / DRAFT_FILE).exists() or not cal_path.exists():
@@ -102,6 +107,13 @@ def _check_args(args) -> None:
         raise ConfigError(f"--threads {args.threads} is out of range: use an integer >= 1")
     if args.text is not None and not Path(args.text).is_file():
         raise ConfigError(f"--text {args.text}: no such file: pass a UTF-8 text file")
+    if args.lore_only and args.no_lore:
+        raise ConfigError("--lore-only and --no-lore contradict each other: pass one of them")
+    if args.out is not None:
+        check_writable_dir(args.out, "--out")
+    if args.model is not None and Path(args.model).is_dir():
+        from spice_core.model.loader import read_config
+        read_config(Path(args.model))
 
 
 def _fit_lore(lm, traces, max_rank: int, out: Path) -> dict:
@@ -136,6 +148,9 @@ def calibrate(model=None, *, device: str = "cpu", text: Path | None = None, max_
     t0 = time.perf_counter()
     if lm is None:
         lm = load_model(model, device)
+    if seq_len > lm.max_context_tokens:
+        raise ConfigError(f"--seq-len {seq_len} is longer than the model's context ({lm.max_context_tokens} tokens): "
+                          f"use --seq-len <= {lm.max_context_tokens}")
     out = Path(out) if out is not None else Path(lm.path)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -206,8 +221,6 @@ def run(args) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.lore_only:
-        if args.no_lore:
-            raise ConfigError("--lore-only and --no-lore contradict each other: pass one of them")
         rep = calibrate_lore_only(args.model, device=args.device, text=args.text, max_tokens=args.max_tokens,
                                   seq_len=args.seq_len, lore_max_rank=args.lore_max_rank, out=args.out,
                                   command=_command_line(args))

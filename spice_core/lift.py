@@ -138,16 +138,23 @@ def lift_weights(mini, big) -> None:
 
 def lifted_model(mini_dir: Path, device: str, check_memory=None, overrides: dict | None = None):
     """(lifted model with fused experts on ``device``, tokenizer, description)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    from spice_core.model.loader import _load_tokenizer, resolve_model_path
+    from spice_core.bench_models import _estimate_params, load_safetensors_model
+    from spice_core.errors import ModelLoadError
+    from spice_core.model.loader import _load_tokenizer, _safetensors_files, read_config, resolve_model_path
 
     path = resolve_model_path(str(mini_dir))
-    mini = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16).eval()
-    cfg = _lift_config(mini.config, overrides)
+    read_config(path)
+    _safetensors_files(path)
+    try:
+        mini_cfg = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+    except Exception as e:  # noqa: BLE001 - config classes raise many types
+        raise ModelLoadError(f"--model {path}: config.json cannot be read by transformers ({e})") from e
+    cfg = _lift_config(mini_cfg, overrides)       # the topology is checked before any weight is read
     if check_memory is not None:
-        from spice_core.bench_models import _estimate_params
         check_memory(_estimate_params(cfg) * 2)
+    mini = load_safetensors_model(path, dtype=torch.bfloat16).eval()
     with torch.device(device):
         big = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     big.eval()
@@ -158,11 +165,13 @@ def lifted_model(mini_dir: Path, device: str, check_memory=None, overrides: dict
 @torch.no_grad()
 def verify(mini_dir: Path, device: str, prompts: list[str], max_new_tokens: int = 32, big=None, tok=None) -> dict:
     """Greedy tokens and logits of the miniature vs the lifted model, same device, same prompts."""
-    from transformers import AutoModelForCausalLM
+    from spice_core.bench_models import load_safetensors_model
 
     if big is None:
-        big, tok, _ = lifted_model(mini_dir, device)
-    mini = AutoModelForCausalLM.from_pretrained(str(mini_dir), dtype=torch.bfloat16).to(device).eval()
+        big, tok, _ = lifted_model(mini_dir, device, check_memory=memory_check(device))
+    if tok is None:
+        raise ConfigError(f"--model {mini_dir}: has no tokenizer files: lift verifies with text prompts")
+    mini = load_safetensors_model(Path(mini_dir), dtype=torch.bfloat16).to(device).eval()
     same, total, max_diff = 0, 0, 0.0
     for text in prompts:
         ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]], device=device)
@@ -177,11 +186,29 @@ def verify(mini_dir: Path, device: str, prompts: list[str], max_new_tokens: int 
             "logit_scale": float(la.abs().max()), "tokens_compared": total}
 
 
+def memory_check(device: str):
+    """A check of the lifted model's bytes against the memory it is built in: the GPU's free memory on
+    CUDA (host memory holds only the miniature then), else the host's available memory."""
+    from spice_core.bench_models import check_host_memory
+
+    def check(needed_bytes: int) -> None:
+        if str(device).startswith("cuda"):
+            free, _ = torch.cuda.mem_get_info(torch.device(device))
+            if needed_bytes > 0.9 * free:
+                raise ConfigError(f"the lifted model needs about {needed_bytes / 1e9:.1f} GB of GPU memory but only "
+                                  f"{free / 1e9:.1f} GB is free on {device}: free the GPU or use a larger one")
+        else:
+            check_host_memory(needed_bytes, "the lifted model")
+    return check
+
+
 def add_cli(sub) -> None:
+    from spice_core import cli_args as ca
+
     p = sub.add_parser("lift", help="lift the miniature into DeepSeek-V2-Lite shapes and verify it")
     p.add_argument("--model", default=None, help="the miniature (default: the shipped model)")
-    p.add_argument("--device", default=None)
-    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--device", type=ca.device, default=None)
+    p.add_argument("--max-new-tokens", type=ca.int_in(1, 1024), default=32)
     p.set_defaults(func=run)
 
 

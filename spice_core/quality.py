@@ -162,10 +162,9 @@ def eval_set(engine, *, text_file: Path | None = None, prompts_file: Path | None
     if not windows:
         raise ConfigError(f"the held-out text ({source}) gave no window of >= 2 tokens: pass a longer --text file")
     if prompts_file is not None:
-        lines = [ln.strip() for ln in Path(prompts_file).read_text(encoding="utf-8").splitlines()] \
-            if Path(prompts_file).is_file() else None
-        if lines is None:
-            raise ConfigError(f"--prompts {prompts_file}: no such file: pass a text file with one prompt per line")
+        from spice_core.user_files import read_text
+
+        lines = [ln.strip() for ln in read_text(prompts_file, "--prompts").splitlines()]
         prompt_texts = [ln for ln in lines if ln]
         if not prompt_texts:
             raise ConfigError(f"--prompts {prompts_file}: holds no prompt: write one prompt per line")
@@ -245,21 +244,23 @@ def evaluate(engine, settings: RunSettings, ref: ExactReference) -> QualityRepor
 
 # ---------------------------------------------------------------------- CLI
 def add_cli(sub) -> None:
+    from spice_core import cli_args as ca
+    from spice_core.api import MAX_NEW_TOKENS_LIMIT
     from spice_core.cli_generate import add_engine_args
 
     p = sub.add_parser("quality", help="perplexity, KL and greedy agreement of a policy against the exact model",
                        description="Teacher-forced perplexity and mean KL against the exact model on held-out text, "
                                    "and greedy agreement over a prompt set, for any policy and thresholds.")
     add_engine_args(p)
-    p.add_argument("--text", type=Path, default=None,
+    p.add_argument("--text", type=ca.utf8_text_file, default=None,
                    help="held-out UTF-8 text (documents separated by blank lines); default: the evaluation half "
                         "of the shipped model's held-out split, or a built-in set for other models")
-    p.add_argument("--prompts", type=Path, default=None, help="prompt file, one prompt per line "
+    p.add_argument("--prompts", type=ca.utf8_text_file, default=None, help="prompt file, one prompt per line "
                                                               "(default: openings of held-out texts)")
-    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="teacher-forced tokens to score")
-    p.add_argument("--window", type=int, default=DEFAULT_WINDOW, help="tokens per teacher-forced window")
-    p.add_argument("--n-prompts", type=int, default=DEFAULT_PROMPTS, help="prompts for greedy agreement")
-    p.add_argument("--new-tokens", type=int, default=DEFAULT_NEW_TOKENS, help="greedy tokens per prompt (0: skip)")
+    p.add_argument("--max-tokens", type=ca.int_in(2, 10_000_000), default=DEFAULT_MAX_TOKENS, help="teacher-forced tokens to score")
+    p.add_argument("--window", type=ca.int_in(2, 1_000_000), default=DEFAULT_WINDOW, help="tokens per teacher-forced window")
+    p.add_argument("--n-prompts", type=ca.int_in(1, 100_000), default=DEFAULT_PROMPTS, help="prompts for greedy agreement")
+    p.add_argument("--new-tokens", type=ca.int_in(0, MAX_NEW_TOKENS_LIMIT), default=DEFAULT_NEW_TOKENS, help="greedy tokens per prompt (0: skip)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run_cli, policy="spice")
 
