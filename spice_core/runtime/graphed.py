@@ -1,0 +1,396 @@
+"""GraphedDecoder: decode steps (T=1) as one CUDA-graph segment per MoE layer, cut at the experts call.
+
+    step t (M MoE layers m_0 < … < m_{M-1}, segments S_0 … S_M, all captured from the stock HF forward):
+      S_0  mask ← (arange ≤ pos) → embed → layers … → router of m_0 → D2H routing (pinned row 0)
+      host wait E_0 → on_layer(m_0, ids, w) → slots (copies on copy_stream) → plan row 0 (pinned)
+           → compute stream waits for the copy stream
+      S_1  H2D plan row 0 → experts(m_0) from slots + ordered combine → … → router of m_1 → D2H
+      …
+      S_M  experts(m_{M-1}) → … → norm → lm_head → argmax → ids ← token, pos += 1 → D2H token
+
+The forward is captured once: each `OffloadedExperts` calls `runtime.run_layer`, and during capture
+that runtime ends graph l and begins graph l+1 (`CUDAGraph.capture_begin(pool=…)`, one pool shared
+by all segments, replayed in capture order). No per-family glue: whatever the family's MoE block
+does around its experts call (shared experts, gates, scaling) is captured as the stock code runs it.
+Static inputs: a StaticCache (its lengths advance in-graph), ids/position buffers and a 4D mask
+computed in-graph from the position (transformers returns a 4D mask as-is). Prefill stays eager.
+
+Experts run from a device plan row (see `graphed_plan.py`): the slot of each selection, in ascending expert
+order, and the stock loop's rounding: y_e in the model dtype, (y_e · w_e) in the router's dtype,
+cast, added to the accumulator in ascending expert order. Any slot assignment of the same experts
+therefore gives the same bits: an LRU cache replays an all-resident run exactly.
+
+Deliberately does not know policies, the engine or timing: it takes a host callback per layer.
+"""
+from __future__ import annotations
+
+import gc
+import inspect
+import logging
+import time
+from contextlib import contextmanager
+from typing import Callable, Sequence
+
+import torch
+from torch.nn import functional as F
+
+from spice_core.errors import ConfigError, SpiceError
+from spice_core.exec.experts import expert_forward
+from spice_core.runtime.graphed_plan import PLAN_ROWS, plan_rows
+from spice_core.types import ExpertKey
+
+log = logging.getLogger(__name__)
+
+OnLayer = Callable[[int, list, list], Sequence[int]]   # (layer, expert ids, weights) -> slot per selection
+OnExpert = Callable[[int, int], int]                   # prefill: (layer, expert) -> slot holding it
+KERNELS = ("gather", "grouped")
+
+
+class GraphCaptureError(SpiceError):
+    """The decode step of this model cannot be captured as CUDA graphs: use the eager executor."""
+
+
+class _Hook:
+    """Stands in for the engine's runtime on every OffloadedExperts (`runtime.run_layer`)."""
+
+    def __init__(self, decoder: "GraphedDecoder") -> None:
+        self.decoder = decoder
+
+    def run_layer(self, layer, x, top_k_index, top_k_weights, act):
+        return self.decoder._experts_call(layer, x, top_k_index, top_k_weights, act)
+
+
+class GraphedDecoder:
+    """Decode steps (T=1) of a LoadedModel as one CUDA-graph segment per MoE layer, cut at the experts call.
+
+    ``slots_buffer`` [n_slots, numel] holds experts in ``lm.layout``'s flat layout. ``kernel``: "gather"
+    (index_select the K experts' weights into scratch, then bmm) or "grouped" (grouped_mm straight over
+    the slot views, no weight copy). ``use_graphs=False`` runs the same step op by op (CPU, reference).
+    """
+
+    def __init__(self, lm, slots_buffer: torch.Tensor, copy_stream, max_cache_len: int, *,
+                 kernel: str = "gather", use_graphs: bool | None = None) -> None:
+        from transformers import StaticCache
+
+        if kernel not in KERNELS:
+            raise ConfigError(f"kernel {kernel!r} is unknown: use one of {', '.join(KERNELS)}")
+        self.lm, self.model, self.kernel = lm, lm.model, kernel
+        self.device = dev = torch.device(lm.device)
+        self.use_graphs = dev.type == "cuda" if use_graphs is None else use_graphs
+        if self.use_graphs and dev.type != "cuda":
+            raise ConfigError("use_graphs=True needs a CUDA device: pass use_graphs=False on the CPU")
+        cfg = self.model.config
+        self.attn = getattr(cfg, "_attn_implementation", None) or "eager"
+        if self.attn not in ("sdpa", "eager"):
+            raise GraphCaptureError(f"attention implementation {self.attn!r} is not supported by the graphed "
+                                    "decoder (sdpa or eager): use the eager executor")
+        self.copy_stream, self.max_cache_len = copy_stream, int(max_cache_len)
+        self.moe_pos = {layer: i for i, layer in enumerate(lm.moe_layers)}
+        self.k, self.n_experts = lm.top_k, lm.n_experts
+        lay = lm.layout
+        H, I, numel = lay.hidden, lay.intermediate, lay.numel
+        assert slots_buffer.shape[1:] == (numel,) and slots_buffer.is_contiguous(), slots_buffer.shape
+        self.buffer, self.n_slots = slots_buffer, int(slots_buffer.shape[0])
+        if self.n_slots < self.k:
+            raise ConfigError(f"slots_buffer has {self.n_slots} slots, below one layer's top-{self.k}: enlarge it")
+        off = slots_buffer.storage_offset()
+        # Strided views of every slot (no copy): gate_up [n_slots, 2I, H], down [n_slots, H, I].
+        self._gu = slots_buffer.as_strided((self.n_slots, 2 * I, H), (numel, H, 1), off)
+        self._dn = slots_buffer.as_strided((self.n_slots, H, I), (numel, I, 1), off + 2 * I * H)
+        self._slot_ids = torch.arange(self.n_slots, device=dev)
+        pin, M, L = dev.type == "cuda", len(lm.moe_layers), self.max_cache_len
+        self._pin = pin
+        self.ids = torch.zeros((1, 1), dtype=torch.long, device=dev)
+        self.pos = torch.zeros((1, 1), dtype=torch.long, device=dev)
+        self._arange = torch.arange(L, device=dev).view(1, 1, 1, L)
+        self.mask = torch.zeros((1, 1, 1, L), dtype=torch.bool if self.attn == "sdpa" else self.model.dtype,
+                                device=dev)
+        self.plan_host = torch.zeros((M, PLAN_ROWS, self.k), dtype=torch.long, pin_memory=pin)
+        self.plan_dev = torch.zeros((M, PLAN_ROWS, self.k), dtype=torch.long, device=dev)
+        self.idx_host = torch.zeros((M, self.k), dtype=torch.long, pin_memory=pin)
+        self.w_host = torch.zeros((M, self.k), dtype=torch.float32, pin_memory=pin)
+        self.token_host = torch.zeros(1, dtype=torch.long, pin_memory=pin)
+        self._plan_np, self._idx_np, self._w_np = self.plan_host.numpy(), self.idx_host.numpy(), self.w_host.numpy()
+        self._token_np = self.token_host.numpy()
+        self.cache = StaticCache(config=cfg, max_cache_len=L)
+        # transformers renamed `past_key_values` to `cache` (5.24 warns on the old name; 5.17 only knows it).
+        self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        self._hook = _Hook(self)
+        self._mode, self._on_layer, self._on_expert = None, None, None
+        self._staging = None
+        self._route_src: list = [None] * M     # (top_k_index, top_k_weights) of each layer, pool memory
+        self._token_dev, self.logits = None, None
+        self._pos_host, self._next_token = 0, None
+        self.host_s, self.host_layers = 0.0, 0   # host time between segments (after the wait, to the replay)
+        self.capture_s = 0.0
+        self.in_graph_copies = False
+        self._graphs: list = []
+        if dev.type == "cuda":
+            self._stream = torch.cuda.Stream(dev)
+            self._events = [torch.cuda.Event() for _ in range(M + 1)]
+            self._copies_done = torch.cuda.Event()
+        if self.use_graphs:
+            self._capture()
+
+    # ------------------------------------------------------------------ public
+    def prefill(self, input_ids: list[int], on_expert: OnExpert | None = None) -> int:
+        """Eager prefill into the StaticCache; returns the greedy next token. ``on_expert(layer, e)``
+        returns the slot holding that expert (copies it may issue go on copy_stream); without it each
+        expert is staged from host memory into a private buffer."""
+        T = len(input_ids)
+        if T < 1 or T + 1 > self.max_cache_len:
+            raise ConfigError(f"prompt of {T} tokens does not fit max_cache_len {self.max_cache_len}: raise it")
+        self.cache.reset()
+        self._on_expert = on_expert
+        with self._on_stream(), self._hooked("prefill"), torch.no_grad():
+            ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
+            pos = torch.arange(T, device=self.device).view(1, T)
+            logits = self.model(input_ids=ids, position_ids=pos, use_cache=True, **{self._cache_kw: self.cache}).logits
+            tok = logits[0, -1].argmax()
+            self.ids.copy_(tok.view(1, 1))
+            self.pos.fill_(T)
+            self.prefill_logits = logits[0, -1].clone()
+            token = int(tok)
+        self._pos_host, self._next_token = T, token
+        return token
+
+    def step(self, token: int, on_layer: OnLayer) -> int:
+        """One decode step at the next position; returns the greedy next token. For each MoE layer l in
+        order, once its routing sits in pinned memory: on_layer(l, expert_ids, weights) -> the slot of each
+        selection (routed selections only, in top-k order). Copies the callback issues on copy_stream are
+        awaited by the compute stream before the next segment; any slot may be overwritten inside the
+        callback (every earlier segment has finished when it runs)."""
+        if self._pos_host + 1 > self.max_cache_len:
+            raise ConfigError(f"the sequence reached max_cache_len {self.max_cache_len}: raise it")
+        self._on_layer = on_layer
+        if not self.use_graphs:
+            with self._on_stream(), self._hooked("eager"), torch.no_grad():
+                if token != self._next_token:
+                    self.ids.fill_(token)
+                self.logits = self._body()
+                out = int(self.logits[0, -1].argmax())
+        else:
+            out = self._replay(token)
+        self._pos_host += 1
+        self._next_token = out
+        return out
+
+    @property
+    def last_logits(self) -> torch.Tensor:
+        """Logits of the last step [V] (graph memory: clone to keep)."""
+        return self.logits[0, -1]
+
+    # ------------------------------------------------------------------ replay
+    def _replay(self, token: int) -> int:
+        s, clock = self._stream, time.perf_counter
+        with torch.cuda.stream(s):
+            if token != self._next_token:
+                self.ids.fill_(token)
+            for i, layer in enumerate(self.lm.moe_layers):
+                self._graphs[i].replay()
+                if not self.in_graph_copies:
+                    self._readback(i, *self._route_src[i])
+                ev = self._events[i]
+                ev.record(s)
+                ev.synchronize()
+                t0 = clock()
+                self._decide(i, layer)
+                if not self.in_graph_copies:
+                    self.plan_dev[i].copy_(self.plan_host[i], non_blocking=True)
+                if self.copy_stream is not None:
+                    self._copies_done.record(self.copy_stream)
+                    s.wait_event(self._copies_done)
+                self.host_s += clock() - t0
+            self._graphs[-1].replay()
+            if not self.in_graph_copies:
+                self.token_host.copy_(self._token_dev.view(1), non_blocking=True)
+            self._events[-1].record(s)
+            self._events[-1].synchronize()
+        self.host_layers += len(self.lm.moe_layers)
+        return int(self._token_np[0])
+
+    # ------------------------------------------------------------------ the step body (captured or eager)
+    def _body(self) -> torch.Tensor:
+        cond = self._arange <= self.pos.view(1, 1, 1, 1)
+        if self.mask.dtype == torch.bool:
+            self.mask.copy_(cond)
+        else:
+            self.mask.copy_(torch.where(cond, 0.0, torch.finfo(self.mask.dtype).min))
+        logits = self.model(input_ids=self.ids, position_ids=self.pos, attention_mask=self.mask, use_cache=True,
+                            **{self._cache_kw: self.cache}).logits
+        tok = logits[0, -1].argmax()
+        self.ids.copy_(tok.view(1, 1))
+        self.pos.add_(1)
+        self._token_dev = tok
+        if self.in_graph_copies:
+            self.token_host.copy_(tok.view(1), non_blocking=True)
+        return logits
+
+    def _experts_call(self, layer: int, x, top_k_index, top_k_weights, act):
+        if self._mode == "prefill":
+            return self._prefill_experts(layer, x, top_k_index, top_k_weights, act)
+        assert x.shape[0] == 1, "the graphed decoder runs T=1 steps only"
+        i = self.moe_pos[layer]
+        if self._mode == "capture":
+            self._route_src[i] = (top_k_index, top_k_weights)
+            if self.in_graph_copies:
+                self._readback(i, top_k_index, top_k_weights)
+            self._graphs[i].capture_end()
+            self._capturing = i + 1
+            self._graphs[i + 1].capture_begin(pool=self._pool, capture_error_mode="thread_local")
+            if self.in_graph_copies:
+                self.plan_dev[i].copy_(self.plan_host[i], non_blocking=True)
+        else:   # eager: the same step op by op
+            self._readback(i, top_k_index, top_k_weights)
+            if self._pin:
+                torch.cuda.current_stream().synchronize()
+            self._decide(i, layer)
+            self.plan_dev[i].copy_(self.plan_host[i], non_blocking=self._pin)
+            if self.copy_stream is not None:
+                torch.cuda.current_stream().wait_stream(self.copy_stream)
+        return self._experts(i, x, top_k_weights, act)
+
+    def _readback(self, i: int, top_k_index, top_k_weights) -> None:
+        self.idx_host[i].copy_(top_k_index.view(-1), non_blocking=self._pin)
+        self.w_host[i].copy_(top_k_weights.view(-1), non_blocking=self._pin)
+
+    def _decide(self, i: int, layer: int) -> None:
+        ids, ws = self._idx_np[i].tolist(), self._w_np[i].tolist()
+        if all(0 <= e < self.n_experts for e in ids):
+            slots = self._on_layer(layer, ids, ws)
+        else:
+            keep = [k for k, e in enumerate(ids) if 0 <= e < self.n_experts]
+            slots = self._on_layer(layer, [ids[k] for k in keep], [ws[k] for k in keep])
+        self._plan_np[i] = plan_rows(ids, list(slots), self.n_experts, self.n_slots)
+
+    def _experts(self, i: int, x: torch.Tensor, top_k_weights: torch.Tensor, act) -> torch.Tensor:
+        """x [1,H] -> [1,H]: layer i's K selections from their slots, combined in ascending expert order."""
+        K, H = self.k, x.shape[-1]
+        plan = self.plan_dev[i]
+        slot_e, perm, valid = plan[0], plan[1], plan[2]
+        w = top_k_weights.view(-1).index_select(0, perm).view(K, 1)       # router dtype
+        if self.kernel == "gather":
+            gu = self._gu.index_select(0, slot_e)                            # [K,2I,H] (copies the weights)
+            dn = self._dn.index_select(0, slot_e)                            # [K,H,I]
+            gate, up = torch.bmm(x.expand(K, 1, H), gu.transpose(1, 2)).chunk(2, dim=-1)
+            y = torch.bmm(act(gate) * up, dn.transpose(1, 2)).view(K, H)
+        else:
+            offs = torch.searchsorted(plan[3], self._slot_ids, right=True).to(torch.int32)   # group ends
+            gate, up = F.grouped_mm(x.expand(K, H).contiguous(), self._gu.transpose(1, 2), offs=offs).chunk(2, -1)
+            y = F.grouped_mm((act(gate) * up).contiguous(), self._dn.transpose(1, 2), offs=offs)
+            y = y.index_select(0, plan[4])                                   # slot order -> expert order
+        p = torch.where(valid.view(K, 1) != 0, (y * w).to(x.dtype), 0.0)
+        acc = p[0]
+        for k in range(1, K):   # bf16 adds in ascending expert order, as the stock loop
+            acc = acc + p[k]
+        return acc.view(1, H)
+
+    # ------------------------------------------------------------------ prefill experts (eager, T tokens)
+    def _prefill_experts(self, layer: int, x, top_k_index, top_k_weights, act):
+        routes: dict[int, tuple[list[int], list[int]]] = {}
+        for t, row in enumerate(top_k_index.tolist()):
+            for p, e in enumerate(row):
+                if 0 <= e < self.n_experts:
+                    toks, poss = routes.setdefault(e, ([], []))
+                    toks.append(t)
+                    poss.append(p)
+        final = torch.zeros_like(x)
+        for e in sorted(routes):
+            gate_up, down = self._prefill_weights(layer, e)
+            tp = torch.tensor(routes[e], dtype=torch.long).to(x.device, non_blocking=True)
+            y = expert_forward(x[tp[0]], gate_up, down, act) * top_k_weights[tp[0], tp[1], None]
+            final.index_add_(0, tp[0], y.to(final.dtype))
+        return final
+
+    def _prefill_weights(self, layer: int, e: int):
+        if self._on_expert is not None:
+            slot = self._on_expert(layer, e)
+            if self.copy_stream is not None:
+                torch.cuda.current_stream().wait_stream(self.copy_stream)
+            return self._gu[slot], self._dn[slot]
+        if self._staging is None:
+            self._staging = torch.empty(self.lm.layout.numel, dtype=self.buffer.dtype, device=self.device)
+        self._staging.copy_(self.lm.host.flat(ExpertKey(layer, e)), non_blocking=self._pin)
+        return self.lm.layout.views(self._staging)
+
+    # ------------------------------------------------------------------ capture
+    def _capture(self) -> None:
+        family = getattr(self.lm.family, "name", "?")
+        warm_plan = lambda layer, ids, ws: list(range(len(ids)))      # noqa: E731 - any distinct slots
+        with self._on_stream(), torch.no_grad():
+            self._on_layer = warm_plan
+            with self._hooked("eager"):
+                self._body()          # initialises the cache lazily, cuBLAS handles, kernels
+            torch.cuda.synchronize(self.device)
+            if any(getattr(layer, "is_sliding", False) for layer in self.cache.layers):
+                raise GraphCaptureError(f"{family}: sliding-window cache layers need a per-layer mask the graphed "
+                                        "decoder does not build: use the eager executor")
+            self.cache.reset()        # the warm-up read arbitrary slots: clear K/V and lengths
+            self.pos.zero_()
+            self.in_graph_copies = self._probe_in_graph_copies()
+        gc.collect()
+        torch.cuda.synchronize(self.device)
+        self._pool = torch.cuda.graph_pool_handle()
+        self._graphs = [torch.cuda.CUDAGraph() for _ in range(len(self.lm.moe_layers) + 1)]
+        self._capturing = 0
+        t0 = time.perf_counter()
+        try:
+            with torch.cuda.stream(self._stream), self._hooked("capture"), torch.no_grad():
+                self._graphs[0].capture_begin(pool=self._pool, capture_error_mode="thread_local")
+                self.logits = self._body()
+                self._graphs[-1].capture_end()
+                self._capturing = None
+        except Exception as err:
+            if self._capturing is not None:
+                try:
+                    self._graphs[self._capturing].capture_end()
+                except Exception:   # noqa: BLE001 - the capture is already invalid; report the first error
+                    pass
+            self._graphs = []
+            raise GraphCaptureError(f"{family}: capturing the decode step as CUDA graphs failed at segment "
+                                    f"{self._capturing} ({type(err).__name__}: {err}): use the eager executor") from err
+        torch.cuda.synchronize(self.device)
+        self.capture_s = time.perf_counter() - t0
+        log.info("captured %d decode segments in %.2f s (in-graph copies: %s)", len(self._graphs), self.capture_s,
+                 self.in_graph_copies)
+
+    def _probe_in_graph_copies(self) -> bool:
+        """Whether D2H into / H2D from pinned memory can be captured here (else the host issues them)."""
+        try:
+            src = torch.arange(4, device=self.device)
+            h_out = torch.zeros(4, dtype=torch.long, pin_memory=True)
+            h_in = torch.zeros(4, dtype=torch.long, pin_memory=True)
+            d_in = torch.zeros(4, dtype=torch.long, device=self.device)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=self._stream):
+                h_out.copy_(src * 2, non_blocking=True)
+                d_in.copy_(h_in, non_blocking=True)
+            h_in.fill_(7)
+            g.replay()
+            torch.cuda.synchronize(self.device)
+            return h_out.tolist() == [0, 2, 4, 6] and d_in.tolist() == [7] * 4
+        except RuntimeError as err:
+            log.info("pinned copies cannot be captured here (%s): the host issues them", err)
+            return False
+
+    @contextmanager
+    def _hooked(self, mode: str):
+        mods = list(self.lm.experts_modules.values())
+        saved = [m.runtime for m in mods]
+        for m in mods:
+            m.runtime = self._hook
+        self._mode = mode
+        try:
+            yield
+        finally:
+            for m, r in zip(mods, saved):
+                m.runtime = r
+            self._mode = None
+
+    @contextmanager
+    def _on_stream(self):
+        if self.device.type != "cuda":
+            yield
+            return
+        with torch.cuda.stream(self._stream):
+            yield

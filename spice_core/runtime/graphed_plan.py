@@ -1,0 +1,74 @@
+"""Plan rows and slot bookkeeping for the graphed decoder: pure Python, no torch.
+
+A plan row tells segment l+1 where layer l's experts sit. It is written by the host into
+pinned memory after the routing readback and uploaded with one small H2D. Rows (each K
+ints, K = the model's top-k):
+
+    0 slot_e   slot of each selection, selections in ascending expert order (invalid: 0)
+    1 perm     top-k position of each selection in that order (gathers the router weights)
+    2 valid    1 for a routed selection, 0 for a dropped one (an out-of-range expert id)
+    3 by_slot  the slots in ascending slot order, invalid ones as n_slots (grouped GEMM rows)
+    4 inv      for each selection (expert order) its row in slot order
+
+Ascending expert order is the stock loop's combine order, so every slot assignment of the
+same experts combines identically (the bitwise invariant of exact policies).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from spice_core.types import ExpertKey
+
+PLAN_ROWS = 5
+
+
+def plan_rows(expert_ids: list[int], slots: list[int], n_experts: int, n_slots: int) -> list[list[int]]:
+    """expert_ids: the K router picks in top-k order; slots: one per valid pick, in the same order."""
+    k_all = len(expert_ids)
+    valid_pos = [k for k, e in enumerate(expert_ids) if 0 <= e < n_experts]
+    if len(slots) != len(valid_pos):
+        raise ValueError(f"on_layer returned {len(slots)} slots for {len(valid_pos)} routed experts")
+    slot_of = dict(zip(valid_pos, slots))
+    if len(set(slots)) != len(slots) or any(not 0 <= s < n_slots for s in slots):
+        raise ValueError(f"on_layer returned slots {list(slots)}: they must be distinct and in [0, {n_slots})")
+    order = sorted(valid_pos, key=lambda k: expert_ids[k]) + [k for k in range(k_all) if k not in slot_of]
+    valid = [1 if k in slot_of else 0 for k in order]
+    slot_e = [slot_of.get(k, 0) for k in order]
+    sort_key = [s if v else n_slots for s, v in zip(slot_e, valid)]
+    by_slot = sorted(range(k_all), key=lambda j: sort_key[j])
+    inv = [0] * k_all
+    for row, j in enumerate(by_slot):
+        inv[j] = row
+    return [slot_e, order, valid, [sort_key[j] for j in by_slot], inv]
+
+
+class LruSlotMap:
+    """Which expert sits in which slot; the least recently used one is evicted first."""
+
+    def __init__(self, n_slots: int) -> None:
+        self.n_slots = n_slots
+        self.where: OrderedDict[ExpertKey, int] = OrderedDict()   # least recently used first
+        self._free = list(range(n_slots - 1, -1, -1))
+
+    def place(self, layer: int, experts: list[int]) -> tuple[list[int], list[tuple[int, ExpertKey]]]:
+        """(slot of each expert, fills to copy as (slot, key)). The experts of one call never evict
+        each other: a cache smaller than one call's experts is refused."""
+        if len(experts) > self.n_slots:
+            raise ValueError(f"{len(experts)} experts in one layer exceed the cache's {self.n_slots} slots")
+        keys = [ExpertKey(layer, e) for e in experts]
+        for key in keys:
+            if key in self.where:
+                self.where.move_to_end(key)
+        slots, fills = [], []
+        for key in keys:
+            slot = self.where.get(key)
+            if slot is None:
+                if self._free:
+                    slot = self._free.pop()
+                else:
+                    victim = next(iter(self.where))           # LRU; this call's keys were moved to the end
+                    slot = self.where.pop(victim)
+                self.where[key] = slot
+                fills.append((slot, key))
+            slots.append(slot)
+        return slots, fills
