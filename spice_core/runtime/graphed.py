@@ -304,6 +304,8 @@ class GraphedDecoder:
 
     def _prefill_weights(self, layer: int, e: int):
         if self._on_expert is not None:
+            if self.copy_stream is not None:   # a slot it refills may still be read by queued experts
+                self.copy_stream.wait_stream(torch.cuda.current_stream())
             slot = self._on_expert(layer, e)
             if self.copy_stream is not None:
                 torch.cuda.current_stream().wait_stream(self.copy_stream)
