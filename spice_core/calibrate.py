@@ -111,9 +111,8 @@ def _check_args(args) -> None:
         raise ConfigError("--lore-only and --no-lore contradict each other: pass one of them")
     if args.out is not None:
         check_writable_dir(args.out, "--out")
-    if args.model is not None and Path(args.model).is_dir():
-        from spice_core.model.loader import read_config
-        read_config(Path(args.model))
+    from spice_core.cli_generate import check_local_model
+    check_local_model(args.model)
 
 
 def _fit_lore(lm, traces, max_rank: int, out: Path) -> dict:

@@ -27,6 +27,12 @@ class SpiceArgumentParser(argparse.ArgumentParser):
     a SystemExit: `cli.main` prints the line and returns 2 like any other `SpiceError`."""
 
     def error(self, message: str):
+        # argparse says "argument --x/--no-x: 1.5 is out of range"; we say "--x 1.5 is out of range".
+        m = re.match(r"argument (\S+): (.*)", message, re.S)
+        if m:
+            flag, rest = m.group(1).split("/")[0], m.group(2)
+            starts_with_value = re.match(r"^\S+( is |: )", rest) and not rest.startswith("invalid ")
+            message = f"{flag} {rest}" if starts_with_value else f"{flag}: {rest}"
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
@@ -40,27 +46,30 @@ def _num(text: str, kind: type):
     return value
 
 
-def float_in(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False):
-    """A finite float in [lo, hi] (``lo_open``: (lo, hi])."""
+def _allowed(lo, hi, lo_open: bool = False) -> str:
+    if hi is None:
+        return f"{'>' if lo_open else '>='} {lo:g}"
+    return f"in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
+
+
+def float_in(lo: float, hi: float | None = None, *, lo_open: bool = False):
+    """A finite float in [lo, hi] (``lo_open``: (lo, hi]; ``hi`` None: no upper bound)."""
     def parse(text: str) -> float:
         v = _num(text, float)
-        low_bad = lo is not None and (v <= lo if lo_open else v < lo)
-        if low_bad or (hi is not None and v > hi):
-            left = "(" if lo_open else "["
-            rng = f"{left}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
-            raise argparse.ArgumentTypeError(f"{text} is out of range: use a number in {rng}")
+        if (v <= lo if lo_open else v < lo) or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"{text} is out of range: use a value {_allowed(lo, hi, lo_open)}")
         return v
     parse.__name__ = "number"
     return parse
 
 
-def int_in(lo: int | None = None, hi: int | None = None):
-    """An integer in [lo, hi]."""
+def int_in(lo: int, hi: int | None = None):
+    """An integer in [lo, hi] (``hi`` None: no upper bound)."""
     def parse(text: str) -> int:
         v = _num(text, int)
-        if (lo is not None and v < lo) or (hi is not None and v > hi):
-            rng = f"[{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
-            raise argparse.ArgumentTypeError(f"{text} is out of range: use an integer in {rng}")
+        if v < lo or (hi is not None and v > hi):
+            rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+            raise argparse.ArgumentTypeError(f"{text} is out of range: use an integer {rng}")
         return v
     parse.__name__ = "integer"
     return parse

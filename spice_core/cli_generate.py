@@ -58,14 +58,21 @@ def load_engine(args):
         get_shape(args.shape)
     if args.timing == "measured" and (args.device or ("cuda" if _cuda() else "cpu")).startswith("cpu"):
         raise ConfigError("--timing measured needs a CUDA device: use --timing modeled (or --device cuda on a GPU)")
-    if args.model is not None and Path(args.model).is_dir():
-        from spice_core.model.loader import read_config
-        read_config(Path(args.model))      # a broken config.json is named before the model loads
+    check_local_model(args.model)
     hw = None
     if getattr(args, "hw_profile", None) is not None:
         from spice_core.timing.profiles import profile_from_file
         hw = profile_from_file(args.hw_profile)
     return SpiceEngine.load(args.model, device=args.device, timing=args.timing, hw_profile=hw)
+
+
+def check_local_model(model) -> None:
+    """A local --model path: a folder with a usable config.json (named before the model loads).
+    Hub ids and the default are resolved by the loader."""
+    if model is None or not Path(str(model)).expanduser().exists():
+        return
+    from spice_core.model.loader import read_config, resolve_model_path
+    read_config(resolve_model_path(model))
 
 
 def _cuda() -> bool:

@@ -82,7 +82,8 @@ def read_json(path, flag: str, expect: type | tuple[type, ...] | None = dict,
     except (json.JSONDecodeError, ValueError, RecursionError) as e:
         raise ConfigError(f"{flag} {path}: is not valid JSON ({str(e).splitlines()[0][:200]})") from e
     if expect is not None and not isinstance(value, expect):
-        want = {dict: "an object {...}", list: "a list [...]"}.get(expect, str(expect))
+        names = {dict: "an object {...}", list: "a list [...]"}
+        want = " or ".join(names.get(t, t.__name__) for t in (expect if isinstance(expect, tuple) else (expect,)))
         raise ConfigError(f"{flag} {path}: holds {json_type(value)}, expected {want}")
     return value
 

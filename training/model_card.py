@@ -45,7 +45,7 @@ def routing_for(model, rows: np.ndarray, batch: int = 8) -> dict:
 def evaluate(model_dir: Path, data_dir: Path | None) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), use_safetensors=True).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     tok_json = model_dir / "tokenizer.json"
     out: dict = {"validation": validation_table(model, tok_json, data_dir)}

@@ -139,6 +139,39 @@ def write_json(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
+class CheckpointError(Exception):
+    """The checkpoint to resume from cannot be used (the message says what to do)."""
+
+
+def save_checkpoint(path: Path, *, step: int, tokens: int, train_seconds: float, masters: list,
+                    optimizer: dict) -> None:
+    """The full training state (fp32 masters, optimizer state) as plain tensors, numbers and
+    containers only, so `load_checkpoint` can read it with ``weights_only=True``."""
+    import torch
+
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"step": int(step), "tokens": int(tokens), "train_seconds": float(train_seconds),
+                "masters": list(masters), "optimizer": optimizer}, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path) -> dict:
+    """A checkpoint written by `save_checkpoint`. ``weights_only=True``: torch's restricted unpickler
+    rebuilds tensors and plain containers and refuses anything that could run code."""
+    import pickle
+
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
+        raise CheckpointError(f"--resume: {path} is not a checkpoint this script wrote ({type(e).__name__}): "
+                              "move it away to start fresh") from e
+    if not isinstance(state, dict) or not {"step", "tokens", "train_seconds", "masters", "optimizer"} <= set(state):
+        raise CheckpointError(f"--resume: {path} lacks the training state: move it away to start fresh")
+    return state
+
+
 def main(argv: list[str] | None = None) -> int:
     t_start = time.time()
     args = parse_args(argv)
@@ -154,8 +187,11 @@ def main(argv: list[str] | None = None) -> int:
 
     resume_state = None
     if args.resume and (ckpt_dir / "last.pt").exists():
-        import torch
-        resume_state = torch.load(ckpt_dir / "last.pt", map_location="cpu", weights_only=False)
+        try:
+            resume_state = load_checkpoint(ckpt_dir / "last.pt")
+        except CheckpointError as e:
+            log.error("%s", e)
+            return 2
         log.info("resuming from step %d (%.0f s trained)", resume_state["step"], resume_state["train_seconds"])
     step0 = resume_state["step"] if resume_state else 0
 
@@ -177,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = CONFIGS[args.config](vocab_size=manifest["vocab_size"], max_positions=args.seq) \
         if args.config == "mini" else CONFIGS[args.config](vocab_size=manifest["vocab_size"])
     if args.init_from:
-        model = AutoModelForCausalLM.from_pretrained(str(args.init_from), dtype=torch.bfloat16).to(device)
+        model = AutoModelForCausalLM.from_pretrained(str(args.init_from), dtype=torch.bfloat16,
+                                                     use_safetensors=True).to(device)
         cfg = model.config
         log.info("initialised from %s", args.init_from)
     else:
@@ -231,9 +268,8 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__, "transformers": transformers.__version__, **extra,
         }
         write_json(args.out / "train_state.json", state)
-        torch.save({"step": step, "tokens": tokens, "train_seconds": train_seconds,
-                    "masters": masters, "optimizer": opt.state_dict()}, ckpt_dir / "last.pt.tmp")
-        os.replace(ckpt_dir / "last.pt.tmp", ckpt_dir / "last.pt")
+        save_checkpoint(ckpt_dir / "last.pt", step=step, tokens=tokens, train_seconds=train_seconds,
+                        masters=masters, optimizer=opt.state_dict())
         log.info("saved step %d (%s)", step, ", ".join(files))
 
     # One trial step with the fast experts kernel; fall back to the eager loop if it fails here.
