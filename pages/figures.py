@@ -25,42 +25,53 @@ from pages.live import CATEGORIES, LiveRun
 
 Figure = dict  # {"data": [trace, ...], "layout": {...}} in Plotly's JSON schema
 
+# Okabe–Ito: distinguishable under the common colour-vision deficiencies (deuteranopia, protanopia,
+# tritanopia). "not selected" is a translucent grey so the heatmap reads on light and dark pages.
+OKABE_ITO = {"orange": "#E69F00", "sky": "#56B4E9", "green": "#009E73", "yellow": "#F0E442", "blue": "#0072B2",
+             "vermillion": "#D55E00", "purple": "#CC79A7", "grey": "#999999", "black": "#000000"}
 OUTCOME_COLOURS = {
-    "not selected": "#e9edf2", "hit": "#2e9d5b", "prefetch_hit": "#2b7bba",
-    "approx": "#8e5cc4", "cpu": "#f0a030", "copy": "#d64545",
+    "not selected": "rgba(140,150,162,0.16)", "hit": OKABE_ITO["green"], "prefetch_hit": OKABE_ITO["sky"],
+    "approx": OKABE_ITO["purple"], "cpu": OKABE_ITO["orange"], "copy": OKABE_ITO["vermillion"],
 }
 OUTCOME_LABELS = {
     "not selected": "not selected", "hit": "hit (resident)", "prefetch_hit": "prefetched hit",
     "approx": "approximated (LoRE)", "cpu": "CPU lane", "copy": "copied on demand",
 }
 KIND_COLOURS = {
-    "layer": "#9aa5b1", "expert": "#2e9d5b", "approx": "#8e5cc4", "draft": "#5bc0be", "stall": "#f2b8b8",
-    "copy": "#d64545", "prefetch": "#2b7bba", "cpu_run": "#f0a030", "token": "#d5dde6",
+    "layer": "#9aa5b1", "expert": OKABE_ITO["green"], "approx": OKABE_ITO["purple"], "draft": OKABE_ITO["yellow"],
+    "stall": "rgba(213,94,0,0.45)", "copy": OKABE_ITO["vermillion"], "prefetch": OKABE_ITO["sky"],
+    "cpu_run": OKABE_ITO["orange"], "token": "rgba(140,150,162,0.35)",
 }
 KIND_LABELS = {
     "layer": "attention + shared expert", "expert": "routed expert", "approx": "LoRE surrogate",
     "draft": "draft heads", "stall": "stall (waiting)", "copy": "on-demand copy", "prefetch": "prefetch copy",
     "cpu_run": "expert on CPU", "token": "token (host)",
 }
-PREFETCH_COLOURS = {"on time": "#2b7bba", "late": "#d64545", "wasted": "#b8c2cc"}
-POLICY_COLOURS = ("#2b7bba", "#d64545", "#2e9d5b", "#f0a030", "#8e5cc4", "#5bc0be", "#7f8c99",
-                  "#b35c00", "#e377c2", "#17becf")
+PREFETCH_COLOURS = {"on time": OKABE_ITO["blue"], "late": OKABE_ITO["vermillion"], "wasted": "rgba(140,150,162,0.55)"}
+POLICY_COLOURS = (OKABE_ITO["blue"], OKABE_ITO["vermillion"], OKABE_ITO["green"], OKABE_ITO["orange"],
+                  OKABE_ITO["purple"], OKABE_ITO["sky"], OKABE_ITO["yellow"], OKABE_ITO["grey"], OKABE_ITO["black"],
+                  "#8c6d31")
+# Neutral inks chosen to read on white and on Gradio's dark background; the app's CSS recolours
+# text and grid lines in dark mode (Plotly writes them inline, a stylesheet `!important` wins).
+INK = "#27313c"
 MUTED = "#6b7785"
-GRID = "#e5e9ef"
+MID = "#7a8694"           # markers and lines that must show on light and dark backgrounds
+GRID = "rgba(140,150,162,0.25)"
+TRANSPARENT = "rgba(0,0,0,0)"
 
 
 def _axis(**kw) -> dict:
-    return {"gridcolor": GRID, "zerolinecolor": GRID, "linecolor": "#c9d1da", "automargin": True, **kw}
+    return {"gridcolor": GRID, "zerolinecolor": GRID, "linecolor": "rgba(140,150,162,0.5)", "automargin": True, **kw}
 
 
 def _layout(height: int, uirevision: str, **kw) -> dict:
     layout = {
         "height": height, "uirevision": uirevision, "margin": {"l": 50, "r": 12, "t": 36, "b": 40},
-        "font": {"size": 12, "family": "Inter, system-ui, sans-serif", "color": "#27313c"},
-        "paper_bgcolor": "white", "plot_bgcolor": "white", "hoverlabel": {"font": {"size": 12}},
+        "font": {"size": 12, "family": "Inter, system-ui, sans-serif", "color": INK},
+        "paper_bgcolor": TRANSPARENT, "plot_bgcolor": TRANSPARENT, "hoverlabel": {"font": {"size": 12}},
         # top right: the gr.Plot label sits over the top-left corner
         "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 1, "xanchor": "right",
-                   "font": {"size": 11}},
+                   "font": {"size": 11}, "bgcolor": TRANSPARENT},
         "xaxis": _axis(), "yaxis": _axis(),
     }
     layout.update(kw)
@@ -74,7 +85,7 @@ def _note(text: str, x: float = 0.5, y: float = 0.5, xref: str = "paper", yref: 
 
 def _subtitle(text: str, x: float, y: float = 1.0, xanchor: str = "left") -> dict:
     return {"text": text, "showarrow": False, "x": x, "y": y, "xref": "paper", "yref": "paper",
-            "xanchor": xanchor, "yanchor": "bottom", "font": {"size": 12, "color": "#27313c"}}
+            "xanchor": xanchor, "yanchor": "bottom", "font": {"size": 12, "color": INK}}
 
 
 def empty_figure(message: str, height: int = 260) -> Figure:
@@ -85,12 +96,12 @@ def empty_figure(message: str, height: int = 260) -> Figure:
 
 def _bottom_legend(y: float) -> dict:
     """A horizontal legend under the x-axis title (``y`` in plot-area fractions, negative)."""
-    return {"orientation": "h", "yanchor": "top", "y": y, "x": 0, "font": {"size": 11}}
+    return {"orientation": "h", "yanchor": "top", "y": y, "x": 0, "font": {"size": 11}, "bgcolor": TRANSPARENT}
 
 
 def _legend_square(name: str, colour: str) -> dict:
     return {"type": "scatter", "x": [None], "y": [None], "mode": "markers", "name": name, "hoverinfo": "skip",
-            "marker": {"symbol": "square", "size": 12, "color": colour, "line": {"width": 1, "color": "#b8c2cc"}}}
+            "marker": {"symbol": "square", "size": 12, "color": colour, "line": {"width": 1, "color": "rgba(140,150,162,0.6)"}}}
 
 
 # --- heatmap ----------------------------------------------------------------------------------
@@ -102,38 +113,65 @@ def _discrete_scale() -> list:
     return scale
 
 
-def outcome_heatmap(live: LiveRun) -> Figure:
+SHORT_OUTCOMES = ("", "hit", "prefetched", "approx", "CPU", "copied")     # by heatmap code (CATEGORIES order)
+
+
+def heatmap_titles(live: LiveRun) -> list[str]:
+    return [f"token {max(live.n_tokens - 1, 0)}", f"all {live.n_tokens} tokens: most frequent outcome"]
+
+
+def heatmap_delta(live: LiveRun) -> dict:
+    """What a live heatmap refresh sends: the two [L, E] code grids and the subtitles, no figure.
+
+    The browser restyles the figure it already has (``assets/static/spice_live.js``) and rebuilds the
+    hover names from the codes, so a refresh is a few kB and skips Plotly's full re-layout.
+    """
+    return {"z": [live.current.tolist(), live.totals_mode().tolist()], "titles": heatmap_titles(live),
+            "names": list(SHORT_OUTCOMES)}
+
+
+def outcome_heatmap(live: LiveRun, *, counts: bool = True, meta: str = "") -> Figure:
     """Layer × expert outcomes: the latest token (left) and each expert's most frequent outcome so far (right).
 
-    Hover data stays small (it is resent at every refresh): short outcome names for the token, and the
-    five per-outcome counts as numbers for the totals.
+    ``counts=False`` (the live figure, updated in place by `heatmap_delta`) leaves out the per-outcome
+    counts behind the right grid's hover; the figure sent when the reply ends carries them.
     """
     rows = [f"L{layer}" for layer in live.layers]
     experts = list(range(live.n_experts))
-    short = np.array(["", "hit", "prefetched", "approx", "CPU", "copied"], dtype=object)
+    short = np.array(SHORT_OUTCOMES, dtype=object)
     scale = _discrete_scale()
     common = {"type": "heatmap", "x": experts, "y": rows, "zmin": -0.5, "zmax": len(CATEGORIES) - 0.5,
               "colorscale": scale, "showscale": False, "xgap": 1, "ygap": 1}
+    totals = live.totals_mode()
+    right = {**common, "z": totals.tolist(), "xaxis": "x2", "yaxis": "y"}
+    if counts:
+        right |= {"customdata": live.counts.tolist(),
+                  "hovertemplate": "%{y} · expert %{x}: hit %{customdata[0]} · prefetched %{customdata[1]} · "
+                                   "approx %{customdata[2]} · CPU %{customdata[3]} · copied %{customdata[4]}"
+                                   "<extra>all tokens</extra>"}
+    else:
+        right |= {"text": short[totals].tolist(),
+                  "hovertemplate": "%{y} · expert %{x}: mostly %{text}<extra>all tokens so far</extra>"}
     data = [
         {**common, "z": live.current.tolist(), "text": short[live.current].tolist(), "xaxis": "x", "yaxis": "y",
          "hovertemplate": "%{y} · expert %{x}: %{text}<extra>this token</extra>"},
-        {**common, "z": live.totals_mode().tolist(), "customdata": live.counts.tolist(), "xaxis": "x2", "yaxis": "y",
-         "hovertemplate": "%{y} · expert %{x}: hit %{customdata[0]} · prefetched %{customdata[1]} · "
-                          "approx %{customdata[2]} · CPU %{customdata[3]} · copied %{customdata[4]}"
-                          "<extra>all tokens</extra>"},
+        right,
     ]
     data += [_legend_square(OUTCOME_LABELS[c], OUTCOME_COLOURS[c]) for c in CATEGORIES]
-    tick = max(1, live.n_experts // 16)
     plot_px = max(120, min(420, 16 * len(rows)))
+    titles = heatmap_titles(live)
+    # No dtick on the expert axes: Plotly then spaces ticks by the axis' width, so they do not collide
+    # on a phone.
     layout = _layout(
-        plot_px + 150, "heatmap", margin={"l": 46, "r": 12, "t": 44, "b": 106},
+        plot_px + 170, "heatmap", margin={"l": 46, "r": 12, "t": 44, "b": 126},
         legend=_bottom_legend(-74 / plot_px),
-        xaxis=_axis(domain=[0, 0.485], title={"text": "expert"}, dtick=tick, showgrid=False, zeroline=False),
-        xaxis2=_axis(domain=[0.515, 1], title={"text": "expert"}, dtick=tick, anchor="y", showgrid=False,
+        xaxis=_axis(domain=[0, 0.485], title={"text": "expert", "standoff": 2}, showgrid=False, zeroline=False),
+        xaxis2=_axis(domain=[0.515, 1], title={"text": "expert", "standoff": 2}, anchor="y", showgrid=False,
                      zeroline=False),
         yaxis=_axis(autorange="reversed", dtick=max(1, len(rows) // 14), showgrid=False, zeroline=False),
-        annotations=[_subtitle(f"token {max(live.n_tokens - 1, 0)}", 0),
-                     _subtitle(f"all {live.n_tokens} tokens: most frequent outcome", 0.515)])
+        annotations=[_subtitle(titles[0], 0), _subtitle(titles[1], 0.515)])
+    if meta:
+        layout["meta"] = meta
     return {"data": data, "layout": layout}
 
 
@@ -144,7 +182,7 @@ def _prefetch_status(p: PrefetchRecord) -> str:
     return "on time" if p.arrived_ms <= p.needed_ms + 1e-9 else "late"
 
 
-def prefetch_timeline(live: LiveRun) -> Figure:
+def prefetch_timeline(live: LiveRun, *, meta: str = "") -> Figure:
     """Top: each recent prefetch's copy (issued → arrived) and when its layer needed it.
     Bottom: adaptive lookahead depth and hit rate per token."""
     groups: dict[str, dict[str, list]] = {}
@@ -174,15 +212,15 @@ def prefetch_timeline(live: LiveRun) -> Figure:
     if needed["x"]:
         data.append({"type": "scatter", "mode": "markers", "x": needed["x"], "y": needed["y"],
                      "name": "needed by its layer", "hovertext": needed["text"], "hoverinfo": "text",
-                     "marker": {"symbol": "line-ns-open", "size": 13, "color": "#1d2733", "line": {"width": 2}},
+                     "marker": {"symbol": "line-ns-open", "size": 13, "color": MID, "line": {"width": 2}},
                      "xaxis": "x", "yaxis": "y"})
     tokens = list(range(len(live.lookahead)))
     hit_pct = [None if h != h else round(100 * h, 1) for h in live.hit_rate_per_step]   # NaN -> gap
     data.append({"type": "scatter", "mode": "lines+markers", "x": tokens, "y": live.lookahead,
-                 "name": "lookahead depth (layers)", "line": {"color": "#2b7bba", "shape": "hv"},
+                 "name": "lookahead depth (layers)", "line": {"color": OKABE_ITO["blue"], "shape": "hv"},
                  "marker": {"size": 4}, "xaxis": "x2", "yaxis": "y2"})
     data.append({"type": "scatter", "mode": "lines", "x": tokens, "y": hit_pct, "name": "hit rate %",
-                 "line": {"color": "#2e9d5b", "dash": "dot"}, "xaxis": "x2", "yaxis": "y3"})
+                 "line": {"color": OKABE_ITO["green"], "dash": "dot"}, "xaxis": "x2", "yaxis": "y3"})
     # Zoom on the prefetches that were used: a wasted one may have been issued long before (it is
     # reported when its layer passes without needing it) and would squeeze the rest into a corner.
     used = [p for _, p in live.prefetches() if p.needed_ms is not None] or [p for _, p in live.prefetches()]
@@ -209,7 +247,17 @@ def prefetch_timeline(live: LiveRun) -> Figure:
         yaxis3=_axis(overlaying="y2", side="right", anchor="x2", range=[0, 105], title={"text": "hit %"},
                      showgrid=False),
         annotations=annotations)
+    if meta:
+        layout["meta"] = meta
     return {"data": data, "layout": layout}
+
+
+def wasted_note(live: LiveRun) -> str:
+    """"7 of 8 prefetches wasted (88%)" over the whole reply ("" before any prefetch)."""
+    n = live.prefetches_issued
+    if not n:
+        return ""
+    return f"{live.prefetches_wasted} of {n} prefetches wasted ({100 * live.prefetches_wasted / n:.0f}%) this reply"
 
 
 # --- lane Gantt -------------------------------------------------------------------------------
@@ -259,13 +307,30 @@ def _where(parts: list) -> str:
     return f"{head} {shown}"
 
 
+def run_span(intervals: Sequence) -> tuple[float, float] | None:
+    """(first start, last end) of the work the tokens waited for: every interval but prefetch copies.
+
+    Prefetch copies queued behind the last token may end long after it (a second and more on a slow
+    link); drawn to their end they squeeze the run into a sliver, so the chart's x-range stops here.
+    """
+    span = [(iv.start_ms, iv.end_ms) for iv in intervals if iv.kind != "prefetch" and iv.end_ms > iv.start_ms]
+    if not span:
+        return None
+    return min(a for a, _ in span), max(b for _, b in span)
+
+
 def lane_gantt(intervals: Iterable, *, uirevision: str = "gantt", max_bars: int = 20_000,
-               empty_hint: str = "no lane activity yet: send a message") -> Figure:
+               empty_hint: str = "no lane activity yet: send a message", note: str = "", meta: str = "") -> Figure:
     """One row per lane, one bar per busy interval coloured by kind (ms from the run's start).
 
     Accepts anything with lane / kind / start_ms / end_ms / layer / expert (LaneInterval, TraceEvent).
     Back-to-back intervals of one kind on one lane are drawn as one bar (hover lists what it holds).
+    The x-range is clipped to `run_span`; how many prefetch copies ran past it is said under the chart,
+    with ``note`` (e.g. how many prefetches were wasted).
     """
+    intervals = list(intervals)
+    span = run_span(intervals)
+    past_end = 0 if span is None else sum(1 for iv in intervals if iv.kind == "prefetch" and iv.end_ms > span[1] + 1e-9)
     by_kind: dict[str, dict[str, list]] = {}
     lanes: set[str] = set()
     shown = truncated = 0
@@ -293,15 +358,26 @@ def lane_gantt(intervals: Iterable, *, uirevision: str = "gantt", max_bars: int 
                      "marker": {"color": KIND_COLOURS.get(kind, "#7f8c99"), "line": {"width": 0}},
                      "width": 0.9 if kind == "token" else 0.7})
     order = lane_order(lanes)
-    annotations = []
+    said = []
+    if past_end:
+        said.append(f"{past_end} prefetch cop{'y' if past_end == 1 else 'ies'} ran past the last token (cut off)")
+    if note:
+        said.append(note)
     if truncated:
-        annotations.append(_note(f"{truncated:,} more bars not drawn: narrow the token range", 1, -0.3,
-                                 xanchor="right"))
-    layout = _layout(max(300, 170 + 34 * len(order)), uirevision, barmode="overlay", bargap=0.2,
-                     margin={"l": 50, "r": 12, "t": 44, "b": 110}, legend=_bottom_legend(-58 / (34 * len(order) + 16)),
-                     xaxis=_axis(title={"text": "ms from the start of the run"}),
+        said.append(f"{truncated:,} more bars not drawn: narrow the token range")
+    annotations = [_subtitle(" · ".join(said), 0, 1.0)] if said else []
+    x_axis = _axis(title={"text": "ms from the start of the run", "standoff": 4})
+    if span is not None and past_end:
+        pad = 0.02 * max(span[1] - span[0], 1e-3)
+        x_axis["range"] = [span[0] - pad, span[1] + pad]
+    plot_px = 34 * len(order) + 16
+    layout = _layout(max(300, 190 + 34 * len(order)), uirevision, barmode="overlay", bargap=0.2,
+                     margin={"l": 50, "r": 12, "t": 44, "b": 130}, legend=_bottom_legend(-64 / plot_px),
+                     xaxis=x_axis,
                      yaxis=_axis(type="category", categoryorder="array", categoryarray=order, autorange="reversed"),
                      annotations=annotations)
+    if meta:
+        layout["meta"] = meta
     return {"data": data, "layout": layout}
 
 
@@ -315,9 +391,9 @@ def token_overview(index: Sequence[int], step_ms: Sequence[float], stall_ms: Seq
         {"type": "bar", "x": index, "y": rest, "name": "compute and overlapped copies (ms)",
          "marker": {"color": "#9aa5b1"}},
         {"type": "bar", "x": index, "y": [round(w, 4) for w in stall_ms], "name": "stall (ms)",
-         "marker": {"color": "#d64545"}},
+         "marker": {"color": OKABE_ITO["vermillion"]}},
         {"type": "scatter", "mode": "lines", "x": index, "y": [round(m, 3) for m in mb_copied], "name": "MB copied",
-         "line": {"color": "#2b7bba"}, "yaxis": "y2"},
+         "line": {"color": OKABE_ITO["blue"]}, "yaxis": "y2"},
     ]
     layout = _layout(300, "overview", barmode="stack", margin={"l": 56, "r": 56, "t": 36, "b": 40},
                      xaxis=_axis(title={"text": "token (0 includes the prefill)"}),
@@ -358,8 +434,8 @@ def pareto_plot(rows: Sequence[dict], timing: str) -> Figure:
     front = pareto_front([(r["tpot_ms"], r["agreement"]) for r in rows])
     data.append({"type": "scatter", "mode": "lines+markers", "name": "Pareto front", "hoverinfo": "skip",
                  "x": [rows[i]["tpot_ms"] for i in front], "y": [round(100 * rows[i]["agreement"], 2) for i in front],
-                 "line": {"color": "#1d2733", "dash": "dash", "width": 1.5},
-                 "marker": {"symbol": "circle-open", "size": 18, "color": "#1d2733", "line": {"width": 1.5}}})
+                 "line": {"color": MID, "dash": "dash", "width": 1.5},
+                 "marker": {"symbol": "circle-open", "size": 18, "color": MID, "line": {"width": 1.5}}})
     layout = _layout(420, "pareto", xaxis=_axis(title={"text": f"TPOT, median ms ({timing}): lower is faster"}),
                      yaxis=_axis(title={"text": "greedy agreement with the exact run (%)"}, range=[-3, 103]))
     return {"data": data, "layout": layout}
@@ -377,9 +453,9 @@ def policy_bars(rows: Sequence[dict], timing: str) -> Figure:
     names = list(best)
     data = [
         {"type": "bar", "x": names, "y": [best[p]["tpot_ms"] for p in names], "name": "TPOT (ms)",
-         "marker": {"color": "#2b7bba"}, "offsetgroup": "tpot"},
+         "marker": {"color": OKABE_ITO["blue"]}, "offsetgroup": "tpot"},
         {"type": "bar", "x": names, "y": [round(100 * best[p]["hit_rate"], 1) for p in names], "name": "hit rate (%)",
-         "marker": {"color": "#2e9d5b"}, "offsetgroup": "hit", "yaxis": "y2"},
+         "marker": {"color": OKABE_ITO["green"]}, "offsetgroup": "hit", "yaxis": "y2"},
     ]
     layout = _layout(320, "policies", barmode="group", margin={"l": 56, "r": 56, "t": 36, "b": 60},
                      yaxis=_axis(title={"text": f"TPOT ms ({timing})"}),

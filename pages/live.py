@@ -13,7 +13,7 @@ it, so no locking is needed. This module knows nothing of Gradio or plotly.
 from __future__ import annotations
 
 import statistics
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,6 +47,10 @@ class LiveRun:
     counts: np.ndarray | None = None           # [L, E, len(OUTCOMES)] selections per outcome, all tokens
     recent_intervals: deque = field(default_factory=lambda: deque(maxlen=GANTT_TOKENS))
     recent_prefetches: deque = field(default_factory=lambda: deque(maxlen=PREFETCH_TOKENS))
+    prefetches_issued: int = 0                 # all tokens
+    prefetches_wasted: int = 0                 # arrived (or would have) but no layer used them
+    prefetches_late: int = 0
+    stop_reasons: Counter = field(default_factory=Counter)   # why the lookahead stopped, per MoE layer planned
     _decode_hits: int = 0
     _decode_sel: int = 0
     _first_hits: int = 0
@@ -99,6 +103,13 @@ class LiveRun:
             self._decode_stall_ms += step.stall_ms
         self.recent_intervals.append((step.index, step.intervals))
         self.recent_prefetches.append((step.index, step.prefetches))
+        for p in step.prefetches:
+            self.prefetches_issued += 1
+            if p.needed_ms is None:
+                self.prefetches_wasted += 1
+            elif p.arrived_ms > p.needed_ms + 1e-9:
+                self.prefetches_late += 1
+        self.stop_reasons.update(getattr(step, "lookahead_stops", ()) or ())
 
     # --- numbers ------------------------------------------------------------------------
     @property
@@ -129,6 +140,18 @@ class LiveRun:
         if self.n_tokens > 1:
             return self._decode_stall_ms / (self.n_tokens - 1)
         return self._first_stall_ms if self.n_tokens else 0.0
+
+    @property
+    def mean_lookahead(self) -> float:
+        return sum(self.lookahead) / len(self.lookahead) if self.lookahead else 0.0
+
+    def main_stop_reason(self) -> tuple[str, float]:
+        """The most common reason the lookahead stopped and its share ("", 0.0 when the engine gives none)."""
+        total = sum(self.stop_reasons.values())
+        if not total:
+            return "", 0.0
+        reason, n = self.stop_reasons.most_common(1)[0]
+        return reason, n / total
 
     def totals_mode(self) -> np.ndarray:
         """[L, E] code of each expert's most frequent outcome so far (0 = never selected)."""
