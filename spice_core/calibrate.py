@@ -69,9 +69,7 @@ def calibrate_lore_only(model=None, *, device: str = "cpu", text: Path | None = 
 
     t0 = time.perf_counter()
     lm = load_model(model, device)
-    if seq_len > lm.max_context_tokens:
-        raise ConfigError(f"--seq-len {seq_len} is longer than the model's context ({lm.max_context_tokens} tokens): "
-                          f"use --seq-len <= {lm.max_context_tokens}")
+    _check_against_model(lm, seq_len, lore_max_rank)
     out = Path(out) if out is not None else Path(lm.path)
     cal_path = out / CALIBRATION_FILE
     if not (out / DRAFT_FILE).exists() or not cal_path.exists():
@@ -115,6 +113,17 @@ def _check_args(args) -> None:
     check_local_model(args.model)
 
 
+def _check_against_model(lm, seq_len: int, lore_max_rank: int | None) -> None:
+    """What only the loaded model can bound, checked before the long tracing starts."""
+    if seq_len > lm.max_context_tokens:
+        raise ConfigError(f"--seq-len {seq_len} is longer than the model's context ({lm.max_context_tokens} tokens): "
+                          f"use --seq-len <= {lm.max_context_tokens}")
+    limit = min(lm.layout.intermediate, lm.layout.hidden)
+    if lore_max_rank is not None and lore_max_rank > limit:
+        raise ConfigError(f"--lore-max-rank {lore_max_rank} is above this model's expert width ({limit}): "
+                          f"use --lore-max-rank <= {limit}")
+
+
 def _fit_lore(lm, traces, max_rank: int, out: Path) -> dict:
     """LoRE factors via spice_core.lore (when this build has it), saved beside the draft."""
     try:
@@ -147,9 +156,7 @@ def calibrate(model=None, *, device: str = "cpu", text: Path | None = None, max_
     t0 = time.perf_counter()
     if lm is None:
         lm = load_model(model, device)
-    if seq_len > lm.max_context_tokens:
-        raise ConfigError(f"--seq-len {seq_len} is longer than the model's context ({lm.max_context_tokens} tokens): "
-                          f"use --seq-len <= {lm.max_context_tokens}")
+    _check_against_model(lm, seq_len, lore_max_rank if lore else None)
     out = Path(out) if out is not None else Path(lm.path)
     try:
         out.mkdir(parents=True, exist_ok=True)

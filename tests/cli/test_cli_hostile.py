@@ -437,3 +437,49 @@ def test_help_still_exits_zero(capsys):
         main(["generate", "--help"])
     assert e.value.code == 0
     assert "--seed" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- bounds only the loaded model knows
+@pytest.mark.parametrize("argv,needles", [(["--seq-len", "100000"], ["--seq-len", "context"]),
+                                          (["--lore-max-rank", "999"], ["--lore-max-rank", "expert width"])])
+def test_calibrate_checks_model_bounds_before_tracing(capsys, tmp_path, tiny_model, monkeypatch, argv, needles):
+    import spice_core.predictor.traces as traces
+
+    def boom(*a, **k):
+        raise AssertionError("tracing started before the bad flag was refused")
+
+    monkeypatch.setattr(traces, "traces_for_model", boom)
+    code, _, err = run_cli(capsys, ["calibrate", "--model", tiny_model, "--out", tmp_path / "arts", *argv])
+    assert_one_clear_line(code, err, needles)
+
+
+# ---------------------------------------------------------------- what must keep working
+def test_every_shipped_bench_config_passes_the_checks():
+    from spice_core.bench_config import load_config_file
+
+    configs = sorted((REPO / "docs" / "benchmarks").rglob("config*.json"))
+    assert configs
+    for path in configs:
+        load_config_file(path)
+
+
+def test_hardware_profile_refuses_non_finite_values_when_built_in_code():
+    from spice_core.errors import ConfigError
+    from spice_core.timing.profiles import HardwareProfile
+
+    for bad in (math.nan, math.inf):
+        with pytest.raises(ConfigError, match="gpu_tflops"):
+            HardwareProfile(**{**GOOD_PROFILE, "gpu_tflops": bad})
+    HardwareProfile(**GOOD_PROFILE)
+
+
+def test_a_file_system_error_mid_run_is_one_line(capsys, monkeypatch):
+    """A disk that fills or a path made read-only during a run: one line naming the path, exit 2."""
+    import spice_core.timing.recalibrate as recal
+
+    def full_disk(args):
+        raise OSError(28, "No space left on device", "runs/hw.json")
+
+    monkeypatch.setattr(recal, "run", full_disk)
+    code, _, err = run_cli(capsys, ["recalibrate", "--profile", "p.json", "--trace", "t.json", "--out", "o.json"])
+    assert_one_clear_line(code, err, ["runs/hw.json", "No space left"])
