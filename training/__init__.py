@@ -6,5 +6,6 @@
                                stats (routing) + evaluate (val loss, samples) ─► model_card
 
 This package deliberately knows nothing of the engine (``spice_core``) except its error
-types: the engine loads the result like any other checkpoint.
+types and its argument checks (``spice_core.cli_args``): the engine loads the result like any
+other checkpoint.
 """

@@ -39,31 +39,33 @@ log = logging.getLogger("training.train")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from spice_core import cli_args as ca      # finite numbers in range, refused as they are parsed
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=Path("data/spice-mini"))
     ap.add_argument("--out", type=Path, default=Path("runs/spice-mini"))
     ap.add_argument("--ckpt-dir", type=Path, default=None, help="full checkpoints (default: <out>/ckpt)")
     ap.add_argument("--config", default="mini", choices=("mini", "tiny"))
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--minutes", type=float, default=7.7, help="training time the LR schedule spans")
-    ap.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: time only)")
-    ap.add_argument("--deadline-s", type=float, default=0.0, help="hard stop, seconds after start (0: none)")
-    ap.add_argument("--batch", type=int, default=128, help="rows per step")
-    ap.add_argument("--seq", type=int, default=512)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--min-lr-frac", type=float, default=0.1)
-    ap.add_argument("--warmup-steps", type=int, default=60)
-    ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--aux-coef", type=float, default=0.01, help="load-balancing loss weight")
-    ap.add_argument("--clip", type=float, default=1.0)
-    ap.add_argument("--prose-fraction", type=float, default=0.15)
-    ap.add_argument("--chat-fraction", type=float, default=0.3)
-    ap.add_argument("--workers", type=int, default=max(1, min(8, (os.cpu_count() or 2) - 2)),
+    ap.add_argument("--minutes", type=ca.positive_float, default=7.7, help="training time the LR schedule spans")
+    ap.add_argument("--max-steps", type=ca.int_in(0), default=0, help="stop after this many steps (0: time only)")
+    ap.add_argument("--deadline-s", type=ca.float_in(0.0), default=0.0, help="hard stop, seconds after start (0: none)")
+    ap.add_argument("--batch", type=ca.positive_int, default=128, help="rows per step")
+    ap.add_argument("--seq", type=ca.int_in(2), default=512)
+    ap.add_argument("--lr", type=ca.positive_float, default=3e-3)
+    ap.add_argument("--min-lr-frac", type=ca.fraction, default=0.1)
+    ap.add_argument("--warmup-steps", type=ca.int_in(0), default=60)
+    ap.add_argument("--weight-decay", type=ca.float_in(0.0), default=0.1)
+    ap.add_argument("--aux-coef", type=ca.float_in(0.0), default=0.01, help="load-balancing loss weight")
+    ap.add_argument("--clip", type=ca.positive_float, default=1.0)
+    ap.add_argument("--prose-fraction", type=ca.fraction, default=0.15)
+    ap.add_argument("--chat-fraction", type=ca.fraction, default=0.3)
+    ap.add_argument("--workers", type=ca.positive_int, default=max(1, min(8, (os.cpu_count() or 2) - 2)),
                     help="story generator processes (0: generate in this process)")
-    ap.add_argument("--save-every-s", type=float, default=120.0)
-    ap.add_argument("--log-every", type=int, default=10)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--story-seed-offset", type=int, default=0,
+    ap.add_argument("--save-every-s", type=ca.positive_float, default=120.0)
+    ap.add_argument("--log-every", type=ca.positive_int, default=10)
+    ap.add_argument("--seed", type=ca.seed, default=0)
+    ap.add_argument("--story-seed-offset", type=ca.int_in(0), default=0,
                     help="first story seed (a second stage uses fresh stories by starting elsewhere)")
     ap.add_argument("--experts", default="grouped_mm", choices=("grouped_mm", "eager"),
                     help="transformers experts implementation (falls back to eager if grouped_mm fails)")

@@ -48,3 +48,14 @@ def test_resume_refuses_checkpoints_that_are_not_plain_state(tmp_path, content, 
     with pytest.raises(CheckpointError, match="--resume"):
         load_checkpoint(path)
     assert "this must never run" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--lr", "nan"], ["--minutes", "-1"], ["--seed", str(2**70)], ["--batch", "0"],
+                                  ["--chat-fraction", "1.5"]])
+def test_train_flags_refuse_non_finite_and_out_of_range_values(argv, capsys):
+    from training.train import parse_args
+
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    assert e.value.code == 2
+    assert argv[0] in capsys.readouterr().err
