@@ -12,7 +12,6 @@ module does not know about tokenizers, splits or training.
 """
 from __future__ import annotations
 
-import gzip
 import importlib.util
 import re
 import struct
@@ -59,6 +58,19 @@ def _normalise(text: str) -> str:
 
 
 # ---------------------------------------------------------------- Jane Austen
+MAX_INFLATED_BYTES = 256 * 1024 * 1024   # each source is a few MB; a larger stream is not the package's file
+
+
+def _inflate(data: bytes, what: str, gzip_header: bool = False) -> bytes:
+    """zlib (or gzip) data inflated to at most MAX_INFLATED_BYTES, so a corrupted or hostile file
+    cannot expand without bound."""
+    d = zlib.decompressobj(wbits=(16 + zlib.MAX_WBITS) if gzip_header else zlib.MAX_WBITS)
+    out = d.decompress(data, MAX_INFLATED_BYTES)
+    if d.unconsumed_tail:
+        raise SpiceError(f"{what} inflates to more than {MAX_INFLATED_BYTES // 2**20} MB: reinstall its package")
+    return out
+
+
 def _austen_lines(data_dir: Path) -> dict[str, list[str]]:
     try:
         import rdata
@@ -70,12 +82,12 @@ def _austen_lines(data_dir: Path) -> dict[str, list[str]]:
     with warnings.catch_warnings():
         # rdata cannot tell a bare serialised object from an .rds file and says so.
         warnings.simplefilter("ignore", UserWarning)
-        index = rdata.conversion.convert(rdata.parser.parse_data(gzip.decompress(rdx.read_bytes())))
+        index = rdata.conversion.convert(rdata.parser.parse_data(_inflate(rdx.read_bytes(), str(rdx), gzip_header=True)))
         blob = rdb.read_bytes()
         books = {}
         for name, (offset, length) in index["variables"].items():
             # Each object: 4-byte big-endian uncompressed length, then a zlib stream.
-            body = zlib.decompress(blob[int(offset) + 4:int(offset) + int(length)])
+            body = _inflate(blob[int(offset) + 4:int(offset) + int(length)], f"{rdb} ({name})")
             books[str(name)] = [str(s) for s in rdata.conversion.convert(rdata.parser.parse_data(body))]
     return books
 
@@ -114,7 +126,7 @@ def _ztext_entries(data_dir: Path, testament: str) -> list[str]:
     blocks = []
     for i in range(len(bzs) // 12):
         offset, csize, _ = struct.unpack_from("<III", bzs, i * 12)
-        blocks.append(zlib.decompress(bzz[offset:offset + csize]))
+        blocks.append(_inflate(bzz[offset:offset + csize], "the World English Bible's text blocks"))
     entries = []
     for i in range(len(bzv) // 10):
         block, offset, size = struct.unpack_from("<IIH", bzv, i * 10)
