@@ -13,7 +13,8 @@ Config (JSON):
      "prompts": ["...", ...] | {"random_ids": 8, "length": 32},
      "max_new_tokens": 64, "repetitions": 1, "reference_generate": true, "hw_profile": "FILE",
      "export_traces": ["spice"], "export_trace_prompts": "first" | "all"}
-Everything is validated before any model is built.
+Everything is validated before any model is built (bench_config.py): unknown keys, wrong types and
+out-of-range values are refused with the key's name; "comment" may hold any note.
 
 Long protocols can be split: ``--shard K/N`` runs every policy on prompts K, K+N, ... (say one
 process per GPU, ``CUDA_VISIBLE_DEVICES=K``), and ``--merge DIR [DIR ...] --out OUT`` recombines

@@ -483,3 +483,10 @@ def test_a_file_system_error_mid_run_is_one_line(capsys, monkeypatch):
     monkeypatch.setattr(recal, "run", full_disk)
     code, _, err = run_cli(capsys, ["recalibrate", "--profile", "p.json", "--trace", "t.json", "--out", "o.json"])
     assert_one_clear_line(code, err, ["runs/hw.json", "No space left"])
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="CUDA is visible here")
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["calibrate"], ["lift"], ["bench", "--out", "o"]])
+def test_cuda_device_without_a_gpu_is_refused_as_parsed(command, capsys, no_long_work):
+    code, _, err = run_cli(capsys, [*command, "--device", "cuda"])
+    assert_one_clear_line(code, err, ["--device", "no CUDA GPU"])
