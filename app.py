@@ -12,16 +12,22 @@ import argparse
 import atexit
 import logging
 import os
+import signal
+import sys
 from pathlib import Path
 
 import gradio as gr
 
 from pages import about, chat, sweep, trace_explorer
 from pages.common import AppContext
+from pages.owners import OWNER_JS
 
 ROOT = Path(__file__).resolve().parent
 CSS_PATH = ROOT / "assets" / "static" / "spice.css"
 QUEUE_MAX_SIZE = 16       # waiting events across all sessions; beyond it the browser says the app is busy
+DELETE_CACHE = (600, 3600)  # every 10 min, Gradio deletes files it cached (downloads, uploads) older than 1 h
+MAX_FILE_SIZE = "2mb"     # uploads: the app takes none, so any upload is refused beyond this
+STATUS_INTERVAL_S = 2.0   # how often a page says what the engine is busy with
 
 
 def build_app(engine=None, *, max_queue: int = QUEUE_MAX_SIZE, orphan_after_s: float = 5.0,
@@ -30,19 +36,47 @@ def build_app(engine=None, *, max_queue: int = QUEUE_MAX_SIZE, orphan_after_s: f
     if engine is None:
         from spice_core.engine import SpiceEngine
         engine = SpiceEngine.load()
+    from spice_core.trace.tensorboard import warm_profiler_template
+    warm_profiler_template()      # torch.profiler is process-wide: record its template before any generation runs
     ctx = AppContext.create(engine, orphan_after_s=orphan_after_s, export_root=export_root)
     atexit.register(ctx.exports.cleanup)
-    with gr.Blocks(title="SPICE · offloaded MoE chat") as demo:
+    with gr.Blocks(title="SPICE · offloaded MoE chat", delete_cache=DELETE_CACHE) as demo:
         page = chat.build(ctx)
-        demo.unload(page.on_unload)
+        engine_status = gr.Markdown("", elem_id="engine-status", elem_classes=["spice-note"])
+        gr.Timer(STATUS_INTERVAL_S).tick(lambda: busy_text(ctx), outputs=[engine_status], queue=False,
+                                         api_name="engine_status", show_progress="hidden")
     with demo.route("Trace explorer", "/trace"):
         trace_explorer.build(ctx)
     with demo.route("Sweep", "/sweep"):
-        sweep.build(ctx)
+        sweep_page = sweep.build(ctx)
+
+    def on_unload(request: gr.Request) -> None:      # fires for whichever page's session went away
+        page.on_unload(request)
+        sweep_page.on_unload(request)
+
+    demo.unload(on_unload)
     with demo.route("About", "/about"):
         about.build(ctx, ROOT / "docs" / "benchmarks", ROOT)
     demo.queue(default_concurrency_limit=1, max_size=max_queue)
     return demo, ctx
+
+
+def busy_text(ctx: AppContext) -> str:
+    """What a visitor waits for while the one engine works for someone else ("" when idle)."""
+    doing = ctx.runner.describe()
+    if not doing:
+        return ""
+    return (f"⏳ **The engine is busy** with a {doing}. It serves one generation at a time for all "
+            f"visitors; a message you send now waits for it (the queue shows your place).")
+
+
+def install_sigterm_cleanup(ctx: AppContext) -> None:
+    """On SIGTERM (how Spaces and containers stop an app) remove the exports, then exit normally."""
+    def handler(signum, frame):
+        ctx.exports.cleanup()
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def build_demo(engine=None, **kwargs) -> gr.Blocks:
@@ -51,7 +85,8 @@ def build_demo(engine=None, **kwargs) -> gr.Blocks:
 
 def launch_kwargs() -> dict:
     """Styling for `launch()` (Gradio 6 takes theme and CSS there, not in Blocks)."""
-    return {"theme": gr.themes.Default(primary_hue="blue", neutral_hue="slate"), "css": CSS_PATH.read_text()}
+    return {"theme": gr.themes.Default(primary_hue="blue", neutral_hue="slate"), "css": CSS_PATH.read_text(),
+            "head": OWNER_JS, "max_file_size": MAX_FILE_SIZE}
 
 
 def main() -> None:
@@ -70,7 +105,9 @@ def main() -> None:
     if args.model or args.device:
         from spice_core.engine import SpiceEngine
         engine = SpiceEngine.load(args.model, device=args.device)
-    build_demo(engine).launch(**launch_kwargs())
+    demo, ctx = build_app(engine)
+    install_sigterm_cleanup(ctx)
+    demo.launch(**launch_kwargs())
 
 
 if __name__ == "__main__":

@@ -27,8 +27,10 @@ from pages import chat_text as text
 from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, FreeDropdown, FreeSlider, as_plot,
                           default_settings, policy_choices, settings_from_values, spice_error_text)
 from pages.live import LiveRun, greedy_agreement
-from pages.messages import clean_message, drop_oldest_turn, engine_turns, normalize_history, note, problem_with
-from pages.runner import LIVE_FIELDS, RunStream
+from pages.messages import (clean_message, drop_oldest_exchanges, engine_turns, keep_newest, n_exchanges,
+                            normalize_history, note, problem_with)
+from pages.owners import owner_of
+from pages.runner import CANCEL_REASONS, LIVE_FIELDS, RunStream
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ class ChatSession:
     notices: list[dict] = field(default_factory=list)   # notes to show in the chat at the next refresh
     epoch: int = 0                                      # bumped by "New chat": older streams stop writing
     last_run_id: str = ""
+    owner: str = ""                                     # who the runs belong to (pages.owners)
 
     def streaming(self) -> bool:
         return self.stream is not None and not self.stream.done
@@ -143,7 +146,7 @@ class ChatPage:
     def _wire(self) -> None:
         outputs = [self.msg, self.chatbot, self.stats, self.heatmap, self.prefetch, self.gantt]
         triggers = [self.msg.submit, self.send.click]
-        gr.on(triggers, self.chat, inputs=[self.msg, self.chatbot, *self.controls, self.live_panels,
+        gr.on(triggers, self.chat_event, inputs=[self.msg, self.chatbot, *self.controls, self.live_panels,
                                             self.check_exact, self.session],
               outputs=outputs, api_name="chat", concurrency_id=ENGINE_GROUP, concurrency_limit=1,
               show_progress="minimal", show_progress_on=[self.chatbot])
@@ -183,7 +186,7 @@ class ChatPage:
     def on_settings(self, *args):
         *values, session = args
         try:
-            settings = settings_from_values(self.info, dict(zip(SETTING_FIELDS, values)))
+            settings = settings_from_values(self.info, dict(zip(SETTING_FIELDS, values)), self.ctx.limits)
         except SpiceError as exc:
             return f"⚠ Not applied: {spice_error_text(exc)}", gr.skip()
         previous = session.settings or self.defaults
@@ -216,19 +219,29 @@ class ChatPage:
                 as_plot(figures.empty_figure("prefetches appear here while a reply streams")),
                 as_plot(figures.empty_figure("lane activity appears here while a reply streams")))
 
+    def chat_event(self, message, history, policy, cache_frac, tau_prefetch, tau_approx, max_lookahead, lore_rank,
+                   cpu_lane, profile, shape, max_new_tokens, temperature, live_panels, check_exact, session,
+                   request: gr.Request = None):
+        """The /chat event: Gradio passes the request only to positional parameters, so they are spelled out
+        here (the visitor's identity comes from it, see pages.owners)."""
+        yield from self.chat(message, history, policy, cache_frac, tau_prefetch, tau_approx, max_lookahead,
+                             lore_rank, cpu_lane, profile, shape, max_new_tokens, temperature, live_panels,
+                             check_exact, session, request=request)
+
     def chat(self, message, history, *args, request: gr.Request = None):
         """Stream one reply. Yields (textbox, chat, stats, heatmap, prefetch timeline, lane chart)."""
         *values, live_panels, check_exact, session = args
         if not isinstance(session, ChatSession):           # API callers cannot break the state
             session = ChatSession()
         history = normalize_history(history)
+        history, cut = keep_newest(history, self.ctx.limits.history_max_messages)
         skip = gr.skip()
 
         def only_chat(h, keep_text=True):
             return (skip if keep_text else "", h, skip, skip, skip, skip)
 
         try:
-            settings = settings_from_values(self.info, dict(zip(SETTING_FIELDS, values)))
+            settings = settings_from_values(self.info, dict(zip(SETTING_FIELDS, values)), self.ctx.limits)
         except SpiceError as exc:
             yield only_chat(history + [note("⚠ Settings not applied", spice_error_text(exc))])
             return
@@ -243,6 +256,10 @@ class ChatPage:
             yield only_chat(history + [note("⚠ Still answering your previous message",
                                             "Wait for it to finish or press Stop, then send again.")])
             return
+        if cut:
+            history.append(note(f"ℹ Kept the newest {len(history)} messages of this chat",
+                                f"{cut} older messages were dropped: the app keeps at most "
+                                f"{self.ctx.limits.history_max_messages}. Press New chat to start afresh."))
         user_at = len(history)
         history.append({"role": "user", "content": cleaned.text})
         if cleaned.removed:
@@ -250,6 +267,7 @@ class ChatPage:
                                 f"{'s' if cleaned.removed > 1 else ''} (e.g. {cleaned.example}) before sending"))
         turns = engine_turns(history)
         owner = (request.session_hash if request is not None else None) or f"session-{id(session)}"
+        session.owner = owner_of(request) or owner
         epoch = session.epoch
         try:
             stream, turns, dropped = self._start(owner, turns, settings)
@@ -259,7 +277,7 @@ class ChatPage:
             return
         session.stream = stream
         session.notices.clear()
-        self.ctx.label_run(stream.run_id, "chat: " + text.preview(cleaned.text))
+        self.ctx.label_run(stream.run_id, "chat: " + text.preview(cleaned.text), session.owner)
         if dropped:
             history.append(note(f"ℹ Left out the {dropped} oldest exchange{'s' if dropped > 1 else ''} to fit the "
                                 f"model's context ({self.info.max_context_tokens:,} tokens)"))
@@ -314,18 +332,47 @@ class ChatPage:
         yield from self._finish(history, reply_at, live, stream, settings, session, turns, check_exact,
                                 first_wall)
 
+    # Without asking the tokenizer, history beyond this many characters per context token cannot fit
+    # (a byte-level BPE token of the shipped tokenizer covers far fewer): dropped up front, in one pass.
+    MAX_CHARS_PER_TOKEN = 16
+
     def _start(self, owner: str, turns: list[dict], settings: RunSettings) -> tuple[RunStream, list[dict], int]:
-        """Start a chat generation; drop the oldest exchanges while the engine says the prompt is too long."""
-        dropped = 0
-        while True:
+        """Start a chat generation with as many of the newest exchanges as fit the model's context.
+
+        Linear in the history: one pass drops what cannot fit by length, then a binary search over
+        how many oldest exchanges to drop asks the engine O(log n) times (each ask tokenises the
+        already-bounded history once).
+        """
+        turns, dropped = drop_oldest_exchanges(turns, max_chars=self.MAX_CHARS_PER_TOKEN * self.info.max_context_tokens)
+        chosen: dict = {}
+
+        def attempt(k: int):
+            candidate, _ = drop_oldest_exchanges(turns, count=k)
             try:
-                stream = self.ctx.runner.start(owner, settings, lambda: self.ctx.engine.start_chat(turns, settings))
-                return stream, turns, dropped
-            except PromptError:
-                shorter = drop_oldest_turn(turns)
-                if shorter is None:
-                    raise
-                turns, dropped = shorter, dropped + 1
+                return candidate, self.ctx.engine.start_chat(candidate, settings)
+            except PromptError as exc:
+                return candidate, exc
+
+        def start_fn():
+            candidate, result = attempt(0)
+            if isinstance(result, PromptError):
+                lo, hi = 1, n_exchanges(turns) - 1          # the last exchange (the new message) always stays
+                best, best_k = None, None
+                while lo <= hi:
+                    mid = (lo + hi) // 2
+                    c, r = attempt(mid)
+                    if isinstance(r, PromptError):
+                        lo = mid + 1
+                    else:
+                        best, best_k, hi = (c, r), mid, mid - 1
+                if best is None:
+                    raise result
+                (candidate, result), chosen["k"] = best, best_k
+            chosen["turns"] = candidate
+            return result
+
+        stream = self.ctx.runner.start(owner, settings, start_fn, kind="chat reply")
+        return stream, chosen["turns"], dropped + chosen.get("k", 0)
 
     def _finish(self, history, reply_at, live, stream, settings, session, turns, check_exact, first_wall):
         skip = gr.skip()
@@ -342,6 +389,9 @@ class ChatPage:
             history.append(note("⚠ The reply stopped early" if live.n_tokens else "⚠ No reply", stream.error))
         elif stream.cancel_reason == "stop":
             history.append(note(f"■ Stopped after {live.n_tokens} token{'s' if live.n_tokens != 1 else ''}"))
+        elif stream.cancel_reason in CANCEL_REASONS:
+            history.append(note(f"■ This reply was stopped after {live.n_tokens} token"
+                                f"{'s' if live.n_tokens != 1 else ''}", f"Why: {CANCEL_REASONS[stream.cancel_reason]}."))
         if stream.changes:
             history.append(note("Settings changed during this reply", text.changes_text(stream)))
         tps = text.wall_tps(live, first_wall)
@@ -363,10 +413,11 @@ class ChatPage:
         exact = replace(settings, tau_approx=0.0, max_new_tokens=max(1, live.n_tokens))
         owner = f"exact-check-{id(session)}"
         try:
-            stream = self.ctx.runner.start(owner, exact, lambda: self.ctx.engine.start_chat(turns, exact))
+            stream = self.ctx.runner.start(owner, exact, lambda: self.ctx.engine.start_chat(turns, exact),
+                                           kind="exact check")
         except SpiceError as exc:
             return f"not measured: {spice_error_text(exc)}"
-        self.ctx.label_run(stream.run_id, f"exact check of {session.last_run_id}")
+        self.ctx.label_run(stream.run_id, f"exact check of {session.last_run_id}", session.owner)
         ids: list[int] = []
         while True:
             steps, ended = stream.take(1.0)

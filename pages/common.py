@@ -20,6 +20,8 @@ from gradio.components.plot import PlotData
 
 from spice_core.api import EngineInfo, EngineLike, RunSettings
 from spice_core.errors import ConfigError, SpiceError
+from pages.limits import Limits
+from pages.owners import RunBook, valid_run_id
 from pages.runner import EngineRunner
 
 log = logging.getLogger(__name__)
@@ -83,8 +85,27 @@ _INT_FIELDS = {"max_lookahead", "lore_rank", "max_new_tokens"}
 _FLOAT_FIELDS = {"cache_frac", "tau_prefetch", "tau_approx", "temperature"}
 
 
-def settings_from_values(info: EngineInfo, values: dict) -> RunSettings:
-    """RunSettings from control values (UI or API); raises ConfigError naming the field."""
+FIELD_CONTROLS = {"policy": "Policy", "cache_frac": "GPU cache size", "tau_prefetch": "τ_prefetch",
+                  "tau_approx": "τ_approx", "max_lookahead": "Max lookahead", "lore_rank": "LoRE rank",
+                  "cpu_lane": "CPU lane", "profile": "Hardware profile", "shape": "Model shape",
+                  "max_new_tokens": "Max new tokens", "temperature": "Temperature"}
+
+
+def settings_from_values(info: EngineInfo, values: dict, limits: Limits | None = None) -> RunSettings:
+    """RunSettings from control values (UI or API) within the UI's limits; ConfigError naming the control."""
+    try:
+        settings = _settings_from_values(info, values)
+    except ConfigError as exc:
+        text = str(exc)
+        field_name = next((f for f in SETTING_FIELDS if text.startswith(f)), "")
+        raise ConfigError(f"{FIELD_CONTROLS[field_name]}: {text}" if field_name else text) from None
+    cap = (limits or Limits()).chat_max_new_tokens
+    if settings.max_new_tokens > cap:
+        raise ConfigError(f"Max new tokens: {settings.max_new_tokens} is more than this app allows; use 1 to {cap}")
+    return settings
+
+
+def _settings_from_values(info: EngineInfo, values: dict) -> RunSettings:
     kw = {}
     for name in SETTING_FIELDS:
         value = values.get(name)
@@ -95,8 +116,10 @@ def settings_from_values(info: EngineInfo, values: dict) -> RunSettings:
                 raise ConfigError(f"{name}={value!r} is not a number: use an integer")
             try:
                 number = float(value)
-            except ValueError:
-                raise ConfigError(f"{name}={value!r} is not a number: use an integer") from None
+            except (ValueError, OverflowError):
+                raise ConfigError(f"{name}={str(value)[:20]!r} is not a number: use an integer") from None
+            if number != number or abs(number) == float("inf"):
+                raise ConfigError(f"{name}={str(value)[:20]} is out of range: use an integer")
             value = int(number) if number.is_integer() else number
         elif name in _FLOAT_FIELDS:
             try:
@@ -132,48 +155,115 @@ def default_settings(info: EngineInfo) -> RunSettings:
 
 # --- exports ---------------------------------------------------------------------------------
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+EXPORT_BUDGET_BYTES = 256 * 2**20     # all kept export files together; the oldest go first
+EXPORT_METHODS = {"chrome": "export_chrome_trace", "tensorboard": "export_tensorboard_zip", "csv": "export_csv"}
 
 
 class ExportStore:
-    """Writes a run's exports into its own temporary folder, once, and hands back the paths.
+    """Writes one export of one run when it is asked for, into the run's own temporary folder.
 
-    The folder name is derived from the run id (never from user text), under one temporary root
-    that is removed when the app closes.
+    - Only the kind asked for is written (a TensorBoard zip costs seconds and megabytes).
+    - The folder name comes from a validated run id (never from user text); callers check
+      ownership before calling, and nothing touches the disk for a malformed id.
+    - Files are kept up to ``budget_bytes`` in total (oldest removed first); folders of runs the
+      engine no longer keeps are removed on every call; `cleanup()` removes the root (at exit
+      and on SIGTERM).
+    - One lock per (run, kind): two visitors exporting different runs never wait for each other;
+      the store's own lock is held only for bookkeeping, never during an export.
     """
 
-    def __init__(self, engine: EngineLike, root: Path | None = None) -> None:
+    def __init__(self, engine: EngineLike, root: Path | None = None, *,
+                 budget_bytes: int = EXPORT_BUDGET_BYTES) -> None:
         self._engine = engine
         self._root = Path(root) if root else Path(tempfile.mkdtemp(prefix="spice-exports-"))
         self._root.mkdir(parents=True, exist_ok=True)
-        self._paths: dict[tuple[str, str], Path] = {}
+        self._budget = budget_bytes
+        self._paths: dict[tuple[str, str], Path] = {}     # insertion order = age
         self._lock = threading.Lock()
+        self._key_locks: dict[tuple[str, str], threading.Lock] = {}
 
     @property
     def root(self) -> Path:
         return self._root
 
-    def folder(self, run_id: str) -> Path:
-        name = _SAFE.sub("_", run_id).strip("._") or "run"
-        path = self._root / name
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+    def folder_name(self, run_id: str) -> str:
+        return _SAFE.sub("_", run_id).strip("._") or "run"
 
     def get(self, run_id: str, kind: str) -> Path:
         """Path of one export ("chrome" | "tensorboard" | "csv"); raises SpiceError if the engine refuses."""
         if kind not in EXPORT_KINDS:
             raise ConfigError(f"export kind {kind!r} is unknown: use one of {', '.join(EXPORT_KINDS)}")
+        if not valid_run_id(run_id):
+            raise ConfigError("Run: that is not a run id; pick a run from the list")
+        kept = {s.run_id for s in self._engine.list_runs()}
+        self._evict(kept)
+        if run_id not in kept:
+            raise SpiceError(f"run {run_id!r} is unknown or expired: pick one from the run list")
+        key = (run_id, kind)
         with self._lock:
-            cached = self._paths.get((run_id, kind))
+            key_lock = self._key_locks.setdefault(key, threading.Lock())
+        with key_lock:
+            with self._lock:
+                cached = self._paths.get(key)
             if cached is not None and cached.exists():
                 return cached
-            out = self.folder(run_id)
-            method = {"chrome": "export_chrome_trace", "tensorboard": "export_tensorboard_zip", "csv": "export_csv"}
-            path = Path(getattr(self._engine, method[kind])(run_id, out))
-            self._paths[(run_id, kind)] = path
+            out = self._root / self.folder_name(run_id) / kind
+            out.mkdir(parents=True, exist_ok=True)
+            try:
+                path = Path(getattr(self._engine, EXPORT_METHODS[kind])(run_id, out))
+            except BaseException:
+                shutil.rmtree(out, ignore_errors=True)
+                self._remove_empty(out.parent)
+                raise
+            with self._lock:
+                self._paths[key] = path
+            self._evict(kept)
             return path
+
+    def used_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self._root.rglob("*") if p.is_file())
+
+    def _evict(self, kept: set[str]) -> None:
+        """Drop exports of runs the engine forgot, then the oldest until the budget holds."""
+        with self._lock:
+            for key in [k for k in self._paths if k[0] not in kept]:
+                self._drop(key)
+            for folder in list(self._root.iterdir()) if self._root.exists() else []:
+                if folder.is_dir() and folder.name not in {self.folder_name(r) for r in kept}:
+                    shutil.rmtree(folder, ignore_errors=True)
+            sizes = {k: _size(p) for k, p in self._paths.items()}
+            total = sum(sizes.values())
+            for key in list(self._paths):
+                if total <= self._budget or len(self._paths) <= 1:
+                    break
+                total -= sizes[key]
+                self._drop(key)
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        path = self._paths.pop(key, None)
+        self._key_locks.pop(key, None)
+        folder = self._root / self.folder_name(key[0]) / key[1]
+        shutil.rmtree(folder, ignore_errors=True)
+        if path is not None and path.exists() and path.is_file():
+            path.unlink(missing_ok=True)
+        self._remove_empty(folder.parent)
+
+    @staticmethod
+    def _remove_empty(folder: Path) -> None:
+        try:
+            folder.rmdir()            # only when empty
+        except OSError:
+            pass
 
     def cleanup(self) -> None:
         shutil.rmtree(self._root, ignore_errors=True)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 # --- the context every page gets -------------------------------------------------------------
@@ -184,22 +274,33 @@ class AppContext:
     runner: EngineRunner
     exports: ExportStore
     max_message_chars: int
-    run_labels: dict[str, str] = field(default_factory=dict)   # run id -> what produced it (for pickers)
-    last_sweep: list[dict] = field(default_factory=list)
+    runs: RunBook = field(default_factory=RunBook)           # run id -> owner, label, shared
+    sweeps: dict = field(default_factory=dict)               # owner -> rows of their last sweep
+    sweeps_lock: threading.Lock = field(default_factory=threading.Lock)
+    limits: "Limits" = None
 
     @classmethod
     def create(cls, engine: EngineLike, *, orphan_after_s: float = 5.0, export_root: Path | None = None,
-               max_message_chars: int | None = None) -> "AppContext":
+               max_message_chars: int | None = None, limits: "Limits | None" = None) -> "AppContext":
         info = engine.info()
         limit = max_message_chars or max(500, min(16_000, 4 * info.max_context_tokens))
         return cls(engine=engine, info=info, runner=EngineRunner(orphan_after_s=orphan_after_s),
-                   exports=ExportStore(engine, export_root), max_message_chars=limit)
+                   exports=ExportStore(engine, export_root), max_message_chars=limit, limits=limits or Limits())
 
-    def label_run(self, run_id: str, label: str, keep: int = 512) -> None:
-        """Remember what started a run (the engine keeps only recent runs; so do we)."""
-        self.run_labels[run_id] = label
-        while len(self.run_labels) > keep:
-            self.run_labels.pop(next(iter(self.run_labels)))
+    def label_run(self, run_id: str, label: str, owner: str = "") -> None:
+        """Remember who started a run and with what (labels are user text: escape where shown)."""
+        self.runs.add(run_id, owner, label)
+
+    def remember_sweep(self, owner: str, rows: list[dict], keep: int = 64) -> None:
+        with self.sweeps_lock:
+            self.sweeps.pop(owner, None)
+            self.sweeps[owner] = list(rows)
+            while len(self.sweeps) > keep:
+                self.sweeps.pop(next(iter(self.sweeps)))
+
+    def last_sweep(self, owner: str) -> list[dict]:
+        with self.sweeps_lock:
+            return list(self.sweeps.get(owner, [])) if owner else []
 
     def describe_timing(self, settings: RunSettings) -> str:
         """One line for banners: which clock produced the numbers, and what modeled ones stand for."""
@@ -218,6 +319,17 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+# The engine's messages name command-line flags; in the app the same knobs are controls.
+UI_NAMES = {"--cache-frac": "GPU cache size", "--cache-gb": "GPU cache size", "--max-new-tokens": "Max new tokens",
+            "--tau-prefetch": "τ_prefetch", "--tau-approx": "τ_approx", "--policy": "Policy",
+            "--profile": "Hardware profile", "--shape": "Model shape", "--lore-rank": "LoRE rank",
+            "--max-lookahead": "Max lookahead", "--temperature": "Temperature"}
+_CACHE_GB = re.compile(r" or GPU cache size to >= [0-9.]+")
+
+
 def spice_error_text(exc: BaseException) -> str:
-    """The one line shown to a user for an error they can fix."""
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    """The one line shown to a user for an error they can fix, in the app's words (control names, not flags)."""
+    line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    for flag, control in UI_NAMES.items():
+        line = line.replace(flag, control)
+    return _CACHE_GB.sub("", line)

@@ -108,3 +108,48 @@ def drop_oldest_turn(turns: list[dict]) -> list[dict] | None:
     while len(rest) > 1 and rest[0]["role"] != "user":   # start again on a user turn
         rest = rest[1:]
     return system + rest
+
+
+def keep_newest(history: list[dict], max_messages: int) -> tuple[list[dict], int]:
+    """The newest ``max_messages`` messages (starting on a user turn when possible); and how many were cut."""
+    if len(history) <= max_messages:
+        return history, 0
+    kept = history[-max_messages:]
+    first_user = next((i for i, m in enumerate(kept) if m.get("role") == "user"), 0)
+    kept = kept[first_user:]
+    return kept, len(history) - len(kept)
+
+
+def _exchanges(rest: list[dict]) -> list[list[dict]]:
+    """Non-system turns grouped into exchanges, each starting at a user turn (a leading reply forms its own)."""
+    groups: list[list[dict]] = []
+    for t in rest:
+        if t["role"] == "user" or not groups:
+            groups.append([t])
+        else:
+            groups[-1].append(t)
+    return groups
+
+
+def n_exchanges(turns: list[dict]) -> int:
+    return len(_exchanges([t for t in turns if t["role"] != "system"]))
+
+
+def drop_oldest_exchanges(turns: list[dict], *, count: int = 0, max_chars: int | None = None) -> tuple[list[dict], int]:
+    """The turns without their ``count`` oldest exchanges, then without the oldest ones beyond
+    ``max_chars`` characters in all; system turns and the newest exchange always stay. One pass."""
+    system = [t for t in turns if t["role"] == "system"]
+    groups = _exchanges([t for t in turns if t["role"] != "system"])
+    if not groups:
+        return list(turns), 0
+    keep_from = min(max(0, count), len(groups) - 1)
+    if max_chars is not None:
+        total = sum(len(t["content"]) for t in system)
+        start = len(groups)
+        for i in range(len(groups) - 1, keep_from - 1, -1):
+            total += sum(len(t["content"]) for t in groups[i])
+            if total > max_chars and i < len(groups) - 1:
+                break
+            start = i
+        keep_from = start
+    return system + [t for g in groups[keep_from:] for t in g], keep_from

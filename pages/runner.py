@@ -14,8 +14,10 @@ settings changes and cancellation always land *between* tokens.
 
 Why the runner cancels orphans: Gradio stops pulling a generator whose browser went away
 but does not always close it. A stream whose consumer has not pulled for `orphan_after_s`
-cancels itself, and `start()` cancels and joins any previous stream, so the engine (which is
-not thread-safe) never runs two generations at once and a closed tab never blocks the queue.
+cancels itself. `start()` cancels a previous stream only if the same owner started it or its
+reader is gone, and otherwise waits for it: the engine (which is not thread-safe) never runs two
+generations at once, a closed tab never blocks the queue, and nobody's reply is cut off by
+someone else's (e.g. an abandoned sweep's next run).
 
 This module knows nothing of Gradio; it relies only on `spice_core.api`.
 """
@@ -38,6 +40,15 @@ log = logging.getLogger(__name__)
 LIVE_FIELDS = ("tau_prefetch", "tau_approx", "max_lookahead")
 
 
+# Why a stream ended early, in words for the person who was reading it.
+CANCEL_REASONS = {
+    "superseded": "you started another generation (a new message, sweep or check) before this one ended",
+    "orphaned": "nobody read it for a few seconds (the page was closed or lost its connection), "
+                "so the engine went to the next visitor",
+    "closed": "the page that asked for it was closed or reloaded",
+}
+
+
 @dataclass(frozen=True)
 class SettingsChange:
     """How a mid-stream settings request ended: applied from ``from_token`` or deferred."""
@@ -57,10 +68,11 @@ class RunStream:
     generation: Generation
     settings: RunSettings
     orphan_after_s: float = 5.0
+    kind: str = "reply"                # what it is, in words shown to waiting visitors
     run_id: str = ""
     error: str = ""                    # SpiceError text (shown verbatim) or an internal-error line
     internal_error: bool = False
-    cancel_reason: str = ""            # "stop" | "superseded" | "orphaned" | "closed" | ""
+    cancel_reason: str = ""            # "stop" | "superseded" | "orphaned" | "closed" | "" (see CANCEL_REASONS)
     changes: list[SettingsChange] = field(default_factory=list)
     started_wall: float = field(default_factory=time.perf_counter)
     _queue: "queue.Queue[StepStats | None]" = field(default_factory=queue.Queue)
@@ -85,6 +97,15 @@ class RunStream:
     @property
     def cancelled(self) -> bool:
         return self._cancel.is_set()
+
+    @property
+    def orphaned(self) -> bool:
+        """Nobody has pulled a token for ``orphan_after_s``: its reader has gone."""
+        return time.monotonic() - self._last_pull > self.orphan_after_s
+
+    def progress_text(self) -> str:
+        elapsed = time.perf_counter() - self.started_wall
+        return f"token {self._tokens} of at most {self.settings.max_new_tokens}, running for {elapsed:.0f} s"
 
     def take(self, timeout_s: float) -> tuple[list[StepStats], bool]:
         """Every step available now (waits up to ``timeout_s`` for the first); and whether the run ended."""
@@ -211,22 +232,37 @@ class EngineRunner:
         stream = self._active
         return stream if stream is not None and not stream.done else None
 
-    def start(self, owner: str, settings: RunSettings, start_fn: Callable[[], Generation]) -> RunStream:
-        """Cancel whatever still runs, start a new generation with ``start_fn`` and pump it.
+    def start(self, owner: str, settings: RunSettings, start_fn: Callable[[], Generation], *,
+              kind: str = "reply") -> RunStream:
+        """Start a new generation with ``start_fn`` and pump it, once the engine is free.
 
+        A running stream is cancelled only when its own owner starts another one or when nobody
+        has read it for ``orphan_after_s`` (its visitor left). A stream someone is still reading
+        is never pre-empted: this waits for it to end (up to ``join_timeout_s``), then refuses.
         Raises what ``start_fn`` raises (SpiceError for a prompt or setting the engine refuses).
         """
         with self._lock:
             previous = self._active
             if previous is not None and not previous.done:
-                previous.cancel("superseded")
+                if previous.owner == owner:
+                    previous.cancel("superseded")
+                elif previous.orphaned:
+                    previous.cancel("orphaned")
                 if not previous.join(self._join_timeout_s):
-                    raise SpiceError("The engine is still finishing a previous generation: try again in a moment.")
+                    raise SpiceError(f"The engine is busy with another visitor's {previous.kind} "
+                                     f"({previous.progress_text()}): try again in a moment.")
             stream = RunStream(owner=owner, generation=start_fn(), settings=settings,
-                               orphan_after_s=self._orphan_after_s)
+                               orphan_after_s=self._orphan_after_s, kind=kind)
             self._active = stream
             stream.start()
             return stream
+
+    def describe(self) -> str:
+        """What the engine is doing now, for visitors who wait ("" when idle)."""
+        stream = self.active
+        if stream is None:
+            return ""
+        return f"{stream.kind}: {stream.progress_text()}"
 
     def cancel_owner(self, owner: str, reason: str) -> bool:
         """Cancel the running generation if ``owner`` started it; True if one was cancelled."""

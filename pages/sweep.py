@@ -7,7 +7,11 @@
 
 The grid only varies what a policy uses: τ_prefetch for prefetching policies, τ_approx for the
 lossy ones (an exact policy ignores it), nothing for the plain baselines. Runs go through the
-same runner and concurrency group as the chat, one at a time; Stop ends the sweep between runs.
+same runner and concurrency group as the chat, one at a time. The handler yields while every run
+streams, so Gradio can stop it when the visitor leaves; Stop, closing the page (unload) and a
+vanished reader (the runner's orphan watchdog) all end the sweep between tokens or runs. A sweep
+never pre-empts anyone else's reply (pages.runner), and its size is capped at the API as at the UI
+(pages.limits): runs, prompts, tokens per run and tokens in all.
 Greedy agreement is `pages.live.greedy_agreement` (share of the reference reproduced before the
 first different token), always at temperature 0.
 """
@@ -26,13 +30,14 @@ from spice_core.errors import ConfigError, SpiceError
 from pages import figures
 from pages.common import (ENGINE_GROUP, AppContext, FreeDropdown, FreeSlider, as_plot, default_settings,
                           spice_error_text)
+from pages.limits import bounded_number
 from pages.live import greedy_agreement
+from pages.owners import esc, owner_of
 from pages.runner import RunStream
 
 log = logging.getLogger(__name__)
 
-MAX_RUNS = 120
-MAX_PROMPTS = 8
+STATUS_INTERVAL_S = 1.0       # a progress line at most once a second while a run streams
 PREFETCHING = ("gate_prefetch", "spice_prefetch", "oracle_prefetch", "spice", "spice_no_lore", "spice_no_cpu")
 DEFAULT_POLICIES = ("lru", "spice_prefetch", "spice")
 DEFAULT_PROMPTS = ("Once upon a time there was a little robot who",
@@ -46,6 +51,7 @@ TABLE_COLUMNS = ["policy", "τ_prefetch", "τ_approx", "agreement %", "TPOT ms",
 class SweepSession:
     stop: bool = False
     running: bool = False
+    reason: str = ""             # why it stopped early ("" = the visitor pressed Stop)
 
 
 def parse_values(text: str, name: str) -> list[float]:
@@ -86,6 +92,8 @@ class SweepPage:
         self.ctx = ctx
         self.info = ctx.info
         self.defaults = replace(default_settings(ctx.info), max_new_tokens=24)
+        self.limits = ctx.limits
+        self._running: dict[str, SweepSession] = {}      # page session -> its running sweep (for unload)
 
     def build(self) -> None:
         info, d = self.info, self.defaults
@@ -95,8 +103,8 @@ class SweepPage:
         self.session = gr.State(SweepSession())   # deep-copied per browser session
         with gr.Row(equal_height=False):
             with gr.Column(scale=3):
-                self.prompts = gr.Textbox("\n".join(DEFAULT_PROMPTS), lines=4, max_lines=MAX_PROMPTS,
-                                          label=f"Prompts (one per line, at most {MAX_PROMPTS})", elem_id="sweep-prompts")
+                self.prompts = gr.Textbox("\n".join(DEFAULT_PROMPTS), lines=4, max_lines=self.limits.sweep_max_prompts,
+                                          label=f"Prompts (one per line, at most {self.limits.sweep_max_prompts})", elem_id="sweep-prompts")
                 self.policies = gr.CheckboxGroup(list(info.policies),
                                                  value=[p for p in DEFAULT_POLICIES if p in info.policies],
                                                  label="Policies", elem_id="sweep-policies")
@@ -108,7 +116,8 @@ class SweepPage:
                 with gr.Row():
                     self.cache_frac = FreeSlider(0.0, 1.0, value=d.cache_frac, step=0.05, label="GPU cache size",
                                                 elem_id="sweep-cache")
-                    self.max_new_tokens = FreeSlider(4, 128, value=d.max_new_tokens, step=1,
+                    self.max_new_tokens = FreeSlider(self.limits.sweep_min_tokens, self.limits.sweep_max_tokens,
+                                                     value=d.max_new_tokens, step=1,
                                                      label="Tokens per run", elem_id="sweep-tokens")
                 with gr.Row():
                     self.profile = FreeDropdown(list(info.profiles), value=d.profile, label="Hardware profile")
@@ -133,13 +142,20 @@ class SweepPage:
         gr.on(None, self.on_load, outputs=outputs, queue=False, api_visibility="private")
 
     # --- handlers ------------------------------------------------------------------------
-    def on_load(self):
-        rows = self.ctx.last_sweep
+    def on_load(self, request: gr.Request = None):
+        rows = self.ctx.last_sweep(owner_of(request))
         if not rows:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         timing = rows[0].get("timing", "")
-        return ("Showing the last sweep run on this server.", as_plot(figures.pareto_plot(rows, timing)),
+        return ("Showing your last sweep.", as_plot(figures.pareto_plot(rows, timing)),
                 as_plot(figures.policy_bars(rows, timing)), _table(rows))
+
+    def on_unload(self, request: gr.Request) -> None:
+        """The sweep's page closed: end its sweep between tokens (the chat's unload frees the engine)."""
+        session = self._running.pop(getattr(request, "session_hash", None) or "", None)
+        if session is not None:
+            session.stop, session.reason = True, "the page was closed"
+            self.ctx.runner.cancel_owner(f"sweep-{id(session)}", "closed")
 
     def stop(self, session: SweepSession) -> str:
         if session.running:
@@ -148,25 +164,38 @@ class SweepPage:
         return "No sweep is running."
 
     def run(self, prompts_text, policies, tau_prefetch_text, tau_approx_text, cache_frac, max_new_tokens, profile,
-            shape, session: SweepSession, progress=gr.Progress()):
+            shape, session: SweepSession, progress=gr.Progress(), request: gr.Request = None):
         skip = gr.skip()
+        lim = self.limits
+        if not isinstance(session, SweepSession):          # API callers cannot break the state
+            session = SweepSession()
         try:
             prompts = [p.strip() for p in str(prompts_text or "").splitlines() if p.strip()]
             if not prompts:
-                raise ConfigError("prompts: write at least one prompt, one per line")
-            if len(prompts) > MAX_PROMPTS:
-                raise ConfigError(f"prompts: {len(prompts)} given; the limit is {MAX_PROMPTS}")
+                raise ConfigError("Prompts: write at least one prompt, one per line")
+            if len(prompts) > lim.sweep_max_prompts:
+                raise ConfigError(f"Prompts: {len(prompts)} given; the limit is {lim.sweep_max_prompts}")
+            too_long = next((p for p in prompts if len(p) > self.ctx.max_message_chars), None)
+            if too_long is not None:
+                raise ConfigError(f"Prompts: one is {len(too_long):,} characters; the limit is "
+                                  f"{self.ctx.max_message_chars:,}")
+            if isinstance(policies, str):
+                policies = [policies]
+            if not isinstance(policies, (list, tuple)) or not all(isinstance(p, str) for p in policies):
+                raise ConfigError("Policies: tick at least one policy")
             policies = [p for p in (policies or [])]
             if not policies:
-                raise ConfigError("policies: tick at least one policy")
+                raise ConfigError("Policies: tick at least one policy")
             unknown = [p for p in policies if p not in self.info.policies]
             if unknown:
-                raise ConfigError(f"policy {unknown[0]!r} is unknown: choose from {', '.join(self.info.policies)}")
-            base = replace(self.defaults, cache_frac=float(cache_frac), max_new_tokens=int(max_new_tokens),
-                           profile=profile, shape=shape)
+                raise ConfigError(f"Policies: {unknown[0][:40]!r} is unknown; choose from {', '.join(self.info.policies)}")
             if profile not in self.info.profiles or shape not in self.info.shapes:
-                raise ConfigError(f"profile/shape must be one of {', '.join(self.info.profiles)} / "
+                raise ConfigError(f"Hardware profile / Model shape: choose one of {', '.join(self.info.profiles)} / "
                                   f"{', '.join(self.info.shapes)}")
+            base = replace(self.defaults, cache_frac=bounded_number(cache_frac, "GPU cache size", 0.0, 1.0),
+                           max_new_tokens=bounded_number(max_new_tokens, "Tokens per run", lim.sweep_min_tokens,
+                                                         lim.sweep_max_tokens, integer=True),
+                           profile=profile, shape=shape)
             tau_approx = parse_values(tau_approx_text, "τ_approx")
             notes = []
             if not self.info.has_lore and tau_approx != [0.0]:
@@ -174,16 +203,25 @@ class SweepPage:
                 notes.append("τ_approx was left at 0: this model has no LoRE factors, so nothing is approximated.")
             settings = grid(policies, parse_values(tau_prefetch_text, "τ_prefetch"), tau_approx, base)
         except (SpiceError, TypeError, ValueError) as exc:
-            yield f"⚠ Sweep not started: {spice_error_text(exc)}", skip, skip, skip
+            yield f"⚠ Sweep not started: {esc(spice_error_text(exc))}", skip, skip, skip
             return
         total = len(prompts) * (len(settings) + 1)
-        if total > MAX_RUNS:
+        if total > lim.sweep_max_runs:
             yield (f"⚠ Sweep not started: it would make {total} runs ({len(settings)} settings × {len(prompts)} "
-                   f"prompts, plus references); the limit is {MAX_RUNS}. Use fewer values, policies or prompts."),\
-                skip, skip, skip
+                   f"prompts, plus references); the limit is {lim.sweep_max_runs}. Use fewer values, policies or "
+                   f"prompts."), skip, skip, skip
             return
-        session.stop, session.running = False, True
+        if total * base.max_new_tokens > lim.sweep_token_budget:
+            yield (f"⚠ Sweep not started: it would generate up to {total * base.max_new_tokens:,} tokens ({total} "
+                   f"runs × {base.max_new_tokens} tokens per run); this shared server allows {lim.sweep_token_budget:,} "
+                   f"per sweep. Lower Tokens per run, or use fewer values, policies or prompts."), skip, skip, skip
+            return
+        session.stop, session.running, session.reason = False, True, ""
         owner = f"sweep-{id(session)}"
+        visitor = owner_of(request)
+        page_session = getattr(request, "session_hash", None) or ""
+        if page_session:
+            self._running[page_session] = session
         started = time.perf_counter()
         rows: list[dict] = []
         try:
@@ -192,13 +230,16 @@ class SweepPage:
             done = 0
             for i, prompt in enumerate(prompts):
                 progress((done, total), desc=f"reference {i + 1}/{len(prompts)}")
-                ids, ref_summary, error = self._one(owner, prompt, ref_settings, f"sweep reference {i + 1}")
+                ids, ref_summary, error = yield from self._one(owner, visitor, session, prompt, ref_settings,
+                                                               f"sweep reference {i + 1}", (done, total))
                 done += 1
+                if session.stop:
+                    break
                 if error:
-                    yield f"⚠ Reference run failed: {error}", skip, skip, skip
+                    yield f"⚠ Reference run failed: {esc(error)}", skip, skip, skip
                     return
                 references.append(ids)
-            timing = ref_summary.timing if ref_summary else self.info.default_timing
+            timing = ref_summary.timing if references and ref_summary else self.info.default_timing
             for s in settings:
                 if session.stop:
                     break
@@ -207,41 +248,57 @@ class SweepPage:
                     if session.stop:
                         break
                     progress((done, total), desc=f"{s.policy} τp={s.tau_prefetch:g} τa={s.tau_approx:g}")
-                    ids, summary, error = self._one(owner, prompt, s, f"sweep {s.policy}")
+                    ids, summary, error = yield from self._one(owner, visitor, session, prompt, s,
+                                                               f"sweep {s.policy}", (done, total))
                     done += 1
+                    if session.stop:
+                        break
                     if error:
-                        yield f"⚠ {s.policy} failed: {error}", skip, skip, skip
+                        yield f"⚠ {s.policy} failed: {esc(error)}", skip, skip, skip
                         continue
                     per_prompt.append((greedy_agreement(ids, ref), summary))
                 if per_prompt:
                     rows.append(_row(s, per_prompt, timing))
-                    self.ctx.last_sweep = list(rows)
+                    self.ctx.remember_sweep(visitor, rows)
                     yield (f"{len(rows)} of {len(settings)} settings done · {done}/{total} runs · "
                            f"{time.perf_counter() - started:.0f} s", as_plot(figures.pareto_plot(rows, timing)),
                            as_plot(figures.policy_bars(rows, timing)), _table(rows))
-            verb = "Stopped" if session.stop else "Done"
+            verb = (f"Stopped ({session.reason})" if session.reason else "Stopped") if session.stop else "Done"
             yield (f"{verb}: {len(rows)} settings, {done} runs in {time.perf_counter() - started:.0f} s "
                    f"({timing} timing, {base.profile}, {base.shape}). {' '.join(notes)}".strip(),
                    as_plot(figures.pareto_plot(rows, timing)),
                    as_plot(figures.policy_bars(rows, timing)), _table(rows))
         finally:
             session.running = False
+            if page_session and self._running.get(page_session) is session:
+                del self._running[page_session]
             self.ctx.runner.cancel_owner(owner, "closed")
 
-    def _one(self, owner: str, prompt: str, settings: RunSettings, label: str):
-        """One greedy run: (token ids, summary, error text)."""
+    def _one(self, owner: str, visitor: str, session: SweepSession, prompt: str, settings: RunSettings,
+             label: str, done_total: tuple[int, int]):
+        """One greedy run (a generator: yields a progress line about once a second, so Gradio can stop
+        the sweep while it streams); returns (token ids, summary, error text)."""
+        skip = gr.skip()
         try:
             stream: RunStream = self.ctx.runner.start(owner, settings,
-                                                      lambda: self.ctx.engine.start_prompt(prompt, settings))
+                                                      lambda: self.ctx.engine.start_prompt(prompt, settings),
+                                                      kind="sweep run")
         except SpiceError as exc:
             return [], None, spice_error_text(exc)
-        self.ctx.label_run(stream.run_id, label)
+        self.ctx.label_run(stream.run_id, label, visitor)
         ids: list[int] = []
+        due = time.monotonic() + STATUS_INTERVAL_S
         while True:
-            steps, ended = stream.take(0.5)
+            if session.stop:
+                stream.cancel("stop")
+            steps, ended = stream.take(0.25)
             ids += [s.token_id for s in steps]
             if ended:
                 break
+            if time.monotonic() >= due:
+                due = time.monotonic() + STATUS_INTERVAL_S
+                yield (f"Running {done_total[0] + 1} of {done_total[1]}: {esc(label)} · {len(ids)} tokens",
+                       skip, skip, skip)
         return ids, stream.summary(), stream.error
 
 

@@ -1,11 +1,15 @@
 """Trace explorer page: any finished run's timeline, per-token and per-layer numbers, and downloads.
 
-    page load / Refresh ──► engine.list_runs() ──► run picker (newest first; ?run=<id> preselects)
+    page load / Refresh ──► this visitor's runs (RunBook ∩ engine.list_runs()) ──► run picker
+                            (newest first; ?run=<id> preselects one of theirs, or one shared with them)
     pick a run ──► engine.get_summary + get_events ──► summary cards, per-token chart, lane timeline,
                                                        per-layer table
-               └─► ExportStore (one temporary folder per run) ──► Chrome trace / TensorBoard zip / CSV
+    a download button ──► ExportStore writes that one export ──► a file link
+    Share ──► the owner makes the run's link open for anyone who has it (never listed to others)
 
-Runs live in the engine's registry, so every page and every browser session sees the same list.
+A visitor sees only the runs they started (pages.owners explains who "they" are): the list,
+the views and the exports all check the run's owner first, and a malformed id never reaches
+the engine or the disk. Everything shown that came from a visitor (labels) is escaped.
 The tables are computed here from the trace events (one schema for measured and modeled runs).
 """
 from __future__ import annotations
@@ -19,6 +23,7 @@ import pandas as pd
 from spice_core.errors import SpiceError
 from pages import figures
 from pages.common import AppContext, FreeDropdown, as_plot, fmt_bytes, spice_error_text
+from pages.owners import esc, owner_of, valid_run_id
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +94,7 @@ def per_token_series(events) -> tuple[list[int], list[float], list[float], list[
 
 
 def summary_html(s, label: str = "") -> str:
+    """The summary cards; every interpolated value is escaped (labels are visitors' prompts)."""
     split = " · ".join(f"{k} {v}" for k, v in sorted(s.miss_split.items()) if v) or "no misses"
     cards = [
         ("tokens", f"{s.n_tokens}", s.finish_reason or "—"),
@@ -99,11 +105,12 @@ def summary_html(s, label: str = "") -> str:
         ("copied", fmt_bytes(s.bytes_per_token), "per token"),
         ("stall", f"{s.stall_ms_per_token:.2f} ms", "per token"),
     ]
-    body = "".join(f"<div class='card'><div class='k'>{k}</div><div class='v'>{v}</div><div class='s'>{t}</div></div>"
-                   for k, v, t in cards)
-    notes = "".join(f"<li>{n}</li>" for n in s.notes)
-    head = (f"<b>{s.run_id}</b> · {s.policy} · {s.timing} timing"
-            f"{f' ({s.profile}, {s.shape})' if s.timing == 'modeled' else ''}{f' · {label}' if label else ''}")
+    body = "".join(f"<div class='card'><div class='k'>{esc(k)}</div><div class='v'>{esc(v)}</div>"
+                   f"<div class='s'>{esc(t)}</div></div>" for k, v, t in cards)
+    notes = "".join(f"<li>{esc(n)}</li>" for n in s.notes)
+    where = f" ({esc(s.profile)}, {esc(s.shape)})" if s.timing == "modeled" else ""
+    head = (f"<b>{esc(s.run_id)}</b> · {esc(s.policy)} · {esc(s.timing)} timing{where}"
+            f"{f' · {esc(label)}' if label else ''}")
     return (f"<div class='spice-stats'><div class='head'>{head}</div><div class='cards'>{body}</div>"
             f"{f'<ul class=notes>{notes}</ul>' if notes else ''}</div>")
 
@@ -123,11 +130,14 @@ class TraceExplorer:
             self.refresh = gr.Button("Refresh list", scale=0, min_width=120, size="md", elem_id="trace-refresh")
         self.message = gr.Markdown("", elem_classes=["spice-note"])
         self.summary = gr.HTML("", elem_id="trace-summary")
-        with gr.Row():
-            self.dl_chrome = gr.DownloadButton("Download Chrome trace (.json)", value=None, interactive=False,
-                                               elem_id="dl-chrome")
-            self.dl_tb = gr.DownloadButton("Download TensorBoard run (.zip)", value=None, interactive=False, elem_id="dl-tb")
-            self.dl_csv = gr.DownloadButton("Download per-token CSV", value=None, interactive=False, elem_id="dl-csv")
+        with gr.Row(equal_height=True):
+            self.dl_chrome = gr.Button("Chrome trace (.json)", interactive=False, size="md", elem_id="dl-chrome")
+            self.dl_tb = gr.Button("TensorBoard run (.zip)", interactive=False, size="md", elem_id="dl-tb")
+            self.dl_csv = gr.Button("Per-token CSV", interactive=False, size="md", elem_id="dl-csv")
+            self.share = gr.Checkbox(False, label="Share: anyone with this run's link may open it", interactive=False,
+                                     elem_id="trace-share")
+        self.file = gr.File(None, label="Download", interactive=False, elem_id="trace-file", height=60)
+        self.share_note = gr.Markdown("", elem_classes=["spice-note"], elem_id="trace-share-note")
         self.overview = gr.Plot(as_plot(figures.empty_figure("pick a run")), label="Per token: time, stall, copies",
                                 elem_id="trace-overview")
         with gr.Row(equal_height=True):
@@ -141,91 +151,142 @@ class TraceExplorer:
         self._wire()
 
     def _wire(self) -> None:
-        shown = [self.message, self.summary, self.overview, self.timeline, self.table,
-                 self.dl_chrome, self.dl_tb, self.dl_csv]
+        buttons = [self.dl_chrome, self.dl_tb, self.dl_csv]
+        shown = [self.message, self.summary, self.overview, self.timeline, self.table, self.file, self.share,
+                 *buttons]
         gr.on(None, self.on_load, inputs=None, outputs=[self.run], api_visibility="private", queue=False)
         self.refresh.click(self.list_runs, inputs=[self.run], outputs=[self.run], api_name="runs", queue=False)
         self.run.change(self.show, inputs=[self.run, self.first, self.count], outputs=shown, api_name="trace_run")
         gr.on([self.first.submit, self.count.submit, self.first.blur, self.count.blur], self.window,
               inputs=[self.run, self.first, self.count], outputs=[self.timeline], api_visibility="private")
-        # API only: one export by kind, e.g. client.predict("run-0003", "chrome", api_name="/export")
+        # Exports are written when asked for, one kind at a time, outside the engine's group (they only
+        # read a finished run); at most two at once so that exports cannot starve the server.
+        for button, kind in zip(buttons, ("chrome", "tensorboard", "csv")):
+            button.click(self._export_handler(kind),
+                         inputs=[self.run], outputs=[self.file, self.message], api_visibility="private",
+                         concurrency_id="exports", concurrency_limit=2)
+        self.share.input(self.set_shared, inputs=[self.run, self.share], outputs=[self.share_note],
+                         api_name="share", queue=False)
+        # API only: one export by kind, e.g. client.predict("3f2a9c01d4", "chrome", api_name="/export")
         api_run = gr.Textbox(visible=False)
         api_kind = gr.Textbox(visible=False)
         api_file = gr.File(visible=False)
-        api_kind.submit(self.export, inputs=[api_run, api_kind], outputs=[api_file], api_name="export")
+        api_kind.submit(self.export, inputs=[api_run, api_kind], outputs=[api_file], api_name="export",
+                        concurrency_id="exports", concurrency_limit=2)
 
-    def _choices(self) -> list[tuple[str, str]]:
-        # Newest first: the app knows the order of the runs it started (run ids carry none); others follow
-        # in the engine's order.
-        started = {run_id: i for i, run_id in enumerate(self.ctx.run_labels)}
-        runs = sorted(self.ctx.engine.list_runs(), key=lambda s: -started.get(s.run_id, -1))
+    def _choices(self, owner: str, extra: str = "") -> list[tuple[str, str]]:
+        """This visitor's finished runs, newest first (plus ``extra``, a run shared with them)."""
+        summaries = {s.run_id: s for s in self.ctx.engine.list_runs()}
+        entries = self.ctx.runs.list_for(owner)
+        wanted = [e for e in entries if e.run_id in summaries]
+        if extra and extra in summaries and all(e.run_id != extra for e in wanted):
+            shared = self.ctx.runs.get(extra)
+            if shared is not None:
+                wanted.insert(0, shared)
         out = []
-        for s in runs:
-            label = self.ctx.run_labels.get(s.run_id, "")
+        for e in wanted:
+            s = summaries[e.run_id]
+            mine = "" if e.owner == owner else " · shared with you"
             out.append((f"{s.run_id} · {s.policy} · {s.n_tokens} tok · TPOT {s.tpot_ms_median:.2f} ms"
-                        f"{f' · {label}' if label else ''}", s.run_id))
+                        f"{f' · {e.label}' if e.label else ''}{mine}", s.run_id))
         return out
 
+    def _allowed(self, run_id, request) -> str:
+        """The run id if this visitor may open it; raises SpiceError otherwise (same words for
+        "not yours" and "unknown", so nobody learns which ids exist)."""
+        clean = valid_run_id(run_id)
+        if not clean or not self.ctx.runs.may_open(clean, owner_of(request)):
+            raise SpiceError("Run: that run is unknown, expired or not yours (runs are private to the browser "
+                             "that made them, unless their owner shares them); pick one from the list")
+        return clean
+
     def on_load(self, request: gr.Request = None):
-        choices = self._choices()
-        wanted = request.query_params.get("run") if request is not None else None
+        owner = owner_of(request)
+        wanted = valid_run_id(request.query_params.get("run") if request is not None else None)
+        if wanted and not self.ctx.runs.may_open(wanted, owner):
+            wanted = ""
+        choices = self._choices(owner, extra=wanted)
         ids = [v for _, v in choices]
         value = wanted if wanted in ids else (ids[0] if ids else None)
         return gr.update(choices=choices, value=value)
 
-    def list_runs(self, current):
-        choices = self._choices()
+    def list_runs(self, current, request: gr.Request = None):
+        choices = self._choices(owner_of(request))
         ids = [v for _, v in choices]
         return gr.update(choices=choices, value=current if current in ids else (ids[0] if ids else None))
 
-    def show(self, run_id, first, count):
-        none = gr.update(value=None, interactive=False)
+    def show(self, run_id, first, count, request: gr.Request = None):
+        off = gr.update(interactive=False)
+        share_off = gr.update(value=False, interactive=False)
         if not run_id:
             return ("No finished runs yet: chat on the main page or run a sweep, then press Refresh.", "",
                     as_plot(figures.empty_figure("pick a run")), as_plot(figures.empty_figure("pick a run")),
-                    pd.DataFrame(columns=LAYER_COLUMNS), none, none, none)
+                    pd.DataFrame(columns=LAYER_COLUMNS), None, share_off, off, off, off)
         try:
+            run_id = self._allowed(run_id, request)
             summary = self.ctx.engine.get_summary(run_id)
             events = self.ctx.engine.get_events(run_id)
         except SpiceError as exc:
-            return (f"⚠ {spice_error_text(exc)}", "", gr.skip(), gr.skip(), gr.skip(), none, none, none)
+            return (f"⚠ {esc(spice_error_text(exc))}", "", gr.skip(), gr.skip(), gr.skip(), None, share_off,
+                    off, off, off)
         tokens, step_ms, stall_ms, mb = per_token_series(events)
         overview = figures.token_overview(tokens, step_ms, stall_ms, mb, summary.timing)
-        downloads, problems = [], []
-        for kind in ("chrome", "tensorboard", "csv"):
-            try:
-                downloads.append(gr.update(value=str(self.ctx.exports.get(run_id, kind)), interactive=True))
-            except SpiceError as exc:
-                problems.append(f"{kind}: {spice_error_text(exc)}")
-                downloads.append(none)
-        message = ("⚠ Some exports failed: " + "; ".join(problems)) if problems else ""
-        return (message, summary_html(summary, self.ctx.run_labels.get(run_id, "")), as_plot(overview),
-                as_plot(self._timeline(events, first, count)), per_layer_frame(events, summary.n_tokens), *downloads)
+        entry = self.ctx.runs.get(run_id)
+        mine = self.ctx.runs.is_owner(run_id, owner_of(request))
+        on = gr.update(interactive=True)
+        return ("", summary_html(summary, entry.label if entry else ""), as_plot(overview),
+                as_plot(self._timeline(events, first, count)), per_layer_frame(events, summary.n_tokens), None,
+                gr.update(value=bool(entry and entry.shared), interactive=mine), on, on, on)
 
-    def window(self, run_id, first, count):
+    def window(self, run_id, first, count, request: gr.Request = None):
         if not run_id:
             return gr.skip()
         try:
-            events = self.ctx.engine.get_events(run_id)
+            events = self.ctx.engine.get_events(self._allowed(run_id, request))
         except SpiceError:
             return gr.skip()
         return as_plot(self._timeline(events, first, count))
 
+    def set_shared(self, run_id, shared, request: gr.Request = None) -> str:
+        clean = valid_run_id(run_id)
+        if not clean or not self.ctx.runs.set_shared(clean, owner_of(request), bool(shared)):
+            return "⚠ Only the visitor who made a run can share it."
+        if shared:
+            return (f"Anyone with this link can now open run **{esc(clean)}** (read-only): "
+                    f"`trace?run={esc(clean)}`. Untick to make it private again.")
+        return "This run is private again."
+
     @staticmethod
     def _timeline(events, first, count):
-        first = max(0, int(first or 0))
-        count = max(1, min(4096, int(count or DEFAULT_WINDOW_TOKENS)))
+        try:
+            first = max(0, min(10**9, int(float(first or 0))))
+            count = max(1, min(4096, int(float(count or DEFAULT_WINDOW_TOKENS))))
+        except (TypeError, ValueError, OverflowError):
+            first, count = 0, DEFAULT_WINDOW_TOKENS
         window = [e for e in events if first <= e.token < first + count]
         return figures.lane_gantt(window, uirevision=f"timeline-{first}-{count}",
                                   empty_hint=f"no intervals for tokens {first}–{first + count - 1}")
 
-    def export(self, run_id, kind):
+    def export(self, run_id, kind, request: gr.Request = None):
         if not run_id:
-            raise gr.Error("Pick a run first.")
+            raise gr.Error("Run: pick a run first.")
         try:
-            return str(self.ctx.exports.get(run_id, (kind or "chrome").strip()))
+            kind = (kind or "chrome").strip() if isinstance(kind, str) else kind
+            return str(self.ctx.exports.get(self._allowed(run_id, request), kind))
         except SpiceError as exc:
-            raise gr.Error(spice_error_text(exc)) from None
+            raise gr.Error(esc(spice_error_text(exc))) from None
+
+    def _export_handler(self, kind: str):
+        def handler(run_id, request: gr.Request = None):
+            return self.export_ui(run_id, kind, request)
+        return handler
+
+    def export_ui(self, run_id, kind: str, request: gr.Request = None):
+        """A download button: write this one export and hand back its file."""
+        try:
+            return str(self.ctx.exports.get(self._allowed(run_id, request), kind)), ""
+        except SpiceError as exc:
+            return None, f"⚠ Export failed: {esc(spice_error_text(exc))}"
 
 
 def build(ctx: AppContext) -> TraceExplorer:

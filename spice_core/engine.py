@@ -36,6 +36,14 @@ from spice_core.types import ExpertKey
 
 log = logging.getLogger(__name__)
 MAX_RUNS_KEPT = 32
+MAX_RETAINED_BYTES = 512 * 2**20   # kept runs' events and steps together (estimated); the oldest runs go first
+ITEM_BYTES_ESTIMATE = 600          # one TraceEvent, or one outcome / prefetch / interval of a StepStats, in memory
+
+
+def record_bytes(rec: "RunRecord") -> int:
+    """Estimated memory of a kept run (a 480-token run holds ~100k events: tens of MB)."""
+    items = len(rec.events) + sum(1 + len(s.outcomes) + len(s.prefetches) + len(s.intervals) for s in rec.steps)
+    return ITEM_BYTES_ESTIMATE * items
 
 
 class EngineBusyError(SpiceError):
@@ -79,6 +87,8 @@ class SpiceEngine:
         self.hw_profile = hw_profile            # calibrated profile for decisions in measured mode
         self._lock = threading.Lock()
         self._runs: OrderedDict[str, RunRecord] = OrderedDict()
+        self._runs_lock = threading.Lock()    # the registry: written by the generating thread, read by any
+        self._runs_bytes: dict[str, int] = {}
         self._fwd_cache_kw = "cache" if "cache" in inspect.signature(lm.model.forward).parameters else "past_key_values"
         cfg = lm.model.config
         shared = 0
@@ -171,17 +181,25 @@ class SpiceEngine:
                     f"or --cache-gb to >= {self.min_cache_bytes() / 1e9:.4f}")
 
     def _register(self, rec: RunRecord) -> None:
-        self._runs[rec.run_id] = rec
-        while len(self._runs) > MAX_RUNS_KEPT:
-            self._runs.popitem(last=False)
+        size = record_bytes(rec)
+        with self._runs_lock:
+            self._runs[rec.run_id] = rec
+            self._runs_bytes[rec.run_id] = size
+            while len(self._runs) > 1 and (len(self._runs) > MAX_RUNS_KEPT
+                                           or sum(self._runs_bytes.values()) > MAX_RETAINED_BYTES):
+                old, _ = self._runs.popitem(last=False)
+                self._runs_bytes.pop(old, None)
 
     def list_runs(self) -> list[RunSummary]:
-        return [r.summary for r in reversed(self._runs.values()) if r.summary is not None]
+        with self._runs_lock:
+            return [r.summary for r in reversed(self._runs.values()) if r.summary is not None]
 
     def _record(self, run_id: str) -> RunRecord:
-        if run_id not in self._runs:
-            raise SpiceError(f"run {run_id!r} is unknown or expired: pick one from the run list")
-        return self._runs[run_id]
+        with self._runs_lock:
+            rec = self._runs.get(run_id) if isinstance(run_id, str) else None
+        if rec is None:
+            raise SpiceError(f"run {str(run_id)[:64]!r} is unknown or expired: pick one from the run list")
+        return rec
 
     def get_summary(self, run_id: str) -> RunSummary:
         return self._record(run_id).summary

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import threading
 import zipfile
 from pathlib import Path
 from typing import Iterable
@@ -31,16 +32,34 @@ from spice_core.trace.export import chrome_trace_events, jsonable, write_json
 TRACE_SUFFIX = ".pt.trace.json.gz"
 
 
+_TEMPLATE_LOCK = threading.Lock()
+_template_json: str | None = None
+
+
 def _profiler_trace() -> dict:
-    """A genuine torch.profiler Chrome trace of a few tiny CPU ops (the first call costs ~1-2 s)."""
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        with record_function("spice.export"):
-            a = torch.ones(4, 4)
-            torch.relu(a @ a).sum()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "profile.json"
-        prof.export_chrome_trace(str(path))
-        return json.loads(path.read_text(encoding="utf-8"))
+    """A genuine torch.profiler Chrome trace of a few tiny CPU ops, recorded once per process.
+
+    The profiler is process-wide: recording it while a generation runs on another thread would
+    mix that generation's ops in (and slow it down). So it is recorded once, under a lock (call
+    `warm_profiler_template()` at start-up, before serving), and every export gets a fresh copy.
+    """
+    global _template_json
+    with _TEMPLATE_LOCK:
+        if _template_json is None:
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                with record_function("spice.export"):
+                    a = torch.ones(4, 4)
+                    torch.relu(a @ a).sum()
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "profile.json"
+                prof.export_chrome_trace(str(path))
+                _template_json = path.read_text(encoding="utf-8")
+        return json.loads(_template_json)
+
+
+def warm_profiler_template() -> None:
+    """Record the profiler template now (first call ~1-2 s), so no export ever runs the profiler later."""
+    _profiler_trace()
 
 
 def _free_pid(trace_events: list[dict]) -> int:

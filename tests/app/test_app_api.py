@@ -129,8 +129,7 @@ def test_trace_run_shows_timeline_overview_and_per_layer_table(served, client):
     assert table["headers"][0] == "layer" and len(table["data"]) == len(served.engine.moe_layers)
     shares = [sum(row[2:7]) for row in table["data"]]
     assert all(abs(s - 100) < 0.6 for s in shares), shares
-    for download in out[5:]:
-        assert download is not None
+    assert out[5] is None, "no export is written until one is asked for"
 
 
 # --- bad input --------------------------------------------------------------------------------
@@ -174,7 +173,7 @@ def test_out_of_range_setting_via_api_gets_a_note_naming_the_field(served, clien
 
 
 def test_out_of_range_setting_through_the_settings_endpoint_is_reported(served, client):
-    note, _banner = client.predict(*settings_inputs(cache_frac=1.5), api_name="/settings")
+    note, _banner, _stats = client.predict(*settings_inputs(cache_frac=1.5), api_name="/settings")
     assert "Not applied" in note and "cache_frac=1.5" in note
 
 
@@ -229,10 +228,10 @@ def _submit_and_wait(served, client, inputs: list, n_tokens: int = 5):
 
 
 def test_stop_cancels_between_tokens_and_says_so(served, client):
-    job, gen = _submit_and_wait(served, client, chat_inputs("go on forever", max_new_tokens=2000))
+    job, gen = _submit_and_wait(served, client, chat_inputs("go on forever", max_new_tokens=512))
     client.predict(api_name="/stop")
     final = job.result(timeout=10)
-    assert len(gen._run.steps) < 2000
+    assert len(gen._run.steps) < 512
     assert any(n.startswith("■ Stopped after") for n in last_notes(final[1]))
     assert gen.summary().finish_reason == "cancelled"
 
@@ -259,7 +258,7 @@ def test_busy_note_reaches_the_streaming_chat(served):
     for out in gen:
         history = out[1] if isinstance(out[1], list) else history
     notes = [m["metadata"]["title"] for m in history if m.get("metadata")]
-    assert notes.count("⚠ Still answering your previous message") == 1, notes
+    assert sum(n.startswith("⚠ Still answering your previous message") for n in notes) == 1, notes
 
 
 def test_closed_connection_mid_reply_frees_the_engine(served):
@@ -267,7 +266,7 @@ def test_closed_connection_mid_reply_frees_the_engine(served):
     fn_index = next(i for i, fn in served.demo.fns.items() if fn.api_name == "chat")
     session_hash = "closed-tab-test"
     before = len(served.engine.generations)
-    payload = {"data": [*chat_inputs("never read", max_new_tokens=3000), None], "fn_index": fn_index,
+    payload = {"data": [*chat_inputs("never read", max_new_tokens=512), None], "fn_index": fn_index,
                "session_hash": session_hash, "trigger_id": None, "event_data": None}
     base = served.url.rstrip("/") + "/gradio_api"
     r = httpx.post(f"{base}/queue/join", json=payload, timeout=10)
@@ -288,7 +287,7 @@ def test_closed_connection_mid_reply_frees_the_engine(served):
 
 
 def test_api_cancel_mid_reply_frees_the_engine(served, client):
-    job, gen = _submit_and_wait(served, client, chat_inputs("cancel me", max_new_tokens=3000))
+    job, gen = _submit_and_wait(served, client, chat_inputs("cancel me", max_new_tokens=512))
     job.cancel()
     assert wait_for(lambda: gen._run.summary is not None, 8)
     assert len(gen._run.steps) < 3000
@@ -296,7 +295,7 @@ def test_api_cancel_mid_reply_frees_the_engine(served, client):
 
 def test_slider_moved_mid_stream_applies_from_the_next_token(served, client):
     job, gen = _submit_and_wait(served, client, chat_inputs("slide", max_new_tokens=150), 10)
-    note, _ = client.predict(*settings_inputs(tau_prefetch=0.9, policy="lru", max_new_tokens=150),
+    note, _, _ = client.predict(*settings_inputs(tau_prefetch=0.9, policy="lru", max_new_tokens=150),
                              api_name="/settings")
     assert "tau_prefetch" in note and "next token" in note and "policy" in note
     final = job.result(timeout=20)
