@@ -91,6 +91,9 @@ class GraphedDecoder:
         H, I, numel = lay.hidden, lay.intermediate, lay.numel
         assert slots_buffer.shape[1:] == (numel,) and slots_buffer.is_contiguous(), slots_buffer.shape
         self.buffer, self.n_slots = slots_buffer, int(slots_buffer.shape[0])
+        if kernel == "grouped" and self.n_slots > 1024:
+            raise ConfigError(f"kernel 'grouped' handles at most 1024 slots (a grouped_mm limit), not {self.n_slots}: "
+                              "use kernel='gather'")
         if self.n_slots < self.k:
             raise ConfigError(f"slots_buffer has {self.n_slots} slots, below one layer's top-{self.k}: enlarge it")
         off = slots_buffer.storage_offset()
@@ -270,8 +273,11 @@ class GraphedDecoder:
         slot_e, perm, valid = plan[0], plan[1], plan[2]
         w = top_k_weights.view(-1).index_select(0, perm).view(K, 1)       # router dtype
         if self.kernel == "gather":
-            gu = self._gu.index_select(0, slot_e)                            # [K,2I,H] (copies the weights)
-            dn = self._dn.index_select(0, slot_e)                            # [K,H,I]
+            rows = self.buffer.index_select(0, slot_e)                       # [K, numel]: one row gather (a copy)
+            lay, off = self.lm.layout, rows.storage_offset()
+            I_, numel = lay.intermediate, lay.numel
+            gu = rows.as_strided((K, 2 * I_, H), (numel, H, 1), off)        # [K,2I,H]
+            dn = rows.as_strided((K, H, I_), (numel, I_, 1), off + 2 * I_ * H)   # [K,H,I]
             gate, up = torch.bmm(x.expand(K, 1, H), gu.transpose(1, 2)).chunk(2, dim=-1)
             y = torch.bmm(act(gate) * up, dn.transpose(1, 2)).view(K, H)
         else:

@@ -63,7 +63,7 @@ def _greedy(lm, n_slots, n_tokens, use_graphs):
     else:
         buf = torch.zeros((n_slots, lm.layout.numel), dtype=lm.layout.dtype, device=lm.device)
         cb = LruSlots(lm, buf, copy_stream)
-    dec = GraphedDecoder(lm, buf, copy_stream, 64, use_graphs=use_graphs)
+    dec = GraphedDecoder(lm, buf, copy_stream, len(PROMPT) + n_tokens + 8, use_graphs=use_graphs)
     tok = dec.prefill(PROMPT, cb.prefill)
     toks, logits = [tok], []
     for _ in range(n_tokens - 1):
