@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--clip", type=ca.positive_float, default=1.0)
     ap.add_argument("--prose-fraction", type=ca.fraction, default=0.15)
     ap.add_argument("--chat-fraction", type=ca.fraction, default=0.3)
-    ap.add_argument("--workers", type=ca.positive_int, default=max(1, min(8, (os.cpu_count() or 2) - 2)),
+    ap.add_argument("--workers", type=ca.int_in(0), default=max(1, min(8, (os.cpu_count() or 2) - 2)),
                     help="story generator processes (0: generate in this process)")
     ap.add_argument("--save-every-s", type=ca.positive_float, default=120.0)
     ap.add_argument("--log-every", type=ca.positive_int, default=10)
