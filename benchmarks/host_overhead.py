@@ -37,16 +37,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from spice_core.api import RunSettings  # noqa: E402
 from spice_core.bench import DEFAULT_PROMPTS  # noqa: E402
 from spice_core.engine import SpiceEngine  # noqa: E402
-import spice_core.orchestrator as orch  # noqa: E402
+from spice_core.policy.planner import LayerPlanner  # noqa: E402
+from spice_core.runtime.eager import EagerExecutor  # noqa: E402
+from spice_core.runtime.layer import LayerRuntime  # noqa: E402
 
-SECTIONS = ("run_layer", "_prefetch", "_decide_layer", "_acquire_slot", "_copy_into")
+# Engine sections timed per MoE layer: the whole layer, the lookahead, the planner's two phases,
+# the routing readback, and copy issue (demand and prefetch).
+SECTIONS = {"run_layer": LayerRuntime, "_prefetch": LayerRuntime, "plan_layer": LayerPlanner,
+            "plan_experts": LayerPlanner, "read_routing": EagerExecutor, "issue": EagerExecutor}
 
 
 def _instrument(totals: dict, counts: collections.Counter) -> None:
-    for name in SECTIONS:
-        fn = getattr(orch.LayerRuntime, name)
+    """Wrap each section's method with a wall-clock timer (a profiler's job, done by hand: cProfile's
+    own overhead would swamp sections of a few microseconds)."""
+    for name, cls in SECTIONS.items():
+        fn = cls.__dict__[name]
+        is_static = isinstance(fn, staticmethod)
+        raw = fn.__func__ if is_static else fn
 
-        def wrapped(*a, __fn=fn, __name=name, **k):
+        def wrapped(*a, __fn=raw, __name=name, **k):
             t = time.perf_counter()
             try:
                 return __fn(*a, **k)
@@ -54,7 +63,7 @@ def _instrument(totals: dict, counts: collections.Counter) -> None:
                 totals[__name] += time.perf_counter() - t
                 counts[__name] += 1
 
-        setattr(orch.LayerRuntime, name, wrapped)
+        setattr(cls, name, staticmethod(wrapped) if is_static else wrapped)
 
 
 def main(argv=None) -> int:

@@ -26,7 +26,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -35,13 +34,19 @@ sys.path.insert(0, str(ROOT))
 
 from spice_core.model.loader import load_model  # noqa: E402
 from spice_core.predictor.artifacts import load_artifacts_if_present  # noqa: E402
+from spice_core.runtime.context import PredictContext  # noqa: E402
 from spice_core.predictor.draft import DraftTrainConfig, _targets, target_table, train_draft  # noqa: E402
 from spice_core.predictor.traces import traces_for_model  # noqa: E402
 
 
-class _Timeline:
-    def draft(self, layer, n_heads, fn):
-        return fn()
+class _NoClock:
+    """A clock that records nothing: only the predictor's own wall time is measured here."""
+
+    def stamp(self, stream=None):
+        return None
+
+    def draft(self, layer, n_heads, start=None):
+        return None
 
 
 def _scores(name, lm, traces, draft, pop_freq, D):
@@ -102,7 +107,7 @@ def _metrics(scores, conf, sel, valid, k, taus, D, same_token_only=None):
 
 def _overhead_ms(lm, traces, predictor, depth, n_tokens=64):
     """Median wall ms per token of ``predictor.predict`` over all MoE layers (this machine)."""
-    rt = SimpleNamespace(max_lookahead=depth, timeline=_Timeline(), token=0)
+    rt = PredictContext(max_lookahead=depth, clock=_NoClock())
     xs = [traces.hidden[p, :n_tokens].to(lm.device, lm.model.dtype) for p in range(len(lm.moe_layers))]
     times = []
     for t in range(min(n_tokens, traces.n_tokens)):

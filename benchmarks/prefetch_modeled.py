@@ -79,7 +79,7 @@ def heldout_prompts(lm, n: int) -> list[list[int]]:
 
 
 class _Capture:
-    """Wraps engine.build_runtime to keep the runtime, whose per-token counters hold the
+    """Wraps engine.build_runtime to keep the runtime, whose recorder holds the
     lookahead stop reasons and H_min the StepStats do not carry."""
 
     def __init__(self, engine):
@@ -98,8 +98,8 @@ def run_one(engine, cap, ids, settings) -> dict:
     for st in run:
         steps.append(st)
         if st.index >= 1 and cap.rt is not None:
-            reasons.update(cap.rt.counters.stop_reasons)
-            hmins.extend(h for h in cap.rt.counters.h_mins if h >= 0)
+            reasons.update(cap.rt.recorder.token.stop_reasons)
+            hmins.extend(h for h in cap.rt.recorder.token.h_mins if h >= 0)
     rec = engine.get_record(run.run_id)
     dec = steps[1:] if len(steps) > 1 else steps
     draft_ms = [sum(iv.end_ms - iv.start_ms for iv in st.intervals if iv.kind == "draft") for st in dec]

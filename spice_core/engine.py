@@ -2,8 +2,10 @@
 
     SpiceEngine.load(model, device) ─► LoadedModel (experts in HostStore, rest on device)
     start_prompt / start_chat / start_ids ─► GenerationRun (iterator of StepStats)
-        per run: LayerRuntime(policy spec, GpuSlots sized from the budget, timeline, predictor, CPU lane, LoRE)
-        per token: runtime.begin_token ─► model forward (hooks call runtime.run_layer) ─► sample ─► end_token
+        per run: build_runtime ─► LayerRuntime(LayerPlanner (policy state, decisions), EagerExecutor (slots sized
+                 from the budget, copy stream, CPU lane, LoRE), clock (modeled or measured), Recorder, predictor)
+        per token: runtime.begin_token ─► model forward (OffloadedExperts call runtime.run_layer) ─► sample
+                   ─► end_token ─► the recorder's TokenRecord ─► StepStats
     finished runs ─► RunRegistry ─► summaries, events, exports
 
 Not thread-safe by design: one generation at a time (a second concurrent start raises
@@ -26,12 +28,15 @@ from spice_core.api import DEFAULT_LORE_RANK, POLICIES, EngineInfo, RunSettings,
 from spice_core.errors import ConfigError, PromptError, SpiceError
 from spice_core.generation import TextStreamer, build_prompt_ids, sample_next
 from spice_core.model.loader import LoadedModel, load_model
-from spice_core.orchestrator import LayerRuntime
 from spice_core.policy.cache import cache_slots_for_budget
+from spice_core.policy.planner import LayerPlanner
 from spice_core.policy.spec import get_spec
+from spice_core.runtime.eager import EagerExecutor
+from spice_core.runtime.layer import LayerRuntime
 from spice_core.timing.costs import CostModel
 from spice_core.timing.profiles import ModelShape, get_profile, get_shape, profile_names, shape_names
 from spice_core.timing.timeline import ModeledTimeline
+from spice_core.trace.recorder import Recorder
 from spice_core.types import ExpertKey
 
 log = logging.getLogger(__name__)
@@ -73,7 +78,7 @@ class SpiceEngine:
         """``hw_profile``: the calibrated profile whose costs drive decisions in measured mode.
         ``link_gbps``: emulate a slower host-to-device link (measured mode) by pacing copies.
         ``prefetch_after_experts``: plan prefetches after launching a layer's experts (default:
-        when timing is measured, see orchestrator.py)."""
+        when timing is measured, see runtime/layer.py)."""
         self.lm = lm
         self.prefetch_after_experts = prefetch_after_experts
         self.host_aware = host_aware   # False: the profile's host costs only time, they do not decide
@@ -262,17 +267,23 @@ class SpiceEngine:
     def _timeline(self, costs: CostModel, modeled: bool):
         if modeled or self.timing == "modeled":
             return ModeledTimeline(costs, native_expert_bytes=self.lm.layout.nbytes, cpu_workers=1)
-        from spice_core.timing.measured import MeasuredTimeline, sleep_cycles_per_ms
+        from spice_core.timing.measured import MeasuredTimeline
 
-        tl = MeasuredTimeline(self.lm.device, torch.cuda.Stream(self.lm.device), est_copy_ms=costs.copy_ms())
-        if self.link_gbps:
-            native = (self.hw_profile or get_profile(MEASURED_DEFAULT_PROFILE)).h2d_pinned_gbps
-            if self.link_gbps < native:
-                if not self._sleep_cycles_per_ms:
-                    self._sleep_cycles_per_ms = sleep_cycles_per_ms(self.lm.device)
-                tl.pace_extra_ms_per_byte = 1.0 / (self.link_gbps * 1e6) - 1.0 / (native * 1e6)
-                tl.sleep_cycles_per_ms = self._sleep_cycles_per_ms
-        return tl
+        return MeasuredTimeline(self.lm.device, torch.cuda.Stream(self.lm.device), est_copy_ms=costs.copy_ms())
+
+    def _link_pacing(self) -> dict:
+        """Link emulation (measured mode): extra copy-stream time per byte, as executor arguments."""
+        if not self.link_gbps:
+            return {}
+        native = (self.hw_profile or get_profile(MEASURED_DEFAULT_PROFILE)).h2d_pinned_gbps
+        if self.link_gbps >= native:
+            return {}
+        from spice_core.timing.measured import sleep_cycles_per_ms
+
+        if not self._sleep_cycles_per_ms:
+            self._sleep_cycles_per_ms = sleep_cycles_per_ms(self.lm.device)
+        return {"pace_extra_ms_per_byte": 1.0 / (self.link_gbps * 1e6) - 1.0 / (native * 1e6),
+                "sleep_cycles_per_ms": self._sleep_cycles_per_ms}
 
     def build_runtime(self, s: RunSettings, *, notes: list, oracle_routing=None, modeled: bool = False) -> LayerRuntime:
         spec = get_spec(s.policy)
@@ -332,21 +343,31 @@ class SpiceEngine:
                 raise ConfigError(
                     f"cache budget {budget / 1e9:.4f} GB leaves room for {n_slots} experts after "
                     f"{reserved / 1e9:.4f} GB of draft/LoRE memory, fewer than top-{lm.top_k}: raise --cache-frac")
-        static = None
-        if spec.static_cache:
-            static = self._popular_experts()
-        rt = LayerRuntime(lm, spec, n_slots, self._timeline(costs, modeled), costs,
-                          tau_prefetch=s.tau_prefetch, tau_approx=s.tau_approx if lore is not None else 0.0,
-                          max_lookahead=s.max_lookahead, predictor=predictor, cpu_lane=cpu_lane, lore=lore,
-                          static_experts=static, prefetch_after_experts=self.prefetch_after_experts,
-                          host_aware=self.host_aware)
-        if spec.use_cpu and not s.cpu_lane and spec.miss_mode == "orchestrate":
-            rt.spec = replace(spec, use_cpu=False)
-        if spec.use_cpu and s.cpu_lane and rt.cpu_lane is None and real_lane:
+        modeled_cpu = spec.use_cpu and not real_lane
+        if spec.miss_mode == "orchestrate":
+            can_cpu = s.cpu_lane and (cpu_lane is not None or modeled_cpu)
+        else:
+            can_cpu = cpu_lane is not None or modeled_cpu
+        if spec.use_cpu and s.cpu_lane and cpu_lane is None and real_lane:
             notes.append(f"CPU lane unavailable ({self._cpu_lane_error}): exact misses are copied")
-        if spec.use_cpu and not real_lane:
-            rt._modeled_cpu = True
-        return rt
+        planner = LayerPlanner(spec, n_slots=n_slots, n_experts=lm.n_experts, top_k=lm.top_k, moe_layers=lm.moe_layers,
+                               costs=costs, tau_prefetch=s.tau_prefetch, tau_approx=s.tau_approx if lore else 0.0,
+                               max_lookahead=s.max_lookahead, can_approx=lore is not None, can_cpu=can_cpu,
+                               host_aware=self.host_aware)
+        clock = self._timeline(costs, modeled)
+        recorder = Recorder(clock, lm.layout.nbytes)
+        measured = clock.mode == "measured"
+        executor = EagerExecutor(lm, n_slots, clock, recorder, copy_stream=getattr(clock, "copy_stream", None),
+                                 cpu_lane=cpu_lane, lore=lore, modeled_cpu=modeled_cpu,
+                                 **(self._link_pacing() if measured else {}))
+        if spec.preload_all:
+            executor.load_static(planner.place_static(list(lm.host.keys())))
+        elif spec.static_cache:
+            executor.load_static(planner.place_static(self._popular_experts()))
+        after = self.prefetch_after_experts
+        if after is None:
+            after = measured
+        return LayerRuntime(lm, planner, executor, clock, recorder, predictor=predictor, prefetch_after_experts=after)
 
     def _get_cpu_lane(self):
         if self._cpu_lane is None:
@@ -422,7 +443,8 @@ class GenerationRun:
         self._modeled = modeled
         self._register = register
         self.input_ids = input_ids
-        self.observers: list = []
+        self.observers: list = []        # routing observers: callables(layer, x, top_k_index, top_k_weights)
+        self.layer_observers: list = []  # callables(runtime, layer) after each MoE layer
         self.token_index = 0
         self.record = RunRecord(self.run_id, settings, prompt_ids=list(input_ids))
         self._started = False
@@ -462,9 +484,7 @@ class GenerationRun:
         if s is None:
             return
         self._pending_settings = None
-        rt.tau_prefetch, rt.max_lookahead = s.tau_prefetch, s.max_lookahead
-        if rt.lore is not None:
-            rt.tau_approx = s.tau_approx
+        rt.set_thresholds(tau_prefetch=s.tau_prefetch, tau_approx=s.tau_approx, max_lookahead=s.max_lookahead)
         self.settings = replace(self.settings, tau_prefetch=s.tau_prefetch, tau_approx=s.tau_approx,
                                 max_lookahead=s.max_lookahead, temperature=s.temperature, top_p=s.top_p)
 
@@ -478,6 +498,7 @@ class GenerationRun:
             notes.append("oracle_prefetch replays the exact routing recorded in a first pass (an upper bound)")
         rt = eng.build_runtime(s, notes=notes, oracle_routing=oracle, modeled=self._modeled)
         rt.observers.extend(self.observers)
+        rt.layer_observers.extend(self.layer_observers)
         for mod in lm.experts_modules.values():
             mod.runtime = rt
         from transformers import DynamicCache
@@ -506,8 +527,8 @@ class GenerationRun:
             tok = sample_next(logits, self.settings.temperature, self.settings.top_p, gen)
             step_ms = rt.end_token()
             self.record.token_ids.append(tok)
-            c = rt.counters
-            events = rt.timeline.drain_events()
+            c = rt.recorder.end_token()
+            events = c.events
             self.record.events.extend(events)
             delta = streamer.push(tok)
             is_eos = tok in eos

@@ -114,9 +114,9 @@ def forced_logits(engine, ids: list[int], settings: RunSettings) -> tuple[torch.
             out = lm.model(input_ids=torch.tensor([[tok]], device=lm.device), use_cache=True,
                            **{engine._fwd_cache_kw: cache})
             rt.end_token()
-            rt.timeline.drain_events()
+            token = rt.recorder.end_token()
             out_logits.append(out.logits[0, -1].float().cpu())
-            outcomes.update(o.outcome for o in rt.counters.outcomes)
+            outcomes.update(o.outcome for o in token.outcomes)
     return torch.stack(out_logits), outcomes, notes
 
 

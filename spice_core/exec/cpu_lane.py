@@ -17,7 +17,7 @@ thread does little CPU math. A machine with one core gets no lane (ConfigError n
 --no-cpu-lane).
 
 Failures: `submit` never raises; a failed or overdue task raises from `result()` (after
-``timeout_s``), is counted in ``failures``, and the orchestrator falls back to an exact copy of
+``timeout_s``), is counted in ``failures``, and the executor falls back to an exact copy of
 that expert. Output is never silently wrong. Knows nothing of policies or timing models.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Same call signature as transformers' fused experts: ``(hidden [T,H], top_k_index [T,K],
 top_k_weights [T,K]) -> [T,H]``; the router, shared experts, attention and norms stay
 the stock modules. The module holds no weights: it hands the call to the engine's
-per-generation runtime (`spice_core.orchestrator.LayerRuntime`), which places and runs
+per-generation runtime (`spice_core.runtime.layer.LayerRuntime`), which places and runs
 the experts. Expert math mirrors transformers' eager loop operation by operation, so
 exact policies reproduce its numbers.
 """

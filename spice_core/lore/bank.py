@@ -18,7 +18,7 @@ upper-triangular change of basis. Because T is triangular, the first r+1 basis v
 exactly [1, h_1..h_r], so T[:r+1,:r+1]·C[:r+1] *is* the least-squares refit for the first r
 neurons: truncating to a lower rank loses nothing but the dropped components.
 
-`apply` returns the expert's *unweighted* output approximation (the orchestrator multiplies it
+`apply` returns the expert's *unweighted* output approximation (the executor multiplies it
 by the router weight, as for an exact expert). The fit lives in `lore/fit.py`.
 
 Where things live: a bank read from disk (or just fitted) keeps its stored form in host

@@ -13,7 +13,7 @@ drains), an action out; no tensors, no clocks. The rules, in order:
    - a copy (the copy queue's backlog + the transfer + the expert on the GPU),
    - the CPU lane (its queue + compute + the activation round trip).
    Ties go in that order. A copy also leaves the expert cached for later tokens, which the CPU
-   lane does not: the copy is credited with ``copy_value_ms`` (the orchestrator passes the recent
+   lane does not: the copy is credited with ``copy_value_ms`` (the planner passes the recent
    hit rate x the copy time, the transfer a later use is expected to save). Without the credit
    the CPU lane, barely faster per miss, starves the cache and the hit rate collapses (seen on
    the shipped model's benchmark). The choice follows the machine: on a PCIe 5.0 x16 box copies usually win, on a PCIe 4.0 x8 desktop

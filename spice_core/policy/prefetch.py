@@ -37,9 +37,9 @@ resident, in flight or chosen. Why it stopped there:
   "confidence"  no expert at the next distance reached tau_prefetch
   "time"        the queue could not deliver a confident expert of the next distance in time
   "bound"       max_lookahead (or the end of the predictions) was reached
-  "cache"       the plan reached max_items (the orchestrator also reports it when no slot
+  "cache"       the plan reached max_items (the planner also reports it when no slot
                 could be freed without evicting something needed sooner)
-  "cost"        the orchestrator skipped the plan: on this machine planning costs the host more
+  "cost"        the planner skipped the plan: on this machine planning costs the host more
                 than the copy stalls it could hide (only with a profile that models the host)
 
 Host cost (profiles that model the host, e.g. recalibrated from a measured run): issuing a

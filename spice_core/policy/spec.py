@@ -1,4 +1,4 @@
-"""What each named policy is made of. Pure data: the orchestrator composes mechanisms from it.
+"""What each named policy is made of. Pure data: the planner and the engine compose from it.
 
     policy          cache      miss handling            predictor   eviction
     resident        all        (never misses)           -           -

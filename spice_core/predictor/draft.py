@@ -3,7 +3,7 @@
     after MoE layer p's router:  x [1,H] ─► one matmul with p's stacked heads W_p [D*E,H] + b_p
         ─► logits [D,E] ─► log q = log_softmax(logits)         (distilled router distribution of layer p+d)
         ─► confidence = sigmoid(a·log q + m·(log q − log q_(k)) + c)   (per head; q_(k) the k-th largest)
-        ─► LayerPrediction(d, layer p+d, confidence) for d = 1..min(D, runtime.max_lookahead)
+        ─► LayerPrediction(d, layer p+d, confidence) for d = 1..min(D, ctx.max_lookahead)
 
 One head per (MoE layer p, distance d). Head (p, d) predicts the MoE layer d steps later in
 the token's layer order, wrapping into the next token(s): MoE position (p+d) mod n of token
@@ -120,13 +120,14 @@ class DraftPredictor:
         return np.exp(-np.logaddexp(0.0, -u)).astype(np.float32)     # sigmoid, without overflow
 
     @torch.no_grad()
-    def launch(self, layer: int, x_last: torch.Tensor, runtime) -> None:
+    def launch(self, layer: int, x_last: torch.Tensor, ctx) -> None:
         """Queue this layer's heads on the device and their readback to the host, without waiting.
 
         Called before the routing is read back: that readback's synchronisation then covers the
-        draft's too, so the draft adds no second host-device round trip per layer."""
+        draft's too, so the draft adds no second host-device round trip per layer. ``ctx``: the
+        run's PredictContext (runtime/context.py)."""
         p = self._pos[layer]
-        # All D heads, whatever runtime.max_lookahead: it bounds prefetching (policy/prefetch.py),
+        # All D heads, whatever ctx.max_lookahead: it bounds prefetching (policy/prefetch.py),
         # while predictions beyond it still inform eviction, and cost the same single matmul.
         w, b = self.weight[p], self.bias[p]
         cuda = w.device.type == "cuda"
@@ -139,22 +140,24 @@ class DraftPredictor:
                 self._host_buf = torch.empty(logits.shape, dtype=torch.float32, pin_memory=True)
             self._host_buf.copy_(logits, non_blocking=True)   # read in `predict` before the next launch
             ready = torch.cuda.Event()
-            stream = getattr(runtime, "_compute_stream", None)
-            ready.record(stream() if stream is not None else torch.cuda.current_stream(w.device))
+            ready.record(ctx.stream if ctx.stream is not None else torch.cuda.current_stream(w.device))
             return self._host_buf, ready
 
-        self._launched = (layer, runtime.timeline.draft(layer, 1, run))
+        start = ctx.clock.stamp()
+        out = run()
+        ctx.clock.draft(layer, 1, start)
+        self._launched = (layer, out)
 
     def discard(self) -> None:
         """Drop a launched prediction the runtime decided not to use."""
         self._launched = None
 
     @torch.no_grad()
-    def predict(self, layer: int, x_last: torch.Tensor, runtime) -> list[LayerPrediction]:
+    def predict(self, layer: int, x_last: torch.Tensor, ctx) -> list[LayerPrediction]:
         """x_last [1,H]: layer ``layer``'s MoE input of the newest token (used unless `launch` ran)."""
         launched, self._launched = self._launched, None
         if launched is None or launched[0] != layer:
-            self.launch(layer, x_last, runtime)
+            self.launch(layer, x_last, ctx)
             launched, self._launched = self._launched, None
         logits, ready = launched[1]
         if ready is not None:

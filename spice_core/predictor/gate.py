@@ -19,10 +19,11 @@ class GatePredictor:
         self.max_distance = max_distance
 
     @torch.no_grad()
-    def predict(self, layer: int, x_last: torch.Tensor, runtime) -> list[LayerPrediction]:
+    def predict(self, layer: int, x_last: torch.Tensor, ctx) -> list[LayerPrediction]:
+        """``ctx``: the run's PredictContext (runtime/context.py)."""
         layers = self.lm.moe_layers
         p = layers.index(layer)
-        depth = min(runtime.max_lookahead, self.max_distance, len(layers) - 1 - p)
+        depth = min(ctx.max_lookahead, self.max_distance, len(layers) - 1 - p)
         if depth <= 0:
             return []
         targets = layers[p + 1: p + 1 + depth]
@@ -34,5 +35,7 @@ class GatePredictor:
                 out.append(torch.softmax(logits.float(), dim=-1)[0])
             return torch.stack(out).tolist()
 
-        probs = runtime.timeline.draft(layer, len(targets), run)
+        start = ctx.clock.stamp()
+        probs = run()
+        ctx.clock.draft(layer, len(targets), start)
         return [LayerPrediction(d + 1, t, tuple(pr)) for d, (t, pr) in enumerate(zip(targets, probs))]

@@ -20,13 +20,14 @@ class OraclePredictor:
         self.lm = lm
         self.routing = routing
 
-    def predict(self, layer: int, x_last, runtime) -> list[LayerPrediction]:
+    def predict(self, layer: int, x_last, ctx) -> list[LayerPrediction]:
+        """``ctx``: the run's PredictContext (runtime/context.py)."""
         layers = self.lm.moe_layers
         n = len(layers)
         p = layers.index(layer)
         out = []
-        for d in range(1, max(runtime.max_lookahead, MIN_HORIZON) + 1):
-            tok, q = runtime.token + (p + d) // n, (p + d) % n
+        for d in range(1, max(ctx.max_lookahead, MIN_HORIZON) + 1):
+            tok, q = ctx.token + (p + d) // n, (p + d) % n
             experts = self.routing.get((tok, layers[q]))
             if experts is None:
                 break

@@ -1,6 +1,7 @@
 """Measured timing on CUDA: the same operations as `ModeledTimeline`, timed by CUDA
 events on two streams (compute = the current stream, copies = a dedicated stream) and
-by the wall clock for CPU-lane tasks.
+by the wall clock for CPU-lane tasks. It observes only: the executor (runtime/eager.py)
+issues the work on its streams and brackets it with `stamp` and the operation's method.
 
 Clock alignment: each token starts with a synchronize, a host timestamp and a CUDA
 event recorded on the idle compute stream; device times are that event's elapsed time
@@ -18,9 +19,7 @@ token that alone was ~30 ms per token of driver overhead.
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -45,8 +44,7 @@ class _Pending:
 
 @dataclass
 class MeasuredTimeline:
-    """See the module docstring. Link emulation paces copies on the copy stream."""
-
+    """See the module docstring."""
 
     device: torch.device
     copy_stream: torch.cuda.Stream
@@ -60,8 +58,6 @@ class MeasuredTimeline:
     _events: list[TraceEvent] = field(default_factory=list)
     _last_mark: object = None
     _copy_free_ms: float = 0.0
-    pace_extra_ms_per_byte: float = 0.0   # link emulation: extra copy-stream time per byte copied
-    sleep_cycles_per_ms: float = 0.0
     est_copy_ms: float = 0.3              # cost-model estimate, for the predicted copy-queue end
     _copy_pred_ms: float = 0.0
 
@@ -88,76 +84,58 @@ class MeasuredTimeline:
         self._e0 = self._event()
         self._last_mark = self._e0
 
-    def layer(self, layer: int, n_tokens: int, dense: bool, fn: Callable[[], None] | None = None) -> None:
+    def stamp(self, stream=None):
+        """Where an operation starts: an event on ``stream`` (default: the compute stream)."""
+        return self._event(stream)
+
+    def layer(self, layer: int, n_tokens: int, dense: bool) -> None:
         # The non-expert work already ran inside transformers; it spans from the last mark to now.
-        if fn is not None:
-            fn()
         end = self._event()
         self._add(_Pending("gpu", "layer", ExpertKey(layer, -1), self._last_mark, end))
         self._last_mark = end
 
-    def copy(self, key: ExpertKey, nbytes: int, kind: str, fn: Callable[[], None]) -> OpHandle:
-        torch.cuda.set_stream(self.copy_stream)      # cheaper than the torch.cuda.stream() context
-        try:
-            start = self._event(self.copy_stream)
-            fn()
-            if self.pace_extra_ms_per_byte > 0:
-                # Emulate a slower link: keep the copy stream busy for the missing transfer time.
-                torch.cuda._sleep(int(nbytes * self.pace_extra_ms_per_byte * self.sleep_cycles_per_ms))
-            end = self._event(self.copy_stream)
-        finally:
-            torch.cuda.set_stream(self.compute_stream)
+    def copy(self, key: ExpertKey, nbytes: int, kind: str, start: object = None, stream=None) -> OpHandle:
+        """A copy the executor just queued on ``stream`` (the copy stream), from ``start``."""
+        end = self._event(stream)
         self._add(_Pending("copy", kind, key, start, end, nbytes))
         self._copy_pred_ms = max(self._copy_pred_ms, self._host_ms()) + self.est_copy_ms
         return OpHandle(key, "copy", kind, end_ms=self._copy_pred_ms, native=end)
 
-    def wait(self, handle: OpHandle) -> None:
-        if isinstance(handle.native, torch.cuda.Event):
-            if handle.native.query():   # already landed: no stall, no events
-                return
-            before = self._event()
-            self.compute_stream.wait_event(handle.native)
-            after = self._event()
-            self._add(_Pending("gpu", "stall", handle.key, before, after, detail=f"waits for {handle.kind}"))
-            self._last_mark = after
+    def wait(self, handle: OpHandle, start: object = None) -> None:
+        """The executor made the compute stream wait for ``handle`` after ``start``: a stall interval."""
+        after = self._event()
+        self._add(_Pending("gpu", "stall", handle.key, start, after, detail=f"waits for {handle.kind}"))
+        self._last_mark = after
 
-    def _gpu_op(self, key: ExpertKey, kind: str, fn: Callable[[], object], detail: str = "") -> object:
-        start = self._event()
-        out = fn()
+    def _gpu_op(self, key: ExpertKey, kind: str, start, detail: str = "") -> None:
         end = self._event()
         self._add(_Pending("gpu", kind, key, start, end, detail=detail))
         self._last_mark = end
-        return out
 
-    def gpu_expert(self, key: ExpertKey, n_tokens: int, fn: Callable[[], object]) -> object:
-        return self._gpu_op(key, "expert", fn)
+    def gpu_expert(self, key: ExpertKey, n_tokens: int, start: object = None) -> None:
+        self._gpu_op(key, "expert", start)
 
-    def approx(self, key: ExpertKey, n_tokens: int, rank: int, fn: Callable[[], object]) -> object:
-        return self._gpu_op(key, "approx", fn, detail=f"rank {rank}")
+    def approx(self, key: ExpertKey, n_tokens: int, rank: int, start: object = None) -> None:
+        self._gpu_op(key, "approx", start, detail=f"rank {rank}")
 
-    def draft(self, layer: int, n_heads: int, fn: Callable[[], object]) -> object:
-        return self._gpu_op(ExpertKey(layer, -1), "draft", fn, detail=f"{n_heads} heads")
+    def draft(self, layer: int, n_heads: int, start: object = None) -> None:
+        self._gpu_op(ExpertKey(layer, -1), "draft", start, detail=f"{n_heads} heads")
 
     def plan(self, layer: int) -> None:
         """Host planning is real time here: nothing to add."""
 
-    def cpu_expert(self, key: ExpertKey, n_tokens: int, fn: Callable[[], object]) -> OpHandle:
-        """``fn`` submits to the CPU lane and returns a Future whose result is
-        (output, worker_index, start_perf_s, end_perf_s)."""
-        fut = fn()
-        return OpHandle(key, "cpu", "cpu_run", native=fut)
+    def cpu_expert(self, key: ExpertKey, n_tokens: int) -> OpHandle:
+        return OpHandle(key, "cpu", "cpu_run")
 
-    def cpu_result(self, handle: OpHandle) -> object:
-        fut: Future = handle.native
-        before_host = self._host_ms()
-        out, worker, t_start, t_end = fut.result()
-        after_host = self._host_ms()
+    def cpu_collected(self, handle: OpHandle, lane_run: tuple | None = None) -> None:
+        """``lane_run``: (worker, start_perf_s, end_perf_s, wait_start_perf_s, wait_end_perf_s) from the lane."""
+        worker, t_start, t_end, w_start, w_end = lane_run
         s = (t_start - self._run_t0) * 1e3
         e = (t_end - self._run_t0) * 1e3
         self._add(_Pending(f"cpu{worker}", "cpu_run", handle.key, s, e))
+        before_host, after_host = (w_start - self._run_t0) * 1e3, (w_end - self._run_t0) * 1e3
         if after_host - before_host > 0.01:
             self._add(_Pending("host", "stall", handle.key, before_host, after_host, detail="waits for cpu"))
-        return out
 
     def mark(self, kind: str, key: ExpertKey | None, nbytes: int = 0, detail: str = "", lane: str = "gpu") -> None:
         t = self._host_ms()

@@ -23,7 +23,7 @@ Neither knows about policies: they only time what they are told.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 from spice_core.timing.costs import CostModel
 from spice_core.trace.events import TraceEvent
@@ -43,18 +43,23 @@ class OpHandle:
 
 
 class Timeline(Protocol):
+    """A clock observes: the executor does the work, then reports it. ``stamp`` marks where an
+    operation starts (a CUDA event on the given stream when measured; nothing when modeled) and
+    the operation's method closes it."""
+
     mode: str
 
     def start_token(self, token: int) -> None: ...
-    def layer(self, layer: int, n_tokens: int, dense: bool, fn: Callable[[], None] | None = None) -> None: ...
-    def copy(self, key: ExpertKey, nbytes: int, kind: str, fn: Callable[[], None]) -> OpHandle: ...
-    def wait(self, handle: OpHandle) -> None: ...
-    def gpu_expert(self, key: ExpertKey, n_tokens: int, fn: Callable[[], object]) -> object: ...
-    def approx(self, key: ExpertKey, n_tokens: int, rank: int, fn: Callable[[], object]) -> object: ...
-    def draft(self, layer: int, n_heads: int, fn: Callable[[], object]) -> object: ...
+    def stamp(self, stream=None) -> object: ...
+    def layer(self, layer: int, n_tokens: int, dense: bool) -> None: ...
+    def copy(self, key: ExpertKey, nbytes: int, kind: str, start: object = None, stream=None) -> OpHandle: ...
+    def wait(self, handle: OpHandle, start: object = None) -> None: ...
+    def gpu_expert(self, key: ExpertKey, n_tokens: int, start: object = None) -> None: ...
+    def approx(self, key: ExpertKey, n_tokens: int, rank: int, start: object = None) -> None: ...
+    def draft(self, layer: int, n_heads: int, start: object = None) -> None: ...
     def plan(self, layer: int) -> None: ...
-    def cpu_expert(self, key: ExpertKey, n_tokens: int, fn: Callable[[], object]) -> OpHandle: ...
-    def cpu_result(self, handle: OpHandle) -> object: ...
+    def cpu_expert(self, key: ExpertKey, n_tokens: int) -> OpHandle: ...
+    def cpu_collected(self, handle: OpHandle, lane_run: tuple | None = None) -> None: ...
     def mark(self, kind: str, key: ExpertKey | None, nbytes: int = 0, detail: str = "", lane: str = "gpu") -> None: ...
     def end_token(self) -> float: ...
     def now_ms(self) -> float: ...
@@ -81,7 +86,6 @@ class ModeledTimeline:
     _token: int = 0
     _token_start: float = 0.0
     _events: list[TraceEvent] = field(default_factory=list)
-    _pending_results: dict = field(default_factory=dict)
     _host: float = 0.0            # the host's clock, when the profile models it (see `_launch`)
 
     def __post_init__(self) -> None:
@@ -119,17 +123,17 @@ class ModeledTimeline:
         self._sync()
         self._token_start = max(self._gpu_free, self._host) if self._host_on else self._gpu_free
 
-    def layer(self, layer: int, n_tokens: int, dense: bool, fn: Callable[[], None] | None = None) -> None:
-        if fn is not None:
-            fn()
+    def stamp(self, stream=None) -> None:
+        return None
+
+    def layer(self, layer: int, n_tokens: int, dense: bool) -> None:
         dur = self.costs.gpu_layer_ms(n_tokens, dense=dense)
         start, self._gpu_free = self._launch(self.costs.profile.host_layer_us, dur)
         self._emit("gpu", "layer", start, self._gpu_free, ExpertKey(layer, -1), detail="dense" if dense else "")
         if not dense:
             self._sync()          # the MoE layer's routing is read back before its experts are placed
 
-    def copy(self, key: ExpertKey, nbytes: int, kind: str, fn: Callable[[], None]) -> OpHandle:
-        fn()
+    def copy(self, key: ExpertKey, nbytes: int, kind: str, start: object = None, stream=None) -> OpHandle:
         modeled_bytes = self._scaled_bytes(nbytes)
         if self._host_on:
             self._host += self.costs.profile.host_copy_us / 1e3
@@ -141,50 +145,42 @@ class ModeledTimeline:
         self._emit("copy", kind, start, end, key, modeled_bytes)
         return OpHandle(key, "copy", kind, start, end)
 
-    def wait(self, handle: OpHandle) -> None:
+    def wait(self, handle: OpHandle, start: object = None) -> None:
         if handle.end_ms > self._gpu_free:
             self._emit("gpu", "stall", self._gpu_free, handle.end_ms, handle.key, detail=f"waits for {handle.kind}")
             self._gpu_free = handle.end_ms
 
-    def gpu_expert(self, key: ExpertKey, n_tokens: int, fn: Callable[[], object]) -> object:
-        out = fn()
-        start, self._gpu_free = self._launch(self.costs.profile.host_expert_us, self.costs.gpu_expert_ms(n_tokens))
-        self._emit("gpu", "expert", start, self._gpu_free, key)
-        return out
+    def gpu_expert(self, key: ExpertKey, n_tokens: int, start: object = None) -> None:
+        t0, self._gpu_free = self._launch(self.costs.profile.host_expert_us, self.costs.gpu_expert_ms(n_tokens))
+        self._emit("gpu", "expert", t0, self._gpu_free, key)
 
-    def approx(self, key: ExpertKey, n_tokens: int, rank: int, fn: Callable[[], object]) -> object:
-        out = fn()
-        start, self._gpu_free = self._launch(self.costs.profile.host_expert_us, self.costs.approx_ms(rank, n_tokens))
-        self._emit("gpu", "approx", start, self._gpu_free, key, detail=f"rank {rank}")
-        return out
+    def approx(self, key: ExpertKey, n_tokens: int, rank: int, start: object = None) -> None:
+        t0, self._gpu_free = self._launch(self.costs.profile.host_expert_us, self.costs.approx_ms(rank, n_tokens))
+        self._emit("gpu", "approx", t0, self._gpu_free, key, detail=f"rank {rank}")
 
-    def draft(self, layer: int, n_heads: int, fn: Callable[[], object]) -> object:
+    def draft(self, layer: int, n_heads: int, start: object = None) -> None:
         """Predictor work on the GPU: ``n_heads`` small matmuls (launch-bound)."""
-        out = fn()
-        start, self._gpu_free = self._launch(0.0, n_heads * 2 * self.costs.profile.gpu_kernel_us / 1e3)
-        self._emit("gpu", "draft", start, self._gpu_free, ExpertKey(layer, -1), detail=f"{n_heads} heads")
-        return out
+        t0, self._gpu_free = self._launch(0.0, n_heads * 2 * self.costs.profile.gpu_kernel_us / 1e3)
+        self._emit("gpu", "draft", t0, self._gpu_free, ExpertKey(layer, -1), detail=f"{n_heads} heads")
 
     def plan(self, layer: int) -> None:
         """The host reads a prediction back and plans the lookahead (after the layer's routing sync)."""
         if self._host_on:
             self._host += self.costs.profile.host_plan_us / 1e3
 
-    def cpu_expert(self, key: ExpertKey, n_tokens: int, fn: Callable[[], object]) -> OpHandle:
-        out = fn()
+    def cpu_expert(self, key: ExpertKey, n_tokens: int) -> OpHandle:
+        """A CPU-lane task submitted now (modeled: the executor computed it inline)."""
         w = min(range(len(self._cpu_free)), key=lambda i: self._cpu_free[i])
         start = max(self._cpu_free[w], self._host if self._host_on else self._gpu_free)
         end = start + self.costs.cpu_expert_ms(n_tokens)
         self._cpu_free[w] = end
         self._emit(f"cpu{w}", "cpu_run", start, end, key)
-        h = OpHandle(key, f"cpu{w}", "cpu_run", start, end, native=out)
-        return h
+        return OpHandle(key, f"cpu{w}", "cpu_run", start, end)
 
-    def cpu_result(self, handle: OpHandle) -> object:
+    def cpu_collected(self, handle: OpHandle, lane_run: tuple | None = None) -> None:
         if self._host_on:         # the host collects the result, then hands it to the GPU
             self._host = max(self._host, handle.end_ms)
         self.wait(handle)
-        return handle.native
 
     def mark(self, kind: str, key: ExpertKey | None, nbytes: int = 0, detail: str = "", lane: str = "gpu") -> None:
         t = self._copy_free if lane == "copy" else self._gpu_free

@@ -15,24 +15,15 @@ def test_cache_never_exceeds_budget_and_hits_plus_misses_equal_selections(engine
     lm = eng.lm
     budget = frac * eng.routed_bytes
     peak = []
-    orig = None
-    from spice_core import orchestrator
 
-    orig = orchestrator.LayerRuntime.run_layer
+    def after_layer(rt, layer):
+        peak.append(rt.used_bytes)
+        assert rt.slots.capacity_bytes <= budget
 
-    def spy(self, layer, x, idx, w, act):
-        out = orig(self, layer, x, idx, w, act)
-        peak.append(self.slots.used_bytes)
-        assert self.slots.capacity_bytes <= budget
-        return out
-
-    orchestrator.LayerRuntime.run_layer = spy
-    try:
-        run = eng.start_ids(PROMPT, RunSettings(policy=policy, cache_frac=frac, max_new_tokens=12))
-        steps = list(run)
-    finally:
-        orchestrator.LayerRuntime.run_layer = orig
-    assert max(peak) <= budget
+    run = eng.start_ids(PROMPT, RunSettings(policy=policy, cache_frac=frac, max_new_tokens=12))
+    run.layer_observers.append(after_layer)
+    steps = list(run)
+    assert peak and max(peak) <= budget
     for st in steps:
         n_tokens = len(PROMPT) if st.index == 0 else 1
         selections = n_tokens * lm.top_k * len(lm.moe_layers)

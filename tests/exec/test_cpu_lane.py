@@ -1,4 +1,4 @@
-"""The CPU lane: exact results, core budget, failures and timeouts counted, and the orchestrator's
+"""The CPU lane: exact results, core budget, failures and timeouts counted, and the executor's
 fallback to an exact copy when a lane task fails (output never silently corrupted)."""
 import sys
 import threading
@@ -86,7 +86,7 @@ def test_an_overdue_task_times_out_instead_of_hanging(two_cores):
         release.set()
 
 
-def test_orchestrator_falls_back_to_an_exact_copy_when_the_cpu_lane_fails(tmp_path):
+def test_executor_falls_back_to_an_exact_copy_when_the_cpu_lane_fails(tmp_path):
     """A CPU-lane failure costs a copy, is counted and traced; the logits stay exact."""
     from transformers import AutoModelForCausalLM
 
@@ -100,16 +100,24 @@ def test_orchestrator_falls_back_to_an_exact_copy_when_the_cpu_lane_fails(tmp_pa
     with torch.no_grad():
         ref = AutoModelForCausalLM.from_pretrained(d).eval()(torch.tensor([ids])).logits[0]
         with installed_runtime(eng, RunSettings(policy="cpu_compute", cache_frac=0.3)) as (rt, _):
-            def worker_died(handle):
-                raise RuntimeError("worker died")
+            class DeadWorker:
+                def result(self):
+                    raise RuntimeError("worker died")
 
-            rt.timeline.cpu_result = worker_died
+            submit = rt.executor._submit_cpu
+
+            def submit_to_a_dead_worker(*a, **k):
+                op, _ = submit(*a, **k)
+                return op, DeadWorker()
+
+            rt.executor._submit_cpu = submit_to_a_dead_worker
             rt.begin_token(0)
             got = eng.lm.model(input_ids=torch.tensor([ids])).logits[0]
             rt.end_token()
-            events = rt.timeline.drain_events()
+            token = rt.recorder.end_token()
+            events = token.events
     assert (got - ref).abs().max().item() < 1e-4
-    assert rt.totals["cpu_fallbacks"] > 0 and rt.counters.cpu_fallbacks == rt.totals["cpu_fallbacks"]
+    assert rt.totals["cpu_fallbacks"] > 0 and token.cpu_fallbacks == rt.totals["cpu_fallbacks"]
     fallbacks = [e for e in events if e.kind == "cpu_fallback"]
     assert len(fallbacks) == rt.totals["cpu_fallbacks"] and "worker died" in fallbacks[0].detail
     assert sum(1 for e in events if e.kind == "copy") >= len(fallbacks)

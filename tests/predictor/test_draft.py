@@ -29,17 +29,22 @@ def trained(lm, traces):
     return train_draft(traces, DraftTrainConfig(distances=4, epochs=8, batch_tokens=256), init_routers=routers)
 
 
-class FakeTimeline:
+class RecordingClock:
+    """Observes draft launches the way a timeline does (stamp before, draft after)."""
+
     def __init__(self):
         self.calls = []
 
-    def draft(self, layer, n_heads, fn):
+    def stamp(self, stream=None):
+        return None
+
+    def draft(self, layer, n_heads, start=None):
         self.calls.append((layer, n_heads))
-        return fn()
 
 
 def runtime(max_lookahead):
-    return SimpleNamespace(max_lookahead=max_lookahead, timeline=FakeTimeline(), token=0)
+    from spice_core.runtime.context import PredictContext
+    return PredictContext(max_lookahead=max_lookahead, clock=RecordingClock())
 
 
 def test_target_table_wraps_into_the_next_tokens_first_layers():
@@ -99,7 +104,7 @@ def test_predict_runs_one_batched_launch_and_wraps_across_the_token_boundary(lm,
     preds = draft.predict(last, traces.hidden[-1, :1].float(), rt)
     assert [p.distance for p in preds] == [1, 2, 3, 4]   # all 4 trained heads
     assert [p.layer for p in preds] == [lm.moe_layers[0], lm.moe_layers[1], lm.moe_layers[2], lm.moe_layers[0]]
-    assert rt.timeline.calls == [(last, 1)]
+    assert rt.clock.calls == [(last, 1)]
     assert all(len(p.probs) == lm.n_experts for p in preds)
 
 

@@ -1,0 +1,348 @@
+"""LayerPlanner: every decision of one MoE layer, as plain data; all policy state lives here.
+
+    routing lists ─► plan_layer  ─► LayerPlan: outcome per expert, CPU tasks, demand copies (slot, victim)
+    predictions   ─► plan_prefetch ─► PrefetchOrders: copies into slots for layers ahead (+ depth, stop reason)
+                     plan_experts ─► ExpertRuns: per expert in ascending order, late demand copies, drops
+    executed copy ─► prefetch_issued (the in-flight table learns the copy's arrival time)
+
+A layer is planned in phases because the mechanism interleaves them: the CPU tasks and
+demand copies go out first, the lookahead plan is made either before the experts (no host
+cost: modeled timing) or after they are launched (a real GPU at batch 1), and demand copies
+that find no free slot are placed while the experts run, into slots the layer's earlier
+experts free up. The planner replays exactly that order on its book (`Residency`), so the
+executor only carries the plan out.
+
+State kept here and nowhere else: the residency book, the recent miss rate (an EMA), the
+predicted next use of each expert, the in-flight prefetch table, the tick and position
+counters. Pure: plain numbers in, plain data out; no tensors, streams or clocks (times come
+in as `Queues`, read by the caller from its clock). Decisions come from `policy/miss.py`,
+`policy/prefetch.py` and `policy/cache.py`; this module only sequences them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from spice_core.policy.cache import EVICTION_POLICIES, FarthestNextUseEviction
+from spice_core.policy.miss import MissAction, MissOptions, MissRequest, QueueState, plan_misses
+from spice_core.policy.prefetch import LayerPrediction, h_min, plan_lookahead, plan_pays
+from spice_core.policy.residency import Residency
+from spice_core.policy.spec import PolicySpec
+from spice_core.types import ExpertKey
+
+# Outcome names of a routed selection (trace.events.OUTCOMES); MissAction values are the miss ones.
+HIT, PREFETCH_HIT = "hit", "prefetch_hit"
+
+
+class PlanCosts(Protocol):
+    """What the planner believes things cost, in ms (timing/costs.py:CostModel implements it)."""
+
+    expert_bytes: int                      # of the modeled shape (for H_min)
+    profile: object                        # h2d_pinned_gbps, host_plan_us, host_copy_us
+
+    def copy_ms(self) -> float: ...
+    def gpu_layer_ms(self) -> float: ...
+    def gpu_expert_ms(self, n_tokens: int = 1) -> float: ...
+    def cpu_expert_ms(self, n_tokens: int = 1) -> float: ...
+
+
+@dataclass(frozen=True)
+class Queues:
+    """When the caller's clock says it is, and when the copy queue drains (ms)."""
+
+    now_ms: float
+    copy_free_at_ms: float
+
+
+@dataclass(frozen=True)
+class InflightPrefetch:
+    key: ExpertKey
+    issued_at_layer: int
+    issued_ms: float
+    arrival_ms: float
+    confidence: float
+
+
+@dataclass(frozen=True)
+class CopyOrder:
+    """Copy ``key`` into ``slot``; ``evicted`` left it first (``wasted``: a prefetch never used)."""
+
+    key: ExpertKey
+    slot: int
+    kind: str                                   # "copy" (demand) | "prefetch"
+    evicted: ExpertKey | None = None
+    wasted: InflightPrefetch | None = None      # the evicted prefetch's in-flight entry, when it had one
+    evicted_unused_prefetch: bool = False
+    distance: int = 0                           # prefetch: layers ahead
+    confidence: float = 0.0
+    planned_arrival_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class ExpertRun:
+    """One needed expert of the layer, in ascending expert order (the stock loop's)."""
+
+    expert: int
+    outcome: str                          # hit | prefetch_hit | approx | cpu | copy
+    slot: int = -1                        # GPU experts: the slot to read
+    late_copy: CopyOrder | None = None    # a demand copy placed only now (no slot was free earlier)
+    prefetch_used: InflightPrefetch | None = None   # the prefetch this use consumes
+    drop_after: bool = False              # on_demand: the copy is not kept
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    layer: int
+    needed: tuple[int, ...]                            # experts selected by any token, ascending
+    routes: dict                                       # expert -> (token rows, top-k positions)
+    outcomes: dict                                     # expert -> outcome name
+    cpu: tuple[int, ...]                               # experts for the CPU lane, ascending
+    copies: tuple[CopyOrder, ...]                      # demand copies placed before the experts
+    hits: int                                          # selections served from the cache
+    misses: int
+
+
+@dataclass(frozen=True)
+class PrefetchOrders:
+    copies: tuple[CopyOrder, ...]
+    depth: int
+    stop_reason: str
+    h_min: float                                       # -1.0 when not finite or not planned
+
+
+class LayerPlanner:
+    def __init__(self, spec: PolicySpec, *, n_slots: int, n_experts: int, top_k: int,
+                 moe_layers: Sequence[int], costs: PlanCosts, tau_prefetch: float = 0.2,
+                 tau_approx: float = 0.0, max_lookahead: int = 4, can_approx: bool = False,
+                 can_cpu: bool = False, host_aware: bool = True) -> None:
+        self.spec, self.costs = spec, costs
+        self.n_experts, self.top_k = n_experts, top_k
+        self.moe_pos = {layer: p for p, layer in enumerate(moe_layers)}
+        self.n_moe = len(self.moe_pos)
+        self.tau_prefetch, self.tau_approx, self.max_lookahead = tau_prefetch, tau_approx, max_lookahead
+        self.can_approx, self.can_cpu, self.host_aware = can_approx, can_cpu, host_aware
+        self.residency = Residency(n_slots)
+        self.eviction = EVICTION_POLICIES[spec.eviction]()
+        self.tick = 0
+        self.token = 0
+        self.global_pos = 0
+        self.miss_rate_ema = 1.0
+        self.next_use_abs: dict[ExpertKey, int] = {}
+        self.inflight: dict[ExpertKey, InflightPrefetch] = {}
+
+    # ------------------------------------------------------------------ set-up and settings
+    def place_static(self, keys: Sequence[ExpertKey]) -> list[tuple[int, ExpertKey]]:
+        """Fill the cache once (resident, cpu_compute): (slot, key) pairs for the executor to load."""
+        placed = []
+        for key in keys[: self.residency.n_slots]:
+            slot = self.residency.free_slot()
+            self.residency.assign(slot, key, self.tick, prefetched=False)
+            placed.append((slot, key))
+        return placed
+
+    def begin_token(self, token: int) -> None:
+        self.token = token
+
+    @property
+    def prefetching(self) -> bool:
+        return self.spec.prefetches
+
+    def plan_pays(self) -> bool:
+        """With host costs in the profile: is this layer's lookahead plan worth its host time?"""
+        if not self.host_aware:
+            return True
+        return plan_pays(self.costs.profile.host_plan_us / 1e3, self.miss_rate_ema, self.top_k, self.costs.copy_ms())
+
+    # ------------------------------------------------------------------ phase 1: the layer's misses
+    def plan_layer(self, layer: int, idx_rows: Sequence[Sequence[int]], w_rows: Sequence[Sequence[float]],
+                   queues: Queues) -> LayerPlan:
+        """idx_rows/w_rows [T][K]: the router's choice per token. Classifies each needed expert,
+        decides each miss and places the demand copies that fit without touching this layer."""
+        self.global_pos = self.token * self.n_moe + self.moe_pos[layer]
+        routes: dict[int, tuple[list[int], list[int]]] = {}
+        for t, row in enumerate(idx_rows):
+            for pos, e in enumerate(row):
+                if 0 <= e < self.n_experts:
+                    toks, poss = routes.setdefault(e, ([], []))
+                    toks.append(t)
+                    poss.append(pos)
+        needed = sorted(routes)
+        needed_keys = {ExpertKey(layer, e) for e in needed}
+        self.tick += 1
+        res = self.residency
+        outcomes: dict[int, str] = {}
+        hits = misses_sel = n_miss = 0
+        misses: list[tuple[int, float, int]] = []     # (expert, largest router weight, tokens)
+        orchestrate, now = self.spec.miss_mode == "orchestrate", queues.now_ms
+        for e in needed:
+            key = ExpertKey(layer, e)
+            if key in res:
+                st = res.book(key)
+                inf = self.inflight.get(key) if st.prefetched else None
+                if not (orchestrate and inf is not None and inf.arrival_ms > now):
+                    outcomes[e] = PREFETCH_HIT if st.prefetched else HIT
+                    st.busy = True
+                    hits += len(routes[e][0])
+                    continue
+                # A prefetch still in flight: the miss decision weighs waiting for it against the others.
+            misses.append((e, max(w_rows[t][p] for t, p in zip(*routes[e])), len(routes[e][0])))
+        for (e, _, n_sel), action in zip(misses, self._decide_misses(layer, misses, queues)):
+            if action == MissAction.WAIT_PREFETCH:
+                res.book(ExpertKey(layer, e)).busy = True
+                outcomes[e] = PREFETCH_HIT
+                hits += n_sel
+                continue
+            outcomes[e] = action.value
+            misses_sel += n_sel
+            n_miss += 1
+        self.miss_rate_ema = 0.8 * self.miss_rate_ema + 0.2 * (n_miss / max(1, len(needed)))
+        cpu = tuple(e for e in needed if outcomes[e] == MissAction.CPU.value)
+        # Demand copies, pipelined while slots can be freed without touching this layer's experts.
+        copies = []
+        for e in needed:
+            if outcomes[e] != MissAction.COPY.value:
+                continue
+            order = self._acquire(ExpertKey(layer, e), "copy", needed_keys)
+            if order is None:
+                break
+            res.book(order.key).busy = True
+            copies.append(order)
+        return LayerPlan(layer, tuple(needed), routes, outcomes, cpu, tuple(copies), hits, misses_sel)
+
+    def _decide_misses(self, layer: int, misses: list[tuple[int, float, int]], queues: Queues) -> list[MissAction]:
+        """One action per miss of this layer (policy/miss.py), each charged to its queue in turn."""
+        spec, c = self.spec, self.costs
+        if spec.miss_mode == "cpu":
+            return [MissAction.CPU] * len(misses)
+        if spec.miss_mode == "copy":
+            return [MissAction.COPY] * len(misses)
+        # A copied expert stays cached: credit it with the transfer a later use saves (recent hit rate).
+        copy_value = (1.0 - self.miss_rate_ema) * c.copy_ms() if spec.keep_misses else 0.0
+        reqs = []
+        for e, weight, n_tokens in misses:
+            inf = self.inflight.get(ExpertKey(layer, e))   # only experts whose prefetch is still in flight
+            reqs.append(MissRequest(router_weight=weight, copy_ms=c.copy_ms(), cpu_ms=c.cpu_expert_ms(n_tokens),
+                                    gpu_ms=c.gpu_expert_ms(n_tokens),
+                                    inflight_arrival_ms=inf.arrival_ms if inf is not None else None,
+                                    copy_value_ms=copy_value))
+        # CPU-lane tasks are collected within their layer, so the lane is idle when a layer starts.
+        q = QueueState(now_ms=queues.now_ms, copy_free_at_ms=queues.copy_free_at_ms)
+        opts = MissOptions(tau_approx=self.tau_approx, can_approx=spec.use_lore and self.can_approx,
+                           can_cpu=spec.use_cpu and self.can_cpu, can_copy=True)
+        return plan_misses(reqs, q, opts)
+
+    # ------------------------------------------------------------------ phase 3: the experts, in order
+    def plan_experts(self, plan: LayerPlan) -> tuple[ExpertRun, ...]:
+        """GPU experts ascending, CPU ones skipped (collected later). A demand copy that found no
+        slot in phase 1 takes one now; experts computed earlier in this layer may go."""
+        layer, res = plan.layer, self.residency
+        placed = {o.key.expert: o for o in plan.copies}
+        runs = []
+        for e in plan.needed:
+            outcome = plan.outcomes[e]
+            if outcome == MissAction.CPU.value:
+                continue
+            if outcome == MissAction.APPROX.value:
+                runs.append(ExpertRun(e, outcome))
+                continue
+            key = ExpertKey(layer, e)
+            late = None
+            if outcome == MissAction.COPY.value and e not in placed:
+                late = self._acquire(key, "copy", {key})
+                assert late is not None, "cache smaller than one expert"
+                res.book(key).busy = True
+            used = self.inflight.pop(key, None) if outcome == PREFETCH_HIT else None
+            slot = res.where[key]
+            res.touch(key, self.tick)
+            res.state[slot].busy = False
+            drop = not self.spec.keep_misses and outcome == MissAction.COPY.value
+            if drop:
+                res.evict(key)
+            runs.append(ExpertRun(e, outcome, slot, late, used, drop))
+        return tuple(runs)
+
+    def plan_fallback(self, key: ExpertKey) -> CopyOrder:
+        """A CPU-lane task failed: copy the expert in after all (exact)."""
+        order = self._acquire(key, "copy", {key})
+        assert order is not None, "cache smaller than one expert"
+        return order
+
+    # ------------------------------------------------------------------ phase 2: the lookahead
+    def plan_prefetch(self, layer: int, predictions: Sequence[LayerPrediction] | None, queues: Queues) -> PrefetchOrders:
+        """``predictions`` None: the plan was skipped because it does not pay (stop reason "cost")."""
+        if predictions is None:
+            return PrefetchOrders((), 0, "cost", -1.0)
+        c = self.costs
+        layer_ms = c.gpu_layer_ms() + self.top_k * c.gpu_expert_ms()
+        hm = h_min(self.miss_rate_ema * self.top_k, c.expert_bytes, c.profile.h2d_pinned_gbps * 1e6, layer_ms)
+        res = self.residency
+        plan = plan_lookahead(
+            predictions, is_resident_or_inflight=res.__contains__,
+            tau_prefetch=self.tau_prefetch, max_lookahead=self.max_lookahead, now_ms=queues.now_ms,
+            copy_free_at_ms=queues.copy_free_at_ms, copy_ms=c.copy_ms(), layer_ms=layer_ms,
+            top_k=self.top_k, max_items=max(0, res.n_slots - self.top_k), h_min_value=hm,
+            issue_ms=c.profile.host_copy_us / 1e3 if self.host_aware else 0.0)
+        if len(self.next_use_abs) > 4 * res.n_slots + 256:
+            self.next_use_abs = {k: v for k, v in self.next_use_abs.items() if v >= self.global_pos}
+        for key, d in plan.next_use.items():
+            cur = self.next_use_abs.get(key)
+            if cur is None or cur < self.global_pos or self.global_pos + d < cur:
+                self.next_use_abs[key] = self.global_pos + d
+        depth, reason = plan.depth, plan.stop_reason
+        orders = []
+        for item in plan.items:
+            order = self._acquire(item.key, "prefetch", set(), incoming_distance=item.distance,
+                                  distance=item.distance, confidence=item.confidence,
+                                  planned_arrival_ms=item.arrival_ms)   # busy slots are protected
+            if order is None:
+                reason = "cache"
+                depth = min(depth, item.distance - 1)
+                break
+            orders.append(order)
+        return PrefetchOrders(tuple(orders), depth, reason, hm if math.isfinite(hm) else -1.0)
+
+    def prefetch_issued(self, order: CopyOrder, layer: int, issued_ms: float, arrival_ms: float) -> None:
+        """The executor issued ``order``; ``arrival_ms`` is when its clock expects it to land."""
+        self.inflight[order.key] = InflightPrefetch(order.key, layer, issued_ms, arrival_ms or order.planned_arrival_ms,
+                                                    order.confidence)
+
+    # ------------------------------------------------------------------ slots
+    def _acquire(self, key: ExpertKey, kind: str, protected: set[ExpertKey], incoming_distance: float | None = None,
+                 **extra) -> CopyOrder | None:
+        """A slot for ``key``, evicting if needed, assigned in the book. ``incoming_distance`` None: a demand
+        miss (needed now), anything not busy may go; a prefetch for distance d only evicts experts
+        predicted later than d."""
+        res = self.residency
+        slot = res.free_slot()
+        evicted = wasted = None
+        unused = False
+        if slot is None:
+            views = res.views(protected)
+            if isinstance(self.eviction, FarthestNextUseEviction):
+                d = -math.inf if incoming_distance is None else incoming_distance
+                victim = self.eviction.victim_for(views, _NextUse(self.next_use_abs, self.global_pos), d)
+            else:
+                victim = self.eviction.choose_victim(views)
+            if victim is None:
+                return None
+            unused = res.book(victim).prefetched
+            if unused:
+                wasted = self.inflight.pop(victim, None)
+            evicted = victim
+            slot = res.evict(victim)
+        res.assign(slot, key, self.tick, prefetched=kind == "prefetch")
+        return CopyOrder(key, slot, kind, evicted, wasted, unused, **extra)
+
+
+class _NextUse:
+    """Read-only view: predicted distance (in MoE layers from now) to each expert's next use."""
+
+    __slots__ = ("_abs", "_pos")
+
+    def __init__(self, abs_pos: dict, pos: int) -> None:
+        self._abs, self._pos = abs_pos, pos
+
+    def get(self, key, default=math.inf):
+        v = self._abs.get(key)
+        return default if v is None or v < self._pos else v - self._pos

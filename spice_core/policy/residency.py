@@ -1,0 +1,79 @@
+"""Residency: the planner's book of which expert sits in which GPU cache slot.
+
+Pure bookkeeping over slot numbers (no tensors): the executor owns the slot memory and
+moves bytes into the slot numbers the planner gives it. Kept apart from the planner so
+the book's invariants (a key in at most one slot, busy slots never evicted) are checked
+in one place, and apart from the executor so eviction can be tested without a device.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Iterator
+
+from spice_core.policy.cache import SlotView
+from spice_core.types import ExpertKey
+
+
+@dataclass
+class SlotBook:
+    key: ExpertKey | None = None
+    last_use_tick: int = -1
+    use_count: int = 0
+    prefetched: bool = False       # arrived by prefetch and not used yet
+    busy: bool = False             # being read by the layer now: never evict
+
+
+class Residency:
+    def __init__(self, n_slots: int) -> None:
+        if n_slots < 0:
+            raise ValueError(f"n_slots={n_slots} must be >= 0")
+        self.n_slots = n_slots
+        self.state = [SlotBook() for _ in range(n_slots)]
+        self.where: dict[ExpertKey, int] = {}
+        # Resident keys, least recently used first (kept here so eviction never scans all slots).
+        self.lru_order: OrderedDict[ExpertKey, None] = OrderedDict()
+        self._free = list(range(n_slots - 1, -1, -1))   # a stack: the lowest free slot is taken first
+
+    def __contains__(self, key: ExpertKey) -> bool:
+        return key in self.where
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+    def free_slot(self) -> int | None:
+        return self._free[-1] if self._free else None
+
+    def book(self, key: ExpertKey) -> SlotBook:
+        return self.state[self.where[key]]
+
+    def assign(self, slot: int, key: ExpertKey, tick: int, prefetched: bool) -> None:
+        s = self.state[slot]
+        assert s.key is None, "evict before assigning"
+        assert key not in self.where, f"{key} is already resident"
+        self._free.remove(slot)
+        s.key, s.last_use_tick, s.use_count, s.prefetched, s.busy = key, tick, 0, prefetched, False
+        self.where[key] = slot
+        self.lru_order[key] = None
+
+    def evict(self, key: ExpertKey) -> int:
+        slot = self.where.pop(key)
+        self.lru_order.pop(key, None)
+        s = self.state[slot]
+        assert not s.busy, f"evicting busy slot {slot} ({key})"
+        s.key, s.prefetched = None, False
+        self._free.append(slot)
+        self._free.sort(reverse=True)
+        return slot
+
+    def touch(self, key: ExpertKey, tick: int) -> None:
+        s = self.state[self.where[key]]
+        s.last_use_tick, s.use_count, s.prefetched = tick, s.use_count + 1, False
+        self.lru_order.move_to_end(key)
+
+    def views(self, protected: set[ExpertKey]) -> Iterator[SlotView]:
+        """Resident experts as SlotViews, least recently used first, produced lazily."""
+        where, state = self.where, self.state
+        for key in self.lru_order:
+            s = state[where[key]]
+            yield SlotView(key, s.last_use_tick, s.use_count, protected=s.busy or key in protected)

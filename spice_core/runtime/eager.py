@@ -1,0 +1,253 @@
+"""EagerExecutor: carries out a layer's plan with PyTorch calls, one expert at a time.
+
+    read_routing ─► (idx rows, weight rows) as lists: ONE device-to-host readback per layer
+    start_layer  ─► CPU-lane tasks, demand copies into their slots (copy stream)
+    issue        ─► prefetch copies (copy stream), each bracketed for the clock
+    run_experts  ─► per expert, ascending: wait for its copy, its matmuls (or LoRE), free the slot
+    finish_layer ─► CPU results, then the combine in ascending expert order
+
+No decisions: slots, order and actions come from the planner (policy/planner.py). It owns the
+mechanism: the slot buffer, the copy stream and link pacing, the per-slot ready/free events,
+the CPU lane and the LoRE bank. The combine reproduces the stock experts loop operation by
+operation (``out * w`` in the router weights' dtype, cast, add, ascending expert order), so
+exact policies match stock transformers. The clock only observes (timing/timeline.py).
+
+Works on CPU (modeled timing: CPU-lane work is computed inline and timed as the lane) and on
+CUDA (measured or modeled). Streams are passed explicitly: looking the current one up costs
+~25 µs a call on a GPU host.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from spice_core.exec.experts import expert_forward
+from spice_core.policy.planner import CopyOrder, ExpertRun, LayerPlan
+from spice_core.runtime.slots import SlotBuffer
+from spice_core.types import ExpertKey
+
+APPROX, CPU, COPY = "approx", "cpu", "copy"
+
+
+class _Rows:
+    """Per-expert token rows of one layer, as device index tensors made with ONE host->device
+    copy per layer. At T=1 they are plain slices: no index tensors at all.
+    Shapes: x [T,H], weights [T,K]."""
+
+    def __init__(self, routes, needed, T: int, device) -> None:
+        self.T = T
+        self.routes = routes
+        if T == 1:
+            return
+        flat_t, flat_p, self.span = [], [], {}
+        for e in needed:
+            toks, poss = routes[e]
+            self.span[e] = (len(flat_t), len(flat_t) + len(toks))
+            flat_t += toks
+            flat_p += poss
+        both = torch.tensor([flat_t, flat_p], dtype=torch.long)
+        if device.type == "cuda":
+            both = both.pin_memory().to(device, non_blocking=True)
+        self.tok, self.pos = both[0], both[1]
+
+    def __call__(self, x, e):
+        if self.T == 1:
+            return x
+        a, b = self.span[e]
+        return x[self.tok[a:b]]
+
+    def add_into(self, final, e, y) -> None:
+        """final[rows of e] += y, like the stock loop's index_add_ (a plain add at T=1)."""
+        if self.T == 1:
+            final.add_(y)
+            return
+        a, b = self.span[e]
+        final.index_add_(0, self.tok[a:b], y)
+
+    def weights(self, w, e):
+        """Router weights of expert e's selections, [n,1]."""
+        if self.T == 1:
+            p = self.routes[e][1][0]
+            return w[:, p:p + 1]
+        a, b = self.span[e]
+        return w[self.tok[a:b], self.pos[a:b], None]
+
+
+class EagerExecutor:
+    name = "eager"
+
+    def __init__(self, lm, n_slots: int, clock, recorder, *, copy_stream=None, cpu_lane=None, lore=None,
+                 modeled_cpu: bool = False, pace_extra_ms_per_byte: float = 0.0,
+                 sleep_cycles_per_ms: float = 0.0) -> None:
+        self.lm, self.clock, self.recorder = lm, clock, recorder
+        self.device = lm.device
+        self.cuda = self.device.type == "cuda"
+        self.slots = SlotBuffer(lm.layout, n_slots, lm.device)
+        self.copy_stream = copy_stream
+        self.compute_stream = getattr(clock, "compute_stream", None)
+        if self.cuda and self.compute_stream is None:
+            self.compute_stream = torch.cuda.current_stream(self.device)
+        self.cpu_lane, self.lore, self.modeled_cpu = cpu_lane, lore, modeled_cpu
+        self.pace_extra_ms_per_byte = pace_extra_ms_per_byte    # link emulation: extra copy time per byte
+        self.sleep_cycles_per_ms = sleep_cycles_per_ms
+        self._ready: dict[int, object] = {}        # slot -> clock handle of the copy that filled it
+        self._free_event: dict[int, object] = {}   # slot -> CUDA event after the last compute that read it
+        self._expert_bytes = lm.layout.nbytes
+
+    # ------------------------------------------------------------------ set-up
+    def load_static(self, placed: list[tuple[int, ExpertKey]]) -> None:
+        """Fill slots once, synchronously (resident, static caches)."""
+        for slot, key in placed:
+            self.slots.fill_from(slot, self.lm.host.flat(key))
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def start_token(self) -> None:
+        if self.cuda:
+            self.compute_stream = getattr(self.clock, "compute_stream", None) or self.compute_stream
+
+    # ------------------------------------------------------------------ routing
+    @staticmethod
+    def read_routing(top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> tuple[list, list]:
+        """[T,K] index and weights -> two lists of rows, with one device-to-host readback."""
+        if top_k_index.device.type != "cuda":
+            return top_k_index.tolist(), top_k_weights.tolist()
+        k = top_k_index.shape[1]
+        # Expert ids < 2^24 are exact in float32, and so are bf16/fp16/fp32 router weights.
+        both = torch.cat([top_k_index.to(torch.float32), top_k_weights.to(torch.float32)], dim=1).tolist()
+        return [[int(v) for v in row[:k]] for row in both], [row[k:] for row in both]
+
+    # ------------------------------------------------------------------ copies
+    def issue(self, order: CopyOrder):
+        """Evict (bookkeeping already done by the planner) and copy ``order.key`` into its slot."""
+        rec = self.recorder
+        if order.evicted is not None:
+            if order.evicted_unused_prefetch:
+                rec.wasted(order.evicted, order.wasted)
+            rec.evicted(order.evicted)
+            self._ready.pop(order.slot, None)
+        slot, key = order.slot, order.key
+        nbytes = self._expert_bytes
+        if self.copy_stream is None:
+            start = self.clock.stamp()
+            self.slots.fill_from(slot, self.lm.host.flat(key))
+            handle = self.clock.copy(key, nbytes, order.kind, start)
+        else:
+            cs = self.copy_stream
+            free = self._free_event.get(slot)
+            if free is not None:
+                cs.wait_event(free)
+            torch.cuda.set_stream(cs)          # cheaper than the torch.cuda.stream() context
+            try:
+                start = self.clock.stamp(cs)
+                self.slots.fill_from(slot, self.lm.host.flat(key))
+                if self.pace_extra_ms_per_byte > 0:
+                    # Emulate a slower link: keep the copy stream busy for the missing transfer time.
+                    torch.cuda._sleep(int(nbytes * self.pace_extra_ms_per_byte * self.sleep_cycles_per_ms))
+                handle = self.clock.copy(key, nbytes, order.kind, start, cs)
+            finally:
+                torch.cuda.set_stream(self.compute_stream)
+        self._ready[slot] = handle
+        rec.copied(order.kind)
+        return handle
+
+    def _wait_ready(self, slot: int) -> None:
+        handle = self._ready.pop(slot, None)
+        if handle is None:
+            return
+        ev = handle.native
+        if isinstance(ev, torch.cuda.Event):
+            if ev.query():                 # already landed: no stall, no events
+                return
+            start = self.clock.stamp()
+            self.compute_stream.wait_event(ev)
+            self.clock.wait(handle, start)
+        else:
+            self.clock.wait(handle)
+
+    def _release(self, slot: int) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event()
+            ev.record(self.compute_stream)
+            self._free_event[slot] = ev
+
+    # ------------------------------------------------------------------ the layer
+    def start_layer(self, plan: LayerPlan, x: torch.Tensor, act: Callable):
+        """CPU-lane tasks first (they overlap everything after), then the demand copies that have slots."""
+        rows = _Rows(plan.routes, plan.needed, x.shape[0], x.device)
+        cpu = {e: self._submit_cpu(ExpertKey(plan.layer, e), rows(x, e), len(plan.routes[e][0]), act)
+               for e in plan.cpu}
+        for order in plan.copies:
+            self.issue(order)
+        return rows, cpu
+
+    def run_experts(self, layer: int, runs: tuple[ExpertRun, ...], rows: _Rows, x: torch.Tensor, act: Callable) -> dict:
+        clock, outs = self.clock, {}
+        for r in runs:
+            key = ExpertKey(layer, r.expert)
+            xs = rows(x, r.expert)
+            n = len(rows.routes[r.expert][0])
+            if r.outcome == APPROX:
+                start = clock.stamp()
+                outs[r.expert] = self.lore.apply(key, xs)
+                clock.approx(key, n, self.lore.rank, start)
+                continue
+            if r.late_copy is not None:
+                self.issue(r.late_copy)
+            if r.prefetch_used is not None:
+                self.recorder.prefetch_used(key, r.prefetch_used, clock.now_ms())
+            self._wait_ready(r.slot)
+            gate_up, down = self.slots.weights(r.slot)
+            start = clock.stamp()
+            outs[r.expert] = expert_forward(xs, gate_up, down, act)
+            clock.gpu_expert(key, n, start)
+            self._release(r.slot)
+            if r.drop_after:
+                self._ready.pop(r.slot, None)
+        return outs
+
+    def finish_layer(self, plan: LayerPlan, rows: _Rows, outs: dict, cpu: dict, x: torch.Tensor,
+                     top_k_weights: torch.Tensor, act: Callable, fallback) -> torch.Tensor:
+        """Collect CPU results (``fallback(key)`` -> a CopyOrder when a task failed), then combine."""
+        for e, handle in cpu.items():
+            outs[e] = self._collect_cpu(ExpertKey(plan.layer, e), handle, rows(x, e), act, fallback)
+        # Combine exactly as the stock loop does.
+        final = torch.zeros_like(x)
+        for e in plan.needed:
+            y = outs[e] * rows.weights(top_k_weights, e)
+            rows.add_into(final, e, y.to(final.dtype))
+        return final
+
+    # ------------------------------------------------------------------ CPU lane
+    def _submit_cpu(self, key: ExpertKey, xs: torch.Tensor, n: int, act):
+        gate_up, down = self.lm.host.weights(key)
+        if self.cpu_lane is None:   # modeled on this machine: compute here, time it as the CPU lane
+            out = expert_forward(xs, gate_up, down, act)
+            return self.clock.cpu_expert(key, n), out
+        lane = self.cpu_lane.submit(xs, gate_up, down, act, self.device,
+                                    stream=self.compute_stream if xs.device.type == "cuda" else None)
+        return self.clock.cpu_expert(key, n), lane
+
+    def _collect_cpu(self, key: ExpertKey, handle, xs: torch.Tensor, act, fallback) -> torch.Tensor:
+        op, native = handle
+        if isinstance(native, torch.Tensor):
+            self.clock.cpu_collected(op)
+            return native
+        try:
+            import time
+            w0 = time.perf_counter()
+            out, worker, t0, t1 = native.result()
+            self.clock.cpu_collected(op, (worker, t0, t1, w0, time.perf_counter()))
+            return out
+        except Exception as err:  # noqa: BLE001 - any worker failure falls back to an exact copy
+            self.recorder.cpu_fallback(key, err)
+            order = fallback(key)
+            self.issue(order)
+            self._wait_ready(order.slot)
+            gate_up, down = self.slots.weights(order.slot)
+            start = self.clock.stamp()
+            out = expert_forward(xs, gate_up, down, act)
+            self.clock.gpu_expert(key, xs.shape[0], start)
+            self._release(order.slot)
+            return out

@@ -1,0 +1,124 @@
+"""LayerRuntime: one MoE layer of one forward pass, wired as predictor -> planner -> executor -> recorder.
+
+    OffloadedExperts.forward(x, top_k_index, top_k_weights)
+      └─► run_layer: draft launch (rides on the routing's readback)
+                     executor.read_routing ─► planner.plan_layer ─► executor.start_layer (CPU tasks, demand copies)
+                     [lookahead: predictor.predict ─► planner.plan_prefetch ─► executor.issue]   before or after:
+                     planner.plan_experts ─► executor.run_experts
+                     executor.finish_layer (CPU results, combine) ─► recorder.outcome per expert
+
+Where the lookahead runs is a mechanism choice (``prefetch_after_experts``): with no host
+cost (modeled timing) prefetches go out before the layer's experts, so they start as early as
+possible; on a real GPU at batch 1 the host is the bottleneck (each layer syncs once to read its
+routing), so the plan runs after the experts are launched, overlapping their GPU work.
+
+Holds no policy state (the planner does) and moves no bytes itself (the executor does).
+"""
+from __future__ import annotations
+
+import torch
+
+from spice_core.policy.planner import LayerPlanner, Queues
+from spice_core.runtime.context import PredictContext
+
+
+class LayerRuntime:
+    def __init__(self, lm, planner: LayerPlanner, executor, clock, recorder, *, predictor=None,
+                 prefetch_after_experts: bool = False) -> None:
+        self.lm, self.planner, self.executor, self.clock, self.recorder = lm, planner, executor, clock, recorder
+        self.predictor = predictor
+        self.prefetch_after_experts = prefetch_after_experts
+        self.ctx = PredictContext(max_lookahead=planner.max_lookahead, clock=clock,
+                                  stream=getattr(executor, "compute_stream", None))
+        prev = -1
+        self._layers_before: dict[int, tuple[int, ...]] = {}
+        for layer in lm.moe_layers:
+            self._layers_before[layer] = tuple(range(prev + 1, layer + 1))
+            prev = layer
+        self._tail_layers = tuple(range(prev + 1, lm.n_layers))
+        self.observers: list = []   # callables(layer, x, top_k_index, top_k_weights): calibration traces, tests
+        self.layer_observers: list = []   # callables(runtime, layer) after each MoE layer: accounting checks
+
+    # ------------------------------------------------------------------ settings and state
+    @property
+    def slots(self):
+        return self.executor.slots
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of the experts the cache holds now."""
+        return len(self.planner.residency) * self.lm.layout.nbytes
+
+    @property
+    def totals(self) -> dict:
+        return self.recorder.totals
+
+    def set_thresholds(self, *, tau_prefetch: float, tau_approx: float, max_lookahead: int) -> None:
+        """Live thresholds (from the next token). tau_approx only matters when LoRE is loaded."""
+        p = self.planner
+        p.tau_prefetch, p.max_lookahead = tau_prefetch, max_lookahead
+        if p.can_approx:
+            p.tau_approx = tau_approx
+        self.ctx.max_lookahead = max_lookahead
+
+    # ------------------------------------------------------------------ per token
+    def begin_token(self, token: int) -> None:
+        self.planner.begin_token(token)
+        self.ctx.token = token
+        self.recorder.begin_token()
+        self.clock.start_token(token)
+        self.executor.start_token()
+        self.ctx.stream = getattr(self.executor, "compute_stream", None)
+
+    def end_token(self) -> float:
+        for layer in self._tail_layers:
+            self.clock.layer(layer, 1, dense=True)
+        return self.clock.end_token()
+
+    def _queues(self) -> Queues:
+        return Queues(self.clock.now_ms(), self.clock.copy_free_at_ms())
+
+    # ------------------------------------------------------------------ the layer
+    @torch.no_grad()
+    def run_layer(self, layer: int, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, act):
+        """x [T,H], top_k_index/top_k_weights [T,K] -> [T,H]."""
+        T = x.shape[0]
+        clock, planner, ex = self.clock, self.planner, self.executor
+        for l_ in self._layers_before[layer]:
+            clock.layer(l_, T, dense=l_ != layer)
+        prefetching = planner.prefetching and self.predictor is not None
+        if prefetching and hasattr(self.predictor, "launch") and planner.plan_pays():
+            self.predictor.launch(layer, x[-1:], self.ctx)    # its readback rides on the routing's below
+        idx_rows, w_rows = ex.read_routing(top_k_index, top_k_weights)
+        for obs in self.observers:
+            obs(layer, x, top_k_index, top_k_weights)
+
+        plan = planner.plan_layer(layer, idx_rows, w_rows, self._queues())
+        self.recorder.layer_counts(plan.hits, plan.misses)
+        rows, cpu = ex.start_layer(plan, x, act)
+        if prefetching and not self.prefetch_after_experts:
+            self._prefetch(layer, x)
+        outs = ex.run_experts(layer, planner.plan_experts(plan), rows, x, act)
+        if prefetching and self.prefetch_after_experts:
+            self._prefetch(layer, x)     # planned while the GPU runs the experts just launched
+        final = ex.finish_layer(plan, rows, outs, cpu, x, top_k_weights, act, planner.plan_fallback)
+        for e in plan.needed:
+            self.recorder.outcome(layer, e, plan.outcomes[e])
+        for obs in self.layer_observers:
+            obs(self, layer)
+        return final
+
+    def _prefetch(self, layer: int, x: torch.Tensor) -> None:
+        planner = self.planner
+        if not planner.plan_pays():
+            if hasattr(self.predictor, "discard"):
+                self.predictor.discard()
+            orders = planner.plan_prefetch(layer, None, self._queues())
+        else:
+            preds = self.predictor.predict(layer, x[-1:], self.ctx)
+            self.clock.plan(layer)
+            orders = planner.plan_prefetch(layer, preds, self._queues())
+        for order in orders.copies:
+            handle = self.executor.issue(order)
+            planner.prefetch_issued(order, layer, self.clock.now_ms(), handle.end_ms)
+        self.recorder.lookahead(orders.depth, orders.stop_reason, orders.h_min)

@@ -1,0 +1,33 @@
+"""SlotBuffer: the GPU expert cache's memory, a fixed number of expert-sized slots.
+
+One [n_slots, numel] tensor allocated once; slot s holds one expert in HostStore's flat
+layout ([gate_up (2I x H) | down (H x I)]), so filling a slot is one copy. Which expert sits
+in which slot is the planner's book (policy/residency.py); this class only moves bytes.
+"""
+from __future__ import annotations
+
+import torch
+
+from spice_core.memory.host_store import ExpertLayout
+
+
+class SlotBuffer:
+    def __init__(self, layout: ExpertLayout, n_slots: int, device: torch.device) -> None:
+        if n_slots < 0:
+            raise ValueError(f"n_slots={n_slots} must be >= 0")
+        self.layout = layout
+        self.device = device
+        self.n_slots = n_slots
+        self.buffer = torch.empty((n_slots, layout.numel), dtype=layout.dtype, device=device)
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.n_slots * self.layout.nbytes
+
+    def weights(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up [2I,H], down [H,I]) views of one slot."""
+        return self.layout.views(self.buffer[slot])
+
+    def fill_from(self, slot: int, host_flat: torch.Tensor) -> None:
+        """Copy one expert's host buffer into a slot (non-blocking on CUDA: call on the copy stream)."""
+        self.buffer[slot].copy_(host_flat, non_blocking=self.device.type == "cuda")

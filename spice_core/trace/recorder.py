@@ -1,0 +1,110 @@
+"""Recorder: the one channel through which a run says what happened.
+
+    runtime ─► recorder.outcome / copied / prefetch / lookahead / fallback ─┐
+    executor ─► clock intervals (gpu, copy, cpuN, host) ────────────────────┴─► TraceEvents of the token
+                                                          └─► TokenRecord ─► StepStats (engine.py)
+
+Every routed selection's outcome is written once, here, as both an ``ExpertOutcome`` (what
+`StepStats.outcomes` carries) and an instant trace event on the gpu lane (``hit``,
+``prefetch_hit`` or ``miss`` with the miss's outcome in ``detail``), in the same call, so the
+summary, the trace explorer's per-layer table, the Chrome trace's counters and the CSV count
+the same things (`trace.metrics` defines how). Intervals come from the clock, which appends
+them to the same token's events.
+
+Knows nothing of policies, devices or the UI.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from spice_core.api import ExpertOutcome, PrefetchRecord
+from spice_core.trace.events import TraceEvent
+from spice_core.types import ExpertKey
+
+HIT_INSTANTS = ("hit", "prefetch_hit")
+
+
+def instant_kind(outcome: str) -> str:
+    """The trace instant of an outcome: hits keep their name, every miss is ``miss`` (detail = outcome)."""
+    return outcome if outcome in HIT_INSTANTS else "miss"
+
+
+@dataclass
+class TokenRecord:
+    """What one token did, accumulated by the recorder."""
+
+    hits: int = 0
+    misses: int = 0
+    bytes_copied: int = 0
+    outcomes: list = field(default_factory=list)
+    prefetches: list = field(default_factory=list)
+    depths: list = field(default_factory=list)
+    stop_reasons: list = field(default_factory=list)
+    h_mins: list = field(default_factory=list)
+    cpu_fallbacks: int = 0
+    events: list = field(default_factory=list)
+
+
+class Recorder:
+    """Per-run: the current token's record plus run totals. ``clock``: the run's timeline."""
+
+    def __init__(self, clock, expert_bytes: int) -> None:
+        self.clock = clock
+        self.expert_bytes = expert_bytes
+        self.token = TokenRecord()
+        self.totals = {"wasted_prefetch_bytes": 0, "prefetch_bytes": 0, "cpu_fallbacks": 0}
+
+    def begin_token(self) -> None:
+        self.token = TokenRecord()
+
+    # -- what the planner decided and the executor carried out
+    def layer_counts(self, hits: int, misses: int) -> None:
+        self.token.hits += hits
+        self.token.misses += misses
+
+    def outcome(self, layer: int, expert: int, outcome: str) -> None:
+        self.token.outcomes.append(ExpertOutcome(layer, expert, outcome))
+        kind = instant_kind(outcome)
+        self.clock.mark(kind, ExpertKey(layer, expert), detail="" if kind != "miss" else outcome)
+
+    def copied(self, kind: str) -> None:
+        self.token.bytes_copied += self.expert_bytes
+        if kind == "prefetch":
+            self.totals["prefetch_bytes"] += self.expert_bytes
+
+    def evicted(self, key: ExpertKey) -> None:
+        self.clock.mark("evict", key, self.expert_bytes, lane="copy")
+
+    def wasted(self, key: ExpertKey, inflight) -> None:
+        """A prefetched expert left the cache unused; ``inflight`` its in-flight entry, if any."""
+        self.totals["wasted_prefetch_bytes"] += self.expert_bytes
+        if inflight is not None:
+            self.token.prefetches.append(PrefetchRecord(key.layer, key.expert, inflight.issued_at_layer,
+                                                        inflight.issued_ms, inflight.arrival_ms, None,
+                                                        inflight.confidence))
+        self.clock.mark("prefetch_wasted", key, self.expert_bytes, lane="copy")
+
+    def prefetch_used(self, key: ExpertKey, inflight, needed_ms: float) -> None:
+        self.token.prefetches.append(PrefetchRecord(key.layer, key.expert, inflight.issued_at_layer, inflight.issued_ms,
+                                                    inflight.arrival_ms, needed_ms, inflight.confidence))
+
+    def lookahead(self, depth: int, stop_reason: str, h_min: float) -> None:
+        self.token.depths.append(depth)
+        self.token.stop_reasons.append(stop_reason)
+        self.token.h_mins.append(h_min)
+
+    def cpu_fallback(self, key: ExpertKey, err: BaseException) -> None:
+        self.token.cpu_fallbacks += 1
+        self.totals["cpu_fallbacks"] += 1
+        self.clock.mark("cpu_fallback", key, detail=f"{type(err).__name__}: {err}")
+
+    # -- the end of a token
+    def end_token(self) -> TokenRecord:
+        """The token's record, with every event the clock resolved for it (intervals and instants)."""
+        rec = self.token
+        rec.events = self.clock.drain_events()
+        return rec
+
+    @staticmethod
+    def stall_ms(events: list[TraceEvent], token: int) -> float:
+        return sum(ev.dur_ms for ev in events if ev.kind == "stall" and ev.token == token)
