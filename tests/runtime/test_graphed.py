@@ -108,3 +108,16 @@ def test_graphed_lru_is_bitwise_resident_over_64_steps(tiny_dirs, family):
     assert lru_toks == res_toks and torch.equal(lru_logits, res_logits)
     eager_toks, eager_logits, _ = _greedy(lm, None, 64, use_graphs=False)   # same ops, not captured
     assert eager_toks == res_toks and torch.equal(eager_logits, res_logits)
+
+
+def test_decoder_refuses_unknown_kernel_and_a_cache_below_top_k(tiny_dirs):
+    from spice_core.errors import ConfigError
+    from spice_core.model.loader import load_model
+    from spice_core.runtime.graphed import GraphedDecoder
+
+    lm = load_model(tiny_dirs["mixtral"], "cpu")
+    small = torch.zeros((lm.top_k - 1, lm.layout.numel), dtype=lm.layout.dtype)
+    with pytest.raises(ConfigError, match="top-"):
+        GraphedDecoder(lm, small, None, 32, use_graphs=False)
+    with pytest.raises(ConfigError, match="kernel"):
+        GraphedDecoder(lm, small, None, 32, kernel="triton", use_graphs=False)
