@@ -21,6 +21,7 @@ import gradio as gr
 import pandas as pd
 
 from spice_core.errors import SpiceError
+from spice_core import api as metrics   # the one definition of every metric (trace.metrics)
 from pages import figures
 from pages.common import AppContext, FreeDropdown, as_plot, fmt_bytes, spice_error_text
 from pages.owners import esc, owner_of, valid_run_id
@@ -28,27 +29,22 @@ from pages.owners import esc, owner_of, valid_run_id
 log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW_TOKENS = 16
-HIT_KINDS = ("hit", "prefetch_hit")
-MISS_INTERVAL_KINDS = {"approx": "approx", "cpu_run": "cpu", "copy": "copy"}
 LAYER_COLUMNS = ["layer", "selections", "hit %", "prefetched hit %", "approx %", "CPU %", "copied %",
                  "prefetches", "wasted prefetches", "MB copied / token", "stall ms / token"]
 
 
 # --- numbers from events (pure) ---------------------------------------------------------------
 def per_layer_frame(events, n_tokens: int) -> pd.DataFrame:
-    """One row per layer that routed anything: outcome shares, prefetch counts, bytes and stalls per token."""
+    """One row per layer that routed anything: outcome shares over the decode tokens (the run summary's
+    scope, trace.metrics), prefetch counts, bytes and stalls per token."""
+    table = metrics.per_layer_counts(metrics.outcomes_from_events(events, metrics.scope_tokens(n_tokens)))
+    outcome_rows = {int(r.layer): r for r in table.itertuples(index=False)}
     rows: dict[int, dict] = defaultdict(lambda: defaultdict(float))
     for e in events:
         if e.layer < 0:
             continue
         r = rows[e.layer]
-        if e.kind in HIT_KINDS:
-            r[e.kind] += 1
-        elif e.kind == "miss":
-            r["miss"] += 1
-        elif e.kind in MISS_INTERVAL_KINDS:
-            r[MISS_INTERVAL_KINDS[e.kind]] += 1
-        elif e.kind == "prefetch":
+        if e.kind == "prefetch":
             r["prefetches"] += 1
         elif e.kind == "prefetch_wasted":
             r["wasted"] += 1
@@ -58,15 +54,15 @@ def per_layer_frame(events, n_tokens: int) -> pd.DataFrame:
             r["stall_ms"] += e.end_ms - e.start_ms
     out = []
     tokens = max(n_tokens, 1)
-    for layer in sorted(rows):
-        r = rows[layer]
-        misses = r["miss"] or (r["approx"] + r["cpu"] + r["copy"])
-        sel = r["hit"] + r["prefetch_hit"] + misses
+    for layer in sorted(set(rows) | set(outcome_rows)):
+        r, o = rows[layer], outcome_rows.get(layer)
+        sel = int(o.selections) if o is not None else 0
         if sel == 0 and r["prefetches"] == 0:
             continue
         pct = (lambda n: round(100 * n / sel, 1)) if sel else (lambda n: 0.0)
-        out.append([layer, int(sel), pct(r["hit"]), pct(r["prefetch_hit"]), pct(r["approx"]), pct(r["cpu"]),
-                    pct(r["copy"]), int(r["prefetches"]), int(r["wasted"]), round(r["bytes"] / 1e6 / tokens, 2),
+        get = (lambda k: getattr(o, k)) if o is not None else (lambda k: 0)
+        out.append([layer, sel, pct(get("hit")), pct(get("prefetch_hit")), pct(get("approx")), pct(get("cpu")),
+                    pct(get("copy")), int(r["prefetches"]), int(r["wasted"]), round(r["bytes"] / 1e6 / tokens, 2),
                     round(r["stall_ms"] / tokens, 3)])
     return pd.DataFrame(out, columns=LAYER_COLUMNS)
 

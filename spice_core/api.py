@@ -17,8 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Protocol
 
-from spice_core.trace.events import OUTCOMES  # noqa: F401 - re-exported for front ends
 from spice_core.errors import ConfigError
+from spice_core.records import (  # noqa: F401 - re-exported: the records front ends receive
+    EngineInfo, ExpertOutcome, LaneInterval, PrefetchRecord, RunSummary, StepStats)
+from spice_core.trace.events import OUTCOMES  # noqa: F401 - re-exported for front ends
+from spice_core.trace.metrics import (  # noqa: F401 - re-exported: one definition of every metric
+    outcomes_from_events, per_layer_counts, per_layer_table, scope_tokens)
 
 # Names a user may pick; the engine refuses anything else with a ConfigError.
 BASELINE_POLICIES = ("resident", "on_demand", "lru", "cpu_compute")
@@ -82,107 +86,6 @@ class RunSettings:
     def exact(self) -> bool:
         """True when the settings cannot change the output (no approximation)."""
         return self.policy in EXACT_POLICIES or self.tau_approx == 0.0
-
-
-@dataclass(frozen=True)
-class ExpertOutcome:
-    """What happened to one routed selection (layer, expert) of one token; see trace.events.OUTCOMES."""
-
-    layer: int
-    expert: int
-    outcome: str
-
-
-@dataclass(frozen=True)
-class PrefetchRecord:
-    """One speculative copy: issued after layer ``issued_at_layer``'s router, needed (or not) at ``layer``."""
-
-    layer: int
-    expert: int
-    issued_at_layer: int
-    issued_ms: float
-    arrived_ms: float
-    needed_ms: float | None  # None: not used by this token (wasted unless a later token uses it)
-    confidence: float
-
-
-@dataclass(frozen=True)
-class LaneInterval:
-    """One busy interval of a lane (gpu / copy / cpuN / host), in ms from the run's start."""
-
-    lane: str
-    kind: str
-    start_ms: float
-    end_ms: float
-    layer: int = -1
-    expert: int = -1
-
-
-@dataclass(frozen=True)
-class StepStats:
-    """One generated token and what the engine did to produce it (index 0 includes the prefill)."""
-
-    index: int
-    token_id: int
-    text: str                      # decoded text added by this token
-    step_ms: float                 # time of this step (TTFT for index 0), in the run's timing mode
-    timing: str                    # "measured" | "modeled"
-    hits: int
-    misses: int
-    bytes_copied: int
-    stall_ms: float
-    lookahead_depth: float         # mean adaptive lookahead depth over this step's MoE layers
-    outcomes: tuple[ExpertOutcome, ...] = ()
-    prefetches: tuple[PrefetchRecord, ...] = ()
-    intervals: tuple[LaneInterval, ...] = ()
-    finished: bool = False
-    finish_reason: str = ""        # "eos" | "stop" | "length" | "cancelled" | ""
-    lookahead_stops: tuple[str, ...] = ()   # why each MoE layer's lookahead stopped ("confidence", "time",
-                                            # "bound", "cache", "cost"; policy/prefetch.py); () without prefetching
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    """Aggregates of one finished (or cancelled) run. Times in the run's timing mode."""
-
-    run_id: str
-    policy: str
-    timing: str
-    profile: str
-    shape: str
-    n_tokens: int
-    ttft_ms: float
-    tpot_ms_median: float
-    tpot_ms_p90: float
-    tokens_per_s: float
-    hit_rate: float
-    bytes_per_token: float
-    stall_ms_per_token: float
-    miss_split: dict = field(default_factory=dict)   # outcome -> count, e.g. {"copy": 10, "cpu": 3}
-    hit_rate_per_layer: dict = field(default_factory=dict)
-    notes: tuple[str, ...] = ()    # e.g. "no draft artifacts: fell back to the gate predictor"
-    text: str = ""
-    finish_reason: str = ""
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    model_name: str
-    family: str
-    n_layers: int
-    moe_layers: tuple[int, ...]
-    n_experts: int
-    top_k: int
-    expert_bytes: int
-    device: str                    # "cuda" | "cpu"
-    default_timing: str            # "measured" on CUDA, "modeled" elsewhere
-    policies: tuple[str, ...]
-    profiles: tuple[str, ...]
-    shapes: tuple[str, ...]
-    has_draft: bool
-    has_lore: bool
-    max_context_tokens: int
-    lore_ranks: tuple[int, ...] = ()   # LoRE ranks the shipped factors offer (empty without LoRE)
 
 
 class Generation(Protocol):

@@ -32,7 +32,7 @@ from typing import Iterable, Sequence
 
 import pandas as pd
 
-from spice_core.api import StepStats
+from spice_core.records import StepStats
 from spice_core.trace.events import OUTCOMES, TraceEvent
 
 SPICE_PID = 1

@@ -10,6 +10,8 @@ Definitions (the UI, the CLI and the benchmarks all read them from here):
   outcomes in scope; hit_rate_per_layer is the same ratio per layer; bytes_per_token and
   stall_ms_per_token are means over the steps in scope. The prefill moves many tokens' experts
   at once, so mixing it into per-token rates would hide the decode behaviour we care about.
+- A trace holds the same outcomes as instants (trace/recorder.py writes both in one call);
+  `outcomes_from_events` reads them back, so tables built from a trace match the StepStats'.
 - When the steps in scope record no outcomes at all, hit_rate falls back to the steps'
   ``hits / (hits + misses)`` counters, and is 0.0 when those are zero too.
 
@@ -19,12 +21,13 @@ is only passed through), what the policies do, or how anything is displayed.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Container, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from spice_core.api import RunSummary, StepStats
+from spice_core.records import ExpertOutcome, RunSummary, StepStats
+from spice_core.trace.events import TraceEvent
 
 HIT_OUTCOMES = ("hit", "prefetch_hit")
 MISS_OUTCOMES = ("approx", "cpu", "copy")
@@ -46,18 +49,42 @@ def rate_scope(steps: Sequence[StepStats]) -> list[StepStats]:
     return ordered[1:] if len(ordered) > 1 else ordered
 
 
+def scope_tokens(n_tokens: int) -> range:
+    """Token indices per-token rates are taken over (see `rate_scope`): 1..n-1, or 0 alone."""
+    return range(1, n_tokens) if n_tokens > 1 else range(0, n_tokens)
+
+
+def outcomes_from_events(events: Iterable[TraceEvent], tokens: Container[int] | None = None) -> list[ExpertOutcome]:
+    """The routed selections' outcomes as the recorder wrote them into the trace: ``hit`` and
+    ``prefetch_hit`` instants, and ``miss`` instants whose detail names the miss's outcome.
+    ``tokens``: keep only these token indices (e.g. `scope_tokens(n)`)."""
+    out = []
+    for e in events:
+        if tokens is not None and e.token not in tokens:
+            continue
+        if e.kind in HIT_OUTCOMES:
+            out.append(ExpertOutcome(e.layer, e.expert, e.kind))
+        elif e.kind == "miss" and e.detail in MISS_OUTCOMES:
+            out.append(ExpertOutcome(e.layer, e.expert, e.detail))
+    return out
+
+
 def per_layer_table(steps: Sequence[StepStats]) -> pd.DataFrame:
     """Per MoE layer: selections, a count per outcome, and hit_rate = (hit + prefetch_hit) / selections.
 
     Counts every outcome of the given steps (pass `rate_scope(steps)` for decode-only numbers).
     Rows are sorted by layer; layers without selections do not appear.
     """
+    return per_layer_counts(o for s in steps for o in s.outcomes)
+
+
+def per_layer_counts(outcomes: Iterable[ExpertOutcome]) -> pd.DataFrame:
+    """`per_layer_table` over bare outcomes (from steps, or from a trace via `outcomes_from_events`)."""
     counts: dict[int, dict[str, int]] = {}
-    for s in steps:
-        for o in s.outcomes:
-            row = counts.setdefault(o.layer, dict.fromkeys(HIT_OUTCOMES + MISS_OUTCOMES, 0))
-            if o.outcome in row:
-                row[o.outcome] += 1
+    for o in outcomes:
+        row = counts.setdefault(o.layer, dict.fromkeys(HIT_OUTCOMES + MISS_OUTCOMES, 0))
+        if o.outcome in row:
+            row[o.outcome] += 1
     rows = []
     for layer in sorted(counts):
         row = counts[layer]

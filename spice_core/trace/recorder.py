@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from spice_core.api import ExpertOutcome, PrefetchRecord
+from spice_core.records import ExpertOutcome, PrefetchRecord
 from spice_core.trace.events import TraceEvent
 from spice_core.types import ExpertKey
 

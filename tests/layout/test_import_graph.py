@@ -1,0 +1,98 @@
+"""The package's layout: no import cycles between spice_core's modules, and nothing in spice_core
+imports the front end (pages, app) or the training scripts. Function-level imports count too:
+a cycle hidden inside a function is still a cycle in the design."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "spice_core"
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out = set()
+    pkg = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")
+                base = base[: len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            out.update(f"{mod}.{a.name}" for a in node.names)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in PKG.rglob("*.py")}
+    g = {}
+    for name, path in modules.items():
+        deps = set()
+        for imp in _imports(path):
+            # resolve to the longest known module name (a "from x import y" may name a module or a symbol)
+            while imp and imp not in modules:
+                imp = imp.rpartition(".")[0]
+            if imp and imp != name and not name.startswith(imp + ".") and imp != "spice_core":
+                deps.add(imp)
+        g[name] = deps
+    return g
+
+
+def _cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in g.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in g:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_spice_core_has_no_import_cycles():
+    assert _cycles(graph()) == []
+
+
+def test_spice_core_imports_neither_the_front_end_nor_training():
+    bad = {}
+    for path in PKG.rglob("*.py"):
+        up = sorted(i for i in _imports(path) if i.split(".")[0] in ("pages", "app", "training", "benchmarks"))
+        if up:
+            bad[_module_name(path)] = up
+    assert bad == {}
