@@ -8,7 +8,8 @@ shows a speed–quality trade-off), trace events and the three exports. It sleep
 
 It deliberately knows nothing of the real engine's internals; it only honours the contract in
 `spice_core.api` (errors are `SpiceError`s with one-line messages, `cancel()` and
-`update_settings()` act between tokens, one generation at a time).
+`update_settings()` act between tokens, one generation at a time: like the real engine, a
+generation holds the engine while it is iterated, so one started and never iterated costs nothing).
 """
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ class FakeGeneration:
         self._cache: OrderedDict[tuple[int, int], None] = OrderedDict()
         self._diverged_at: int | None = None
         self._finish = ""
-        self._released = False
+        self._released = True            # holds the engine only while it is iterated, like the real engine
         self.settings_log: list[tuple[int, RunSettings]] = [(0, run.settings)]
         self._clock_ms = 0.0
         self._copy_free = 0.0
@@ -95,6 +96,10 @@ class FakeGeneration:
         return self._run.summary
 
     def __iter__(self):
+        if not self._engine._busy.acquire(blocking=False):
+            self._engine.concurrent_violations += 1
+            raise SpiceError("another generation is running: the engine runs one at a time")
+        self._released = False
         try:
             time.sleep(self._engine.prefill_delay_s)
             for index in range(self._settings.max_new_tokens):
@@ -289,9 +294,6 @@ class FakeEngine:
         if n_tokens > self.max_context_tokens:
             raise PromptError(f"The prompt is {n_tokens} tokens; the model reads at most "
                               f"{self.max_context_tokens}: shorten it or start a new chat.")
-        if not self._busy.acquire(blocking=False):
-            self.concurrent_violations += 1
-            raise SpiceError("another generation is running: the engine runs one at a time")
         run = _Run(f"run-{self._next_id:04d}", settings)
         self._next_id += 1
         self._runs[run.run_id] = run
