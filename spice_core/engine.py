@@ -32,6 +32,8 @@ from spice_core.policy.cache import cache_slots_for_budget
 from spice_core.policy.planner import LayerPlanner
 from spice_core.policy.spec import get_spec
 from spice_core.runtime.eager import EagerExecutor
+from spice_core.runtime.graph_exec import GraphExecutor, cache_bucket, fast_path_refusal
+from spice_core.runtime.graphed import GraphCaptureError
 from spice_core.runtime.layer import LayerRuntime
 from spice_core.timing.costs import CostModel
 from spice_core.timing.profiles import ModelShape, get_profile, get_shape, profile_names, shape_names
@@ -69,17 +71,24 @@ class RunRecord:
 
 
 MEASURED_DEFAULT_PROFILE = "h200-pcie5x16-host"
+EXECUTORS = ("auto", "eager", "graphed")
 
 
 class SpiceEngine:
     def __init__(self, lm: LoadedModel, *, timing: str | None = None, hw_profile=None,
                  link_gbps: float | None = None, prefetch_after_experts: bool | None = None,
-                 host_aware: bool = True) -> None:
-        """``hw_profile``: the calibrated profile whose costs drive decisions in measured mode.
+                 host_aware: bool = True, executor: str = "auto") -> None:
+        """``executor``: "auto" (the graphed fast path for decode steps on CUDA with measured timing, when
+        the run's features allow it; eager otherwise), "eager" (per-expert PyTorch calls, per-expert trace
+        detail) or "graphed" (ask for the fast path anywhere; on the CPU it runs the same step op by op).
+        ``hw_profile``: the calibrated profile whose costs drive decisions in measured mode.
         ``link_gbps``: emulate a slower host-to-device link (measured mode) by pacing copies.
         ``prefetch_after_experts``: plan prefetches after launching a layer's experts (default:
         when timing is measured, see runtime/layer.py)."""
+        if executor not in EXECUTORS:
+            raise ConfigError(f"executor={executor!r} is unknown: use one of {', '.join(EXECUTORS)}")
         self.lm = lm
+        self.executor_kind = executor
         self.prefetch_after_experts = prefetch_after_experts
         self.host_aware = host_aware   # False: the profile's host costs only time, they do not decide
         self.link_gbps = link_gbps
@@ -285,7 +294,17 @@ class SpiceEngine:
         return {"pace_extra_ms_per_byte": 1.0 / (self.link_gbps * 1e6) - 1.0 / (native * 1e6),
                 "sleep_cycles_per_ms": self._sleep_cycles_per_ms}
 
-    def build_runtime(self, s: RunSettings, *, notes: list, oracle_routing=None, modeled: bool = False) -> LayerRuntime:
+    def _wants_fast_path(self, modeled: bool) -> bool:
+        if self.executor_kind == "eager" or modeled:
+            return False
+        if self.executor_kind == "graphed":
+            return True
+        return self.lm.device.type == "cuda" and self.timing == "measured"
+
+    def build_runtime(self, s: RunSettings, *, notes: list, oracle_routing=None, modeled: bool = False,
+                      max_cache_len: int | None = None, eager: bool = False) -> LayerRuntime:
+        """The run's runtime. ``max_cache_len``: tokens the run may hold (prompt + new), which sizes the
+        fast path's StaticCache; ``eager`` forces the eager executor."""
         spec = get_spec(s.policy)
         costs = self._costs(s)
         lm = self.lm
@@ -343,6 +362,13 @@ class SpiceEngine:
                 raise ConfigError(
                     f"cache budget {budget / 1e9:.4f} GB leaves room for {n_slots} experts after "
                     f"{reserved / 1e9:.4f} GB of draft/LoRE memory, fewer than top-{lm.top_k}: raise --cache-frac")
+        fast = not eager and max_cache_len is not None and self._wants_fast_path(modeled)
+        if fast:
+            why = fast_path_refusal(spec, s, has_draft=spec.predictor != "draft" or predictor is self._draft(),
+                                    lore_loaded=lore is not None)
+            if why:
+                notes.append(f"fast path off: {why}; decode runs on the eager executor")
+                fast = False
         modeled_cpu = spec.use_cpu and not real_lane
         if spec.miss_mode == "orchestrate":
             can_cpu = s.cpu_lane and (cpu_lane is not None or modeled_cpu)
@@ -350,16 +376,23 @@ class SpiceEngine:
             can_cpu = cpu_lane is not None or modeled_cpu
         if spec.use_cpu and s.cpu_lane and cpu_lane is None and real_lane:
             notes.append(f"CPU lane unavailable ({self._cpu_lane_error}): exact misses are copied")
+        if fast:
+            can_cpu = False
         planner = LayerPlanner(spec, n_slots=n_slots, n_experts=lm.n_experts, top_k=lm.top_k, moe_layers=lm.moe_layers,
                                costs=costs, tau_prefetch=s.tau_prefetch, tau_approx=s.tau_approx if lore else 0.0,
-                               max_lookahead=s.max_lookahead, can_approx=lore is not None, can_cpu=can_cpu,
-                               host_aware=self.host_aware)
+                               max_lookahead=s.max_lookahead, can_approx=lore is not None and not fast,
+                               can_cpu=can_cpu, host_aware=self.host_aware, batched_experts=fast)
         clock = self._timeline(costs, modeled)
         recorder = Recorder(clock, lm.layout.nbytes)
         measured = clock.mode == "measured"
-        executor = EagerExecutor(lm, n_slots, clock, recorder, copy_stream=getattr(clock, "copy_stream", None),
-                                 cpu_lane=cpu_lane, lore=lore, modeled_cpu=modeled_cpu,
-                                 **(self._link_pacing() if measured else {}))
+        kw = dict(copy_stream=getattr(clock, "copy_stream", None), cpu_lane=None if fast else cpu_lane,
+                  lore=lore, modeled_cpu=modeled_cpu and not fast, **(self._link_pacing() if measured else {}))
+        if fast:
+            executor = GraphExecutor(lm, n_slots, clock, recorder, max_cache_len=max_cache_len,
+                                     draft=predictor if spec.predictor == "draft" else None,
+                                     use_graphs=lm.device.type == "cuda", **kw)
+        else:
+            executor = EagerExecutor(lm, n_slots, clock, recorder, **kw)
         if spec.preload_all:
             executor.load_static(planner.place_static(list(lm.host.keys())))
         elif spec.static_cache:
@@ -367,7 +400,21 @@ class SpiceEngine:
         after = self.prefetch_after_experts
         if after is None:
             after = measured
-        return LayerRuntime(lm, planner, executor, clock, recorder, predictor=predictor, prefetch_after_experts=after)
+        rt = LayerRuntime(lm, planner, executor, clock, recorder, predictor=predictor, prefetch_after_experts=after)
+        if fast:
+            t0 = time.perf_counter()
+            try:
+                executor.attach(rt)
+            except GraphCaptureError as err:
+                notes.append(f"fast path off: {err}; decode runs on the eager executor")
+                return self.build_runtime(s, notes=notes, oracle_routing=oracle_routing, modeled=modeled, eager=True)
+            notes.append(f"fast path: decode steps replay CUDA graphs ({len(lm.moe_layers) + 1} segments "
+                         f"captured in {time.perf_counter() - t0:.2f} s)" if executor.decoder.use_graphs else
+                         "fast path: decode steps run the graphed executor's step op by op (no CUDA here)")
+        return rt
+
+    def _draft(self):
+        return self.artifacts.draft if self.artifacts else None
 
     def _get_cpu_lane(self):
         if self._cpu_lane is None:
@@ -419,10 +466,12 @@ class SpiceEngine:
         """The exact routing of a generation (for the oracle): (token, layer) -> selected experts."""
         routing: dict[tuple[int, int], tuple[int, ...]] = {}
         probe = replace(s, policy="lru", cache_frac=max(s.cache_frac, self.min_cache_bytes() / self.routed_bytes))
-        run = GenerationRun(self, input_ids, probe, modeled=True, register=False)
+        # The same executor as the run it serves: the fast path's expert kernel rounds differently from the
+        # eager one, so routing recorded on one would not be the other's exact future.
+        run = GenerationRun(self, input_ids, probe, modeled=not self._wants_fast_path(False), register=False)
 
-        def observe(layer, x, idx, w):
-            routing[(run.token_index, layer)] = tuple(sorted(set(idx.flatten().tolist())))
+        def observe(layer, idx_rows, w_rows):
+            routing[(run.token_index, layer)] = tuple(sorted({e for row in idx_rows for e in row}))
 
         run.observers.append(observe)
         for _ in run:
@@ -443,7 +492,7 @@ class GenerationRun:
         self._modeled = modeled
         self._register = register
         self.input_ids = input_ids
-        self.observers: list = []        # routing observers: callables(layer, x, top_k_index, top_k_weights)
+        self.observers: list = []        # routing observers: callables(layer, idx_rows, w_rows) ([T][K] lists)
         self.layer_observers: list = []  # callables(runtime, layer) after each MoE layer
         self.token_index = 0
         self.record = RunRecord(self.run_id, settings, prompt_ids=list(input_ids))
@@ -496,21 +545,23 @@ class GenerationRun:
         if get_spec(s.policy).predictor == "oracle":
             oracle = eng.record_routing(self.input_ids, s)
             notes.append("oracle_prefetch replays the exact routing recorded in a first pass (an upper bound)")
-        rt = eng.build_runtime(s, notes=notes, oracle_routing=oracle, modeled=self._modeled)
+        rt = eng.build_runtime(s, notes=notes, oracle_routing=oracle, modeled=self._modeled,
+                               max_cache_len=cache_bucket(len(self.input_ids) + s.max_new_tokens,
+                                                          lm.max_context_tokens))
         rt.observers.extend(self.observers)
         rt.layer_observers.extend(self.layer_observers)
         for mod in lm.experts_modules.values():
             mod.runtime = rt
         from transformers import DynamicCache
 
-        cache = DynamicCache(config=lm.model.config)
+        stepper = rt.executor.stepper()
         gen = None
         if s.temperature > 0:
             gen = torch.Generator().manual_seed(s.seed)
         streamer = TextStreamer(lm.tokenizer, s.stop)
         eos = _eos_ids(lm)
         max_new = min(s.max_new_tokens, lm.max_context_tokens - len(self.input_ids))
-        cur = torch.tensor([self.input_ids], device=lm.device)
+        cur = list(self.input_ids)
         finish = ""
         steps = self.record.steps
         timing = "modeled" if (self._modeled or eng.timing == "modeled") else "measured"
@@ -520,14 +571,14 @@ class GenerationRun:
                 break
             self._apply_pending(rt)
             self.token_index = i
-            rt.begin_token(i)
-            out = lm.model(input_ids=cur, use_cache=True, **{eng._fwd_cache_kw: cache})
-            logits = out.logits[0, -1]
-            self.last_logits = logits
-            tok = sample_next(logits, self.settings.temperature, self.settings.top_p, gen)
-            step_ms = rt.end_token()
+            with stepper.context():       # the graphed executor's stream, for this token only
+                rt.begin_token(i)
+                logits = stepper.forward(cur)
+                tok = sample_next(logits, self.settings.temperature, self.settings.top_p, gen)
+                step_ms = rt.end_token()
+                self.last_logits = logits.clone() if rt.executor.name == "graphed" else logits
+                c = rt.recorder.end_token()
             self.record.token_ids.append(tok)
-            c = rt.recorder.end_token()
             events = c.events
             self.record.events.extend(events)
             delta = streamer.push(tok)
@@ -552,7 +603,7 @@ class GenerationRun:
             yield step
             if finish:
                 break
-            cur = torch.tensor([[tok]], device=lm.device)
+            cur = [tok]
         if finish == "cancelled" or not finish:
             finish = finish or "length"
         self.record.notes = notes

@@ -115,8 +115,11 @@ class LayerPlanner:
     def __init__(self, spec: PolicySpec, *, n_slots: int, n_experts: int, top_k: int,
                  moe_layers: Sequence[int], costs: PlanCosts, tau_prefetch: float = 0.2,
                  tau_approx: float = 0.0, max_lookahead: int = 4, can_approx: bool = False,
-                 can_cpu: bool = False, host_aware: bool = True) -> None:
+                 can_cpu: bool = False, host_aware: bool = True, batched_experts: bool = False) -> None:
+        """``batched_experts``: the executor runs a layer's experts together after the plan is made (CUDA
+        graphs), so a late demand copy must not evict an expert of the same layer (see `plan_experts`)."""
         self.spec, self.costs = spec, costs
+        self.batched_experts = batched_experts
         self.n_experts, self.top_k = n_experts, top_k
         self.moe_pos = {layer: p for p, layer in enumerate(moe_layers)}
         self.n_moe = len(self.moe_pos)
@@ -238,6 +241,16 @@ class LayerPlanner:
         slot in phase 1 takes one now; experts computed earlier in this layer may go."""
         layer, res = plan.layer, self.residency
         placed = {o.key.expert: o for o in plan.copies}
+        late_orders: dict[int, CopyOrder] = {}
+        if self.batched_experts:
+            # Every expert of the layer is read at once, later: place all late copies while the layer's
+            # experts are still busy, so none of them is evicted.
+            for e in plan.needed:
+                if plan.outcomes[e] == MissAction.COPY.value and e not in placed:
+                    key = ExpertKey(layer, e)
+                    late_orders[e] = self._acquire(key, "copy", {key})
+                    assert late_orders[e] is not None, "cache smaller than one layer's experts"
+                    res.book(key).busy = True
         runs = []
         for e in plan.needed:
             outcome = plan.outcomes[e]
@@ -247,8 +260,8 @@ class LayerPlanner:
                 runs.append(ExpertRun(e, outcome))
                 continue
             key = ExpertKey(layer, e)
-            late = None
-            if outcome == MissAction.COPY.value and e not in placed:
+            late = late_orders.get(e)
+            if outcome == MissAction.COPY.value and e not in placed and late is None:
                 late = self._acquire(key, "copy", {key})
                 assert late is not None, "cache smaller than one expert"
                 res.book(key).busy = True

@@ -119,6 +119,13 @@ class DraftPredictor:
         u = c[:, 0:1] * logq + c[:, 1:2] * (logq - kth) + c[:, 2:3]
         return np.exp(-np.logaddexp(0.0, -u)).astype(np.float32)     # sigmoid, without overflow
 
+    def head_logits(self, layer: int, x_last: torch.Tensor) -> torch.Tensor:
+        """x_last [1,H] -> every head's logits of this layer, [D*E] float32 (one matmul on x's device).
+        The graphed executor captures this into the layer's segment and reads it back with the routing."""
+        p = self._pos[layer]
+        w, b = self.weight[p], self.bias[p]
+        return torch.addmm(b[None], x_last.to(w.dtype), w.t()).float().view(-1)
+
     @torch.no_grad()
     def launch(self, layer: int, x_last: torch.Tensor, ctx) -> None:
         """Queue this layer's heads on the device and their readback to the host, without waiting.
@@ -162,9 +169,13 @@ class DraftPredictor:
         logits, ready = launched[1]
         if ready is not None:
             ready.synchronize()
+        return self.predictions_from_logits(layer, logits.numpy())
+
+    def predictions_from_logits(self, layer: int, logits_np: np.ndarray) -> list[LayerPrediction]:
+        """The heads' logits of ``layer`` (host, [D*E] or [D,E] float32) -> one LayerPrediction per distance."""
         p = self._pos[layer]
         depth, E = self.distances, self.n_experts
-        conf_np = self._confidence_np(p, logits.numpy().reshape(depth, E))
+        conf_np = self._confidence_np(p, np.asarray(logits_np, dtype=np.float32)[: depth * E].reshape(depth, E))
         # The planner walks experts by descending confidence: one stable sort here instead of D in Python.
         order = np.argsort(-conf_np, axis=-1, kind="stable").tolist()
         conf = conf_np.tolist()

@@ -1,1 +1,13 @@
-"""Executors: carry out decisions on the device (eager, one expert at a time; or CUDA-graph segments)."""
+"""The mechanism of a run: executors that carry out the planner's decisions on a device.
+
+    layer.py          LayerRuntime: predictor -> planner (policy/planner.py) -> executor -> recorder, per MoE layer
+    eager.py          EagerExecutor: PyTorch calls, one expert at a time (CPU and CUDA; per-expert trace detail)
+    graph_exec.py     GraphExecutor: the fast path; prefill eager, decode steps as CUDA-graph segments
+    graphed.py        GraphedDecoder: captures and replays one segment per MoE layer, cut at the experts call
+    graphed_plan.py   plan rows the segments read (pure), LruSlotMap (the decoder's own reference cache)
+    graphed_slots.py  reference slot callbacks (all resident, LRU) the decoder is measured with standalone
+    slots.py          SlotBuffer: the GPU expert cache's memory
+    context.py        PredictContext: the narrow view predictors get of a run
+
+Nothing here decides anything: which expert goes where, and when, is the planner's.
+"""

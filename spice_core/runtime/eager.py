@@ -103,6 +103,9 @@ class EagerExecutor:
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
+    def stepper(self) -> "EagerStepper":
+        return EagerStepper(self.lm)
+
     def start_token(self) -> None:
         if self.cuda:
             self.compute_stream = getattr(self.clock, "compute_stream", None) or self.compute_stream
@@ -152,7 +155,8 @@ class EagerExecutor:
         rec.copied(order.kind)
         return handle
 
-    def _wait_ready(self, slot: int) -> None:
+    def wait_ready(self, slot: int) -> None:
+        """Make the compute stream wait for the copy that filled ``slot`` (a stall interval when it must)."""
         handle = self._ready.pop(slot, None)
         if handle is None:
             return
@@ -197,7 +201,7 @@ class EagerExecutor:
                 self.issue(r.late_copy)
             if r.prefetch_used is not None:
                 self.recorder.prefetch_used(key, r.prefetch_used, clock.now_ms())
-            self._wait_ready(r.slot)
+            self.wait_ready(r.slot)
             gate_up, down = self.slots.weights(r.slot)
             start = clock.stamp()
             outs[r.expert] = expert_forward(xs, gate_up, down, act)
@@ -244,10 +248,34 @@ class EagerExecutor:
             self.recorder.cpu_fallback(key, err)
             order = fallback(key)
             self.issue(order)
-            self._wait_ready(order.slot)
+            self.wait_ready(order.slot)
             gate_up, down = self.slots.weights(order.slot)
             start = self.clock.stamp()
             out = expert_forward(xs, gate_up, down, act)
             self.clock.gpu_expert(key, xs.shape[0], start)
             self._release(order.slot)
             return out
+
+
+class EagerStepper:
+    """Feeds the run one token at a time through the stock HF forward over a DynamicCache."""
+
+    def __init__(self, lm) -> None:
+        import contextlib
+        import inspect
+
+        from transformers import DynamicCache
+
+        self.lm = lm
+        self.cache = DynamicCache(config=lm.model.config)
+        params = inspect.signature(lm.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._null = contextlib.nullcontext
+
+    def context(self):
+        return self._null()
+
+    def forward(self, ids: list[int]) -> torch.Tensor:
+        """``ids``: the prompt on the first call, then the one new token. Returns the next-token logits [V]."""
+        x = torch.tensor([ids], device=self.lm.device)
+        return self.lm.model(input_ids=x, use_cache=True, **{self._cache_kw: self.cache}).logits[0, -1]

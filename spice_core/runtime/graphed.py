@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 OnLayer = Callable[[int, list, list], Sequence[int]]   # (layer, expert ids, weights) -> slot per selection
 OnExpert = Callable[[int, int], int]                   # prefill: (layer, expert) -> slot holding it
+PreExperts = Callable[[int, torch.Tensor], torch.Tensor]   # (layer, x [1,H]) -> [n] float32, read back per layer
 KERNELS = ("gather", "grouped")
 
 
@@ -69,7 +70,13 @@ class GraphedDecoder:
     """
 
     def __init__(self, lm, slots_buffer: torch.Tensor, copy_stream, max_cache_len: int, *,
-                 kernel: str = "gather", use_graphs: bool | None = None) -> None:
+                 kernel: str = "gather", use_graphs: bool | None = None, wait_for_copies: bool = True,
+                 pre_experts: PreExperts | None = None, extra_numel: int = 0) -> None:
+        """``wait_for_copies`` False: the caller makes `stream` wait for the copies a step needs (inside
+        on_layer), so prefetches for later layers keep flowing behind the next segments.
+        ``pre_experts(layer, x [1,H]) -> [extra_numel] float32``: device work captured into the segment just
+        before the experts call (a draft's heads); its result is read back with the routing into
+        ``extra_host[i]`` (numpy: ``extra_np[i]``)."""
         from transformers import StaticCache
 
         if kernel not in KERNELS:
@@ -85,6 +92,7 @@ class GraphedDecoder:
             raise GraphCaptureError(f"attention implementation {self.attn!r} is not supported by the graphed "
                                     "decoder (sdpa or eager): use the eager executor")
         self.copy_stream, self.max_cache_len = copy_stream, int(max_cache_len)
+        self.wait_for_copies, self.pre_experts = wait_for_copies, pre_experts
         self.moe_pos = {layer: i for i, layer in enumerate(lm.moe_layers)}
         self.k, self.n_experts = lm.top_k, lm.n_experts
         lay = lm.layout
@@ -113,6 +121,9 @@ class GraphedDecoder:
         self.idx_host = torch.zeros((M, self.k), dtype=torch.long, pin_memory=pin)
         self.w_host = torch.zeros((M, self.k), dtype=torch.float32, pin_memory=pin)
         self.token_host = torch.zeros(1, dtype=torch.long, pin_memory=pin)
+        self.extra_host = torch.zeros((M, max(1, extra_numel)), dtype=torch.float32, pin_memory=pin)
+        self.extra_np = self.extra_host.numpy()
+        self._extra_src: list = [None] * M
         self._plan_np, self._idx_np, self._w_np = self.plan_host.numpy(), self.idx_host.numpy(), self.w_host.numpy()
         self._token_np = self.token_host.numpy()
         self.cache = StaticCache(config=cfg, max_cache_len=L)
@@ -128,6 +139,7 @@ class GraphedDecoder:
         self.capture_s = 0.0
         self.in_graph_copies = False
         self._graphs: list = []
+        self._stream = None
         if dev.type == "cuda":
             self._stream = torch.cuda.Stream(dev)
             self._events = [torch.cuda.Event() for _ in range(M + 1)]
@@ -136,16 +148,22 @@ class GraphedDecoder:
             self._capture()
 
     # ------------------------------------------------------------------ public
-    def prefill(self, input_ids: list[int], on_expert: OnExpert | None = None) -> int:
+    @property
+    def stream(self):
+        """The CUDA stream the decode segments replay on (None on the CPU)."""
+        return self._stream
+
+    def prefill(self, input_ids: list[int], on_expert: OnExpert | None = None, *, own_experts: bool = True) -> int:
         """Eager prefill into the StaticCache; returns the greedy next token. ``on_expert(layer, e)``
         returns the slot holding that expert (copies it may issue go on copy_stream); without it each
-        expert is staged from host memory into a private buffer."""
+        expert is staged from host memory into a private buffer. ``own_experts`` False: the experts
+        modules keep the runtime installed on them (the engine's eager runtime runs the prefill)."""
         T = len(input_ids)
         if T < 1 or T + 1 > self.max_cache_len:
             raise ConfigError(f"prompt of {T} tokens does not fit max_cache_len {self.max_cache_len}: raise it")
         self.cache.reset()
         self._on_expert = on_expert
-        with self._on_stream(), self._hooked("prefill"), torch.no_grad():
+        with self._on_stream(), self._hooked("prefill" if own_experts else None), torch.no_grad():
             ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
             pos = torch.arange(T, device=self.device).view(1, T)
             logits = self.model(input_ids=ids, position_ids=pos, use_cache=True, **{self._cache_kw: self.cache}).logits
@@ -193,6 +211,8 @@ class GraphedDecoder:
                 self._graphs[i].replay()
                 if not self.in_graph_copies:
                     self._readback(i, *self._route_src[i])
+                    if self._extra_src[i] is not None:
+                        self.extra_host[i, : self._extra_src[i].numel()].copy_(self._extra_src[i], non_blocking=True)
                 ev = self._events[i]
                 ev.record(s)
                 ev.synchronize()
@@ -200,7 +220,7 @@ class GraphedDecoder:
                 self._decide(i, layer)
                 if not self.in_graph_copies:
                     self.plan_dev[i].copy_(self.plan_host[i], non_blocking=True)
-                if self.copy_stream is not None:
+                if self.copy_stream is not None and self.wait_for_copies:
                     self._copies_done.record(self.copy_stream)
                     s.wait_event(self._copies_done)
                 self.host_s += clock() - t0
@@ -234,10 +254,14 @@ class GraphedDecoder:
             return self._prefill_experts(layer, x, top_k_index, top_k_weights, act)
         assert x.shape[0] == 1, "the graphed decoder runs T=1 steps only"
         i = self.moe_pos[layer]
+        extra = self.pre_experts(layer, x) if self.pre_experts is not None else None
         if self._mode == "capture":
             self._route_src[i] = (top_k_index, top_k_weights)
+            self._extra_src[i] = extra
             if self.in_graph_copies:
                 self._readback(i, top_k_index, top_k_weights)
+                if extra is not None:
+                    self.extra_host[i, : extra.numel()].copy_(extra, non_blocking=True)
             self._graphs[i].capture_end()
             self._capturing = i + 1
             self._graphs[i + 1].capture_begin(pool=self._pool, capture_error_mode="thread_local")
@@ -245,11 +269,13 @@ class GraphedDecoder:
                 self.plan_dev[i].copy_(self.plan_host[i], non_blocking=True)
         else:   # eager: the same step op by op
             self._readback(i, top_k_index, top_k_weights)
+            if extra is not None:
+                self.extra_host[i, : extra.numel()].copy_(extra, non_blocking=self._pin)
             if self._pin:
                 torch.cuda.current_stream().synchronize()
             self._decide(i, layer)
             self.plan_dev[i].copy_(self.plan_host[i], non_blocking=self._pin)
-            if self.copy_stream is not None:
+            if self.copy_stream is not None and self.wait_for_copies:
                 torch.cuda.current_stream().wait_stream(self.copy_stream)
         return self._experts(i, x, top_k_weights, act)
 
@@ -382,7 +408,10 @@ class GraphedDecoder:
             return False
 
     @contextmanager
-    def _hooked(self, mode: str):
+    def _hooked(self, mode: str | None):
+        if mode is None:          # keep whatever runtime the experts modules have
+            yield
+            return
         mods = list(self.lm.experts_modules.values())
         saved = [m.runtime for m in mods]
         for m in mods:

@@ -20,6 +20,7 @@ import torch
 
 from spice_core.policy.planner import LayerPlanner, Queues
 from spice_core.runtime.context import PredictContext
+from spice_core.types import ExpertKey
 
 
 class LayerRuntime:
@@ -36,7 +37,7 @@ class LayerRuntime:
             self._layers_before[layer] = tuple(range(prev + 1, layer + 1))
             prev = layer
         self._tail_layers = tuple(range(prev + 1, lm.n_layers))
-        self.observers: list = []   # callables(layer, x, top_k_index, top_k_weights): calibration traces, tests
+        self.observers: list = []   # callables(layer, idx_rows, w_rows): the routing as read back ([T][K] lists)
         self.layer_observers: list = []   # callables(runtime, layer) after each MoE layer: accounting checks
 
     # ------------------------------------------------------------------ settings and state
@@ -91,16 +92,17 @@ class LayerRuntime:
             self.predictor.launch(layer, x[-1:], self.ctx)    # its readback rides on the routing's below
         idx_rows, w_rows = ex.read_routing(top_k_index, top_k_weights)
         for obs in self.observers:
-            obs(layer, x, top_k_index, top_k_weights)
+            obs(layer, idx_rows, w_rows)
 
         plan = planner.plan_layer(layer, idx_rows, w_rows, self._queues())
         self.recorder.layer_counts(plan.hits, plan.misses)
         rows, cpu = ex.start_layer(plan, x, act)
+        predict = lambda: self.predictor.predict(layer, x[-1:], self.ctx)   # noqa: E731
         if prefetching and not self.prefetch_after_experts:
-            self._prefetch(layer, x)
+            self._prefetch(layer, predict)
         outs = ex.run_experts(layer, planner.plan_experts(plan), rows, x, act)
         if prefetching and self.prefetch_after_experts:
-            self._prefetch(layer, x)     # planned while the GPU runs the experts just launched
+            self._prefetch(layer, predict)     # planned while the GPU runs the experts just launched
         final = ex.finish_layer(plan, rows, outs, cpu, x, top_k_weights, act, planner.plan_fallback)
         for e in plan.needed:
             self.recorder.outcome(layer, e, plan.outcomes[e])
@@ -108,14 +110,49 @@ class LayerRuntime:
             obs(self, layer)
         return final
 
-    def _prefetch(self, layer: int, x: torch.Tensor) -> None:
+    def decide_layer(self, layer: int, expert_ids: list[int], weights: list[float], draft_logits=None) -> list[int]:
+        """The graphed executor's per-layer host step (T=1): the layer's routing has been read back and
+        every earlier segment has finished. Plans the layer, issues its copies and the lookahead's, makes
+        the compute stream wait for what this layer needs, and returns the slot of each selection (the
+        next segment runs the experts from them). The lookahead is planned before the experts are
+        placed, while they are busy, so no prefetch can evict an expert the next segment reads."""
+        clock, planner, ex = self.clock, self.planner, self.executor
+        for l_ in self._layers_before[layer]:
+            clock.layer(l_, 1, dense=l_ != layer)
+        for obs in self.observers:
+            obs(layer, [expert_ids], [weights])
+        plan = planner.plan_layer(layer, [expert_ids], [weights], self._queues())
+        self.recorder.layer_counts(plan.hits, plan.misses)
+        for order in plan.copies:
+            ex.issue(order)
+        if planner.prefetching and self.predictor is not None:
+            if draft_logits is not None:
+                self._prefetch(layer, lambda: self.predictor.predictions_from_logits(layer, draft_logits))
+            else:
+                self._prefetch(layer, lambda: self.predictor.predict(layer, None, self.ctx))
+        slot_of = {}
+        for r in planner.plan_experts(plan):
+            key = (layer, r.expert)
+            if r.late_copy is not None:
+                ex.issue(r.late_copy)
+            if r.prefetch_used is not None:
+                self.recorder.prefetch_used(ExpertKey(*key), r.prefetch_used, clock.now_ms())
+            ex.wait_ready(r.slot)
+            slot_of[r.expert] = r.slot
+        for e in plan.needed:
+            self.recorder.outcome(layer, e, plan.outcomes[e])
+        for obs in self.layer_observers:
+            obs(self, layer)
+        return [slot_of[e] for e in expert_ids]
+
+    def _prefetch(self, layer: int, predict) -> None:
         planner = self.planner
         if not planner.plan_pays():
             if hasattr(self.predictor, "discard"):
                 self.predictor.discard()
             orders = planner.plan_prefetch(layer, None, self._queues())
         else:
-            preds = self.predictor.predict(layer, x[-1:], self.ctx)
+            preds = predict()
             self.clock.plan(layer)
             orders = planner.plan_prefetch(layer, preds, self._queues())
         for order in orders.copies:

@@ -42,8 +42,8 @@ def _weights_and_outcomes(eng, settings):
     weights = {}
     run = eng.start_ids(PROMPT, settings)
 
-    def observe(layer, x, idx, w):
-        for e, wt in zip(idx[-1].tolist(), w[-1].tolist()):
+    def observe(layer, idx_rows, w_rows):
+        for e, wt in zip(idx_rows[-1], w_rows[-1]):
             weights[(run.token_index, layer, e)] = wt
 
     run.observers.append(observe)
