@@ -2,9 +2,11 @@
 
     controls ──change──► on_settings ──► session.settings ──► running stream (from its next token)
     Send / Enter ──► chat (generator, engine group) ──► runner.start ──► pump thread ──► StepStats
-                          │ every batch of tokens: chat text          (pages.runner)
-                          │ every ≥ 0.5 s: stats + heatmap + prefetch timeline + lane Gantt
-                          └ end: run note in the chat, final panels, optional exact re-run
+                          │ first token: the three panel figures, once (gr.Plot)   (pages.runner)
+                          │ every ≤ 0.2 s: chat text; every 1 s: numbers row
+                          │ every 1 s: panel *changes* (JSON) ──► browser restyles the drawn figures
+                          │            at a rate it adapts to its own drawing time (spice_live.js)
+                          └ end: run note in the chat, full panels, exact re-run when lossy
     Stop ──► stream.cancel() (between tokens)      tab closed ──► unload / orphan watchdog ──► cancel
 
 Everything per user lives in one `ChatSession` inside a gr.State (Gradio gives each page its
@@ -14,9 +16,12 @@ streams; the chat event joins the engine's concurrency group.
 """
 from __future__ import annotations
 
+import json
 import logging
+import re
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import gradio as gr
 
@@ -27,21 +32,46 @@ from pages import chat_text as text
 from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, FreeDropdown, FreeSlider, as_plot,
                           default_settings, policy_choices, settings_from_values, spice_error_text)
 from pages.live import LiveRun, greedy_agreement
-from pages.messages import (clean_message, drop_oldest_exchanges, engine_turns, keep_newest, n_exchanges,
-                            normalize_history, note, problem_with)
+from pages.messages import (clean_message, content_text, drop_oldest_exchanges, engine_turns, is_app_note,
+                            keep_newest, n_exchanges, normalize_history, note, problem_with)
 from pages.owners import owner_of
 from pages.runner import CANCEL_REASONS, LIVE_FIELDS, RunStream
 
 log = logging.getLogger(__name__)
 
-PANEL_INTERVAL_S = 0.5      # each live panel refreshes at 2 Hz while tokens arrive (and once when the reply ends)
+# Why these rates: a Plotly redraw costs the browser 90-800 ms on a small machine; re-sending whole
+# figures at 2 Hz kept its main thread busy nearly all the time (typing and Stop lagged by 20 s and
+# more). Now each panel's figure is sent once per reply, then only its changes, at most once a second;
+# the browser drops intermediate changes when drawing takes it long (assets/static/spice_live.js).
+DELTA_INTERVAL_S = 1.0      # panel changes at most once a second
+BASE_DELAY_S = 0.6          # the panels' figures go out one by one, this far apart, after the first token
+STATS_INTERVAL_S = 1.0      # the numbers row at most once a second
+TEXT_INTERVAL_S = 0.2       # the reply's text at most 5 times a second (tokens keep their own pace)
 PANELS = ("heatmap", "prefetch", "gantt")   # in output order
-TEXT_INTERVAL_S = 0.1       # the reply's text at most 10 times a second (tokens keep their own pace)
 TAKE_TIMEOUT_S = 0.1        # how long the chat loop waits for the next token before checking notices
 CURSOR = " ▍"
-EXAMPLES = ["Tell me a short story about a lighthouse keeper.",
-            "What is a mixture of experts, in two sentences?",
-            "Write a haiku about caches."]
+# The shipped model writes short stories (it was trained on stories); prompts it can answer.
+EXAMPLES = ["Tell me a story about a dog and a kite.",
+            "Tell me a story about a lighthouse keeper and a storm.",
+            "Tell me a story about a girl who finds a lost key."]
+STATIC = Path(__file__).resolve().parents[1] / "assets" / "static"
+LIVE_JS = (STATIC / "spice_live.js").read_text()
+BUSY_ON_JS = "() => { document.body.classList.add('spice-generating'); return []; }"
+BUSY_OFF_JS = "() => { document.body.classList.remove('spice-generating'); return []; }"
+# On a narrow screen the settings sidebar starts closed, so the chat and the examples are usable at once.
+NARROW_JS = """() => {
+  if (window.innerWidth >= 900) return [];
+  const close = () => {
+    const bar = document.querySelector('#spice-controls');
+    const side = bar && bar.closest('.sidebar');
+    const btn = side && side.querySelector('button.toggle-button, button[aria-label*="idebar"]');
+    if (side && side.classList.contains('open') && btn) { btn.click(); return true; }
+    return !!(side && !side.classList.contains('open'));
+  };
+  if (!close()) { let n = 0; const t = setInterval(() => { if (close() || ++n > 40) clearInterval(t); }, 50); }
+  return [];
+}"""
+SENTENCE_END = re.compile(r"[.!?][\"”’')\]]*(?=\s|$)")
 
 
 @dataclass
@@ -53,6 +83,7 @@ class ChatSession:
     notices: list[dict] = field(default_factory=list)   # notes to show in the chat at the next refresh
     epoch: int = 0                                      # bumped by "New chat": older streams stop writing
     last_run_id: str = ""
+    last_view: dict = field(default_factory=dict)       # the numbers row of the last reply (re-drawn on settings)
     owner: str = ""                                     # who the runs belong to (pages.owners)
 
     def streaming(self) -> bool:
@@ -65,12 +96,18 @@ class ChatPage:
     def __init__(self, ctx: AppContext) -> None:
         self.ctx = ctx
         self.info = ctx.info
-        self.defaults = default_settings(ctx.info)
+        defaults = default_settings(ctx.info)
+        ranks = tuple(getattr(ctx.info, "lore_ranks", ()) or LORE_RANKS)
+        if defaults.lore_rank not in ranks:       # the row must say what the control shows
+            defaults = replace(defaults, lore_rank=ranks[-1])
+        self.defaults = defaults
 
     # --- layout --------------------------------------------------------------------------
     def build(self) -> None:
         info, d = self.info, self.defaults
         self.session = gr.State(ChatSession())   # deep-copied per browser session
+        # The conversation survives a reload or a visit to another page (kept in this browser only).
+        self.saved = gr.BrowserState([], storage_key="spice-chat-v1")
         with gr.Sidebar(label="Settings", open=True, width=330, elem_id="spice-controls"):
             self._build_controls(d)
         self.banner = gr.Markdown(self._banner(d), elem_id="spice-banner", elem_classes=["spice-banner"])
@@ -78,15 +115,18 @@ class ChatPage:
             with gr.Column(scale=5, min_width=380):
                 self.chatbot = gr.Chatbot(
                     label=f"Chat with {info.model_name}", height=430, elem_id="spice-chat", buttons=["copy"],
-                    placeholder="**Ask anything.** Replies stream token by token; the panels show which experts "
-                                "each token used and where its time went. Settings are in the side bar.")
+                    editable="user",
+                    placeholder=f"**{info.model_name} writes short stories.** Ask for one (“Tell me a story "
+                                "about …”). Replies stream token by token; the panels show which experts each "
+                                "token used and where its time went. Settings are in the side bar.")
                 with gr.Row(equal_height=True):
                     self.msg = gr.Textbox(placeholder="Type a message and press Enter", show_label=False, lines=1,
                                           max_lines=6, scale=8, autofocus=True, elem_id="spice-msg")
+                    # Stop replaces Send while a reply streams (CSS on body.spice-generating).
                     self.send = gr.Button("Send", variant="primary", scale=1, min_width=70, elem_id="spice-send")
-                    self.stop = gr.Button("Stop", variant="stop", scale=1, min_width=70, elem_id="spice-stop")
+                    self.stop = gr.Button("■ Stop", variant="secondary", scale=1, min_width=70, elem_id="spice-stop")
                 with gr.Row(equal_height=False):
-                    gr.Examples(EXAMPLES, inputs=[self.msg], label="Try")
+                    gr.Examples(EXAMPLES, inputs=[self.msg], label="Try a story")
                     self.new_chat = gr.Button("New chat", size="sm", scale=0, min_width=100, elem_id="spice-new")
             with gr.Column(scale=6, min_width=420):
                 self.stats = gr.HTML(text.stats_html(None, d, self.info), elem_id="spice-stats")
@@ -97,6 +137,9 @@ class ChatPage:
                                label="Experts per layer: this token, and all tokens so far", elem_id="spice-heatmap")
         self.prefetch = gr.Plot(as_plot(figures.empty_figure("prefetches appear here while a reply streams")),
                                 label="Prefetch timeline and lookahead", elem_id="spice-prefetch")
+        # Panel changes for the browser (JSON); rendered but hidden: its change event runs spice_live.js.
+        self.live_delta = gr.Textbox("", visible="hidden", elem_id="spice-live-delta", show_label=False,
+                                     container=False, interactive=False)
         self._wire()
 
     def _build_controls(self, d: RunSettings) -> None:
@@ -111,9 +154,11 @@ class ChatPage:
             self.tau_prefetch = FreeSlider(0.0, 1.0, value=d.tau_prefetch, step=0.05, label="τ_prefetch",
                                            info="prefetch an expert when the draft is at least this confident",
                                            elem_id="ctl-tau-prefetch")
-            self.tau_approx = FreeSlider(0.0, 1.0, value=d.tau_approx, step=0.05, label="τ_approx",
-                                         info="approximate misses that matter less than this (0 = always exact)",
-                                         elem_id="ctl-tau-approx")
+            # Approximation only pays below ~0.1 (docs/benchmarks/speed-quality.md); a 0-1 scale in
+            # steps of 0.05 left one useful stop.
+            self.tau_approx = FreeSlider(0.0, 0.2, value=d.tau_approx, step=0.005, label="τ_approx",
+                                         info="approximate misses that matter less than this (0 = always exact; "
+                                              "useful range 0–0.1)", elem_id="ctl-tau-approx")
             self.max_lookahead = FreeSlider(1, 16, value=d.max_lookahead, step=1, label="Max lookahead (layers)",
                                             elem_id="ctl-lookahead")
             with gr.Row():
@@ -144,24 +189,52 @@ class ChatPage:
                 self.lore_rank, self.cpu_lane, self.profile, self.shape, self.max_new_tokens, self.temperature]
 
     def _wire(self) -> None:
-        outputs = [self.msg, self.chatbot, self.stats, self.heatmap, self.prefetch, self.gantt]
+        outputs = [self.msg, self.chatbot, self.stats, self.heatmap, self.prefetch, self.gantt, self.live_delta]
+        chat_inputs = [self.msg, self.chatbot, *self.controls, self.live_panels, self.check_exact, self.session]
         triggers = [self.msg.submit, self.send.click]
-        gr.on(triggers, self.chat_event, inputs=[self.msg, self.chatbot, *self.controls, self.live_panels,
-                                            self.check_exact, self.session],
-              outputs=outputs, api_name="chat", concurrency_id=ENGINE_GROUP, concurrency_limit=1,
-              show_progress="minimal", show_progress_on=[self.chatbot])
+        # Listed first and browser-only: Stop replaces Send at once, before the first token arrives.
+        gr.on(triggers, None, js=BUSY_ON_JS, queue=False, api_visibility="private", show_progress="hidden")
+        sent = gr.on(triggers, self.chat_event, inputs=chat_inputs, outputs=outputs, api_name="chat",
+                     concurrency_id=ENGINE_GROUP, concurrency_limit=1, show_progress="minimal",
+                     show_progress_on=[self.chatbot])
+        self._after_reply(sent)
         # The browser runs a trigger's listeners in order, waiting for each. While a reply streams it skips
         # the chat listener (trigger mode "once") and runs this one at once, which says why nothing happens;
-        # on a first send it runs after the reply, finds nothing streaming and does nothing. Listed second so
-        # that a first send pays no extra round trip before its first token.
+        # on a first send it runs after the reply, finds nothing streaming and does nothing. Listed after
+        # the chat so that a first send pays no extra round trip before its first token.
         gr.on(triggers, self.note_if_busy, inputs=[self.session], outputs=None, queue=False,
               api_visibility="private", show_progress="hidden")
+        # Retry and edit put the last (or edited) user message back and send it again.
+        for event, handler in ((self.chatbot.retry, self.prepare_retry), (self.chatbot.edit, self.prepare_edit)):
+            again = event(handler, inputs=[self.chatbot, self.session], outputs=[self.msg, self.chatbot],
+                          queue=False, api_visibility="private", show_progress="hidden")
+            again = again.success(None, js=BUSY_ON_JS, queue=False, api_visibility="private")
+            self._after_reply(again.then(self.chat_event, inputs=chat_inputs, outputs=outputs,
+                                         concurrency_id=ENGINE_GROUP, concurrency_limit=1, show_progress="minimal",
+                                         show_progress_on=[self.chatbot], api_visibility="private"))
         self.stop.click(self.stop_reply, inputs=[self.session], outputs=[self.settings_note], queue=False,
                         api_name="stop", show_progress="hidden")
         gr.on([c.change for c in self.controls], self.on_settings, inputs=[*self.controls, self.session],
-              outputs=[self.settings_note, self.banner], queue=False, api_name="settings", show_progress="hidden")
-        self.new_chat.click(self.clear, inputs=[self.session], outputs=outputs, queue=False, api_name="new_chat",
-                            show_progress="hidden")
+              outputs=[self.settings_note, self.banner, self.stats], queue=False, api_name="settings",
+              show_progress="hidden")
+        # "New chat" and the chat's own 🗑 do the same thing: stop the reply, clear chat and panels.
+        for event, name in ((self.new_chat.click, "new_chat"), (self.chatbot.clear, None)):
+            cleared = event(self.clear, inputs=[self.session], outputs=outputs, queue=False, show_progress="hidden",
+                            **({"api_name": name} if name else {"api_visibility": "private"}))
+            self._after_reply(cleared)
+        self.live_delta.change(None, inputs=[self.live_delta], outputs=None, js=LIVE_JS, queue=False,
+                               api_visibility="private", show_progress="hidden")
+        root = gr.context.Context.root_block
+        if root is not None:
+            root.load(None, js=NARROW_JS, queue=False, api_visibility="private", show_progress="hidden")
+            root.load(self.restore, inputs=[self.saved], outputs=[self.chatbot], queue=False,
+                      api_visibility="private", show_progress="hidden")
+
+    def _after_reply(self, event) -> None:
+        """When a reply (or a clear) ends: Send comes back, and the browser keeps the conversation."""
+        event.then(None, js=BUSY_OFF_JS, queue=False, api_visibility="private", show_progress="hidden")
+        event.then(None, inputs=[self.chatbot], outputs=[self.saved], js="(h) => h", queue=False,
+                   api_visibility="private", show_progress="hidden")
 
     # --- handlers ------------------------------------------------------------------------
     def on_unload(self, request: gr.Request) -> None:
@@ -171,9 +244,8 @@ class ChatPage:
 
     def note_if_busy(self, session: ChatSession) -> None:
         if session.streaming() and not any(n.get("metadata", {}).get("id") == "busy" for n in session.notices):
-            busy = note("⚠ Still answering your previous message",
-                        "Your new message stays in the box. Press **Stop** to end this reply, or send it when "
-                        "the reply is done.")
+            busy = note("⚠ Still answering your previous message: your new one stays in the box. Press Stop "
+                        "to end this reply, or send it when the reply is done.")
             busy["metadata"]["id"] = "busy"
             session.notices.append(busy)
 
@@ -188,13 +260,18 @@ class ChatPage:
         try:
             settings = settings_from_values(self.info, dict(zip(SETTING_FIELDS, values)), self.ctx.limits)
         except SpiceError as exc:
-            return f"⚠ Not applied: {spice_error_text(exc)}", gr.skip()
+            return f"⚠ Not applied: {spice_error_text(exc)}", gr.skip(), gr.skip()
         previous = session.settings or self.defaults
         session.settings = settings
         banner = self._banner(settings) if (settings.profile, settings.shape) != (previous.profile, previous.shape) \
             else gr.skip()
-        if not session.streaming():
-            return text.settings_hint(), banner
+        if not session.streaming():     # the numbers row says what the next message will use
+            view = session.last_view
+            stats = text.stats_html(view.get("live"), view.get("settings", settings), self.info,
+                                    stream=view.get("stream"), summary=view.get("summary"),
+                                    wall_tps=view.get("wall_tps", 0.0), agreement=view.get("agreement"),
+                                    next_settings=settings)
+            return text.settings_hint(), banner, stats
         stream = session.stream
         changed = [f for f in RunSettings.__dataclass_fields__ if getattr(settings, f) != getattr(stream.settings, f)]
         stream.request_settings(settings)
@@ -207,17 +284,52 @@ class ChatPage:
         if later:
             parts.append(f"**{', '.join(later)}** applies from your next message (if the engine cannot change "
                          f"it mid-reply).")
-        return " ".join(parts) or text.settings_hint(), banner
+        return " ".join(parts) or text.settings_hint(), banner, gr.skip()
 
     def clear(self, session: ChatSession):
         session.epoch += 1
         if session.streaming():
             session.stream.cancel("stop")
         session.notices.clear()
+        session.last_view = {}
         return ("", [], text.stats_html(None, session.settings or self.defaults, self.info),
                 as_plot(figures.empty_figure("send a message to see which experts each token uses")),
                 as_plot(figures.empty_figure("prefetches appear here while a reply streams")),
-                as_plot(figures.empty_figure("lane activity appears here while a reply streams")))
+                as_plot(figures.empty_figure("lane activity appears here while a reply streams")), "")
+
+    @staticmethod
+    def restore(saved):
+        """The conversation this browser kept (a reload or another page must not lose it)."""
+        history = normalize_history(saved)
+        return history if history else gr.skip()
+
+    @staticmethod
+    def _cut_at_last_user(history, session: ChatSession, index: int | None = None):
+        history = normalize_history(history)
+        users = [i for i, m in enumerate(history) if m["role"] == "user" and not is_app_note(m)]
+        if index is not None:
+            users = [i for i in users if i <= index]
+        if not users or session.streaming():
+            return None
+        return history, users[-1]
+
+    def prepare_retry(self, history, session: ChatSession):
+        """Retry: drop the last reply and send the last user message again."""
+        cut = self._cut_at_last_user(history, session)
+        if cut is None:
+            raise gr.Error("Nothing to retry yet.", print_exception=False)
+        history, at = cut
+        return history[at]["content"], history[:at]
+
+    def prepare_edit(self, history, session: ChatSession, edit: gr.EditData):
+        """Edit: replace a user message by its edited text and send it again (later turns are dropped)."""
+        index = edit.index if isinstance(edit.index, int) else (edit.index[0] if edit.index else None)
+        cut = self._cut_at_last_user(history, session, index)
+        if cut is None:
+            raise gr.Error("Only your own messages can be edited, when no reply is streaming.", print_exception=False)
+        history, at = cut
+        value = edit.value if isinstance(edit.value, str) else content_text(edit.value)
+        return value, history[:at]
 
     def chat_event(self, message, history, policy, cache_frac, tau_prefetch, tau_approx, max_lookahead, lore_rank,
                    cpu_lane, profile, shape, max_new_tokens, temperature, live_panels, check_exact, session,
@@ -238,23 +350,23 @@ class ChatPage:
         skip = gr.skip()
 
         def only_chat(h, keep_text=True):
-            return (skip if keep_text else "", h, skip, skip, skip, skip)
+            return (skip if keep_text else "", h, skip, skip, skip, skip, skip)
 
         try:
             settings = settings_from_values(self.info, dict(zip(SETTING_FIELDS, values)), self.ctx.limits)
         except SpiceError as exc:
-            yield only_chat(history + [note("⚠ Settings not applied", spice_error_text(exc))])
+            yield only_chat(history + [note(f"⚠ Settings not applied: {spice_error_text(exc)}")])
             return
         session.settings = settings
         raw_len = len(message) if isinstance(message, str) else 0
         cleaned = clean_message(message)
         problem = problem_with(cleaned, raw_len, self.ctx.max_message_chars, self.info.max_context_tokens)
         if problem:
-            yield only_chat(history + [note("⚠ Message not sent", problem)])
+            yield only_chat(history + [note(f"⚠ Message not sent: {problem}")])
             return
         if session.streaming():
-            yield only_chat(history + [note("⚠ Still answering your previous message",
-                                            "Wait for it to finish or press Stop, then send again.")])
+            yield only_chat(history + [note("⚠ Still answering your previous message: wait for it to finish or "
+                                            "press Stop, then send again.")])
             return
         if cut:
             history.append(note(f"ℹ Kept the newest {len(history)} messages of this chat",
@@ -273,7 +385,7 @@ class ChatPage:
             stream, turns, dropped = self._start(owner, turns, settings)
         except SpiceError as exc:     # not sent: the text stays in the box to be fixed
             refused = [m for m in history if m.get("role") != "user" or m is not history[user_at]]
-            yield only_chat(refused + [note("⚠ The engine refused this message", spice_error_text(exc))])
+            yield only_chat(refused + [note(f"⚠ The engine refused this message: {spice_error_text(exc)}")])
             return
         session.stream = stream
         session.notices.clear()
@@ -284,14 +396,16 @@ class ChatPage:
         reply_at = len(history)
         history.append({"role": "assistant", "content": CURSOR})
         live = LiveRun.for_engine(self.info)
-        yield ("", history, text.stats_html(live, settings, self.info, state="starting"), skip, skip, skip)
+        yield ("", history, text.stats_html(live, settings, self.info, state="starting"), skip, skip, skip, skip)
 
         first_wall = None
-        # Each panel refreshes every PANEL_INTERVAL_S, the three staggered by a third of it, so the
-        # browser redraws one chart at a time instead of three at once; text at most every TEXT_INTERVAL_S.
-        start = time.monotonic()
-        panel_due = [start + i * PANEL_INTERVAL_S / len(PANELS) for i in range(len(PANELS))]
-        text_due, text_dirty, panel_dirty = 0.0, False, [False] * len(PANELS)
+        # The panels' figures go out once (tagged with `meta`), then only their changes; text at most
+        # every TEXT_INTERVAL_S, numbers every STATS_INTERVAL_S, panel changes every DELTA_INTERVAL_S.
+        tag = f"{stream.run_id or id(stream)}-{time.monotonic_ns()}"
+        base_due: list[float] = []          # when each panel's figure goes out: one at a time, after the text
+        seq = 0
+        text_due = stats_due = delta_due = 0.0
+        text_dirty = panels_dirty = False
         try:
             while True:
                 steps, ended = stream.take(TAKE_TIMEOUT_S)
@@ -306,22 +420,31 @@ class ChatPage:
                     history.append(session.notices.pop(0))
                     text_dirty = True
                 text_dirty |= bool(steps)
-                if steps:
-                    panel_dirty = [True] * len(PANELS)
+                panels_dirty |= bool(steps)
                 if ended:
                     break
                 now = time.monotonic()
-                out = [skip] * 6
+                out = [skip] * 7
                 if text_dirty and now >= text_due:
                     history[reply_at] = {"role": "assistant", "content": live.text + CURSOR}
                     out[1], text_due, text_dirty = history, now + TEXT_INTERVAL_S, False
-                if live_panels and live.n_tokens:
-                    for i, name in enumerate(PANELS):
-                        if panel_dirty[i] and now >= panel_due[i]:
-                            out[3 + i] = as_plot(self._figure(name, live))
-                            panel_due[i], panel_dirty[i] = now + PANEL_INTERVAL_S, False
-                            out[2] = text.stats_html(live, stream.settings, self.info, stream=stream,
-                                                     wall_tps=text.wall_tps(live, first_wall))
+                if live.n_tokens and now >= stats_due:
+                    out[2] = text.stats_html(live, stream.settings, self.info, stream=stream,
+                                             wall_tps=text.wall_tps(live, first_wall))
+                    stats_due = now + STATS_INTERVAL_S
+                if live_panels and live.n_tokens and not base_due:
+                    base_due = [now + BASE_DELAY_S * (i + 1) for i in range(len(PANELS))]
+                    delta_due = base_due[-1] + DELTA_INTERVAL_S
+                for i, due in enumerate(base_due):
+                    if due and now >= due:      # a drawn figure is what later changes apply to
+                        out[3 + i] = as_plot(self._figure(PANELS[i], live, meta=f"{tag}:{PANELS[i]}", live_view=True))
+                        base_due[i] = 0.0
+                        break
+                if base_due and not any(base_due) and panels_dirty:
+                    if now >= delta_due:
+                        seq += 1
+                        out[6] = self._delta(live, tag, seq)
+                        delta_due, panels_dirty = now + DELTA_INTERVAL_S, False
                 if any(o is not skip for o in out):
                     yield tuple(out)
         finally:
@@ -329,8 +452,9 @@ class ChatPage:
                 stream.cancel("closed")
             if session.stream is stream:
                 session.stream = None
+        base_drawn = bool(base_due) and not any(base_due)
         yield from self._finish(history, reply_at, live, stream, settings, session, turns, check_exact,
-                                first_wall)
+                                first_wall, live_panels, base_drawn, tag, seq)
 
     # Without asking the tokenizer, history beyond this many characters per context token cannot fit
     # (a byte-level BPE token of the shipped tokenizer covers far fewer): dropped up front, in one pass.
@@ -374,7 +498,8 @@ class ChatPage:
         stream = self.ctx.runner.start(owner, settings, start_fn, kind="chat reply")
         return stream, chosen["turns"], dropped + chosen.get("k", 0)
 
-    def _finish(self, history, reply_at, live, stream, settings, session, turns, check_exact, first_wall):
+    def _finish(self, history, reply_at, live, stream, settings, session, turns, check_exact, first_wall,
+                live_panels=False, base_drawn=False, tag="", seq=0):
         skip = gr.skip()
         summary = stream.summary()
         session.last_run_id = stream.run_id
@@ -394,29 +519,43 @@ class ChatPage:
                                 f"{'s' if live.n_tokens != 1 else ''}", f"Why: {CANCEL_REASONS[stream.cancel_reason]}."))
         if stream.changes:
             history.append(note("Settings changed during this reply", text.changes_text(stream)))
+        finish = (summary.finish_reason if summary else "") or ""
+        if finish == "length" and live.text.strip():
+            trimmed = trim_to_sentence(live.text)
+            if trimmed != live.text:
+                history[reply_at] = {"role": "assistant", "content": trimmed}
+                history.append(note(f"ℹ Reached the {live.n_tokens}-token limit: the reply ends at its last full "
+                                    f"sentence (raise “Max new tokens” for longer stories)"))
         tps = text.wall_tps(live, first_wall)
-        agreement = text.agreement_line(settings, check_exact)
+        # From every setting the reply ran with: a τ_approx raised mid-reply makes it lossy.
+        agreement = text.agreement_line(settings, check_exact, stream.changes)
         if agreement is None and live.n_tokens:
             checking = text.stats_html(live, stream.settings, self.info, stream=stream, summary=summary, wall_tps=tps,
-                                       agreement="checking against the exact settings…")
-            yield skip, history, checking, skip, skip, skip
+                                       agreement=("checking…", "re-running with exact settings"))
+            yield skip, history, checking, skip, skip, skip, skip
             agreement = self._check_exact(turns, stream.settings, live, session)
         if summary is not None and live.n_tokens:
             history.append(note(text.run_title(summary, live), text.run_body(summary, stream)))
         final = text.stats_html(live, stream.settings, self.info, stream=stream, summary=summary, wall_tps=tps,
-                                agreement=agreement or "")
-        # The textbox was cleared when the message was sent; what the user typed since stays.
-        yield (skip, history, final, *self._panels(live))
+                                agreement=agreement)
+        session.last_view = {"live": live, "settings": stream.settings, "stream": stream, "summary": summary,
+                             "wall_tps": tps, "agreement": agreement}
+        # The textbox was cleared when the message was sent; what the user typed since stays. Panels the
+        # browser drew live get their last changes (cheap); otherwise the whole figures, once.
+        if live_panels and base_drawn and live.n_tokens:
+            yield (skip, history, final, skip, skip, skip, self._delta(live, tag, seq + 1))
+        else:
+            yield (skip, history, final, *self._panels(live), "")
 
-    def _check_exact(self, turns, settings: RunSettings, live: LiveRun, session: ChatSession) -> str:
-        """Generate the same reply with exact settings and compare greedy tokens."""
+    def _check_exact(self, turns, settings: RunSettings, live: LiveRun, session: ChatSession) -> tuple[str, str]:
+        """Generate the same reply with exact settings and compare greedy tokens: (value, detail)."""
         exact = replace(settings, tau_approx=0.0, max_new_tokens=max(1, live.n_tokens))
         owner = f"exact-check-{id(session)}"
         try:
             stream = self.ctx.runner.start(owner, exact, lambda: self.ctx.engine.start_chat(turns, exact),
                                            kind="exact check")
         except SpiceError as exc:
-            return f"not measured: {spice_error_text(exc)}"
+            return "not measured", spice_error_text(exc)
         self.ctx.label_run(stream.run_id, f"exact check of {session.last_run_id}", session.owner)
         ids: list[int] = []
         while True:
@@ -425,21 +564,32 @@ class ChatPage:
             if ended:
                 break
         if stream.error:
-            return f"not measured: {stream.error}"
+            return "not measured", stream.error
         score = greedy_agreement(live.token_ids, ids)
         same = round(score * len(ids))
-        return f"{100 * score:.0f}% (first {same} of {len(ids)} tokens identical)"
+        return f"{100 * score:.0f}%", f"measured: first {same} of {len(ids)} tokens identical"
 
     def _panels(self, live: LiveRun):
         return tuple(as_plot(self._figure(name, live)) for name in PANELS)
 
     @staticmethod
-    def _figure(name: str, live: LiveRun) -> dict:
+    def _figure(name: str, live: LiveRun, meta: str = "", live_view: bool = False) -> dict:
+        """A panel's whole figure; ``live_view`` leaves out what the in-place updates do not refresh."""
         if name == "heatmap":
-            return figures.outcome_heatmap(live)
+            return figures.outcome_heatmap(live, counts=not live_view, meta=meta)
         if name == "prefetch":
-            return figures.prefetch_timeline(live)
-        return figures.lane_gantt(live.intervals())
+            return figures.prefetch_timeline(live, meta=meta)
+        return figures.lane_gantt(live.intervals(), note=figures.wasted_note(live), meta=meta)
+
+    @staticmethod
+    def _delta(live: LiveRun, tag: str, seq: int) -> str:
+        """The panels' changes since the figures were sent (JSON for assets/static/spice_live.js)."""
+        panels = {"heatmap": {"meta": f"{tag}:heatmap", **figures.heatmap_delta(live)}}
+        for name in ("prefetch", "gantt"):
+            fig = ChatPage._figure(name, live)
+            panels[name] = {"meta": f"{tag}:{name}", "data": fig["data"],
+                            "layout": {k: fig["layout"][k] for k in ("xaxis", "yaxis", "annotations") if k in fig["layout"]}}
+        return json.dumps({"seq": seq, "panels": panels}, separators=(",", ":"), allow_nan=False)
 
     def _banner(self, settings: RunSettings) -> str:
         i = self.info
@@ -447,6 +597,15 @@ class ChatPage:
                 f"{len(i.moe_layers)} MoE layers × {i.n_experts} experts, top-{i.top_k}"
                 f"{'' if i.has_draft else ' · no draft heads (gate predictor)'}"
                 f"{'' if i.has_lore else ' · no LoRE factors (approximation off)'}")
+
+
+def trim_to_sentence(reply: str, keep_at_least: float = 0.5) -> str:
+    """A reply cut by the token limit, ended at its last full sentence (unchanged when that would drop
+    more than half of it, or when it already ends on one)."""
+    ends = [m.end() for m in SENTENCE_END.finditer(reply)]
+    if not ends or ends[-1] >= len(reply.rstrip()) or ends[-1] < keep_at_least * len(reply):
+        return reply
+    return reply[:ends[-1]]
 
 
 def build(ctx: AppContext) -> ChatPage:

@@ -5,6 +5,7 @@ HTML; the chat page decides when to show them. Styled by ``assets/static/spice.c
 """
 from __future__ import annotations
 
+import html
 import time
 
 from spice_core.api import EngineInfo, RunSettings, RunSummary
@@ -30,14 +31,22 @@ def wall_tps(live: LiveRun, first_wall: float | None) -> float:
     return (live.n_tokens - 1) / elapsed if elapsed > 0 else 0.0
 
 
-def agreement_line(settings: RunSettings, check_exact: bool) -> str | None:
-    """The agreement text when no re-run is needed; None when one should be made."""
-    if settings.exact:
-        return "100% (exact settings: identical by design)"
+def agreement_line(settings: RunSettings, check_exact: bool, changes=()) -> tuple[str, str] | None:
+    """(value, detail) of the agreement card when no re-run is needed; None when one should be made.
+
+    Judged on every setting the reply ran with, not only those it started with: a τ_approx raised
+    mid-reply makes the reply lossy, and then the agreement is measured (a claim of "identical by
+    design" would be false).
+    """
+    ran_with = [settings] + [c.settings_after for c in changes if getattr(c, "settings_after", None) is not None]
+    if all(s.exact for s in ran_with):
+        return "100%", "exact settings: identical by design"
     if settings.temperature > 0:
-        return "n/a (sampling: set temperature to 0)"
+        return "n/a", "sampling: set temperature to 0"
+    if settings.exact:            # became lossy mid-reply: the start's claim no longer holds, so measure
+        return None
     if not check_exact:
-        return "not measured (tick “measure greedy agreement”)"
+        return "not measured", "tick “measure greedy agreement” in the settings"
     return None
 
 
@@ -77,39 +86,99 @@ def run_body(summary: RunSummary, stream: RunStream) -> str:
             f"[Open this run in the trace explorer](trace?run={summary.run_id})")
 
 
-def stats_html(live: LiveRun | None, settings: RunSettings, info: EngineInfo, *, state: str = "", stream: RunStream | None = None,
-               summary=None, wall_tps: float = 0.0, agreement: str = "") -> str:
-    """The row of numbers above the panels (HTML; styled by the app's CSS)."""
+TIPS = {
+    "tokens": "Tokens generated so far in this reply.",
+    "TTFT": "Time to first token: the prompt's prefill plus the first decode step.",
+    "TPOT": "Time per output token: the median time of one decode step (every token after the first). "
+            "Lower is faster.",
+    "tokens/s": "1000 / TPOT in the run's timing mode; 'streamed' is what reached this page per second.",
+    "hit rate": "Share of the experts the tokens routed to that were already on the GPU (resident or prefetched). "
+                "Green ≥ 80%, amber ≥ 50%.",
+    "copied": "Bytes copied from host memory to the GPU per token (on demand and prefetch).",
+    "stall": "Time per token the GPU waited for an expert to arrive. Green below 10% of TPOT, amber below 40%.",
+    "lookahead": "How many layers ahead the draft's predictions were prefetched (mean over layers and tokens), "
+                 "and why the lookahead stopped there most often.",
+    "prefetches": "Prefetch copies issued this reply, and how many no layer used (wasted copy bandwidth).",
+    "greedy agreement": "Share of the exact run's greedy tokens this reply reproduced before the first "
+                        "difference. Green ≥ 95%, amber ≥ 80%.",
+}
+STOP_REASONS = {
+    "confidence": "no expert reached τ_prefetch",
+    "time": "copies could not arrive in time",
+    "bound": "reached max lookahead",
+    "cache": "no free cache slot",
+    "cost": "planning costs more than it saves",
+}
+
+
+def _level(value: float, good: float, warn: float, higher_is_better: bool = True) -> str:
+    if not higher_is_better:
+        value, good, warn = -value, -good, -warn
+    return "good" if value >= good else "warn" if value >= warn else "bad"
+
+
+def settings_line(settings: RunSettings) -> str:
+    return (f"<b>{html.escape(settings.policy)}</b> · cache {settings.cache_frac:.0%} · "
+            f"τ<sub>prefetch</sub> {settings.tau_prefetch:g} · τ<sub>approx</sub> {settings.tau_approx:g} · "
+            f"lookahead ≤ {settings.max_lookahead} · LoRE r{settings.lore_rank} · "
+            f"CPU lane {'on' if settings.cpu_lane else 'off'}")
+
+
+def stats_html(live: LiveRun | None, settings: RunSettings, info: EngineInfo, *, state: str = "",
+               stream: RunStream | None = None, summary=None, wall_tps: float = 0.0,
+               agreement: tuple[str, str] | None = None, next_settings: RunSettings | None = None) -> str:
+    """The row of numbers above the panels (HTML; styled by the app's CSS).
+
+    ``settings`` are those the numbers were produced with; ``next_settings`` (when idle and different)
+    are what the controls now say, shown as what the next message will use.
+    """
     timing = (live.timing if live is not None and live.timing else info.default_timing)
-    where = f"{settings.profile}, {settings.shape}" if timing == "modeled" else info.device
-    head = (f"<b>{settings.policy}</b> · cache {settings.cache_frac:.0%} · τ<sub>prefetch</sub> {settings.tau_prefetch:g}"
-            f" · τ<sub>approx</sub> {settings.tau_approx:g} · lookahead ≤ {settings.max_lookahead} · "
-            f"LoRE r{settings.lore_rank} · CPU lane {'on' if settings.cpu_lane else 'off'} · "
-            f"<span class='timing'>{timing} ({where})</span>")
+    shown = next_settings if next_settings is not None and (live is None or live.n_tokens == 0) else settings
+    where = f"{shown.profile}, {shown.shape}" if timing == "modeled" else info.device
+    head = f"{settings_line(shown)} · <span class='timing'>{html.escape(f'{timing} ({where})')}</span>"
+    if next_settings is not None and shown is settings and next_settings != settings:
+        head = (f"<span class='next'>Next message: {settings_line(next_settings)}</span><br>"
+                f"Last reply ran with: {settings_line(settings)} · "
+                f"<span class='timing'>{html.escape(f'{timing} ({where})')}</span>")
     if stream is not None and stream.changes:
         last = stream.changes[-1]
         if last.applied:
-            head += f" · <span class='changed'>changed {', '.join(last.applied)} from token {last.from_token}</span>"
+            head += (f" · <span class='changed'>changed {html.escape(', '.join(last.applied))} from token "
+                     f"{last.from_token}</span>")
     if live is None or live.n_tokens == 0:
         status = "starting…" if state == "starting" else "no reply yet"
-        cards = [("tokens", "0", status)]
+        cards = [("tokens", "0", status, "")]
     else:
         run_id = stream.run_id if stream is not None else ""
         status = "done" if summary is not None else "streaming"
+        stall_share = live.stall_ms_per_token / live.tpot_ms if live.tpot_ms > 0 else 0.0
+        reason, share = live.main_stop_reason()
+        stop = f"stopped: {STOP_REASONS.get(reason, reason)} ({100 * share:.0f}%)" if reason else "mean depth (layers)"
         cards = [
-            ("tokens", f"{live.n_tokens}", f"{run_id} · {status}"),
-            ("TTFT", f"{live.ttft_ms:.1f} ms", "incl. prefill"),
-            ("TPOT", f"{live.tpot_ms:.2f} ms", f"median, {timing}"),
-            ("tokens/s", f"{live.tokens_per_s:.1f}", f"{timing}; streamed {wall_tps:.1f}/s"),
-            ("hit rate", f"{100 * live.hit_rate:.0f}%", "resident + prefetched"),
-            ("copied", fmt_bytes(live.bytes_per_token), "per token"),
-            ("stall", f"{live.stall_ms_per_token:.2f} ms", "per token"),
-            ("lookahead", f"{(sum(live.lookahead) / len(live.lookahead)) if live.lookahead else 0:.1f}",
-             "mean depth (layers)"),
+            ("tokens", f"{live.n_tokens}", f"{run_id} · {status}", ""),
+            ("TTFT", f"{live.ttft_ms:.1f} ms", "incl. prefill", ""),
+            ("TPOT", f"{live.tpot_ms:.2f} ms", f"median, {timing}", ""),
+            ("tokens/s", f"{live.tokens_per_s:.1f}", f"{timing}; streamed {wall_tps:.1f}/s", ""),
+            ("hit rate", f"{100 * live.hit_rate:.0f}%", "resident + prefetched", _level(live.hit_rate, 0.8, 0.5)),
+            ("copied", fmt_bytes(live.bytes_per_token), "per token", ""),
+            ("stall", f"{live.stall_ms_per_token:.2f} ms", f"per token ({100 * stall_share:.0f}% of TPOT)",
+             _level(stall_share, 0.1, 0.4, higher_is_better=False)),
+            ("lookahead", f"{live.mean_lookahead:.1f} of {settings.max_lookahead}", stop, ""),
         ]
+        if live.prefetches_issued:
+            wasted = live.prefetches_wasted / live.prefetches_issued
+            cards.append(("prefetches", f"{live.prefetches_issued}",
+                          f"{live.prefetches_wasted} wasted ({100 * wasted:.0f}%), {live.prefetches_late} late",
+                          _level(wasted, 0.25, 0.6, higher_is_better=False)))
         if agreement:
-            value, _, rest = agreement.partition(" ")
-            cards.append(("greedy agreement", value, rest.strip("()") or "vs exact settings"))
-    body = "".join(f"<div class='card'><div class='k'>{k}</div><div class='v'>{v}</div><div class='s'>{s}</div></div>"
-                   for k, v, s in cards)
+            value, detail = agreement
+            level = ""
+            if value.endswith("%"):
+                level = _level(float(value[:-1]) / 100, 0.95, 0.8)
+            cards.append(("greedy agreement", value, detail or "vs exact settings", level))
+    body = "".join(
+        f"<div class='card {level}' title='{html.escape(TIPS.get(k, ''), quote=True)}'>"
+        f"<div class='k'>{html.escape(k)}</div><div class='v'>{html.escape(v)}</div>"
+        f"<div class='s' title='{html.escape(sub, quote=True)}'>{html.escape(sub)}</div></div>"
+        for k, v, sub, level in cards)
     return f"<div class='spice-stats'><div class='head'>{head}</div><div class='cards'>{body}</div></div>"
