@@ -85,7 +85,10 @@ def add_cli(sub) -> None:
     p = sub.add_parser("generate", help="generate text for one prompt and print a summary")
     add_engine_args(p)
     p.add_argument("--prompt", required=True)
-    p.add_argument("--chat", action="store_true", help="wrap the prompt with the tokenizer's chat template")
+    form = p.add_mutually_exclusive_group()
+    form.add_argument("--chat", action="store_true",
+                      help="wrap the prompt with the tokenizer's chat template (the default when it has one)")
+    form.add_argument("--raw", action="store_true", help="continue the prompt as plain text, without the chat template")
     p.add_argument("--max-new-tokens", type=ca.int_in(1, MAX_NEW_TOKENS_LIMIT), default=64)
     p.add_argument("--temperature", type=ca.float_in(0.0, 10.0), default=0.0)
     p.add_argument("--top-p", type=ca.float_in(0.0, 1.0, lo_open=True), default=1.0)
@@ -104,7 +107,9 @@ def run(args) -> int:
     engine = load_engine(args)
     s = settings_from_args(args, engine, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                            top_p=args.top_p, seed=args.seed, stop=tuple(args.stop))
-    if args.chat:
+    # A chat model answers a request only inside its template; as raw text it continues it off topic.
+    has_template = bool(getattr(getattr(getattr(engine, "lm", None), "tokenizer", None), "chat_template", None))
+    if args.chat or (has_template and not args.raw):
         gen = engine.start_chat([{"role": "user", "content": args.prompt}], s)
     else:
         gen = engine.start_prompt(args.prompt, s)
