@@ -41,9 +41,10 @@ from spice_core.policy.planner import LayerPlanner  # noqa: E402
 from spice_core.runtime.eager import EagerExecutor  # noqa: E402
 from spice_core.runtime.layer import LayerRuntime  # noqa: E402
 
-# Engine sections timed per MoE layer: the whole layer, the lookahead, the planner's two phases,
+# Engine sections timed per MoE layer: the whole layer (eager: run_layer; graphed: the host step between
+# segments, decide_layer), the lookahead, the planner's two phases,
 # the routing readback, and copy issue (demand and prefetch).
-SECTIONS = {"run_layer": LayerRuntime, "_prefetch": LayerRuntime, "plan_layer": LayerPlanner,
+SECTIONS = {"run_layer": LayerRuntime, "decide_layer": LayerRuntime, "_prefetch": LayerRuntime, "plan_layer": LayerPlanner,
             "plan_experts": LayerPlanner, "read_routing": EagerExecutor, "issue": EagerExecutor}
 
 
@@ -78,17 +79,20 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--orders", nargs="+", default=["auto"], choices=["auto", "before", "after"])
     ap.add_argument("--profile-out", type=Path, default=None)
+    ap.add_argument("--executor", default="auto", choices=["auto", "eager", "graphed"],
+                    help="the engine's executor (auto: the graphed fast path on CUDA)")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     if args.device == "cpu":
         torch.set_num_threads(1)
     kw = {"timing": args.timing} if args.timing else {}
-    engine = SpiceEngine.load(args.model, device=args.device, **kw)
+    engine = SpiceEngine.load(args.model, device=args.device, executor=args.executor, **kw)
     totals, counts = collections.defaultdict(float), collections.Counter()
     _instrument(totals, counts)
     prompts = DEFAULT_PROMPTS[: args.prompts]
     print(f"# host overhead (measured wall clock), model {args.model}, device {args.device}, "
-          f"timing {engine.timing}, cache {args.cache_frac:.0%}, {len(prompts)} prompts x {args.tokens} tokens")
+          f"timing {engine.timing}, executor {args.executor}, cache {args.cache_frac:.0%}, "
+          f"{len(prompts)} prompts x {args.tokens} tokens")
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"{torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}")
     print("| policy | prefetch order | wall ms/token | copies/token | "
@@ -116,7 +120,7 @@ def main(argv=None) -> int:
                         steps.append((now - t) * 1e3)
                         copies.append(st.bytes_copied / expert_bytes)
                     t = now
-            layers = max(1, counts["run_layer"])
+            layers = max(1, counts["run_layer"] + counts["decide_layer"])   # eager layers + graphed host steps
             cells = " | ".join(f"{totals[n] / layers * 1e3:.3f}" for n in SECTIONS)
             print(f"| {pol} | {order} | {statistics.median(steps):.2f} | {statistics.mean(copies):.1f} | {cells} |",
                   flush=True)

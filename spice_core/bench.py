@@ -246,20 +246,22 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         wl = [w for w in wl if w[1] % shard[1] == shard[0]]
         blocks.append((b.get("links", links), [float(x) for x in b.get("budgets", budgets)], pols, wl,
                        int(b.get("max_new_tokens", max_new)), int(b.get("repetitions", reps)),
-                       bool(b.get("host_aware", cfg.get("host_aware", True))), str(b.get("variant", ""))))
-    total = sum(len(ls) * r * len(bs) * len(wl) * len(ps) for ls, bs, ps, wl, _, r, _, _ in blocks)
+                       bool(b.get("host_aware", cfg.get("host_aware", True))), str(b.get("variant", "")),
+                       str(b.get("executor", cfg.get("executor", "auto"))), bool(b.get("cpu_lane", cfg.get("cpu_lane", True)))))
+    total = sum(len(ls) * r * len(bs) * len(wl) * len(ps) for ls, bs, ps, wl, _, r, _, _, _, _ in blocks)
     done = 0
     t0 = time.time()
     per: dict[tuple, list] = {}
     lifted_arts = None
     engines: dict[str, SpiceEngine] = {}
 
-    def engine_for(link: str, host_aware: bool) -> SpiceEngine:
+    def engine_for(link: str, host_aware: bool, executor: str) -> SpiceEngine:
         nonlocal lifted_arts
-        if (link, host_aware) in engines:
-            return engines[(link, host_aware)]
+        if (link, host_aware, executor) in engines:
+            return engines[(link, host_aware, executor)]
         eng = SpiceEngine(lm, timing=cfg["timing"], hw_profile=hw, link_gbps=LINKS_GBPS[link],
-                          prefetch_after_experts=cfg.get("prefetch_after_experts"), host_aware=host_aware)
+                          prefetch_after_experts=cfg.get("prefetch_after_experts"), host_aware=host_aware,
+                          executor=executor)
         if cfg.get("artifacts", True) and cfg["model"].startswith("lift:"):
             if lifted_arts is None:
                 from spice_core.lift import lift_artifacts
@@ -268,13 +270,14 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
             eng.artifacts = lifted_arts or None
         elif cfg.get("artifacts", True) and not cfg["model"].startswith("random:"):
             eng.load_artifacts()
-        engines[(link, host_aware)] = eng
+        engines[(link, host_aware, executor)] = eng
         return eng
 
-    for b_links, b_budgets, b_policies, b_workloads, b_max_new, b_reps, b_host_aware, b_variant in blocks:
+    for (b_links, b_budgets, b_policies, b_workloads, b_max_new, b_reps, b_host_aware, b_variant, b_executor,
+         b_cpu_lane) in blocks:
         ref_policy = next((p for p in b_policies if p in EXACT_POLICIES), None)
         for link in b_links:
-            eng = engine_for(link, b_host_aware)
+            eng = engine_for(link, b_host_aware, b_executor)
             for rep in range(b_reps):
                 for budget in b_budgets:
                     for workload, pi, ids in b_workloads:
@@ -286,7 +289,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
                                             tau_prefetch=float(cfg.get("tau_prefetch", 0.2)),
                                             tau_approx=float(cfg.get("tau_approx", 0.0)),
                                             max_lookahead=int(cfg.get("max_lookahead", 4)),
-                                            lore_rank=int(cfg.get("lore_rank", 16)))
+                                            lore_rank=int(cfg.get("lore_rank", 16)), cpu_lane=b_cpu_lane)
                             if device == "cuda":
                                 torch.cuda.reset_peak_memory_stats()
                             run = eng.start_ids(ids, s)
@@ -358,6 +361,7 @@ def _aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload: str = "prom
         "shape": cfg.get("shape") if cfg["timing"] == "modeled" else "native",
         **derive(raw),
         "ppl_delta_pct": 0.0 if pol in EXACT_POLICIES or float(cfg.get("tau_approx", 0)) == 0 else None,
+        "notes": sorted({n for *_, summary in runs for n in summary.notes}),
         "raw": raw,
     }
 

@@ -121,14 +121,18 @@ def _check_common(where: str, d: dict) -> None:
         _int(where, "repetitions", d["repetitions"], 1, 10_000)
     if "host_aware" in d:
         _bool(where, "host_aware", d["host_aware"])
+    if "cpu_lane" in d:
+        _bool(where, "cpu_lane", d["cpu_lane"])
+    if "executor" in d and d["executor"] not in ("auto", "eager", "graphed"):
+        raise ConfigError(f"{where}: \"executor\" {d['executor']!r} is unknown: use \"auto\", \"eager\" or \"graphed\"")
 
 
 RUN_KEYS = ("policies", "budgets", "links", "n_prompts", "long_prompt", "max_new_tokens", "repetitions",
-            "host_aware", "variant")
+            "host_aware", "variant", "executor", "cpu_lane")
 CONFIG_KEYS = ("model", "policies", "budgets", "links", "timing", "profile", "shape", "prompts", "max_new_tokens",
                "repetitions", "reference_generate", "hw_profile", "export_traces", "export_trace_prompts", "runs",
                "tau_prefetch", "tau_approx", "max_lookahead", "lore_rank", "verify_lift", "prefetch_after_experts",
-               "long_prompt_tokens", "host_aware", "artifacts", "lift_overrides", "comment")
+               "long_prompt_tokens", "host_aware", "artifacts", "lift_overrides", "executor", "cpu_lane", "comment")
 
 
 def check_config(cfg, where: str = "config") -> None:

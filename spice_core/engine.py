@@ -381,7 +381,7 @@ class SpiceEngine:
         planner = LayerPlanner(spec, n_slots=n_slots, n_experts=lm.n_experts, top_k=lm.top_k, moe_layers=lm.moe_layers,
                                costs=costs, tau_prefetch=s.tau_prefetch, tau_approx=s.tau_approx if lore else 0.0,
                                max_lookahead=s.max_lookahead, can_approx=lore is not None and not fast,
-                               can_cpu=can_cpu, host_aware=self.host_aware, batched_experts=fast)
+                               can_cpu=can_cpu, host_aware=self.host_aware)
         clock = self._timeline(costs, modeled)
         recorder = Recorder(clock, lm.layout.nbytes)
         measured = clock.mode == "measured"

@@ -115,11 +115,8 @@ class LayerPlanner:
     def __init__(self, spec: PolicySpec, *, n_slots: int, n_experts: int, top_k: int,
                  moe_layers: Sequence[int], costs: PlanCosts, tau_prefetch: float = 0.2,
                  tau_approx: float = 0.0, max_lookahead: int = 4, can_approx: bool = False,
-                 can_cpu: bool = False, host_aware: bool = True, batched_experts: bool = False) -> None:
-        """``batched_experts``: the executor runs a layer's experts together after the plan is made (CUDA
-        graphs), so a late demand copy must not evict an expert of the same layer (see `plan_experts`)."""
+                 can_cpu: bool = False, host_aware: bool = True) -> None:
         self.spec, self.costs = spec, costs
-        self.batched_experts = batched_experts
         self.n_experts, self.top_k = n_experts, top_k
         self.moe_pos = {layer: p for p, layer in enumerate(moe_layers)}
         self.n_moe = len(self.moe_pos)
@@ -236,13 +233,15 @@ class LayerPlanner:
         return plan_misses(reqs, q, opts)
 
     # ------------------------------------------------------------------ phase 3: the experts, in order
-    def plan_experts(self, plan: LayerPlan) -> tuple[ExpertRun, ...]:
+    def plan_experts(self, plan: LayerPlan, *, batched: bool = False) -> tuple[ExpertRun, ...]:
         """GPU experts ascending, CPU ones skipped (collected later). A demand copy that found no
-        slot in phase 1 takes one now; experts computed earlier in this layer may go."""
+        slot in phase 1 takes one now; experts computed earlier in this layer may go, unless
+        ``batched``: the executor runs the layer's experts together after the plan is made (a CUDA
+        graph segment), so no expert of the layer may be evicted for another."""
         layer, res = plan.layer, self.residency
         placed = {o.key.expert: o for o in plan.copies}
         late_orders: dict[int, CopyOrder] = {}
-        if self.batched_experts:
+        if batched:
             # Every expert of the layer is read at once, later: place all late copies while the layer's
             # experts are still busy, so none of them is evicted.
             for e in plan.needed:

@@ -131,7 +131,7 @@ class LayerRuntime:
             else:
                 self._prefetch(layer, lambda: self.predictor.predict(layer, None, self.ctx))
         slot_of = {}
-        for r in planner.plan_experts(plan):
+        for r in planner.plan_experts(plan, batched=True):
             key = (layer, r.expert)
             if r.late_copy is not None:
                 ex.issue(r.late_copy)
