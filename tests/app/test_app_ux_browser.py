@@ -87,8 +87,8 @@ def test_phone_first_load_shows_chat_and_examples(browser, shots):
         page.wait_for_selector("#spice-msg textarea")
         assert page.wait_for_function("() => { const s = document.querySelector('#spice-controls')"
                                       ".closest('.sidebar'); return s && !s.classList.contains('open'); }",
-                                      timeout=10_000)
-        page.get_by_text("Tell me a story about a dog and a kite.").click(timeout=5_000)
+                                      timeout=30_000)
+        page.get_by_text("Tell me a story about a dog and a kite.").click(timeout=30_000)
         assert page.input_value("#spice-msg textarea") == "Tell me a story about a dog and a kite."
         page.screenshot(path=str(shots / "phone.png"))
     finally:
