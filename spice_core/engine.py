@@ -32,7 +32,7 @@ from spice_core.policy.cache import cache_slots_for_budget
 from spice_core.policy.planner import LayerPlanner
 from spice_core.policy.spec import get_spec
 from spice_core.runtime.eager import EagerExecutor
-from spice_core.runtime.graph_exec import GraphExecutor, cache_bucket, fast_path_refusal
+from spice_core.runtime.graph_exec import CPU_LANE_OFF_NOTE, GraphExecutor, cache_bucket, fast_path_refusal
 from spice_core.runtime.graphed import GraphCaptureError
 from spice_core.runtime.layer import LayerRuntime
 from spice_core.timing.costs import CostModel
@@ -71,6 +71,7 @@ class RunRecord:
 
 
 MEASURED_DEFAULT_PROFILE = "h200-pcie5x16-host"
+MEASURED_FAST_PROFILE = "h200-pcie5x16-graphed"    # the decision profile of measured runs on the fast path
 EXECUTORS = ("auto", "eager", "graphed")
 
 
@@ -364,8 +365,7 @@ class SpiceEngine:
                     f"{reserved / 1e9:.4f} GB of draft/LoRE memory, fewer than top-{lm.top_k}: raise --cache-frac")
         fast = not eager and max_cache_len is not None and self._wants_fast_path(modeled)
         if fast:
-            why = fast_path_refusal(spec, s, has_draft=spec.predictor != "draft" or predictor is self._draft(),
-                                    lore_loaded=lore is not None)
+            why = fast_path_refusal(spec, has_draft=spec.predictor != "draft" or predictor is self._draft())
             if why:
                 notes.append(f"fast path off: {why}; decode runs on the eager executor")
                 fast = False
@@ -376,11 +376,18 @@ class SpiceEngine:
             can_cpu = cpu_lane is not None or modeled_cpu
         if spec.use_cpu and s.cpu_lane and cpu_lane is None and real_lane:
             notes.append(f"CPU lane unavailable ({self._cpu_lane_error}): exact misses are copied")
+        if fast and self.timing == "measured" and not modeled and self.hw_profile is None:
+            prof = get_profile(MEASURED_FAST_PROFILE)      # what the planner believes a layer, a copy, a plan cost
+            if self.link_gbps:
+                prof = replace(prof, h2d_pinned_gbps=self.link_gbps)
+            costs = CostModel(prof, costs.shape)
         if fast:
+            if spec.miss_mode == "orchestrate" and can_cpu:
+                notes.append(CPU_LANE_OFF_NOTE)
             can_cpu = False
         planner = LayerPlanner(spec, n_slots=n_slots, n_experts=lm.n_experts, top_k=lm.top_k, moe_layers=lm.moe_layers,
                                costs=costs, tau_prefetch=s.tau_prefetch, tau_approx=s.tau_approx if lore else 0.0,
-                               max_lookahead=s.max_lookahead, can_approx=lore is not None and not fast,
+                               max_lookahead=s.max_lookahead, can_approx=lore is not None,
                                can_cpu=can_cpu, host_aware=self.host_aware)
         clock = self._timeline(costs, modeled)
         recorder = Recorder(clock, lm.layout.nbytes)

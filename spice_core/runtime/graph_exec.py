@@ -7,8 +7,10 @@
 
 The same planner decides as on the eager path, and copies, slots and the copy stream are the eager
 executor's (this class extends it). What the graphs cannot do yet falls back to the eager executor
-with a note (the engine decides, see `fast_path_refusal`): the CPU lane, LoRE approximation and
-predictors that need the hidden state outside the captured segment (the gate predictor). On the
+with a note (the engine decides, see `fast_path_refusal`): the CPU lane (cpu_compute) and
+predictors that need the hidden state outside the captured segment (the gate predictor); an
+orchestrating policy (spice) runs here with its CPU lane off, and says so. LoRE approximation is a
+branch of the captured expert step (GraphedDecoder._lore_out). On the
 CPU the decoder runs the same step op by op (`use_graphs=False`), which is how it is tested there.
 
 Timing: one GPU-lane interval per segment (the layer's dense part plus the previous layer's
@@ -24,17 +26,17 @@ from spice_core.runtime.eager import EagerExecutor
 from spice_core.runtime.graphed import GraphedDecoder
 
 
-def fast_path_refusal(spec, settings, *, has_draft: bool, lore_loaded: bool) -> str:
+def fast_path_refusal(spec, *, has_draft: bool) -> str:
     """Why this run cannot use the graphed executor ("" when it can)."""
     if spec.miss_mode == "cpu":
         return "the CPU lane (cpu_compute) runs on the eager executor only"
-    if spec.use_cpu and settings.cpu_lane:
-        return "the CPU lane runs on the eager executor only (turn the CPU lane off to use the fast path)"
-    if spec.use_lore and lore_loaded and settings.tau_approx > 0:
-        return "LoRE approximation runs on the eager executor only (set tau_approx to 0 to use the fast path)"
     if spec.predictor == "gate" or (spec.predictor == "draft" and not has_draft):
         return "the gate predictor reads hidden states the CUDA graphs keep: it runs on the eager executor only"
     return ""
+
+
+CPU_LANE_OFF_NOTE = ("fast path: the CPU lane runs on the eager executor only, so exact misses are copied or "
+                     "wait for their prefetch (run with the eager executor to use the CPU lane)")
 
 
 def cache_bucket(n_tokens: int, max_context: int, step: int = 64) -> int:
@@ -61,7 +63,7 @@ class GraphExecutor(EagerExecutor):
             pre, extra = self.draft.head_logits, self.draft.distances * self.draft.n_experts
         self.decoder = GraphedDecoder(self.lm, self.slots.buffer, self.copy_stream, self.max_cache_len,
                                       use_graphs=self.use_graphs, wait_for_copies=False, pre_experts=pre,
-                                      extra_numel=extra or 0)
+                                      extra_numel=extra or 0, lore=self.lore)
         self.runtime = runtime
         if self.cuda:
             self.compute_stream = self.decoder.stream

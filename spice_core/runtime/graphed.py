@@ -71,12 +71,13 @@ class GraphedDecoder:
 
     def __init__(self, lm, slots_buffer: torch.Tensor, copy_stream, max_cache_len: int, *,
                  kernel: str = "gather", use_graphs: bool | None = None, wait_for_copies: bool = True,
-                 pre_experts: PreExperts | None = None, extra_numel: int = 0) -> None:
+                 pre_experts: PreExperts | None = None, extra_numel: int = 0, lore=None) -> None:
         """``wait_for_copies`` False: the caller makes `stream` wait for the copies a step needs (inside
         on_layer), so prefetches for later layers keep flowing behind the next segments.
         ``pre_experts(layer, x [1,H]) -> [extra_numel] float32``: device work captured into the segment just
         before the experts call (a draft's heads); its result is read back with the routing into
-        ``extra_host[i]`` (numpy: ``extra_np[i]``)."""
+        ``extra_host[i]`` (numpy: ``extra_np[i]``). ``lore``: a LoreBank on the device; selections the plan
+        marks approximate take its surrogate (plus α·shared expert) instead of a slot's expert."""
         from transformers import StaticCache
 
         if kernel not in KERNELS:
@@ -93,6 +94,9 @@ class GraphedDecoder:
                                     "decoder (sdpa or eager): use the eager executor")
         self.copy_stream, self.max_cache_len = copy_stream, int(max_cache_len)
         self.wait_for_copies, self.pre_experts = wait_for_copies, pre_experts
+        self.lore = lore
+        self._lore_alpha = {layer: any(a != 0.0 for a in lore._alpha_host.get(layer, ())) for layer in lm.moe_layers} \
+            if lore is not None else {}
         self.moe_pos = {layer: i for i, layer in enumerate(lm.moe_layers)}
         self.k, self.n_experts = lm.top_k, lm.n_experts
         lay = lm.layout
@@ -311,11 +315,29 @@ class GraphedDecoder:
             gate, up = F.grouped_mm(x.expand(K, H).contiguous(), self._gu.transpose(1, 2), offs=offs).chunk(2, -1)
             y = F.grouped_mm((act(gate) * up).contiguous(), self._dn.transpose(1, 2), offs=offs)
             y = y.index_select(0, plan[4])                                   # slot order -> expert order
+        if self.lore is not None:
+            y = torch.where(plan[5].view(K, 1) != 0, self._lore_out(i, x, plan[6], act).to(y.dtype), y)
         p = torch.where(valid.view(K, 1) != 0, (y * w).to(x.dtype), 0.0)
         acc = p[0]
         for k in range(1, K):   # bf16 adds in ascending expert order, as the stock loop
             acc = acc + p[k]
         return acc.view(1, H)
+
+    def _lore_out(self, i: int, x: torch.Tensor, expert: torch.Tensor, act) -> torch.Tensor:
+        """Every selection's LoRE surrogate, [K,H] (the plan's approx row picks which are used): the rank-r
+        expert G·x, U·x -> act·mul -> B + b, plus α·S(x) when the layer's surrogates use the shared expert."""
+        layer = self.lm.moe_layers[i]
+        a = self.lore._active[layer]
+        K, H = expert.shape[0], x.shape[-1]
+        gu = a.gate_up.index_select(0, expert)                                   # [K,2r,H]
+        xs = x.to(gu.dtype).expand(K, 1, H)
+        gate, up = torch.bmm(xs, gu.transpose(1, 2)).chunk(2, dim=-1)            # [K,1,r]
+        y = torch.baddbmm(a.bias.index_select(0, expert).unsqueeze(1), self.lore.act(gate) * up,
+                          a.down.index_select(0, expert)).view(K, H)
+        if self._lore_alpha.get(layer):
+            shared = self.lore.shared_fn(layer, x).to(y.dtype)                    # [1,H]
+            y = y + a.alpha.index_select(0, expert).view(K, 1) * shared
+        return y
 
     # ------------------------------------------------------------------ prefill experts (eager, T tokens)
     def _prefill_experts(self, layer: int, x, top_k_index, top_k_weights, act):

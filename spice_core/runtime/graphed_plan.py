@@ -9,6 +9,8 @@ ints, K = the model's top-k):
     2 valid    1 for a routed selection, 0 for a dropped one (an out-of-range expert id)
     3 by_slot  the slots in ascending slot order, invalid ones as n_slots (grouped GEMM rows)
     4 inv      for each selection (expert order) its row in slot order
+    5 approx   1 for a selection approximated by its LoRE surrogate (its slot is a dummy 0)
+    6 expert   the expert id of each selection (indexes the LoRE factors; invalid: 0)
 
 Ascending expert order is the stock loop's combine order, so every slot assignment of the
 same experts combines identically (the bitwise invariant of exact policies).
@@ -19,27 +21,32 @@ from collections import OrderedDict
 
 from spice_core.types import ExpertKey
 
-PLAN_ROWS = 5
+PLAN_ROWS = 7
+APPROX_SLOT = -1        # what on_layer returns for a selection the LoRE branch approximates
 
 
 def plan_rows(expert_ids: list[int], slots: list[int], n_experts: int, n_slots: int) -> list[list[int]]:
-    """expert_ids: the K router picks in top-k order; slots: one per valid pick, in the same order."""
+    """expert_ids: the K router picks in top-k order; slots: one per valid pick, in the same order
+    (APPROX_SLOT for a pick the LoRE branch approximates)."""
     k_all = len(expert_ids)
     valid_pos = [k for k, e in enumerate(expert_ids) if 0 <= e < n_experts]
     if len(slots) != len(valid_pos):
         raise ValueError(f"on_layer returned {len(slots)} slots for {len(valid_pos)} routed experts")
     slot_of = dict(zip(valid_pos, slots))
-    if len(set(slots)) != len(slots) or any(not 0 <= s < n_slots for s in slots):
+    real = [s for s in slots if s != APPROX_SLOT]
+    if len(set(real)) != len(real) or any(not 0 <= s < n_slots for s in real):
         raise ValueError(f"on_layer returned slots {list(slots)}: they must be distinct and in [0, {n_slots})")
     order = sorted(valid_pos, key=lambda k: expert_ids[k]) + [k for k in range(k_all) if k not in slot_of]
     valid = [1 if k in slot_of else 0 for k in order]
-    slot_e = [slot_of.get(k, 0) for k in order]
-    sort_key = [s if v else n_slots for s, v in zip(slot_e, valid)]
+    approx = [1 if slot_of.get(k) == APPROX_SLOT else 0 for k in order]
+    slot_e = [0 if a else slot_of.get(k, 0) for k, a in zip(order, approx)]
+    expert = [expert_ids[k] if v else 0 for k, v in zip(order, valid)]
+    sort_key = [s if v and not a else n_slots for s, v, a in zip(slot_e, valid, approx)]
     by_slot = sorted(range(k_all), key=lambda j: sort_key[j])
     inv = [0] * k_all
     for row, j in enumerate(by_slot):
         inv[j] = row
-    return [slot_e, order, valid, [sort_key[j] for j in by_slot], inv]
+    return [slot_e, order, valid, [sort_key[j] for j in by_slot], inv, approx, expert]
 
 
 class LruSlotMap:

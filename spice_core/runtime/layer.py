@@ -20,6 +20,7 @@ import torch
 
 from spice_core.policy.planner import LayerPlanner, Queues
 from spice_core.runtime.context import PredictContext
+from spice_core.runtime.graphed_plan import APPROX_SLOT
 from spice_core.types import ExpertKey
 
 
@@ -137,6 +138,9 @@ class LayerRuntime:
                 ex.issue(r.late_copy)
             if r.prefetch_used is not None:
                 self.recorder.prefetch_used(ExpertKey(*key), r.prefetch_used, clock.now_ms())
+            if r.outcome == "approx":          # the segment's LoRE branch computes it
+                slot_of[r.expert] = APPROX_SLOT
+                continue
             ex.wait_ready(r.slot)
             slot_of[r.expert] = r.slot
         for e in plan.needed:

@@ -66,3 +66,16 @@ def test_fast_path_matches_the_eager_executor_on_hits_and_misses_per_step(graphe
 def test_on_a_gpu_the_fast_path_replays_cuda_graphs(graphed):
     _, s = _tokens(graphed["mixtral"], PROMPTS[0], "lru")
     assert any("replay CUDA graphs" in n for n in s.notes), s.notes
+
+
+def test_spice_approximates_with_lore_on_the_fast_path_and_says_its_cpu_lane_is_off():
+    """The shipped model's LoRE factors run as a branch of the graphed expert step."""
+    shipped = SpiceEngine.load(None, device="cuda" if torch.cuda.is_available() else "cpu", executor="graphed")
+    run = shipped.start_prompt("Tell me a story about a cat and a ball",
+                               RunSettings(policy="spice", cache_frac=0.25, tau_approx=0.05, max_new_tokens=12))
+    steps = list(run)
+    s = shipped.get_summary(run.run_id)
+    assert s.miss_split["approx"] > 0 and s.miss_split["cpu"] == 0
+    assert any("CPU lane runs on the eager executor only" in n for n in s.notes), s.notes
+    assert any(n.startswith("fast path: decode steps") for n in s.notes), s.notes
+    assert s.text.strip() and len(steps) == 12

@@ -16,14 +16,14 @@ PROMPT = [5, 17, 33, 2, 9, 41, 7]
 
 
 def test_plan_rows_order_selections_by_expert_and_slots_for_the_grouped_gemm():
-    slot_e, perm, valid, by_slot, inv = plan_rows([7, 2, 5], [10, 30, 20], n_experts=8, n_slots=40)
+    slot_e, perm, valid, by_slot, inv, *_ = plan_rows([7, 2, 5], [10, 30, 20], n_experts=8, n_slots=40)
     assert perm == [1, 2, 0] and slot_e == [30, 20, 10] and valid == [1, 1, 1]
     assert by_slot == [10, 20, 30]
     assert [by_slot[inv[j]] for j in range(3)] == slot_e      # inv maps expert order to slot-order rows
 
 
 def test_plan_rows_put_dropped_selections_last_with_a_sentinel_slot():
-    slot_e, perm, valid, by_slot, inv = plan_rows([3, 8, 1], [4, 6], n_experts=8, n_slots=9)
+    slot_e, perm, valid, by_slot, inv, *_ = plan_rows([3, 8, 1], [4, 6], n_experts=8, n_slots=9)
     assert perm == [2, 0, 1] and valid == [1, 1, 0] and slot_e == [6, 4, 0]
     assert by_slot == [4, 6, 9]
 
@@ -121,3 +121,12 @@ def test_decoder_refuses_unknown_kernel_and_a_cache_below_top_k(tiny_dirs):
         GraphedDecoder(lm, small, None, 32, use_graphs=False)
     with pytest.raises(ConfigError, match="kernel"):
         GraphedDecoder(lm, small, None, 32, kernel="triton", use_graphs=False)
+
+
+def test_plan_rows_mark_lore_approximations_with_a_dummy_slot_and_the_expert_id():
+    from spice_core.runtime.graphed_plan import APPROX_SLOT
+    slot_e, perm, valid, by_slot, inv, approx, expert = plan_rows([7, 2, 5], [10, APPROX_SLOT, 20], n_experts=8,
+                                                                  n_slots=40)
+    assert perm == [1, 2, 0] and approx == [1, 0, 0] and expert == [2, 5, 7]
+    assert slot_e == [0, 20, 10] and valid == [1, 1, 1]
+    assert by_slot == [10, 20, 40]            # the approximated selection is kept out of the grouped GEMM
