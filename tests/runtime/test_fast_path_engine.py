@@ -72,7 +72,7 @@ def test_spice_approximates_with_lore_on_the_fast_path_and_says_its_cpu_lane_is_
     """The shipped model's LoRE factors run as a branch of the graphed expert step."""
     shipped = SpiceEngine.load(None, device="cuda" if torch.cuda.is_available() else "cpu", executor="graphed")
     run = shipped.start_prompt("Tell me a story about a cat and a ball",
-                               RunSettings(policy="spice", cache_frac=0.25, tau_approx=0.05, max_new_tokens=12))
+                               RunSettings(policy="spice", cache_frac=0.5, tau_approx=0.05, max_new_tokens=12))
     steps = list(run)
     s = shipped.get_summary(run.run_id)
     assert s.miss_split["approx"] > 0 and s.miss_split["cpu"] == 0
