@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from spice_core.api import RunSettings  # noqa: E402
-from spice_core.bench import DEFAULT_PROMPTS  # noqa: E402
+from spice_core.heldout import DEFAULT_PROMPTS  # noqa: E402
 from spice_core.engine import SpiceEngine  # noqa: E402
 from spice_core.policy.planner import LayerPlanner  # noqa: E402
 from spice_core.runtime.eager import EagerExecutor  # noqa: E402

@@ -73,7 +73,7 @@ def heldout_prompts(lm, n: int) -> list[list[int]]:
                     text = ".".join(generate_story(seed).text.split(".")[:2]) + "."
                     out.append(build_prompt_ids(tok, prompt=text))
     if not out:
-        from spice_core.bench import DEFAULT_PROMPTS
+        from spice_core.heldout import DEFAULT_PROMPTS
         out = [build_prompt_ids(tok, prompt=DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)]) for i in range(n)]
     return out
 

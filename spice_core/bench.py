@@ -35,20 +35,12 @@ import torch
 from spice_core.api import EXACT_POLICIES, POLICIES, RunSettings
 from spice_core.bench_config import LINKS_GBPS, load_config_file, load_results
 from spice_core.bench_models import check_host_memory, load_safetensors_model
+from spice_core import heldout
 from spice_core.errors import ConfigError
+from spice_core.heldout import DEFAULT_PROMPTS
 from spice_core.model.loader import _safetensors_files
 
 log = logging.getLogger(__name__)
-DEFAULT_PROMPTS = (
-    "Once upon a time, a little cat found a red ball in the garden.",
-    "Tell me a story about a dog who lost his bone.",
-    "The girl looked up at the stars and wondered",
-    "It was a rainy day, and Tom did not want to stay inside.",
-    "Lily and her mom went to the market to buy apples.",
-    "The old tree in the park had a secret door.",
-    "Ben wanted to build the biggest sand castle on the beach.",
-    "One morning the sun did not come up.",
-)
 
 
 def _load_config(path: Path) -> dict:
@@ -116,35 +108,24 @@ def heldout_prompt_ids(tokenizer, n: int) -> list[list[int]]:
     """Openings of the shipped model's held-out stories (the eval half of its held-out split) and,
     every third prompt, a held-out chat request through the chat template, as the app sends it."""
     from spice_core.generation import build_prompt_ids
-    try:
-        from training.corpus import VALIDATION_SEED_BASE
-        from training.stories import generate_chat_story, generate_story
-    except ImportError as e:
-        raise ConfigError("\"prompts\": {\"heldout\": N} needs the repository's training/ package: run from the "
-                          "repository root, or list the prompts as text") from e
     out = []
-    for i in range(n):
-        seed = VALIDATION_SEED_BASE + 2 * i + 1          # odd held-out seeds: the eval half
-        if i % 3 == 2:
-            request = generate_chat_story(seed + 10**9).request.text
-            out.append(build_prompt_ids(tokenizer, messages=[{"role": "user", "content": request}]))
+    for p in heldout.prompts(n):
+        if "chat" in p:
+            out.append(build_prompt_ids(tokenizer, messages=[{"role": "user", "content": p["chat"]}]))
         else:
-            text = ".".join(generate_story(seed).text.split(".")[:2]) + "."
-            out.append(build_prompt_ids(tokenizer, prompt=text))
+            out.append(build_prompt_ids(tokenizer, prompt=p["text"]))
     return out
 
 
 def long_prompt_ids(tokenizer, n_tokens: int) -> list[int]:
     """One long-context prompt of exactly ``n_tokens``: held-out stories back to back."""
-    from training.corpus import VALIDATION_SEED_BASE
-    from training.stories import generate_story
     ids: list[int] = []
-    i = 0
-    while len(ids) < n_tokens:
-        seed = VALIDATION_SEED_BASE + 2 * (1000 + i) + 1
-        ids += tokenizer(generate_story(seed).text + "\n\n", add_special_tokens=False)["input_ids"]
-        i += 1
-    return ids[:n_tokens]
+    for story in heldout.long_stories():
+        ids += tokenizer(story + "\n\n", add_special_tokens=False)["input_ids"]
+        if len(ids) >= n_tokens:
+            return ids[:n_tokens]
+    raise ConfigError(f"\"long_prompt_tokens\": {n_tokens} is longer than the held-out stories allow "
+                      f"({len(ids)} tokens): ask for fewer")
 
 
 def _prompt_ids(cfg: dict, tokenizer, vocab: int) -> list[list[int]]:

@@ -215,7 +215,7 @@ def add_cli(sub) -> None:
 def run(args) -> int:
     import json
 
-    from spice_core.bench import DEFAULT_PROMPTS
+    from spice_core.heldout import DEFAULT_PROMPTS
     from spice_core.model.loader import resolve_model_path
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -8,8 +8,8 @@ Consumers: the draft trainer (predictor/draft.py), LoRE fitting (spice_core.lore
 calibration statistics (popularity) and the predictor recall benchmark.
 
 The calibration set, in order of preference: a user's text file (``--text``); for the shipped
-model its held-out split (``training``'s corpus code, when importable), else held-out stories
-from the story generator; for any other model a small built-in prompt set.
+model its held-out split (the data file beside it, spice_core/heldout.py); for any other model a
+small built-in prompt set plus the shipped model's held-out stories.
 
 This module does not know about policies, caches or timing: it only records what an exact
 forward pass routes. It never changes the model: the engine's experts modules get a tracing
@@ -26,6 +26,7 @@ from typing import Sequence
 import torch
 from torch.nn import functional as F
 
+from spice_core import heldout
 from spice_core.errors import ArtifactError, ConfigError
 from spice_core.exec.experts import expert_forward
 from spice_core.types import ExpertKey
@@ -281,63 +282,17 @@ def read_text_file(path: Path) -> list[str]:
     return docs
 
 
-def _story_texts(part: str, n: int) -> list[str]:
-    """Held-out stories of the story generator (plain and chat-wrapped, 7:3 as in training);
-    "calibration" takes the even-numbered ones, "eval" the odd ones."""
-    from training.corpus import validation_stories
-
-    k = 0 if part == "calibration" else 1
-    plain = validation_stories(2 * n, chat=False)[k::2]
-    chat = validation_stories(2 * n, chat=True)[k::2]
-    out = []
-    for i in range(n):
-        out.append(chat[i] if i % 10 in (2, 5, 8) else plain[i])
-    return out
-
-
-def _prose_chunks(part: str, chunk_chars: int = 1200) -> tuple[list[str], list[str]]:
-    """(chunks, domains found) of the prose validation split, cut into ~``chunk_chars`` pieces;
-    "calibration" takes the even-numbered documents, "eval" the odd ones."""
-    from training import sources
-    from training.corpus import split_documents
-
-    k = 0 if part == "calibration" else 1
-    by_domain, found = [], []
-    for domain in sources.DOMAINS:
-        try:
-            docs = split_documents(sources.load_domain(domain))["val"][k::2]
-        except sources.SourceMissingError as e:
-            log.warning("held-out %s prose unavailable (%s): calibrating without it", domain, e)
-            continue
-        found.append(domain)
-        chunks = []
-        for d in docs:
-            paras, cur = d.text.split("\n\n"), ""
-            for para in paras:
-                cur = f"{cur}\n\n{para}" if cur else para
-                if len(cur) >= chunk_chars:
-                    chunks.append(cur)
-                    cur = ""
-            if cur:
-                chunks.append(cur)
-        by_domain.append(chunks)
-    mixed = [c for group in zip(*by_domain) for c in group] if by_domain else []   # round-robin over domains
-    return mixed, found
-
-
 def _shipped_heldout_texts(part: str) -> tuple[list[str], str] | None:
     """The shipped model's held-out split, mixed as in training (~85% stories, 30% of them
-    chat-wrapped, ~15% prose by tokens): validation stories (seeds from the corpus's
-    VALIDATION_SEED_BASE) and every VAL_EVERY-th prose document, via ``training.corpus``.
+    chat-wrapped, ~15% prose by tokens), read from the data file beside it (spice_core.heldout).
 
     ``part`` "calibration" (draft training) and "eval" (benchmarks) are disjoint halves.
-    None when the training package is not importable (an installed engine without the repo).
+    None when the file is missing.
     """
-    try:
-        stories = _story_texts(part, 1500)
-        prose, domains = _prose_chunks(part)
-    except ImportError:
+    if heldout.load_heldout() is None:
         return None
+    stories = heldout.stories(part)
+    prose, domains = heldout.prose(part)
     texts, pi = [], 0
     for i, story in enumerate(stories):    # one prose chunk after every 8 stories: ~15% of tokens
         texts.append(story)
@@ -357,11 +312,10 @@ def calibration_texts(lm, text_file: Path | None = None, part: str = "calibratio
         if got is not None:
             return got
     texts = list(BUILTIN_TEXTS)
-    try:
-        texts += _story_texts(part, 400)
-        return texts, "built-in prompt set and generated stories"
-    except ImportError:
-        return texts, "built-in prompt set"
+    if heldout.load_heldout() is not None:
+        texts += heldout.stories(part, 400)
+        return texts, "built-in prompt set and the shipped model's held-out stories"
+    return texts, "built-in prompt set"
 
 
 def traces_for_model(lm, *, text_file: Path | None = None, max_tokens: int = DEFAULT_MAX_TOKENS,
