@@ -1,9 +1,32 @@
-"""Test-wide setup: one torch thread (2-core machines stall with more), offline hub."""
+"""Test-wide setup and the shared tiny models.
+
+One torch thread (2-core machines stall with more) and an offline hub. The tiny checkpoints of
+the five families are built once per session (tiny_models.py) and shared by every folder; the
+package is installed (pyproject.toml) and pytest.ini puts this folder on the path for the helpers.
+"""
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from tiny_models import FAMILIES, build_tiny  # noqa: E402
+
 torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    """{family: directory of a tiny random checkpoint}, safetensors with the real per-expert key names."""
+    root = tmp_path_factory.mktemp("tiny")
+    return {f: build_tiny(f, root / f) for f in FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def engines(tiny_dirs):
+    """{family: SpiceEngine on the CPU} over `tiny_dirs`."""
+    from spice_core.engine import SpiceEngine
+
+    return {f: SpiceEngine.load(d, device="cpu") for f, d in tiny_dirs.items()}

@@ -1,7 +1,7 @@
 """Load a transformers MoE checkpoint into the offloaded layout.
 
     path / hub id ─► resolve ─► check (config, family, safetensors, expert keys, shards)
-                 ─► from_pretrained on the host ─► per-expert buffers into HostStore
+                 ─► from_pretrained on the host ─► per-expert rows of one HostStore slab
                  ─► each `mlp.experts` replaced by `OffloadedExperts` ─► rest to device
 
 The fused expert tensors are only ever materialised in host memory, one layer at a time
@@ -238,7 +238,7 @@ def load_model(model: str | Path | None, device: str | torch.device | None = Non
 def offload_model(hf: nn.Module, device: torch.device, *, family: Family | None = None, path: Path | None = None,
                   tokenizer=None) -> LoadedModel:
     """Move an in-memory transformers MoE model into the offloaded layout: routed experts into
-    HostStore (one buffer each, pinned on CUDA), `mlp.experts` replaced, the rest on ``device``.
+    HostStore (one slab, a row per expert, pinned on CUDA), `mlp.experts` replaced, the rest on ``device``.
     The fused expert tensors may live on any device; they are freed layer by layer."""
     from spice_core.exec.experts import OffloadedExperts
 
@@ -254,7 +254,7 @@ def offload_model(hf: nn.Module, device: torch.device, *, family: Family | None 
     gu = hf.model.layers[moe_layers[0]].mlp.experts.gate_up_proj
     n_experts = int(gu.shape[0])
     layout = ExpertLayout(hidden=int(gu.shape[2]), intermediate=int(gu.shape[1]) // 2, dtype=gu.dtype)
-    host = HostStore(layout, pinned=device.type == "cuda")
+    host = HostStore(layout, pinned=device.type == "cuda", capacity=len(moe_layers) * n_experts)
     experts_modules = {}
     for layer in moe_layers:
         mlp = hf.model.layers[layer].mlp

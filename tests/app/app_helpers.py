@@ -14,8 +14,6 @@ from pathlib import Path
 os.environ.setdefault("GRADIO_HEARTBEAT_INTERVAL", "0.2")
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 import app  # noqa: E402
 from fake_engine import FakeEngine  # noqa: E402

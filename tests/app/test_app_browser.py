@@ -199,8 +199,11 @@ def test_every_page_with_the_shipped_model(browser, shipped_app):
     page.locator("#trace-timeline .js-plotly-plot").wait_for(timeout=60_000)
     page.locator("#dl-chrome").wait_for(state="visible")
     assert _wait(lambda: page.locator("#dl-chrome").is_enabled(), 60)
+    page.locator("#dl-chrome").click()               # writes this export only, then offers the file
+    link = page.locator("#trace-file a").first
+    link.wait_for(timeout=60_000)
     with page.expect_download(timeout=60_000) as info:
-        page.locator("#dl-chrome").click()
+        link.click()
     trace = json.loads(Path(info.value.path()).read_text())
     assert trace["traceEvents"] and info.value.suggested_filename.endswith(".json")
     page.wait_for_timeout(300)

@@ -6,7 +6,6 @@ these run everywhere; the last test uses the shipped model and is skipped withou
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,7 @@ from gradio_client import Client
 from app_helpers import ROOT, chat_inputs, content, last_notes, serve
 
 engine_mod = pytest.importorskip("spice_core.engine", reason="the engine (spice_core/engine.py) is not in this tree")
-sys.path.insert(0, str(ROOT / "tests"))
-from tiny_models import build_tiny  # noqa: E402
+from tiny_models import build_tiny
 
 SHIPPED = ROOT / "assets" / "spice-mini"
 

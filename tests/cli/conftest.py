@@ -1,11 +1,8 @@
 """Fixtures for the command-line tests: one tiny checkpoint, and a guard that no model is loaded."""
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiny_models import build_tiny  # noqa: E402
+from tiny_models import build_tiny
 
 
 @pytest.fixture(scope="session")

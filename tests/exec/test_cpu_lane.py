@@ -1,8 +1,6 @@
 """The CPU lane: exact results, core budget, failures and timeouts counted, and the executor's
 fallback to an exact copy when a lane task fails (output never silently corrupted)."""
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,8 +11,7 @@ from spice_core.exec import cpu_lane as cpu_lane_mod
 from spice_core.exec.cpu_lane import CpuLane
 from spice_core.exec.experts import expert_forward
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiny_models import build_tiny  # noqa: E402
+from tiny_models import build_tiny
 
 
 @pytest.fixture

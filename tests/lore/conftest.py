@@ -1,10 +1,7 @@
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lore_support import FAMILIES, attach_lore, build_tiny, record_traces  # noqa: E402
+from lore_support import FAMILIES, attach_lore, build_tiny, record_traces
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@ the agreement arithmetic; the `quality` command and its bad input."""
 import json
 import re
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,8 +10,7 @@ import torch
 from spice_core.api import RunSettings
 from spice_core.quality import EvalSet, agreement, evaluate, exact_reference, forced_logits
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lore"))
-from lore_support import attach_lore, build_tiny, random_rows, record_traces  # noqa: E402
+from lore_support import attach_lore, build_tiny, random_rows, record_traces
 
 
 @pytest.fixture(scope="module")

@@ -1,17 +1,14 @@
 """The engine on its fast path (GraphExecutor): every exact policy gives the same tokens, bit for bit, as
 `resident` on the same path, in all five families; what the fast path cannot run falls back to the
 eager executor with a note. On the CPU the graphed step runs op by op; on a GPU it replays CUDA graphs."""
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiny_models import FAMILIES, build_tiny  # noqa: E402
+from tiny_models import FAMILIES, build_tiny
 
-from spice_core.api import RunSettings  # noqa: E402
-from spice_core.engine import SpiceEngine  # noqa: E402
+from spice_core.api import RunSettings
+from spice_core.engine import SpiceEngine
 
 PROMPTS = ([5, 17, 33, 2, 9, 41, 7], [3, 14, 15, 9, 26, 5, 35, 8])
 EXACT = ("lru", "on_demand", "gate_prefetch", "oracle_prefetch")

@@ -1,16 +1,13 @@
 """The graphed decoder: plan rows and LRU bookkeeping (pure), the step run op by op on the CPU, and on
 a GPU the captured segments. Exact slot mechanisms must be bitwise identical to all-resident."""
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiny_models import FAMILIES, build_tiny  # noqa: E402
+from tiny_models import FAMILIES, build_tiny
 
-from spice_core.runtime.graphed_plan import LruSlotMap, plan_rows  # noqa: E402
-from spice_core.types import ExpertKey  # noqa: E402
+from spice_core.runtime.graphed_plan import LruSlotMap, plan_rows
+from spice_core.types import ExpertKey
 
 PROMPT = [5, 17, 33, 2, 9, 41, 7]
 

@@ -1,14 +1,11 @@
 """Helpers shared by the LoRE, quality and CPU-lane tests: tiny engines with a fitted LoRE bank."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiny_models import FAMILIES, build_tiny  # noqa: E402,F401
+from tiny_models import FAMILIES, build_tiny  # noqa: F401
 
 PROMPT = [5, 17, 33, 2, 9, 41, 7]
 
