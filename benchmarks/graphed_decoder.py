@@ -120,7 +120,7 @@ def med_ms(times, skip=8):
 
 
 def lifted(n_tokens, budget):
-    from spice_core.bench import build_model
+    from spice_core.tools.bench import build_model
     from spice_core.model.loader import offload_model
 
     out = {}

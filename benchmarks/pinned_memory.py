@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("error: this benchmark needs a CUDA GPU", file=sys.stderr)
         return 2
-    from spice_core.lift import lifted_model
+    from spice_core.tools.lift import lifted_model
     from spice_core.model.loader import offload_model
 
     t0 = time.perf_counter()

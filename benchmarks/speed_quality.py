@@ -60,7 +60,7 @@ def _prompts(lm, n: int) -> list[list[int]]:
         heldout_prompts = None
     if heldout_prompts is not None:
         return heldout_prompts(lm, n)
-    from spice_core.quality import eval_set
+    from spice_core.tools.quality import eval_set
     return [list(p) for p in eval_set(_Eng(lm), n_prompts=n).prompts]
 
 
@@ -119,7 +119,7 @@ def run_profile(args: dict, profile: str) -> dict:
     from dataclasses import replace
 
     from spice_core.api import RunSettings
-    from spice_core.quality import EvalSet, agreement, eval_set, evaluate, exact_reference
+    from spice_core.tools.quality import EvalSet, agreement, eval_set, evaluate, exact_reference
 
     t0 = time.perf_counter()
     engine, notes = load(args)

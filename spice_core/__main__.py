@@ -1,5 +1,5 @@
 import sys
 
-from spice_core.cli import main
+from spice_core.tools.cli import main
 
 sys.exit(main())

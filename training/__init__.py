@@ -6,6 +6,6 @@
                                stats (routing) + evaluate (val loss, samples) ─► model_card
 
 This package deliberately knows nothing of the engine (``spice_core``) except its error
-types and its argument checks (``spice_core.cli_args``): the engine loads the result like any
+types and its argument checks (``spice_core.tools.args``): the engine loads the result like any
 other checkpoint.
 """

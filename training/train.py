@@ -39,7 +39,7 @@ log = logging.getLogger("training.train")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from spice_core import cli_args as ca      # finite numbers in range, refused as they are parsed
+    from spice_core.tools import args as ca      # finite numbers in range, refused as they are parsed
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=Path("data/spice-mini"))

@@ -22,7 +22,7 @@ Why this surrogate (measured; see docs/benchmarks/speed-quality.md and `lore_err
   what the dropped neurons contributed, beat both at every rank we measured, are nested (one
   file serves every rank up to R) and are fitted in closed form (deterministic, no training loop).
 
-Input contract (shared with `spice_core.predictor.traces` / `spice_core.calibrate`): ``traces`` is
+Input contract (shared with `spice_core.predictor.traces` / `spice_core.tools.calibrate`): ``traces`` is
 a mapping MoE layer -> tensor [N,H] of that layer's MoE inputs, row t of every layer being the
 same token. Also accepted: values that are ``(hidden, router_probs)`` tuples or dicts with a
 ``"hidden"`` entry, or an object with a ``hidden_by_layer()`` method returning that mapping

@@ -19,8 +19,8 @@ def no_long_work(monkeypatch):
     """Fail the test if a command starts loading or building a model (errors must come first)."""
     import transformers
 
-    import spice_core.bench as bench
-    import spice_core.bench_models as bench_models
+    import spice_core.tools.bench as bench
+    import spice_core.tools.bench_models as bench_models
     import spice_core.model.loader as loader
     from spice_core.engine import SpiceEngine
 

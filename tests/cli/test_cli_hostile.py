@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from spice_core.cli import main
+from spice_core.tools.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 GOOD_PROFILE = {"name": "p", "h2d_pinned_gbps": 25.0, "h2d_pageable_gbps": 10.0, "d2h_gbps": 25.0,
@@ -248,7 +248,7 @@ def test_recalibrate_refuses_malformed_traces(case, capsys, tmp_path):
 def test_recalibrate_refuses_a_gzip_bomb_without_inflating_it(capsys, tmp_path, monkeypatch):
     """Regression (hostile review): a 255 KB .json.gz that inflates to 741 MB was read whole. The
     limit is lowered here so the test inflates a few MB; the real one is far below 741 MB."""
-    import spice_core.timing.recalibrate as recal
+    import spice_core.tools.recalibrate as recal
 
     assert recal.MAX_TRACE_BYTES < 741e6
     monkeypatch.setattr(recal, "MAX_TRACE_BYTES", 1_000_000)
@@ -405,7 +405,7 @@ def test_bench_replot_and_merge_refuse_garbage(case, mode, capsys, tmp_path):
 def test_lift_refuses_a_model_larger_than_host_memory_before_loading(capsys, monkeypatch, no_long_work):
     """Regression (hostile review): lift tried 31.6 GB on a 17.9 GB machine; it now says how much it
     needs and how much is available before reading any weight."""
-    import spice_core.bench_models as bm
+    import spice_core.tools.bench_models as bm
 
     monkeypatch.setattr(bm, "available_host_bytes", lambda: int(17.9e9))
     code, _, err = run_cli(capsys, ["lift", "--device", "cpu"])
@@ -415,7 +415,7 @@ def test_lift_refuses_a_model_larger_than_host_memory_before_loading(capsys, mon
 
 
 def test_available_host_memory_is_read():
-    from spice_core.bench_models import available_host_bytes
+    from spice_core.tools.bench_models import available_host_bytes
 
     avail = available_host_bytes()
     assert avail is None or avail > 0
@@ -455,7 +455,7 @@ def test_calibrate_checks_model_bounds_before_tracing(capsys, tmp_path, tiny_mod
 
 # ---------------------------------------------------------------- what must keep working
 def test_every_shipped_bench_config_passes_the_checks():
-    from spice_core.bench_config import load_config_file
+    from spice_core.tools.bench_config import load_config_file
 
     configs = sorted((REPO / "docs" / "benchmarks").rglob("config*.json"))
     assert configs
@@ -475,7 +475,7 @@ def test_hardware_profile_refuses_non_finite_values_when_built_in_code():
 
 def test_a_file_system_error_mid_run_is_one_line(capsys, monkeypatch):
     """A disk that fills or a path made read-only during a run: one line naming the path, exit 2."""
-    import spice_core.timing.recalibrate as recal
+    import spice_core.tools.recalibrate as recal
 
     def full_disk(args):
         raise OSError(28, "No space left on device", "runs/hw.json")

@@ -6,7 +6,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from spice_core.api import RunSettings
-from spice_core.cli import main
+from spice_core.tools.cli import main
 from spice_core.errors import ConfigError, ModelLoadError, PromptError, UnsupportedModelError
 from spice_core.model.loader import load_model
 

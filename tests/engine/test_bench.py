@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from spice_core.bench import _load_config, run_bench
+from spice_core.tools.bench import _load_config, run_bench
 from spice_core.errors import ConfigError
 
 KEYS = {"model", "policy", "budget_frac", "link", "timing", "tpot_ms_median", "tpot_ms_p90", "hit_rate",
@@ -78,7 +78,7 @@ def test_bad_run_blocks_are_refused_before_any_work(tmp_path, patch, needle):
 
 
 def test_missing_hardware_profile_is_refused_before_the_model_is_built(tmp_path, capsys):
-    from spice_core.cli import main
+    from spice_core.tools.cli import main
 
     path = tmp_path / "cfg.json"
     path.write_text(json.dumps({"model": "random:tiny-deepseek", "policies": ["lru"], "timing": "modeled"}))
@@ -99,7 +99,7 @@ def test_budget_below_one_layers_top_k_is_refused_before_the_model_is_built(tmp_
 def test_shards_merge_into_the_records_of_one_run(tmp_path):
     """One process per GPU: --shard K/N runs every policy on prompts K, K+N, ...; --merge recombines
     them exactly (modeled timing is deterministic, so the merged records equal an unsharded run's)."""
-    from spice_core.cli import main
+    from spice_core.tools.cli import main
 
     cfg = {"model": "random:tiny-deepseek", "policies": ["resident", "lru", "on_demand"], "budgets": [0.3],
            "timing": "modeled", "prompts": {"random_ids": 3, "length": 6}, "max_new_tokens": 4}
@@ -121,7 +121,7 @@ def test_shards_merge_into_the_records_of_one_run(tmp_path):
 
 @pytest.mark.parametrize("shard", ["2/2", "a/b", "1"])
 def test_bad_shard_is_refused_before_any_work(tmp_path, shard, capsys):
-    from spice_core.cli import main
+    from spice_core.tools.cli import main
 
     path = tmp_path / "cfg.json"
     path.write_text(json.dumps({"model": "random:tiny-deepseek", "policies": ["lru"], "timing": "modeled"}))

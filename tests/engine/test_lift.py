@@ -2,7 +2,7 @@
 import torch
 from transformers import AutoModelForCausalLM, DeepseekV2Config
 
-from spice_core.lift import lift_weights
+from spice_core.tools.lift import lift_weights
 
 
 def _cfg(**kw):

@@ -89,7 +89,7 @@ def test_executor_falls_back_to_an_exact_copy_when_the_cpu_lane_fails(tmp_path):
 
     from spice_core.api import RunSettings
     from spice_core.engine import SpiceEngine
-    from spice_core.quality import installed_runtime
+    from spice_core.tools.quality import installed_runtime
 
     d = build_tiny("deepseek_v2", tmp_path / "m")
     eng = SpiceEngine.load(d, device="cpu")

@@ -8,7 +8,7 @@ def calibrated_dirs(tiny_dirs, tmp_path_factory):
     """Copies of the tiny models with draft artifacts built by `calibrate` beside them."""
     import shutil
 
-    from spice_core.calibrate import calibrate
+    from spice_core.tools.calibrate import calibrate
 
     root = tmp_path_factory.mktemp("tiny_calibrated")
     out = {}

@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from spice_core.api import RunSettings
-from spice_core.cli import main
+from spice_core.tools.cli import main
 from spice_core.errors import ConfigError
 from spice_core.predictor.artifacts import CALIBRATION_FILE, DRAFT_FILE
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from spice_core.api import RunSettings
-from spice_core.quality import EvalSet, agreement, evaluate, exact_reference, forced_logits
+from spice_core.tools.quality import EvalSet, agreement, evaluate, exact_reference, forced_logits
 
 from lore_support import attach_lore, build_tiny, random_rows, record_traces
 
@@ -72,7 +72,7 @@ def test_agreement_counts_identical_positions_and_the_first_divergence(ref, got,
 
 
 def _cli(*argv):
-    from spice_core.cli import main
+    from spice_core.tools.cli import main
 
     return main(["quality", *map(str, argv)])
 

@@ -5,11 +5,11 @@ from dataclasses import replace
 
 import pytest
 
-from spice_core.cli import main
+from spice_core.tools.cli import main
 from spice_core.errors import ConfigError
 from spice_core.timing.costs import CostModel
 from spice_core.timing.profiles import get_profile, get_shape
-from spice_core.timing.recalibrate import fit_host_costs, read_trace_events, recalibrated_profile
+from spice_core.tools.recalibrate import fit_host_costs, read_trace_events, recalibrated_profile
 from spice_core.timing.timeline import ModeledTimeline
 from spice_core.types import ExpertKey
 
@@ -120,7 +120,7 @@ def test_cpu_lane_tasks_in_the_trace_set_the_profiles_cpu_task_cost():
 
 def test_several_traces_fit_like_one_longer_trace(tmp_path):
     """Traces of several prompts are combined; their tokens never mix (token numbers repeat across them)."""
-    from spice_core.timing.recalibrate import read_traces
+    from spice_core.tools.recalibrate import read_traces
 
     paths = []
     for i in range(2):

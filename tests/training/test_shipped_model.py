@@ -64,7 +64,7 @@ def test_engine_loads_the_shipped_model_and_matches_transformers_up_to_ties(ship
     chose must be tied (within bf16 resolution) with transformers' choice."""
     engine_mod = pytest.importorskip("spice_core.engine")
     from spice_core.api import RunSettings
-    from spice_core.quality import greedy_tokens
+    from spice_core.tools.quality import greedy_tokens
     from transformers import AutoTokenizer
 
     ref = shipped_eval["greedy_reference"]

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from spice_core import cli_args as ca
+from spice_core.tools import args as ca
 from spice_core.api import MAX_NEW_TOKENS_LIMIT, POLICIES, RunSettings
 from spice_core.errors import ConfigError
 from spice_core.user_files import check_writable_dir

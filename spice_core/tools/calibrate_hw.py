@@ -100,7 +100,7 @@ def measure_profile(name: str = "this-machine", shape_name: str = "deepseek-v2-l
 
 
 def add_cli(sub) -> None:
-    from spice_core import cli_args as ca
+    from spice_core.tools import args as ca
 
     p = sub.add_parser("calibrate-hw", help="measure this machine's hardware profile (CUDA)")
     p.add_argument("--name", type=ca.nonempty_text, default="this-machine")

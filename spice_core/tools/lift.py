@@ -34,7 +34,7 @@ from spice_core.errors import ConfigError
 def _lift_config(mini_cfg, overrides: dict | None = None):
     """DeepSeek-V2-Lite's config with the miniature's vocabulary; ``overrides`` (dry runs on small
     machines) may narrow widths, never the topology."""
-    from spice_core.bench_models import deepseek_v2_lite_config
+    from spice_core.tools.bench_models import deepseek_v2_lite_config
 
     cfg = deepseek_v2_lite_config(vocab_size=mini_cfg.vocab_size,
                                   max_positions=mini_cfg.max_position_embeddings)
@@ -140,7 +140,7 @@ def lifted_model(mini_dir: Path, device: str, check_memory=None, overrides: dict
     """(lifted model with fused experts on ``device``, tokenizer, description)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from spice_core.bench_models import _estimate_params, load_safetensors_model
+    from spice_core.tools.bench_models import _estimate_params, load_safetensors_model
     from spice_core.errors import ModelLoadError
     from spice_core.model.loader import _load_tokenizer, _safetensors_files, read_config, resolve_model_path
 
@@ -165,7 +165,7 @@ def lifted_model(mini_dir: Path, device: str, check_memory=None, overrides: dict
 @torch.no_grad()
 def verify(mini_dir: Path, device: str, prompts: list[str], max_new_tokens: int = 32, big=None, tok=None) -> dict:
     """Greedy tokens and logits of the miniature vs the lifted model, same device, same prompts."""
-    from spice_core.bench_models import load_safetensors_model
+    from spice_core.tools.bench_models import load_safetensors_model
 
     if big is None:
         big, tok, _ = lifted_model(mini_dir, device, check_memory=memory_check(device))
@@ -189,7 +189,7 @@ def verify(mini_dir: Path, device: str, prompts: list[str], max_new_tokens: int 
 def memory_check(device: str):
     """A check of the lifted model's bytes against the memory it is built in: the GPU's free memory on
     CUDA (host memory holds only the miniature then), else the host's available memory."""
-    from spice_core.bench_models import check_host_memory
+    from spice_core.tools.bench_models import check_host_memory
 
     def check(needed_bytes: int) -> None:
         if str(device).startswith("cuda"):
@@ -203,7 +203,7 @@ def memory_check(device: str):
 
 
 def add_cli(sub) -> None:
-    from spice_core import cli_args as ca
+    from spice_core.tools import args as ca
 
     p = sub.add_parser("lift", help="lift the miniature into DeepSeek-V2-Lite shapes and verify it")
     p.add_argument("--model", default=None, help="the miniature (default: the shipped model)")

@@ -13,17 +13,17 @@ import importlib
 import logging
 import sys
 
-from spice_core.cli_args import SpiceArgumentParser, log_level
+from spice_core.tools.args import SpiceArgumentParser, log_level
 from spice_core.errors import SpiceError
 
 COMMAND_MODULES = (
-    "spice_core.cli_generate",      # generate
-    "spice_core.timing.calibrate_hw",  # calibrate-hw
-    "spice_core.timing.recalibrate",   # recalibrate (host costs from measured traces)
-    "spice_core.calibrate",         # calibrate (draft heads, LoRE)
-    "spice_core.quality",           # quality
-    "spice_core.bench",             # bench
-    "spice_core.lift",              # lift
+    "spice_core.tools.generate",      # generate
+    "spice_core.tools.calibrate_hw",  # calibrate-hw
+    "spice_core.tools.recalibrate",   # recalibrate (host costs from measured traces)
+    "spice_core.tools.calibrate",         # calibrate (draft heads, LoRE)
+    "spice_core.tools.quality",           # quality
+    "spice_core.tools.bench",             # bench
+    "spice_core.tools.lift",              # lift
 )
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from spice_core import cli_args as ca
+from spice_core.tools import args as ca
 from spice_core.errors import ConfigError
 from spice_core.user_files import check_writable_dir
 
@@ -109,7 +109,7 @@ def _check_args(args) -> None:
         raise ConfigError("--lore-only and --no-lore contradict each other: pass one of them")
     if args.out is not None:
         check_writable_dir(args.out, "--out")
-    from spice_core.cli_generate import check_local_model
+    from spice_core.tools.generate import check_local_model
     check_local_model(args.model)
 
 

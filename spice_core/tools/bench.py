@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 
 from spice_core.api import EXACT_POLICIES, POLICIES, RunSettings
-from spice_core.bench_config import LINKS_GBPS, load_config_file, load_results
-from spice_core.bench_models import check_host_memory, load_safetensors_model
+from spice_core.tools.bench_config import LINKS_GBPS, load_config_file, load_results
+from spice_core.tools.bench_models import check_host_memory, load_safetensors_model
 from spice_core import heldout
 from spice_core.errors import ConfigError
 from spice_core.heldout import DEFAULT_PROMPTS
@@ -61,7 +61,7 @@ def check_budgets_fit_the_model(cfg: dict) -> None:
 
     spec = str(cfg.get("model", ""))
     if spec.startswith("random:"):
-        from spice_core.bench_models import SHAPES
+        from spice_core.tools.bench_models import SHAPES
         if spec.split(":", 1)[1] not in SHAPES:
             raise ConfigError(f"config model {spec!r}: random model shape is unknown: choose from "
                               f"{', '.join('random:' + s for s in SHAPES)}")
@@ -91,11 +91,11 @@ def _check_host_memory(needed_bytes: int) -> None:
 def build_model(spec: str, device: str, overrides: dict | None = None):
     """(hf model with experts still fused, tokenizer or None, description)."""
     if spec.startswith("random:"):
-        from spice_core.bench_models import random_model
+        from spice_core.tools.bench_models import random_model
         shape = spec.split(":", 1)[1]
         return random_model(shape, device, check_memory=_check_host_memory)
     if spec.startswith("lift:"):
-        from spice_core.lift import lifted_model
+        from spice_core.tools.lift import lifted_model
         return lifted_model(Path(spec.split(":", 1)[1]), device, check_memory=_check_host_memory,
                             overrides=overrides)
     from spice_core.model.loader import _load_tokenizer, resolve_model_path
@@ -202,7 +202,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         print(f"transformers generate (all experts on the GPU): TPOT {stock_tpot:.2f} ms", flush=True)
     lift_check = None
     if cfg["model"].startswith("lift:") and cfg.get("verify_lift", True):
-        from spice_core.lift import verify
+        from spice_core.tools.lift import verify
         from spice_core.model.loader import resolve_model_path
         lift_check = verify(resolve_model_path(cfg["model"].split(":", 1)[1]), device, list(DEFAULT_PROMPTS[:4]),
                             32, big=hf, tok=tok)
@@ -245,7 +245,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
                           executor=executor)
         if cfg.get("artifacts", True) and cfg["model"].startswith("lift:"):
             if lifted_arts is None:
-                from spice_core.lift import lift_artifacts
+                from spice_core.tools.lift import lift_artifacts
                 from spice_core.model.loader import resolve_model_path
                 lifted_arts = lift_artifacts(resolve_model_path(cfg["model"].split(":", 1)[1]), lm) or False
             eng.artifacts = lifted_arts or None
@@ -332,7 +332,7 @@ def _progress(done: int, total: int, t0: float, label: str) -> None:
 
 
 def _aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload: str = "prompts", variant: str = "") -> dict:
-    from spice_core.bench_records import derive, raw_from_runs
+    from spice_core.tools.bench_records import derive, raw_from_runs
 
     raw = raw_from_runs(runs)
     return {
@@ -349,7 +349,7 @@ def _aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload: str = "prom
 
 def _add_floors(records: list[dict], lm, prof, cfg) -> None:
     """Physical floor (bench_records.add_floors), after filling in what it needs."""
-    from spice_core.bench_records import add_floors
+    from spice_core.tools.bench_records import add_floors
 
     if cfg["timing"] == "modeled":
         from spice_core.timing.profiles import get_shape
@@ -426,7 +426,7 @@ def write_figures(records: list[dict], out: Path) -> list[Path]:
 
 
 def add_cli(sub) -> None:
-    from spice_core import cli_args as ca
+    from spice_core.tools import args as ca
 
     p = sub.add_parser("bench", help="compare policies in one run (see docs/benchmarks/)")
     p.add_argument("--config", type=Path, default=None)
@@ -454,7 +454,7 @@ def _parse_shard(text: str | None) -> tuple[int, int]:
 
 
 def _merge(dirs: list[Path], out: Path) -> list[dict]:
-    from spice_core.bench_records import merge_records
+    from spice_core.tools.bench_records import merge_records
 
     records = []
     for d in dirs:

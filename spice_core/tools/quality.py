@@ -244,9 +244,9 @@ def evaluate(engine, settings: RunSettings, ref: ExactReference) -> QualityRepor
 
 # ---------------------------------------------------------------------- CLI
 def add_cli(sub) -> None:
-    from spice_core import cli_args as ca
+    from spice_core.tools import args as ca
     from spice_core.api import MAX_NEW_TOKENS_LIMIT
-    from spice_core.cli_generate import add_engine_args
+    from spice_core.tools.generate import add_engine_args
 
     p = sub.add_parser("quality", help="perplexity, KL and greedy agreement of a policy against the exact model",
                        description="Teacher-forced perplexity and mean KL against the exact model on held-out text, "
@@ -275,7 +275,7 @@ def _check_args(args) -> None:
 
 
 def run_cli(args) -> int:
-    from spice_core.cli_generate import load_engine, settings_from_args
+    from spice_core.tools.generate import load_engine, settings_from_args
 
     _check_args(args)
     for flag, path in (("--text", args.text), ("--prompts", args.prompts)):
@@ -316,8 +316,8 @@ def format_report(rep: QualityReport) -> str:
     return "\n".join([f"{k:<{width}}  {v}" for k, v in rows] + [f"note: {n}" for n in rep.notes])
 
 
-def main(argv: list[str] | None = None) -> int:    # for `python -m spice_core.quality`
-    from spice_core.cli import main as cli_main
+def main(argv: list[str] | None = None) -> int:    # for `python -m spice_core.tools.quality`
+    from spice_core.tools.cli import main as cli_main
 
     return cli_main(["quality", *(argv if argv is not None else sys.argv[1:])])
 
