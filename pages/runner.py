@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from spice_core import api
 from spice_core.api import Generation, RunSettings, RunSummary, StepStats
 from spice_core.errors import SpiceError
 
@@ -37,7 +38,8 @@ log = logging.getLogger(__name__)
 
 # Thresholds a running generation may take from its next token; any other change waits for the
 # next message (see RunStream._apply_settings).
-LIVE_FIELDS = ("tau_prefetch", "tau_approx", "max_lookahead")
+LIVE_FIELDS = tuple(f for f in api.LIVE_FIELDS if f in ("tau_prefetch", "tau_approx", "max_lookahead"))
+# the live fields the chat's controls offer (temperature and top_p have no live control in the app)
 
 
 # Why a stream ended early, in words for the person who was reading it.

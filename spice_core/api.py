@@ -18,17 +18,22 @@ from pathlib import Path
 from typing import Iterator, Protocol
 
 from spice_core.errors import ConfigError
+from spice_core.policy.spec import POLICY_SPECS
 from spice_core.records import (  # noqa: F401 - re-exported: the records front ends receive
     EngineInfo, ExpertOutcome, LaneInterval, PrefetchRecord, RunSummary, StepStats)
 from spice_core.trace.events import OUTCOMES  # noqa: F401 - re-exported for front ends
 from spice_core.trace.metrics import (  # noqa: F401 - re-exported: one definition of every metric
     outcomes_from_events, per_layer_counts, per_layer_table, scope_tokens)
 
-# Names a user may pick; the engine refuses anything else with a ConfigError.
-BASELINE_POLICIES = ("resident", "on_demand", "lru", "cpu_compute")
-SPICE_POLICIES = ("gate_prefetch", "spice_prefetch", "oracle_prefetch", "spice", "spice_no_lore", "spice_no_cpu")
-POLICIES = BASELINE_POLICIES + SPICE_POLICIES
-EXACT_POLICIES = BASELINE_POLICIES + ("gate_prefetch", "spice_prefetch", "oracle_prefetch", "spice_no_lore")
+# Names a user may pick, derived from the one policy table (policy/spec.py); the engine refuses anything
+# else with a ConfigError. Baselines predict nothing; exact policies never approximate.
+POLICIES = tuple(POLICY_SPECS)
+BASELINE_POLICIES = tuple(n for n, s in POLICY_SPECS.items() if s.predictor is None)
+SPICE_POLICIES = tuple(n for n in POLICIES if n not in BASELINE_POLICIES)
+EXACT_POLICIES = tuple(n for n, s in POLICY_SPECS.items() if not s.use_lore)
+# Settings a running generation takes from its next token (GenerationRun.update_settings); any other
+# change applies from the next message.
+LIVE_FIELDS = ("tau_prefetch", "tau_approx", "max_lookahead", "temperature", "top_p")
 
 MAX_NEW_TOKENS_LIMIT = 4096
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from spice_core.api import DEFAULT_LORE_RANK, POLICIES, EngineInfo, RunSettings, RunSummary, StepStats
+from spice_core.api import DEFAULT_LORE_RANK, LIVE_FIELDS, POLICIES, EngineInfo, RunSettings, RunSummary, StepStats
 from spice_core.errors import ConfigError, PromptError, SpiceError
 from spice_core.generation import TextStreamer, build_prompt_ids, sample_next
 from spice_core.model.loader import LoadedModel, load_model
@@ -133,10 +133,8 @@ class SpiceEngine:
 
     def load_artifacts(self) -> None:
         """Draft heads and LoRE factors beside the model, when calibrated (optional)."""
-        try:
-            from spice_core.predictor.artifacts import load_artifacts_if_present
-        except ImportError:
-            return
+        from spice_core.predictor.artifacts import load_artifacts_if_present
+
         self.artifacts = load_artifacts_if_present(self.lm)
 
     # ------------------------------------------------------------------ info
@@ -541,8 +539,7 @@ class GenerationRun:
             return
         self._pending_settings = None
         rt.set_thresholds(tau_prefetch=s.tau_prefetch, tau_approx=s.tau_approx, max_lookahead=s.max_lookahead)
-        self.settings = replace(self.settings, tau_prefetch=s.tau_prefetch, tau_approx=s.tau_approx,
-                                max_lookahead=s.max_lookahead, temperature=s.temperature, top_p=s.top_p)
+        self.settings = replace(self.settings, **{f: getattr(s, f) for f in LIVE_FIELDS})
 
     @torch.no_grad()
     def _run(self):

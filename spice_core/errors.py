@@ -28,6 +28,3 @@ class PromptError(SpiceError):
 class ArtifactError(SpiceError):
     """Calibration artifacts (draft heads, LoRE factors) are missing or belong to another model."""
 
-
-class CancelledError(SpiceError):
-    """A generation was cancelled between tokens."""

@@ -265,7 +265,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
                         ref_tokens = None
                         for pol in b_policies:
                             s = RunSettings(policy=pol, cache_frac=budget, max_new_tokens=b_max_new,
-                                            profile=cfg.get("profile", "h200-pcie5x16"),
+                                            profile=cfg.get("profile", RunSettings().profile),
                                             shape=cfg.get("shape", "deepseek-v2-lite"),
                                             tau_prefetch=float(cfg.get("tau_prefetch", 0.2)),
                                             tau_approx=float(cfg.get("tau_approx", 0.0)),
@@ -306,7 +306,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
                         "timing": "measured", "tpot_ms_median": stock_tpot, "tpot_ms_p90": None, "hit_rate": 1.0,
                         "bytes_per_token": 0, "stall_ms_per_token": 0, "greedy_agreement": None,
                         "ppl_delta_pct": None})
-    _add_floors(records, lm, hw or get_profile(cfg.get("profile", "h200-pcie5x16")), cfg)
+    _add_floors(records, lm, hw or get_profile(cfg.get("profile", RunSettings().profile)), cfg)
     out.mkdir(parents=True, exist_ok=True)
     if lift_check is not None:
         for r in records:

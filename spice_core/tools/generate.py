@@ -8,6 +8,8 @@ from pathlib import Path
 
 from spice_core.tools import args as ca
 from spice_core.api import MAX_NEW_TOKENS_LIMIT, POLICIES, RunSettings
+
+DEFAULTS = RunSettings()          # the one set of defaults the app and the API use too
 from spice_core.errors import ConfigError
 from spice_core.user_files import check_writable_dir
 
@@ -15,12 +17,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Flags shared by every command that loads a model and runs a policy (ranges as RunSettings)."""
     p.add_argument("--model", default=None, help="checkpoint folder or hub id (default: the shipped model)")
     p.add_argument("--device", type=ca.device, default=None, help="cuda or cpu (default: cuda when available)")
-    p.add_argument("--policy", default="lru", help=f"one of: {', '.join(POLICIES)}")
+    p.add_argument("--policy", default=DEFAULTS.policy, help=f"one of: {', '.join(POLICIES)}")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--cache-frac", type=ca.fraction, default=None,
                    help="GPU budget as a fraction of all routed experts' bytes")
     g.add_argument("--cache-gb", type=ca.positive_float, default=None, help="GPU budget for routed experts in GB")
-    p.add_argument("--profile", default="rtx4090-pcie4x16", help="hardware profile for modeled timing")
+    p.add_argument("--profile", default=DEFAULTS.profile, help="hardware profile for modeled timing")
     p.add_argument("--shape", default="deepseek-v2-lite", help="target model shape for modeled timing (or native)")
     p.add_argument("--timing", choices=("measured", "modeled"), default=None,
                    help="default: measured on CUDA, modeled elsewhere")

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,10 @@ from pathlib import Path
 os.environ.setdefault("GRADIO_HEARTBEAT_INTERVAL", "0.2")
 
 ROOT = Path(__file__).resolve().parents[2]
+# The system's chromium, launched the way FACTS.md says works offline (never a downloaded browser).
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
 
 import app  # noqa: E402
 from fake_engine import FakeEngine  # noqa: E402

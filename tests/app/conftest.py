@@ -1,9 +1,10 @@
-"""Fixtures for the app tests: the app launched in-process (fake engine) and a client per test."""
+"""Fixtures for the app tests: the app launched in-process (fake engine), a client per test, and a real
+chromium driven by playwright for the browser tests (FACTS: system chromium, never a downloaded one)."""
 from __future__ import annotations
 
 import pytest
 
-from app_helpers import serve
+from app_helpers import ARGS, CHROMIUM, serve
 from fake_engine import FakeEngine
 
 
@@ -22,3 +23,14 @@ def client(served):
     yield c
     c.close()
     assert served.wait_idle(10), "a generation was still running after the test"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.exists():
+        pytest.skip("no /usr/bin/chromium: apt-get install -y chromium")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield b
+        b.close()

@@ -10,7 +10,7 @@ import pytest
 
 from app_helpers import serve
 from fake_engine import FakeEngine
-from test_app_browser import ARGS, CHROMIUM
+from app_helpers import ARGS, CHROMIUM
 
 pytestmark = pytest.mark.browser
 XSS = "<img src=x onerror=document.title='XSS-FIRED'>"

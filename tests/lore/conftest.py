@@ -5,9 +5,9 @@ from lore_support import FAMILIES, attach_lore, build_tiny, record_traces
 
 
 @pytest.fixture(scope="session")
-def lore_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny_lore")
-    return {f: build_tiny(f, root / f) for f in FAMILIES}
+def lore_dirs(tiny_dirs):
+    """The shared tiny checkpoints (tests/conftest.py): each test attaches its own LoRE bank."""
+    return tiny_dirs
 
 
 @pytest.fixture(scope="session")
