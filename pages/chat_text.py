@@ -75,12 +75,21 @@ def run_title(summary: RunSummary, live: LiveRun) -> str:
             f"({summary.timing}) · hit rate {100 * summary.hit_rate:.0f}%")
 
 
+def _shape_bytes(summary: RunSummary) -> str:
+    """Native bytes are what was copied; with modeled timing of another shape, also what that shape would copy."""
+    shape = getattr(summary, "shape_bytes_per_token", 0.0)
+    if not shape or shape == summary.bytes_per_token:
+        return ""
+    return f" (native; {fmt_bytes(shape)} at {summary.shape})"
+
+
 def run_body(summary: RunSummary, stream: RunStream) -> str:
     split = ", ".join(f"{k} {v}" for k, v in sorted(summary.miss_split.items()) if v) or "none"
     notes = "".join(f"\n- {n}" for n in summary.notes)
     return (f"Policy **{summary.policy}** · {summary.timing} timing ({summary.profile}, {summary.shape}) · "
             f"TTFT {summary.ttft_ms:.1f} ms · p90 TPOT {summary.tpot_ms_p90:.2f} ms · "
-            f"{summary.tokens_per_s:.1f} tokens/s · {fmt_bytes(summary.bytes_per_token)} copied per token · "
+            f"{summary.tokens_per_s:.1f} tokens/s · {fmt_bytes(summary.bytes_per_token)} copied per token"
+            f"{_shape_bytes(summary)} · "
             f"stall {summary.stall_ms_per_token:.2f} ms per token · misses: {split} · "
             f"finished: {summary.finish_reason or stream.cancel_reason or '?'}{notes}\n\n"
             f"[Open this run in the trace explorer](trace?run={summary.run_id})")

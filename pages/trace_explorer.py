@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW_TOKENS = 16
 LAYER_COLUMNS = ["layer", "selections", "hit %", "prefetched hit %", "approx %", "CPU %", "copied %",
-                 "prefetches", "wasted prefetches", "MB copied / token", "stall ms / token"]
+                 "prefetches", "wasted prefetches", "MB copied / token (timed shape)", "stall ms / token"]
 
 
 # --- numbers from events (pure) ---------------------------------------------------------------
@@ -98,7 +98,8 @@ def summary_html(s, label: str = "") -> str:
         ("TPOT", f"{s.tpot_ms_median:.2f} ms", f"median · p90 {s.tpot_ms_p90:.2f}"),
         ("tokens/s", f"{s.tokens_per_s:.1f}", s.timing),
         ("hit rate", f"{100 * s.hit_rate:.0f}%", split),
-        ("copied", fmt_bytes(s.bytes_per_token), "per token"),
+        ("copied", fmt_bytes(s.bytes_per_token), "per token (native)" if not s.shape_bytes_per_token
+         or s.shape_bytes_per_token == s.bytes_per_token else f"per token · {fmt_bytes(s.shape_bytes_per_token)} at {s.shape}"),
         ("stall", f"{s.stall_ms_per_token:.2f} ms", "per token"),
     ]
     body = "".join(f"<div class='card'><div class='k'>{esc(k)}</div><div class='v'>{esc(v)}</div>"

@@ -388,7 +388,7 @@ class SpiceEngine:
                                max_lookahead=s.max_lookahead, can_approx=lore is not None,
                                can_cpu=can_cpu, host_aware=self.host_aware)
         clock = self._timeline(costs, modeled)
-        recorder = Recorder(clock, lm.layout.nbytes)
+        recorder = Recorder(clock, lm.layout.nbytes, costs.expert_bytes if clock.mode == "modeled" else None)
         measured = clock.mode == "measured"
         kw = dict(copy_stream=getattr(clock, "copy_stream", None), cpu_lane=None if fast else cpu_lane,
                   lore=lore, modeled_cpu=modeled_cpu and not fast, **(self._link_pacing() if measured else {}))
@@ -599,6 +599,7 @@ class GenerationRun:
                               for ev in events if ev.end_ms > ev.start_ms)
             step = StepStats(index=i, token_id=tok, text="" if is_eos else delta, step_ms=step_ms, timing=timing,
                              hits=c.hits, misses=c.misses, bytes_copied=c.bytes_copied, stall_ms=stall,
+                             shape_bytes_copied=c.shape_bytes_copied,
                              lookahead_depth=(sum(c.depths) / len(c.depths)) if c.depths else 0.0,
                              outcomes=tuple(c.outcomes), prefetches=tuple(c.prefetches), intervals=intervals,
                              finished=bool(finish), finish_reason=finish,

@@ -54,7 +54,7 @@ class StepStats:
     timing: str                    # "measured" | "modeled"
     hits: int
     misses: int
-    bytes_copied: int
+    bytes_copied: int              # native bytes: what this run really copied to the GPU
     stall_ms: float
     lookahead_depth: float         # mean adaptive lookahead depth over this step's MoE layers
     outcomes: tuple[ExpertOutcome, ...] = ()
@@ -62,6 +62,8 @@ class StepStats:
     intervals: tuple[LaneInterval, ...] = ()
     finished: bool = False
     finish_reason: str = ""        # "eos" | "stop" | "length" | "cancelled" | ""
+    shape_bytes_copied: int = 0    # what the timed shape would copy: the modeled shape's bytes (modeled
+                                   # timing), the native bytes (measured); trace events carry these
     lookahead_stops: tuple[str, ...] = ()   # why each MoE layer's lookahead stopped ("confidence", "time",
                                             # "bound", "cache", "cost"; policy/prefetch.py); () without prefetching
 
@@ -81,13 +83,14 @@ class RunSummary:
     tpot_ms_p90: float
     tokens_per_s: float
     hit_rate: float
-    bytes_per_token: float
+    bytes_per_token: float         # native bytes copied per decode token
     stall_ms_per_token: float
     miss_split: dict = field(default_factory=dict)   # outcome -> count, e.g. {"copy": 10, "cpu": 3}
     hit_rate_per_layer: dict = field(default_factory=dict)
     notes: tuple[str, ...] = ()    # e.g. "no draft artifacts: fell back to the gate predictor"
     text: str = ""
     finish_reason: str = ""
+    shape_bytes_per_token: float = 0.0   # the same in the timed shape's bytes (see StepStats.shape_bytes_copied)
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ class TraceEvent:
     kind: str
     start_ms: float
     end_ms: float
-    bytes: int = 0
+    bytes: int = 0             # in the timed shape (modeled: the modeled shape's bytes; measured: native)
     timing: str = "modeled"
     detail: str = ""
 

@@ -128,6 +128,7 @@ def summarize(steps: Sequence[StepStats], *, run_id: str, policy: str, timing: s
         n_tokens=len(ordered), ttft_ms=ttft_ms, tpot_ms_median=tpot_median, tpot_ms_p90=tpot_p90,
         tokens_per_s=tokens_per_s, hit_rate=_hit_rate(scope),
         bytes_per_token=_mean([s.bytes_copied for s in scope]),
+        shape_bytes_per_token=_mean([s.shape_bytes_copied for s in scope]),
         stall_ms_per_token=_mean([s.stall_ms for s in scope]),
         miss_split=miss_split, hit_rate_per_layer=hit_rate_per_layer, notes=tuple(notes),
         text=text, finish_reason=finish_reason,

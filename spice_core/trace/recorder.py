@@ -35,7 +35,8 @@ class TokenRecord:
 
     hits: int = 0
     misses: int = 0
-    bytes_copied: int = 0
+    bytes_copied: int = 0          # native bytes
+    shape_bytes_copied: int = 0    # the timed shape's bytes (trace events carry these)
     outcomes: list = field(default_factory=list)
     prefetches: list = field(default_factory=list)
     depths: list = field(default_factory=list)
@@ -48,9 +49,12 @@ class TokenRecord:
 class Recorder:
     """Per-run: the current token's record plus run totals. ``clock``: the run's timeline."""
 
-    def __init__(self, clock, expert_bytes: int) -> None:
+    def __init__(self, clock, expert_bytes: int, shape_expert_bytes: int | None = None) -> None:
+        """``expert_bytes``: one expert as loaded (native); ``shape_expert_bytes``: one expert of the shape the
+        clock times (modeled timing of another model's shape), default the native bytes."""
         self.clock = clock
         self.expert_bytes = expert_bytes
+        self.shape_expert_bytes = expert_bytes if shape_expert_bytes is None else shape_expert_bytes
         self.token = TokenRecord()
         self.totals = {"wasted_prefetch_bytes": 0, "prefetch_bytes": 0, "cpu_fallbacks": 0}
 
@@ -69,6 +73,7 @@ class Recorder:
 
     def copied(self, kind: str) -> None:
         self.token.bytes_copied += self.expert_bytes
+        self.token.shape_bytes_copied += self.shape_expert_bytes
         if kind == "prefetch":
             self.totals["prefetch_bytes"] += self.expert_bytes
 
