@@ -27,6 +27,7 @@ import torch
 from spice_core.api import DEFAULT_LORE_RANK, LIVE_FIELDS, POLICIES, EngineInfo, RunSettings, RunSummary, StepStats
 from spice_core.errors import ConfigError, PromptError, SpiceError
 from spice_core.generation import TextStreamer, build_prompt_ids, sample_next
+from spice_core.machine import Machine
 from spice_core.model.loader import LoadedModel, load_model
 from spice_core.policy.cache import cache_slots_for_budget
 from spice_core.policy.planner import LayerPlanner
@@ -70,9 +71,7 @@ class RunRecord:
     totals: dict = field(default_factory=dict)
 
 
-MEASURED_DEFAULT_PROFILE = "h200-pcie5x16-host"
-MEASURED_FAST_PROFILE = "h200-pcie5x16-graphed"    # the decision profile of measured runs on the fast path
-EXECUTORS = ("auto", "eager", "graphed")
+
 
 
 class SpiceEngine:
@@ -86,20 +85,13 @@ class SpiceEngine:
         ``link_gbps``: emulate a slower host-to-device link (measured mode) by pacing copies.
         ``prefetch_after_experts``: plan prefetches after launching a layer's experts (default:
         when timing is measured, see runtime/layer.py)."""
-        if executor not in EXECUTORS:
-            raise ConfigError(f"executor={executor!r} is unknown: use one of {', '.join(EXECUTORS)}")
         self.lm = lm
-        self.executor_kind = executor
+        # Where and how runs execute, resolved once (machine.py): every modeled-or-measured, profile,
+        # link and executor question below reads it.
+        self.machine = Machine.resolve(lm.device.type, timing, hw_profile=hw_profile, link_gbps=link_gbps,
+                                       host_aware=host_aware, executor=executor)
         self.prefetch_after_experts = prefetch_after_experts
-        self.host_aware = host_aware   # False: the profile's host costs only time, they do not decide
-        self.link_gbps = link_gbps
         self._sleep_cycles_per_ms = 0.0
-        self.timing = timing or ("measured" if lm.device.type == "cuda" else "modeled")
-        if self.timing not in ("measured", "modeled"):
-            raise ConfigError(f"timing={self.timing!r}: use 'measured' (CUDA only) or 'modeled'")
-        if self.timing == "measured" and lm.device.type != "cuda":
-            raise ConfigError("timing='measured' needs a CUDA device: use timing='modeled' on this machine")
-        self.hw_profile = hw_profile            # calibrated profile for decisions in measured mode
         self._lock = threading.Lock()
         self._runs: OrderedDict[str, RunRecord] = OrderedDict()
         self._runs_lock = threading.Lock()    # the registry: written by the generating thread, read by any
@@ -256,24 +248,37 @@ class SpiceEngine:
                 "cache_frac": s.cache_frac, "tau_prefetch": s.tau_prefetch, "tau_approx": s.tau_approx,
                 "max_lookahead": s.max_lookahead}
 
+    # ------------------------------------------------------------------ the machine, as the engine's callers see it
+    @property
+    def timing(self) -> str:
+        return self.machine.timing
+
+    @property
+    def hw_profile(self):
+        return self.machine.hw_profile
+
+    @property
+    def link_gbps(self) -> float | None:
+        return self.machine.link_gbps
+
+    @property
+    def host_aware(self) -> bool:
+        return self.machine.host_aware
+
+    @property
+    def executor_kind(self) -> str:
+        return self.machine.executor
+
     # ------------------------------------------------------------------ runtime construction
-    def _costs(self, s: RunSettings) -> CostModel:
-        if self.timing == "measured":
-            # Decisions in measured mode: the given profile, else the H200's with its host costs (the
-            # planner then skips prefetches and plans the host cannot afford; see policy/prefetch.py).
-            prof = self.hw_profile or get_profile(MEASURED_DEFAULT_PROFILE)
-            if self.link_gbps:
-                prof = replace(prof, h2d_pinned_gbps=self.link_gbps)
-            return CostModel(prof, self.native_shape)
-        # Modeled: the named profile, or the engine's own (e.g. recalibrated from a measured run), with the
-        # emulated link's bandwidth when one is set.
-        prof = self.hw_profile or get_profile(s.profile)
-        if self.link_gbps:
-            prof = replace(prof, h2d_pinned_gbps=self.link_gbps)
-        return CostModel(prof, get_shape(s.shape, self.native_shape))
+    def _costs(self, s: RunSettings, fast: bool = False) -> CostModel:
+        """What the run's planner believes (and, modeled, what the clock charges): measured runs decide with
+        the machine's decision profile at the native shape; modeled runs time the named profile and shape."""
+        if self.machine.timing == "measured":
+            return CostModel(self.machine.decision_profile(fast), self.native_shape)
+        return CostModel(self.machine.modeled_profile(s.profile), get_shape(s.shape, self.native_shape))
 
     def _timeline(self, costs: CostModel, modeled: bool):
-        if modeled or self.timing == "modeled":
+        if self.machine.run_timing(modeled) == "modeled":
             return ModeledTimeline(costs, native_expert_bytes=self.lm.layout.nbytes, cpu_workers=1)
         from spice_core.timing.measured import MeasuredTimeline
 
@@ -281,24 +286,17 @@ class SpiceEngine:
 
     def _link_pacing(self) -> dict:
         """Link emulation (measured mode): extra copy-stream time per byte, as executor arguments."""
-        if not self.link_gbps:
-            return {}
-        native = (self.hw_profile or get_profile(MEASURED_DEFAULT_PROFILE)).h2d_pinned_gbps
-        if self.link_gbps >= native:
+        extra = self.machine.pace_extra_ms_per_byte()
+        if not extra:
             return {}
         from spice_core.timing.measured import sleep_cycles_per_ms
 
         if not self._sleep_cycles_per_ms:
             self._sleep_cycles_per_ms = sleep_cycles_per_ms(self.lm.device)
-        return {"pace_extra_ms_per_byte": 1.0 / (self.link_gbps * 1e6) - 1.0 / (native * 1e6),
-                "sleep_cycles_per_ms": self._sleep_cycles_per_ms}
+        return {"pace_extra_ms_per_byte": extra, "sleep_cycles_per_ms": self._sleep_cycles_per_ms}
 
     def _wants_fast_path(self, modeled: bool) -> bool:
-        if self.executor_kind == "eager" or modeled:
-            return False
-        if self.executor_kind == "graphed":
-            return True
-        return self.lm.device.type == "cuda" and self.timing == "measured"
+        return self.machine.fast_path(modeled)
 
     def build_runtime(self, s: RunSettings, *, notes: list, oracle_routing=None, modeled: bool = False,
                       max_cache_len: int | None = None, eager: bool = False) -> LayerRuntime:
@@ -343,7 +341,7 @@ class SpiceEngine:
                 lore = lore_all.with_rank(rank)
                 reserved += lore.budget_bytes(lm.layout.nbytes, costs.shape)   # sized for the modeled shape
         cpu_lane = None
-        real_lane = lm.device.type == "cuda" and self.timing == "measured" and not modeled   # else modeled inline
+        real_lane = self.machine.run_timing(modeled) == "measured"   # else the CPU lane is modeled inline
         if spec.use_cpu and s.cpu_lane and real_lane:
             cpu_lane = self._get_cpu_lane()
             if cpu_lane is None and spec.miss_mode == "cpu":
@@ -374,11 +372,8 @@ class SpiceEngine:
             can_cpu = cpu_lane is not None or modeled_cpu
         if spec.use_cpu and s.cpu_lane and cpu_lane is None and real_lane:
             notes.append(f"CPU lane unavailable ({self._cpu_lane_error}): exact misses are copied")
-        if fast and self.timing == "measured" and not modeled and self.hw_profile is None:
-            prof = get_profile(MEASURED_FAST_PROFILE)      # what the planner believes a layer, a copy, a plan cost
-            if self.link_gbps:
-                prof = replace(prof, h2d_pinned_gbps=self.link_gbps)
-            costs = CostModel(prof, costs.shape)
+        if fast and self.machine.run_timing(modeled) == "measured":
+            costs = self._costs(s, fast=True)       # the fast path's GPU and host costs decide
         if fast:
             if spec.miss_mode == "orchestrate" and can_cpu:
                 notes.append(CPU_LANE_OFF_NOTE)
@@ -556,8 +551,6 @@ class GenerationRun:
         rt.layer_observers.extend(self.layer_observers)
         for mod in lm.experts_modules.values():
             mod.runtime = rt
-        from transformers import DynamicCache
-
         stepper = rt.executor.stepper()
         gen = None
         if s.temperature > 0:
@@ -568,7 +561,7 @@ class GenerationRun:
         cur = list(self.input_ids)
         finish = ""
         steps = self.record.steps
-        timing = "modeled" if (self._modeled or eng.timing == "modeled") else "measured"
+        timing = eng.machine.run_timing(self._modeled)
         for i in range(max_new):
             if self._cancel.is_set():
                 finish = "cancelled"
@@ -621,7 +614,7 @@ class GenerationRun:
         from spice_core.trace.metrics import summarize
 
         eng, s = self.engine, self.settings
-        timing = "modeled" if (self._modeled or eng.timing == "modeled") else "measured"
+        timing = eng.machine.run_timing(self._modeled)
         streamer.flush()
         self.record.summary = summarize(
             self.record.steps, run_id=self.run_id, policy=s.policy, timing=timing,
