@@ -1,0 +1,120 @@
+"""The LayerPlanner on hand-made routing: every decision of a layer as plain data, no tensors, no device."""
+import pytest
+
+from spice_core.policy.planner import LayerPlanner, Queues
+from spice_core.policy.prefetch import LayerPrediction
+from spice_core.policy.spec import get_spec
+from spice_core.timing.costs import CostModel
+from spice_core.timing.profiles import get_profile, get_shape
+from spice_core.types import ExpertKey
+
+COSTS = CostModel(get_profile("rtx4090-pcie4x16"), get_shape("deepseek-v2-lite"))   # no host costs
+NOW = Queues(now_ms=0.0, copy_free_at_ms=0.0)
+
+
+def planner(policy, n_slots, top_k=1, n_experts=4, layers=(1, 2), **kw):
+    return LayerPlanner(get_spec(policy), n_slots=n_slots, n_experts=n_experts, top_k=top_k, moe_layers=layers,
+                        costs=COSTS, **kw)
+
+
+def step(p, layer, experts, weights=None, queues=NOW, batched=False):
+    """One token's routing at ``layer`` ([T][K] lists): the plan, then its expert runs."""
+    weights = weights or [[0.5] * len(row) for row in experts]
+    plan = p.plan_layer(layer, experts, weights, queues)
+    return plan, p.plan_experts(plan, batched=batched)
+
+
+def test_lru_copies_a_miss_then_hits_it_and_evicts_the_least_recently_used():
+    p = planner("lru", n_slots=2)
+    plan, runs = step(p, 1, [[0]])
+    assert plan.outcomes == {0: "copy"} and [o.key for o in plan.copies] == [ExpertKey(1, 0)]
+    assert plan.copies[0].evicted is None and runs[0].slot == plan.copies[0].slot
+    plan, _ = step(p, 1, [[0]])
+    assert plan.outcomes == {0: "hit"} and plan.copies == ()
+    step(p, 2, [[1]])                       # cache: (1,0) then (2,1), both used
+    step(p, 1, [[0]])                       # (1,0) is now the most recent
+    plan, _ = step(p, 2, [[3]])
+    assert plan.copies[0].evicted == ExpertKey(2, 1)          # the least recently used goes
+    assert ExpertKey(1, 0) in p.residency and ExpertKey(2, 3) in p.residency
+
+
+def test_on_demand_keeps_nothing_after_the_layer():
+    p = planner("on_demand", n_slots=2)
+    _, runs = step(p, 1, [[2]])
+    assert runs[0].drop_after and len(p.residency) == 0
+    plan, _ = step(p, 1, [[2]])
+    assert plan.outcomes == {2: "copy"}
+
+
+def test_resident_places_every_expert_once_and_never_misses():
+    p = planner("resident", n_slots=8)
+    placed = p.place_static([ExpertKey(layer, e) for layer in (1, 2) for e in range(4)])
+    assert len(placed) == 8 and len({slot for slot, _ in placed}) == 8
+    plan, runs = step(p, 2, [[3]])
+    assert plan.outcomes == {3: "hit"} and runs[0].slot == dict((k, s) for s, k in placed)[ExpertKey(2, 3)]
+
+
+def test_spice_approximates_only_below_tau_approx_and_copies_the_rest():
+    p = planner("spice", n_slots=4, top_k=2, tau_approx=0.1, can_approx=True)
+    plan, runs = step(p, 1, [[0, 1]], [[0.05, 0.6]])
+    assert plan.outcomes == {0: "approx", 1: "copy"}
+    assert [r.outcome for r in runs] == ["approx", "copy"] and runs[0].slot == -1
+    assert plan.hits == 0 and plan.misses == 2
+
+
+def test_a_miss_goes_to_the_cpu_lane_when_it_finishes_first():
+    slow_link = CostModel(get_profile("rtx4060-pcie4x8"), get_shape("qwen2-57b-a14b"))
+    p = LayerPlanner(get_spec("spice_no_lore"), n_slots=4, n_experts=4, top_k=1, moe_layers=(1, 2),
+                     costs=slow_link, can_cpu=True)
+    plan, runs = step(p, 1, [[2]], queues=Queues(0.0, copy_free_at_ms=50.0))     # the copy queue is busy
+    assert plan.outcomes == {2: "cpu"} and plan.cpu == (2,) and runs == ()
+
+
+def test_a_prefetch_is_planned_from_confident_predictions_and_used_by_the_layer_it_was_for():
+    p = planner("spice_prefetch", n_slots=4, tau_prefetch=0.5, max_lookahead=2)
+    step(p, 1, [[0]])
+    preds = [LayerPrediction(1, 2, (0.0, 0.0, 0.0, 0.9))]          # layer 2 will want expert 3
+    orders = p.plan_prefetch(1, preds, NOW)
+    assert [(o.key, o.kind) for o in orders.copies] == [(ExpertKey(2, 3), "prefetch")]
+    assert orders.depth >= 1
+    p.prefetch_issued(orders.copies[0], layer=1, issued_ms=0.0, arrival_ms=0.5)
+    plan, runs = step(p, 2, [[3]], queues=Queues(now_ms=1.0, copy_free_at_ms=0.5))
+    assert plan.outcomes == {3: "prefetch_hit"} and runs[0].prefetch_used.arrival_ms == 0.5
+    assert ExpertKey(2, 3) not in p.inflight
+
+
+def test_an_unused_prefetch_evicted_later_is_reported_as_wasted():
+    p = planner("spice_prefetch", n_slots=1, tau_prefetch=0.5)
+    orders = p.plan_prefetch(1, [LayerPrediction(1, 2, (0.9, 0.0, 0.0, 0.0))], NOW)
+    assert len(orders.copies) == 0 and orders.stop_reason == "cache"   # no room beyond one layer's top-k
+    p = planner("spice_prefetch", n_slots=2, tau_prefetch=0.5)
+    o = p.plan_prefetch(1, [LayerPrediction(1, 2, (0.9, 0.0, 0.0, 0.0))], NOW).copies[0]
+    p.prefetch_issued(o, layer=1, issued_ms=0.0, arrival_ms=0.3)
+    p.begin_token(1)                        # the prediction's moment has passed: (2,0) was not used
+    step(p, 2, [[1]])
+    plan, _ = step(p, 2, [[2]])             # needs a slot: the unused prefetch of (2,0) goes
+    assert plan.copies[0].evicted == ExpertKey(2, 0) and plan.copies[0].evicted_unused_prefetch
+    assert plan.copies[0].wasted is not None and plan.copies[0].wasted.confidence == 0.9
+
+
+def test_a_skipped_plan_says_it_cost_more_than_it_could_hide():
+    p = planner("spice_prefetch", n_slots=4)
+    orders = p.plan_prefetch(1, None, NOW)
+    assert orders.copies == () and orders.stop_reason == "cost" and orders.h_min == -1.0
+    host = CostModel(get_profile("h200-pcie5x16-host"), get_shape("deepseek-v2-lite"))   # 1.26 ms per plan
+    q = LayerPlanner(get_spec("spice_prefetch"), n_slots=4, n_experts=4, top_k=1, moe_layers=(1, 2), costs=host)
+    q.miss_rate_ema = 0.1                   # few misses to hide: the plan does not pay
+    assert not q.plan_pays()
+    assert LayerPlanner(get_spec("spice_prefetch"), n_slots=4, n_experts=4, top_k=1, moe_layers=(1, 2), costs=host,
+                        host_aware=False).plan_pays()
+
+
+def test_late_copies_evict_experts_the_layer_already_ran_unless_its_experts_run_together():
+    eager = planner("lru", n_slots=2)
+    plan, runs = step(eager, 1, [[0], [1], [2]])   # a prefill of 3 tokens, 3 experts, 2 slots
+    assert len(plan.copies) == 2 and plan.outcomes[2] == "copy"
+    late = runs[2].late_copy
+    assert late is not None and late.evicted in (ExpertKey(1, 0), ExpertKey(1, 1))
+    graphed = planner("lru", n_slots=2)
+    with pytest.raises(AssertionError):
+        step(graphed, 1, [[0], [1], [2]], batched=True)      # one CUDA-graph step cannot hold them all
