@@ -31,7 +31,8 @@ from pages import figures
 from pages import chat_text as text
 from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, FreeDropdown, FreeSlider, as_plot,
                           default_settings, policy_choices, settings_from_values, spice_error_text)
-from pages.live import LiveRun, greedy_agreement
+from pages.live import LiveRun
+from spice_core.api import identical_prefix_share
 from pages.messages import (clean_message, content_text, drop_oldest_exchanges, engine_turns, is_app_note,
                             keep_newest, n_exchanges, normalize_history, note, problem_with)
 from pages.owners import owner_of
@@ -565,7 +566,7 @@ class ChatPage:
                 break
         if stream.error:
             return "not measured", stream.error
-        score = greedy_agreement(live.token_ids, ids)
+        score = identical_prefix_share(ids, live.token_ids)
         same = round(score * len(ids))
         return f"{100 * score:.0f}%", f"measured: first {same} of {len(ids)} tokens identical"
 

@@ -163,19 +163,3 @@ class LiveRun:
 
     def prefetches(self) -> list[tuple[int, PrefetchRecord]]:
         return [(index, p) for index, ps in self.recent_prefetches for p in ps]
-
-
-def greedy_agreement(tokens: list[int], reference: list[int]) -> float:
-    """Share of the reference's tokens reproduced before the first divergence (1.0 = identical).
-
-    A prefix measure, not a positional one: after the first different token the two texts
-    continue from different contexts, so later positions say nothing about the setting.
-    """
-    if not reference:
-        return 1.0 if not tokens else 0.0
-    same = 0
-    for a, b in zip(tokens, reference):
-        if a != b:
-            break
-        same += 1
-    return same / len(reference)

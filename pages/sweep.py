@@ -12,7 +12,7 @@ streams, so Gradio can stop it when the visitor leaves; Stop, closing the page (
 vanished reader (the runner's orphan watchdog) all end the sweep between tokens or runs. A sweep
 never pre-empts anyone else's reply (pages.runner), and its size is capped at the API as at the UI
 (pages.limits): runs, prompts, tokens per run and tokens in all.
-Greedy agreement is `pages.live.greedy_agreement` (share of the reference reproduced before the
+The agreement shown is `identical_prefix_share` (trace.metrics: share of the reference reproduced before the
 first different token), always at temperature 0.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pages import figures
 from pages.common import (ENGINE_GROUP, AppContext, FreeDropdown, FreeSlider, as_plot, default_settings,
                           spice_error_text)
 from pages.limits import bounded_number
-from pages.live import greedy_agreement
+from spice_core.api import identical_prefix_share
 from pages.owners import esc, owner_of
 from pages.runner import RunStream
 
@@ -256,7 +256,7 @@ class SweepPage:
                     if error:
                         yield f"⚠ {s.policy} failed: {esc(error)}", skip, skip, skip
                         continue
-                    per_prompt.append((greedy_agreement(ids, ref), summary))
+                    per_prompt.append((identical_prefix_share(ref, ids), summary))
                 if per_prompt:
                     rows.append(_row(s, per_prompt, timing))
                     self.ctx.remember_sweep(visitor, rows)

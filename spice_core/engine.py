@@ -26,6 +26,7 @@ import torch
 
 from spice_core.api import DEFAULT_LORE_RANK, LIVE_FIELDS, POLICIES, EngineInfo, RunSettings, RunSummary, StepStats
 from spice_core.errors import ConfigError, PromptError, SpiceError
+from spice_core.exec.experts import installed
 from spice_core.generation import TextStreamer, build_prompt_ids, sample_next
 from spice_core.machine import Machine
 from spice_core.model.loader import LoadedModel, load_model
@@ -447,19 +448,16 @@ class SpiceEngine:
         try:
             self._validate(s)
             rt = self.build_runtime(s, notes=[], modeled=True)
-            for mod in self.lm.experts_modules.values():
-                mod.runtime = rt
             from transformers import DynamicCache
 
-            rt.begin_token(0)
-            cache = DynamicCache(config=self.lm.model.config)
-            out = self.lm.model(input_ids=torch.tensor([input_ids], device=self.lm.device), use_cache=True,
-                                **{self._fwd_cache_kw: cache})
-            rt.end_token()
+            with installed(self.lm, rt):
+                rt.begin_token(0)
+                cache = DynamicCache(config=self.lm.model.config)
+                out = self.lm.model(input_ids=torch.tensor([input_ids], device=self.lm.device), use_cache=True,
+                                    **{self._fwd_cache_kw: cache})
+                rt.end_token()
             return out.logits[0].float()
         finally:
-            for mod in self.lm.experts_modules.values():
-                mod.runtime = None
             self._lock.release()
 
     def record_routing(self, input_ids: list[int], s: RunSettings) -> dict:
@@ -524,8 +522,6 @@ class GenerationRun:
         try:
             yield from self._run()
         finally:
-            for mod in eng.lm.experts_modules.values():
-                mod.runtime = None
             eng._lock.release()
 
     def _apply_pending(self, rt: LayerRuntime) -> None:
@@ -549,8 +545,11 @@ class GenerationRun:
                                                           lm.max_context_tokens))
         rt.observers.extend(self.observers)
         rt.layer_observers.extend(self.layer_observers)
-        for mod in lm.experts_modules.values():
-            mod.runtime = rt
+        with installed(lm, rt):
+            yield from self._decode(rt, notes)
+
+    def _decode(self, rt: LayerRuntime, notes: list[str]):
+        eng, s, lm = self.engine, self.settings, self.engine.lm
         stepper = rt.executor.stepper()
         gen = None
         if s.temperature > 0:

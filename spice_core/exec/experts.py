@@ -9,7 +9,8 @@ exact policies reproduce its numbers.
 """
 from __future__ import annotations
 
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -21,6 +22,21 @@ def expert_forward(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     """One routed expert. x [n,H], gate_up [2I,H], down [H,I] -> [n,H] (unweighted)."""
     gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
     return F.linear(act(gate) * up, down)
+
+
+@contextmanager
+def installed(lm, runtime) -> Iterator[None]:
+    """The one way to point every experts module of ``lm`` at ``runtime`` (anything with
+    ``run_layer``) for a block; whatever was installed before comes back afterwards."""
+    mods = list(lm.experts_modules.values())
+    saved = [m.runtime for m in mods]
+    for m in mods:
+        m.runtime = runtime
+    try:
+        yield
+    finally:
+        for m, r in zip(mods, saved):
+            m.runtime = r
 
 
 class OffloadedExperts(nn.Module):

@@ -43,7 +43,6 @@ from spice_core.types import ExpertKey
 
 FORMAT = "spice-lore"
 FORMAT_VERSION = "1"
-LORE_FILENAME = "lore.safetensors"
 CALIBRATE_HINT = "python -m spice_core calibrate --model M"
 _STORED = ("G", "U", "T", "C", "alpha")
 
@@ -88,8 +87,10 @@ def _activate(ly: LoreLayer, r: int, dtype: torch.dtype, device: torch.device) -
                    bias=coef[:, 0].to(device, dtype).contiguous(), alpha=ly.alpha.to(device, dtype).contiguous())
 
 
-def model_fingerprint(lm) -> str:
-    """A short hash of the loaded model's routed experts: shapes plus the values of two experts.
+def expert_weights_hash(lm) -> str:
+    """A short hash of the loaded model's routed experts: shapes plus the values of two experts. The LoRE
+    file's own check that its factors were fitted to these weights (the calibration artifacts' model
+    fingerprint, predictor/artifacts.py, identifies the architecture and router instead).
 
     Values are hashed as float32, so the same checkpoint loaded in bf16 or fp32 matches."""
     h = hashlib.sha256()
@@ -296,7 +297,7 @@ def load_lore_bank(path: str | Path, lm) -> LoreBank:
             f"{got['expert_width']}, {got['n_experts']} experts, MoE layers {layers_meta}) than {lm.name} (hidden "
             f"{want['hidden']}, expert width {want['expert_width']}, {want['n_experts']} experts, MoE layers "
             f"{list(lm.moe_layers)}): rebuild it with: {CALIBRATE_HINT}")
-    fp = model_fingerprint(lm)
+    fp = expert_weights_hash(lm)
     if meta.get("fingerprint") != fp:
         raise ArtifactError(f"LoRE file {path} was built for another model (its weights differ from {lm.name}'s): "
                             f"rebuild it with: {CALIBRATE_HINT}")

@@ -41,7 +41,7 @@ from torch.nn import functional as F
 
 from spice_core.errors import ConfigError
 from spice_core.exec.experts import expert_forward
-from spice_core.lore.bank import LoreBank, LoreLayer, check_rank, model_fingerprint, shared_fn_for
+from spice_core.lore.bank import LoreBank, LoreLayer, check_rank, expert_weights_hash, shared_fn_for
 from spice_core.types import ExpertKey
 
 log = logging.getLogger(__name__)
@@ -230,7 +230,7 @@ def fit_lore_bank(lm, traces, max_rank: int, *, background: float = DEFAULT_BACK
             "tokens": n_tokens, "background": background, "experts_without_tokens": int(unseen), "seed": seed}
     return LoreBank(layers, hidden=H, expert_width=I, n_experts=E, act=lm.experts_modules[lm.moe_layers[0]].act_fn,
                     dtype=dtype, shared_fn=shared_fn_for(lm), device="cpu", target_device=lm.device,
-                    fingerprint=model_fingerprint(lm), info=info)
+                    fingerprint=expert_weights_hash(lm), info=info)
 
 
 # ---------------------------------------------------------------------- quality per rank

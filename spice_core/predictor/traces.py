@@ -28,7 +28,7 @@ from torch.nn import functional as F
 
 from spice_core import heldout
 from spice_core.errors import ArtifactError, ConfigError
-from spice_core.exec.experts import expert_forward
+from spice_core.exec.experts import expert_forward, installed
 from spice_core.types import ExpertKey
 
 log = logging.getLogger(__name__)
@@ -209,11 +209,8 @@ def collect_traces(lm, rows: Sequence[Sequence[int]], *, batch_rows: int = 4, so
     if not rows:
         raise ConfigError("the calibration set is empty (no tokens): pass a --text file with some text in it")
     rt = _TracingRuntime(lm)
-    previous = {layer: mod.runtime for layer, mod in lm.experts_modules.items()}
     row_ids, positions = [], []
-    try:
-        for mod in lm.experts_modules.values():
-            mod.runtime = rt
+    with installed(lm, rt):
         # Equal-length rows batch together without padding.
         by_len: dict[int, list[int]] = {}
         for i, r in enumerate(rows):
@@ -227,9 +224,6 @@ def collect_traces(lm, rows: Sequence[Sequence[int]], *, batch_rows: int = 4, so
                 for i in chunk:
                     row_ids.append(torch.full((length,), i, dtype=torch.int32))
                     positions.append(torch.arange(length, dtype=torch.int32))
-    finally:
-        for layer, mod in lm.experts_modules.items():
-            mod.runtime = previous[layer]
     n = sum(len(r) for r in rows)
     if any(sum(x.shape[0] for x, _, _ in rt.records[layer]) != n for layer in lm.moe_layers):
         raise ArtifactError(

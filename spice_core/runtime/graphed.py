@@ -35,7 +35,7 @@ import torch
 from torch.nn import functional as F
 
 from spice_core.errors import ConfigError, SpiceError
-from spice_core.exec.experts import expert_forward
+from spice_core.exec.experts import expert_forward, installed
 from spice_core.runtime.graphed_plan import PLAN_ROWS, plan_rows
 from spice_core.types import ExpertKey
 
@@ -434,16 +434,11 @@ class GraphedDecoder:
         if mode is None:          # keep whatever runtime the experts modules have
             yield
             return
-        mods = list(self.lm.experts_modules.values())
-        saved = [m.runtime for m in mods]
-        for m in mods:
-            m.runtime = self._hook
         self._mode = mode
         try:
-            yield
+            with installed(self.lm, self._hook):
+                yield
         finally:
-            for m, r in zip(mods, saved):
-                m.runtime = r
             self._mode = None
 
     @contextmanager

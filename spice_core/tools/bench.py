@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from spice_core.api import EXACT_POLICIES, POLICIES, RunSettings
+from spice_core.api import EXACT_POLICIES, POLICIES, RunSettings, greedy_agreement
 from spice_core.tools.bench_config import LINKS_GBPS, load_config_file, load_results
 from spice_core.tools.bench_models import check_host_memory, load_safetensors_model
 from spice_core import heldout
@@ -280,8 +280,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
                                 ref_tokens = toks
                             agree = None
                             if ref_tokens is not None:
-                                n = min(len(toks), len(ref_tokens))
-                                agree = sum(a == b for a, b in zip(toks[:n], ref_tokens[:n])) / max(1, n)
+                                agree = greedy_agreement(ref_tokens, toks)
                             rec = eng.get_record(run.run_id)
                             every = cfg.get("export_trace_prompts") == "all"     # default: the first prompt's
                             trace = out / (f"trace-{link}-{budget:.2f}-{pol}" + (f"-p{pi}" if every else "") + ".json")

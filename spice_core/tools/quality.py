@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from spice_core.api import RunSettings
+from spice_core.api import RunSettings, first_divergence, matching_tokens
+from spice_core.exec.experts import installed
 from spice_core.errors import ConfigError
 
 EXACT_REFERENCE_POLICY = "resident"
@@ -86,16 +87,12 @@ def installed_runtime(engine, settings: RunSettings):
     engine._validate(settings)
     if not engine._lock.acquire(blocking=False):   # the engine's one-generation-at-a-time lock
         raise EngineBusyError("the engine is busy with another generation: wait for it to finish")
-    mods = engine.lm.experts_modules.values()
     try:
         notes: list[str] = []
         rt = engine.build_runtime(settings, notes=notes, modeled=True)
-        for mod in mods:
-            mod.runtime = rt
-        yield rt, notes
+        with installed(engine.lm, rt):
+            yield rt, notes
     finally:
-        for mod in mods:
-            mod.runtime = None
         engine._lock.release()
 
 
@@ -126,13 +123,9 @@ def greedy_tokens(engine, prompt: list[int], settings: RunSettings, max_new_toke
 
 
 def agreement(reference: list[int], tokens: list[int]) -> tuple[int, int | None]:
-    """(positions where both sequences hold the same token, first differing position or None).
-    A sequence that stops early differs from where it stops."""
-    same = sum(a == b for a, b in zip(reference, tokens))
-    first = next((i for i, (a, b) in enumerate(zip(reference, tokens)) if a != b), None)
-    if first is None and len(reference) != len(tokens):
-        first = min(len(reference), len(tokens))
-    return same, first
+    """(matching positions, first divergence): trace.metrics' definitions (greedy agreement pools the
+    matching positions over the longer length of each pair)."""
+    return matching_tokens(reference, tokens)[0], first_divergence(reference, tokens)
 
 
 # ---------------------------------------------------------------------- data
@@ -230,7 +223,7 @@ def evaluate(engine, settings: RunSettings, ref: ExactReference) -> QualityRepor
         toks = greedy_tokens(engine, list(prompt), settings, ref.new_tokens) if ref.new_tokens > 0 else []
         k, first = agreement(exact_toks, toks)
         same += k
-        total += max(len(exact_toks), len(toks))
+        total += matching_tokens(exact_toks, toks)[1]
         firsts.append(first)
     ppl, ppl_exact = math.exp(nll / n), math.exp(nll_exact / n)
     return QualityReport(

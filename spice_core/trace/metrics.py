@@ -104,6 +104,37 @@ def _hit_rate(scope: Sequence[StepStats]) -> float:
     return hits / total if total else 0.0
 
 
+def matching_tokens(reference: Sequence[int], tokens: Sequence[int]) -> tuple[int, int]:
+    """(positions where both hold the same token, positions compared): over the LONGER sequence, so a
+    generation that stops early disagrees on the rest."""
+    return sum(a == b for a, b in zip(reference, tokens)), max(len(reference), len(tokens))
+
+
+def greedy_agreement(reference: Sequence[int], tokens: Sequence[int]) -> float:
+    """Positional greedy agreement with the exact reference: matching positions / the longer length
+    (1.0 when both are empty). The one definition the bench records, the quality report and the app's
+    "agreement" use; pooled over several prompts, sum the `matching_tokens` pairs first."""
+    same, total = matching_tokens(reference, tokens)
+    return same / total if total else 1.0
+
+
+def first_divergence(reference: Sequence[int], tokens: Sequence[int]) -> int | None:
+    """The first position where the two differ (a sequence that stops early differs where it stops), or None."""
+    first = next((i for i, (a, b) in enumerate(zip(reference, tokens)) if a != b), None)
+    if first is None and len(reference) != len(tokens):
+        first = min(len(reference), len(tokens))
+    return first
+
+
+def identical_prefix_share(reference: Sequence[int], tokens: Sequence[int]) -> float:
+    """Share of the reference reproduced before the first divergence (1.0 = identical): a prefix
+    measure, not greedy agreement (after a divergence the texts continue from different contexts)."""
+    if not reference:
+        return 1.0 if not tokens else 0.0
+    first = first_divergence(reference, tokens)
+    return 1.0 if first is None else min(first, len(reference)) / len(reference)
+
+
 def summarize(steps: Sequence[StepStats], *, run_id: str, policy: str, timing: str, profile: str,
               shape: str, notes: Sequence[str] = (), text: str = "", finish_reason: str = "") -> RunSummary:
     """Aggregate one run's steps into a RunSummary (see the module docstring for definitions)."""

@@ -6,8 +6,11 @@ profile), deterministic text from the prompt, lossy tokens when approximation is
 shows a speed–quality trade-off), trace events and the three exports. It sleeps
 ``token_delay_s`` per token to stand in for compute.
 
-It deliberately knows nothing of the real engine's internals; it only honours the contract in
-`spice_core.api` (errors are `SpiceError`s with one-line messages, `cancel()` and
+It makes up what happens but never how it is counted: each routed selection's outcome goes
+through the engine's own Recorder (trace/recorder.py: the outcome and its trace instant in one
+call) and the summary through trace.metrics, so the pages tested on it see exactly the accounting
+the real engine produces. Beyond that it knows nothing of the engine's internals; it honours the
+contract in `spice_core.api` (errors are `SpiceError`s with one-line messages, `cancel()` and
 `update_settings()` act between tokens, one generation at a time: like the real engine, a
 generation holds the engine while it is iterated, so one started and never iterated costs nothing).
 """
@@ -18,7 +21,6 @@ import gzip
 import io
 import json
 import random
-import statistics
 import threading
 import time
 import zipfile
@@ -27,10 +29,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from spice_core.api import (EXACT_POLICIES, POLICIES, EngineInfo, ExpertOutcome, LaneInterval, PrefetchRecord,
+from spice_core.api import (EXACT_POLICIES, POLICIES, EngineInfo, LaneInterval, PrefetchRecord,
                             RunSettings, RunSummary, StepStats)
 from spice_core.errors import ConfigError, PromptError, SpiceError
 from spice_core.trace.events import TraceEvent
+from spice_core.trace.metrics import summarize
+from spice_core.trace.recorder import Recorder
 
 PROFILES = {"h200-pcie5x16": 0.31, "a800-pcie4x16": 0.7, "rtx4090-pcie4x16": 0.7,
             "rtx5090-pcie4x8": 1.3, "rtx4060-pcie4x8": 1.3}          # ms to copy one DeepSeek-V2-Lite expert
@@ -138,7 +142,9 @@ class FakeGeneration:
         t = t0 + 0.05
         copy_free = max(t, self._copy_free)          # lanes stay busy across tokens (wasted prefetches)
         cpu_free = {f"cpu{i}": max(t, self._copy_free) for i in range(2)}
-        outcomes, prefetches, intervals, events = [], [], [], []
+        prefetches, intervals, events = [], [], []
+        recorder = Recorder(_InstantClock(events, index, lambda: t), eng.expert_bytes)
+        outcomes = recorder.token.outcomes
         layer_start: dict[int, float] = {}
         hits = misses = approx_n = 0
         bytes_copied = 0
@@ -196,9 +202,7 @@ class FakeGeneration:
                     self._insert(key, capacity)
                 hits += outcome in ("hit", "prefetch_hit")
                 misses += outcome not in ("hit", "prefetch_hit")
-                outcomes.append(ExpertOutcome(layer, expert, outcome))
-                kind = outcome if outcome in ("hit", "prefetch_hit") else "miss"
-                events.append(TraceEvent(index, layer, expert, "gpu", kind, t, t, 0, "modeled", outcome))
+                recorder.outcome(layer, expert, outcome)      # the engine's own channel: outcome + trace instant
             if recall and rng.random() < 0.3 and s.tau_prefetch < 0.8:   # a wasted speculative copy
                 later = min(eng.n_layers - 1, layer + depth)
                 a = copy_free
@@ -357,25 +361,23 @@ class FakeEngine:
         return path
 
     def _summarize(self, run: _Run, finish: str) -> RunSummary:
-        steps = run.steps
-        decode = steps[1:] or steps
-        tpots = sorted(s.step_ms for s in steps[1:]) or [0.0]
-        sel = [o.outcome for s in decode for o in s.outcomes]
-        split: dict[str, int] = {}
-        for o in sel:
-            if o not in ("hit", "prefetch_hit"):
-                split[o] = split.get(o, 0) + 1
-        hit_rate = sum(o in ("hit", "prefetch_hit") for o in sel) / len(sel) if sel else 0.0
-        med = statistics.median(tpots)
-        return RunSummary(
-            run_id=run.run_id, policy=run.settings.policy, timing="modeled", profile=run.settings.profile,
-            shape=run.settings.shape, n_tokens=len(steps), ttft_ms=steps[0].step_ms if steps else 0.0,
-            tpot_ms_median=med, tpot_ms_p90=tpots[int(0.9 * (len(tpots) - 1))],
-            tokens_per_s=1000.0 / med if med else 0.0, hit_rate=hit_rate,
-            bytes_per_token=sum(s.bytes_copied for s in decode) / max(1, len(decode)),
-            stall_ms_per_token=sum(s.stall_ms for s in decode) / max(1, len(decode)), miss_split=split,
-            notes=("fake engine: numbers are illustrative",), text="".join(s.text for s in steps),
-            finish_reason=finish)
+        """The engine's own definitions (trace.metrics), over the fake's steps."""
+        return summarize(run.steps, run_id=run.run_id, policy=run.settings.policy, timing="modeled",
+                         profile=run.settings.profile, shape=run.settings.shape,
+                         notes=("fake engine: numbers are illustrative",), text="".join(s.text for s in run.steps),
+                         finish_reason=finish)
+
+
+class _InstantClock:
+    """What the real Recorder needs of a clock to write outcome instants into the fake's events."""
+
+    def __init__(self, events: list, token: int, now) -> None:
+        self.events, self.token, self.now = events, token, now
+
+    def mark(self, kind, key, nbytes=0, detail="", lane="gpu") -> None:
+        t = self.now()
+        layer, expert = (key.layer, key.expert) if key is not None else (-1, -1)
+        self.events.append(TraceEvent(self.token, layer, expert, lane, kind, t, t, nbytes, "modeled", detail))
 
 
 def settings(**overrides) -> RunSettings:

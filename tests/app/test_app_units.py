@@ -13,7 +13,8 @@ from fake_engine import FakeEngine, settings
 from pages import figures
 from pages.about import benchmark_tables, first_table
 from pages.common import ExportStore, fmt_bytes, settings_from_values
-from pages.live import LiveRun, greedy_agreement
+from pages.live import LiveRun
+from spice_core.api import identical_prefix_share
 from pages.messages import clean_message, drop_oldest_turn, engine_turns, normalize_history, note, problem_with
 from pages.runner import EngineRunner
 from pages.sweep import grid, parse_values
@@ -99,8 +100,8 @@ def test_live_run_ignores_outcomes_for_layers_it_was_not_told_about():
 
 @pytest.mark.parametrize("tokens,ref,expected", [([1, 2, 3], [1, 2, 3], 1.0), ([1, 9, 3], [1, 2, 3], 1 / 3),
                                                  ([], [1, 2], 0.0), ([1, 2], [1, 2, 3, 4], 0.5), ([], [], 1.0)])
-def test_greedy_agreement_is_the_share_of_the_reference_before_the_first_divergence(tokens, ref, expected):
-    assert greedy_agreement(tokens, ref) == pytest.approx(expected)
+def test_identical_prefix_share_is_the_share_of_the_reference_before_the_first_divergence(tokens, ref, expected):
+    assert identical_prefix_share(ref, tokens) == pytest.approx(expected)
 
 
 # --- figures -----------------------------------------------------------------------------------------
