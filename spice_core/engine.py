@@ -356,6 +356,18 @@ class SpiceEngine:
             budget = int(s.cache_frac * self.routed_bytes)
             n_slots = cache_slots_for_budget(budget, lm.layout.nbytes, reserved)
             n_slots = min(n_slots, len(lm.host))
+            if n_slots < lm.top_k and reserved and cache_slots_for_budget(budget, lm.layout.nbytes) >= lm.top_k:
+                # The draft heads and LoRE factors do not fit beside one layer's experts (a miniature timed at
+                # its own, native shape: its heads are about an expert each). Run without them, and say so.
+                need = (reserved + lm.top_k * lm.layout.nbytes) / self.routed_bytes
+                notes.append(f"the draft heads and LoRE factors ({reserved / 1e6:.1f} MB) do not fit in this GPU cache "
+                             f"beside one layer's experts: running without them (the gate predictor, exact misses); "
+                             f"raise the GPU cache to >= {need:.2f} of the experts to use them")
+                if spec.predictor == "draft":
+                    from spice_core.predictor.gate import GatePredictor
+                    predictor = GatePredictor(lm)
+                lore, reserved = None, 0
+                n_slots = min(cache_slots_for_budget(budget, lm.layout.nbytes), len(lm.host))
             if n_slots < lm.top_k:
                 raise ConfigError(
                     f"cache budget {budget / 1e9:.4f} GB leaves room for {n_slots} experts after "
