@@ -23,13 +23,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="GPU budget as a fraction of all routed experts' bytes")
     g.add_argument("--cache-gb", type=ca.positive_float, default=None, help="GPU budget for routed experts in GB")
     p.add_argument("--profile", default=DEFAULTS.profile, help="hardware profile for modeled timing")
-    p.add_argument("--shape", default="deepseek-v2-lite", help="target model shape for modeled timing (or native)")
+    p.add_argument("--shape", default=DEFAULTS.shape, help="target model shape for modeled timing (or native)")
+    p.add_argument("--executor", choices=("auto", "eager", "graphed"), default="auto",
+                   help="auto: the CUDA-graph fast path for decode steps on a GPU with measured timing; eager: "
+                        "per-expert PyTorch calls and per-expert trace detail (and the CPU lane)")
     p.add_argument("--timing", choices=("measured", "modeled"), default=None,
                    help="default: measured on CUDA, modeled elsewhere")
-    p.add_argument("--tau-prefetch", type=ca.fraction, default=0.2)
-    p.add_argument("--tau-approx", type=ca.fraction, default=0.0)
-    p.add_argument("--max-lookahead", type=ca.int_in(1, 64), default=4)
-    p.add_argument("--lore-rank", type=ca.positive_int, default=16)
+    p.add_argument("--tau-prefetch", type=ca.fraction, default=DEFAULTS.tau_prefetch)
+    p.add_argument("--tau-approx", type=ca.fraction, default=DEFAULTS.tau_approx)
+    p.add_argument("--max-lookahead", type=ca.int_in(1, 64), default=DEFAULTS.max_lookahead)
+    p.add_argument("--lore-rank", type=ca.positive_int, default=DEFAULTS.lore_rank)
     p.add_argument("--cpu-lane", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--hw-profile", type=Path, default=None,
                    help="profile JSON (calibrate-hw / recalibrate) that times modeled runs and drives decisions "
@@ -65,7 +68,8 @@ def load_engine(args):
     if getattr(args, "hw_profile", None) is not None:
         from spice_core.timing.profiles import profile_from_file
         hw = profile_from_file(args.hw_profile)
-    return SpiceEngine.load(args.model, device=args.device, timing=args.timing, hw_profile=hw)
+    return SpiceEngine.load(args.model, device=args.device, timing=args.timing, hw_profile=hw,
+                            executor=args.executor)
 
 
 def check_local_model(model) -> None:
