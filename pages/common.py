@@ -43,7 +43,7 @@ POLICY_LABELS = {
     "spice_no_cpu": "SPICE without CPU lane",
 }
 LORE_RANKS = (4, 8, 16, 32, 64)
-EXPORT_KINDS = ("chrome", "tensorboard", "csv")
+EXPORT_KINDS = ("chrome", "chrome_gz", "tensorboard", "csv")
 
 
 def policy_choices(info: EngineInfo) -> list[tuple[str, str]]:
@@ -156,7 +156,8 @@ def default_settings(info: EngineInfo) -> RunSettings:
 # --- exports ---------------------------------------------------------------------------------
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 EXPORT_BUDGET_BYTES = 256 * 2**20     # all kept export files together; the oldest go first
-EXPORT_METHODS = {"chrome": "export_chrome_trace", "tensorboard": "export_tensorboard_zip", "csv": "export_csv"}
+EXPORT_METHODS = {"chrome": "export_chrome_trace", "chrome_gz": "export_chrome_trace_gz",
+                  "tensorboard": "export_tensorboard_zip", "csv": "export_csv"}
 
 
 class ExportStore:

@@ -4,6 +4,7 @@
                             (newest first; ?run=<id> preselects one of theirs, or one shared with them)
     pick a run ──► engine.get_summary + get_events ──► summary cards, per-token chart, lane timeline,
                                                        per-layer table
+    a second run ──► the two side by side: numbers with ratios, its timeline, per-layer table of both
     a download button ──► ExportStore writes that one export ──► a file link
     Share ──► the owner makes the run's link open for anyone who has it (never listed to others)
 
@@ -89,6 +90,41 @@ def per_token_series(events) -> tuple[list[int], list[float], list[float], list[
             [copied[t] for t in tokens])
 
 
+COMPARE_COLUMNS = ["layer", "hit % (first)", "hit % (second)", "MB / token (first)", "MB / token (second)",
+                   "stall ms / token (first)", "stall ms / token (second)"]
+
+
+def compare_frame(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """Per layer, two runs' hit rates (hit + prefetched hit), copies and stalls side by side."""
+    def part(df, tag):
+        return pd.DataFrame({"layer": df["layer"], f"hit % ({tag})": df["hit %"] + df["prefetched hit %"],
+                             f"MB / token ({tag})": df["MB copied / token (timed shape)"],
+                             f"stall ms / token ({tag})": df["stall ms / token"]})
+    both = part(a, "first").merge(part(b, "second"), on="layer", how="outer").sort_values("layer")
+    return both[COMPARE_COLUMNS].fillna(0.0).reset_index(drop=True)
+
+
+def compare_html(a, b) -> str:
+    """The two runs' headline numbers and how the second compares (every value escaped)."""
+    def ratio(x, y, better_low=True):
+        if not x or not y:
+            return "—"
+        r = x / y if better_low else y / x
+        return f"{r:.2f}× {'faster' if r > 1 else 'slower'}" if better_low else f"{r:.2f}×"
+    rows = [("policy", a.policy, b.policy, ""), ("timing", f"{a.timing} · {a.shape}", f"{b.timing} · {b.shape}", ""),
+            ("TPOT median", f"{a.tpot_ms_median:.2f} ms", f"{b.tpot_ms_median:.2f} ms",
+             ratio(a.tpot_ms_median, b.tpot_ms_median)),
+            ("hit rate", f"{100 * a.hit_rate:.0f}%", f"{100 * b.hit_rate:.0f}%", ""),
+            ("copied / token (native)", fmt_bytes(a.bytes_per_token), fmt_bytes(b.bytes_per_token), ""),
+            ("stall / token", f"{a.stall_ms_per_token:.2f} ms", f"{b.stall_ms_per_token:.2f} ms", ""),
+            ("tokens", f"{a.n_tokens}", f"{b.n_tokens}", "")]
+    head = "<tr><th></th><th>first run</th><th>second run</th><th>second vs first</th></tr>"
+    body = "".join(f"<tr><td>{esc(k)}</td><td>{esc(x)}</td><td>{esc(y)}</td><td>{esc(r)}</td></tr>"
+                   for k, x, y, r in rows)
+    note = "" if a.timing == b.timing else "<p>⚠ one run is measured and the other modeled: compare with care.</p>"
+    return f"<table class='spice-compare'>{head}{body}</table>{note}"
+
+
 def summary_html(s, label: str = "") -> str:
     """The summary cards; every interpolated value is escaped (labels are visitors' prompts)."""
     split = " · ".join(f"{k} {v}" for k, v in sorted(s.miss_split.items()) if v) or "no misses"
@@ -129,6 +165,8 @@ class TraceExplorer:
         self.summary = gr.HTML("", elem_id="trace-summary")
         with gr.Row(equal_height=True):
             self.dl_chrome = gr.Button("Chrome trace (.json)", interactive=False, size="md", elem_id="dl-chrome")
+            self.dl_chrome_gz = gr.Button("Chrome trace (.json.gz)", interactive=False, size="md",
+                                          elem_id="dl-chrome-gz")
             self.dl_tb = gr.Button("TensorBoard run (.zip)", interactive=False, size="md", elem_id="dl-tb")
             self.dl_csv = gr.Button("Per-token CSV", interactive=False, size="md", elem_id="dl-csv")
             self.share = gr.Checkbox(False, label="Share: anyone with this run's link may open it", interactive=False,
@@ -145,20 +183,33 @@ class TraceExplorer:
                                 elem_id="trace-timeline")
         self.table = gr.Dataframe(pd.DataFrame(columns=LAYER_COLUMNS), label="Per-layer statistics",
                                   interactive=False, elem_id="trace-table", wrap=True)
+        with gr.Accordion("Compare with another run", open=False, elem_id="trace-compare"):
+            self.other = FreeDropdown(choices=[], value=None, label="Second run", elem_id="trace-compare-run",
+                                      info="side by side with the run above: summary, timeline, per layer")
+            self.cmp_summary = gr.HTML("", elem_id="trace-compare-summary")
+            self.cmp_timeline = gr.Plot(as_plot(figures.empty_figure("pick a second run")),
+                                        label="Second run's timeline (same tokens)", elem_id="trace-compare-timeline")
+            self.cmp_table = gr.Dataframe(pd.DataFrame(columns=COMPARE_COLUMNS), interactive=False, wrap=True,
+                                          label="Per layer, first run vs second run", elem_id="trace-compare-table")
         self._wire()
 
     def _wire(self) -> None:
-        buttons = [self.dl_chrome, self.dl_tb, self.dl_csv]
+        buttons = [self.dl_chrome, self.dl_chrome_gz, self.dl_tb, self.dl_csv]
         shown = [self.message, self.summary, self.overview, self.timeline, self.table, self.file, self.share,
                  *buttons]
         gr.on(None, self.on_load, inputs=None, outputs=[self.run], api_visibility="private", queue=False)
         self.refresh.click(self.list_runs, inputs=[self.run], outputs=[self.run], api_name="runs", queue=False)
+        self.run.change(self.list_others, inputs=[self.run, self.other], outputs=[self.other],
+                        api_visibility="private", queue=False)
+        compare_out = [self.cmp_summary, self.cmp_timeline, self.cmp_table]
+        gr.on([self.other.change], self.compare, inputs=[self.run, self.other, self.first, self.count],
+              outputs=compare_out, api_name="compare")
         self.run.change(self.show, inputs=[self.run, self.first, self.count], outputs=shown, api_name="trace_run")
         gr.on([self.first.submit, self.count.submit, self.first.blur, self.count.blur], self.window,
               inputs=[self.run, self.first, self.count], outputs=[self.timeline], api_visibility="private")
         # Exports are written when asked for, one kind at a time, outside the engine's group (they only
         # read a finished run); at most two at once so that exports cannot starve the server.
-        for button, kind in zip(buttons, ("chrome", "tensorboard", "csv")):
+        for button, kind in zip(buttons, ("chrome", "chrome_gz", "tensorboard", "csv")):
             button.click(self._export_handler(kind),
                          inputs=[self.run], outputs=[self.file, self.message], api_visibility="private",
                          concurrency_id="exports", concurrency_limit=2)
@@ -207,6 +258,27 @@ class TraceExplorer:
         value = wanted if wanted in ids else (ids[0] if ids else None)
         return gr.update(choices=choices, value=value)
 
+    def list_others(self, run_id, current, request: gr.Request = None):
+        """The second-run picker: this visitor's other runs."""
+        choices = [c for c in self._choices(owner_of(request)) if c[1] != run_id]
+        ids = [v for _, v in choices]
+        return gr.update(choices=choices, value=current if current in ids else None)
+
+    def compare(self, run_id, other_id, first, count, request: gr.Request = None):
+        """Two runs side by side: their headline numbers with ratios, the second's timeline for the same
+        tokens, and a per-layer table of both."""
+        empty = (as_plot(figures.empty_figure("pick a second run")), pd.DataFrame(columns=COMPARE_COLUMNS))
+        if not run_id or not other_id:
+            return ("", *empty)
+        try:
+            a_id, b_id = self._allowed(run_id, request), self._allowed(other_id, request)
+            a, b = self.ctx.engine.get_summary(a_id), self.ctx.engine.get_summary(b_id)
+            ev_a, ev_b = self.ctx.engine.get_events(a_id), self.ctx.engine.get_events(b_id)
+        except SpiceError as exc:
+            return (f"<p>⚠ {esc(spice_error_text(exc))}</p>", *empty)
+        return (compare_html(a, b), as_plot(self._timeline(ev_b, first, count)),
+                compare_frame(per_layer_frame(ev_a, a.n_tokens), per_layer_frame(ev_b, b.n_tokens)))
+
     def list_runs(self, current, request: gr.Request = None):
         choices = self._choices(owner_of(request))
         ids = [v for _, v in choices]
@@ -218,14 +290,14 @@ class TraceExplorer:
         if not run_id:
             return ("No finished runs yet: chat on the main page or run a sweep, then press Refresh.", "",
                     as_plot(figures.empty_figure("pick a run")), as_plot(figures.empty_figure("pick a run")),
-                    pd.DataFrame(columns=LAYER_COLUMNS), None, share_off, off, off, off)
+                    pd.DataFrame(columns=LAYER_COLUMNS), None, share_off, off, off, off, off)
         try:
             run_id = self._allowed(run_id, request)
             summary = self.ctx.engine.get_summary(run_id)
             events = self.ctx.engine.get_events(run_id)
         except SpiceError as exc:
             return (f"⚠ {esc(spice_error_text(exc))}", "", gr.skip(), gr.skip(), gr.skip(), None, share_off,
-                    off, off, off)
+                    off, off, off, off)
         tokens, step_ms, stall_ms, mb = per_token_series(events)
         overview = figures.token_overview(tokens, step_ms, stall_ms, mb, summary.timing)
         entry = self.ctx.runs.get(run_id)
@@ -233,7 +305,7 @@ class TraceExplorer:
         on = gr.update(interactive=True)
         return ("", summary_html(summary, entry.label if entry else ""), as_plot(overview),
                 as_plot(self._timeline(events, first, count)), per_layer_frame(events, summary.n_tokens), None,
-                gr.update(value=bool(entry and entry.shared), interactive=mine), on, on, on)
+                gr.update(value=bool(entry and entry.shared), interactive=mine), on, on, on, on)
 
     def window(self, run_id, first, count, request: gr.Request = None):
         if not run_id:

@@ -219,12 +219,16 @@ class SpiceEngine:
     def get_record(self, run_id: str) -> RunRecord:
         return self._record(run_id)
 
-    def export_chrome_trace(self, run_id: str, out_dir: Path) -> Path:
+    def export_chrome_trace(self, run_id: str, out_dir: Path, gzipped: bool = False) -> Path:
+        """The run's Chrome trace for Perfetto: ``.trace.json``, or ``.trace.json.gz`` (Perfetto opens both)."""
         from spice_core.trace.export import write_chrome_trace
 
         rec = self._record(run_id)
-        return write_chrome_trace(rec.events, Path(out_dir) / f"spice-{run_id}.trace.json",
-                                  metadata=self._metadata(rec))
+        name = f"spice-{run_id}.trace.json" + (".gz" if gzipped else "")
+        return write_chrome_trace(rec.events, Path(out_dir) / name, metadata=self._metadata(rec))
+
+    def export_chrome_trace_gz(self, run_id: str, out_dir: Path) -> Path:
+        return self.export_chrome_trace(run_id, out_dir, gzipped=True)
 
     def export_tensorboard_zip(self, run_id: str, out_dir: Path) -> Path:
         from spice_core.trace.tensorboard import write_tensorboard_run, zip_dir

@@ -324,6 +324,13 @@ class FakeEngine:
     def get_events(self, run_id: str) -> list[TraceEvent]:
         return list(self._run(run_id).events)
 
+    def export_chrome_trace_gz(self, run_id: str, out_dir: Path) -> Path:
+        plain = self.export_chrome_trace(run_id, out_dir)
+        gz = plain.with_name(plain.name + ".gz")
+        gz.write_bytes(gzip.compress(plain.read_bytes()))
+        plain.unlink()
+        return gz
+
     def export_chrome_trace(self, run_id: str, out_dir: Path) -> Path:
         run = self._run(run_id)
         lanes = sorted({e.lane for e in run.events})

@@ -105,6 +105,29 @@ def test_trace_download_is_valid_chrome_trace_json(served, client):
     assert validate_chrome_trace(trace) == []
 
 
+def test_gzipped_chrome_trace_opens_as_the_same_trace(served, client):
+    import gzip
+    client.predict(*chat_inputs("trace me gzipped", max_new_tokens=6), api_name="/chat")
+    run_id = served.engine.generations[-1].run_id
+    plain = json.loads(open(client.predict(run_id, "chrome", api_name="/export")).read())
+    gz = client.predict(run_id, "chrome_gz", api_name="/export")
+    assert str(gz).endswith(".json.gz")
+    assert json.loads(gzip.decompress(open(gz, "rb").read())) == plain
+
+
+def test_two_runs_compare_side_by_side(served, client):
+    client.predict(*chat_inputs("first run", max_new_tokens=6, policy="lru"), api_name="/chat")
+    first = served.engine.generations[-1].run_id
+    client.predict(*chat_inputs("second run", max_new_tokens=6, policy="resident"), api_name="/chat")
+    second = served.engine.generations[-1].run_id
+    html, timeline, table = client.predict(first, second, 0, 16, api_name="/compare")
+    assert "lru" in html and "resident" in html and "TPOT median" in html and "×" in html
+    assert timeline["type"] == "plotly" if isinstance(timeline, dict) else timeline
+    assert table["headers"][:3] == ["layer", "hit % (first)", "hit % (second)"] and table["data"]
+    hits_second = [row[2] for row in table["data"]]
+    assert all(h == 100.0 for h in hits_second)              # resident hits every selection
+
+
 def test_tensorboard_zip_and_csv_exports_open(served, client):
     client.predict(*chat_inputs("export me", max_new_tokens=8), api_name="/chat")
     run_id = served.engine.generations[-1].run_id
