@@ -125,7 +125,24 @@ def compare_html(a, b) -> str:
     return f"<table class='spice-compare'>{head}{body}</table>{note}"
 
 
-def summary_html(s, label: str = "") -> str:
+def baseline_cards(s, baselines: dict) -> list[tuple[str, str, str]]:
+    """The run beside its baselines: ``baselines`` are modeled ms per token of resident, on_demand and lru
+    over the run's own routing (engine.baselines). Ratios only when the run is modeled too (same clock)."""
+    out = []
+    for name, label in (("lru", "vs lru"), ("on_demand", "vs on_demand"), ("resident", "vs resident floor")):
+        ms = baselines.get(name)
+        if not ms or s.policy == name:
+            continue
+        if s.timing == "modeled" and s.tpot_ms_median > 0:
+            r = ms / s.tpot_ms_median
+            verdict = f"{r:.2f}× faster" if r >= 1 else f"{1 / r:.2f}× slower"
+            out.append((label, verdict, f"{name} {ms:.2f} ms · modeled, same routing"))
+        else:
+            out.append((label, f"{ms:.2f} ms", f"{name}, modeled for this routing (this run is {s.timing})"))
+    return out
+
+
+def summary_html(s, label: str = "", baselines: dict | None = None) -> str:
     """The summary cards; every interpolated value is escaped (labels are visitors' prompts)."""
     split = " · ".join(f"{k} {v}" for k, v in sorted(s.miss_split.items()) if v) or "no misses"
     cards = [
@@ -137,6 +154,7 @@ def summary_html(s, label: str = "") -> str:
         ("copied", fmt_bytes(s.bytes_per_token), "per token (native)" if not s.shape_bytes_per_token
          or s.shape_bytes_per_token == s.bytes_per_token else f"per token · {fmt_bytes(s.shape_bytes_per_token)} at {s.shape}"),
         ("stall", f"{s.stall_ms_per_token:.2f} ms", "per token"),
+        *baseline_cards(s, baselines or {}),
     ]
     body = "".join(f"<div class='card'><div class='k'>{esc(k)}</div><div class='v'>{esc(v)}</div>"
                    f"<div class='s'>{esc(t)}</div></div>" for k, v, t in cards)
@@ -156,7 +174,10 @@ class TraceExplorer:
     def build(self) -> None:
         gr.Markdown("## Trace explorer\nEvery finished run (chat replies, exact checks, sweeps) with its full "
                     "timeline. Downloads: the Chrome trace opens in [Perfetto](https://ui.perfetto.dev); the "
-                    "TensorBoard zip unpacks into a run folder for torch-tb-profiler; the CSV has one row per token.")
+                    "TensorBoard zip unpacks into a run folder for torch-tb-profiler (only its **Trace** view holds the "
+                    "run; its Overview and Operator views describe a stand-in profiler step); the CSV has one row "
+                    "per token. Each run's cards put it beside its baselines: resident, on_demand and lru replayed "
+                    "over the same routing in modeled time.")
         with gr.Row(equal_height=False):
             self.run = FreeDropdown(choices=[], value=None, label="Run", scale=5, elem_id="trace-run",
                                    info="newest first")
@@ -303,7 +324,12 @@ class TraceExplorer:
         entry = self.ctx.runs.get(run_id)
         mine = self.ctx.runs.is_owner(run_id, owner_of(request))
         on = gr.update(interactive=True)
-        return ("", summary_html(summary, entry.label if entry else ""), as_plot(overview),
+        try:
+            baselines = self.ctx.engine.baselines(run_id)
+        except (SpiceError, ValueError, AttributeError) as exc:     # a fake or older engine without them
+            log.info("no baselines for %s: %s", run_id, exc)
+            baselines = {}
+        return ("", summary_html(summary, entry.label if entry else "", baselines), as_plot(overview),
                 as_plot(self._timeline(events, first, count)), per_layer_frame(events, summary.n_tokens), None,
                 gr.update(value=bool(entry and entry.shared), interactive=mine), on, on, on, on)
 

@@ -219,6 +219,22 @@ class SpiceEngine:
     def get_record(self, run_id: str) -> RunRecord:
         return self._record(run_id)
 
+    def baselines(self, run_id: str) -> dict[str, float]:
+        """Modeled ms per decode token of resident, on_demand and lru over this run's own routing, with the
+        cost model its decisions used (timing/whatif.py): the run beside its baselines. Always *modeled*."""
+        from spice_core.timing.whatif import REPLAYABLE, replay_tpot_ms, routing_of
+
+        rec = self._record(run_id)
+        routing = routing_of(rec.steps)
+        if len(routing) < 2:
+            return {}
+        costs = self._costs(rec.settings)
+        lm = self.lm
+        return {p: replay_tpot_ms(routing, p, costs, moe_layers=lm.moe_layers, n_layers=lm.n_layers,
+                                  n_experts=lm.n_experts, top_k=lm.top_k, cache_frac=rec.settings.cache_frac,
+                                  native_expert_bytes=lm.layout.nbytes, prompt_tokens=len(rec.prompt_ids))
+                for p in REPLAYABLE}
+
     def export_chrome_trace(self, run_id: str, out_dir: Path, gzipped: bool = False) -> Path:
         """The run's Chrome trace for Perfetto: ``.trace.json``, or ``.trace.json.gz`` (Perfetto opens both)."""
         from spice_core.trace.export import write_chrome_trace

@@ -324,6 +324,11 @@ class FakeEngine:
     def get_events(self, run_id: str) -> list[TraceEvent]:
         return list(self._run(run_id).events)
 
+    def baselines(self, run_id: str) -> dict:
+        """Illustrative only: the fake's own TPOT scaled (the real engine replays the routing, timing/whatif.py)."""
+        tpot = self._summarize(self._run(run_id), "").tpot_ms_median
+        return {"resident": 0.5 * tpot, "on_demand": 2.0 * tpot, "lru": 1.3 * tpot} if tpot else {}
+
     def export_chrome_trace_gz(self, run_id: str, out_dir: Path) -> Path:
         plain = self.export_chrome_trace(run_id, out_dir)
         gz = plain.with_name(plain.name + ".gz")
