@@ -3,6 +3,9 @@
 # test) and runs the whole suite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# requirements.txt names the CPU wheel index (for Spaces); where it is unreachable, fail over at once
+# instead of pip's five back-off retries per package.
+export PIP_RETRIES="${PIP_RETRIES:-1}"
 python -m pip install -q -r requirements-dev.txt
 python -m pip install -q --no-deps --no-build-isolation -e .      # the package itself, editable
 if ! command -v chromium >/dev/null 2>&1; then
