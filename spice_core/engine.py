@@ -1,7 +1,7 @@
 """SpiceEngine: the one generator every front end drives (CLI, app, benchmarks).
 
     SpiceEngine.load(model, device) ─► LoadedModel (experts in HostStore, rest on device)
-    start_prompt / start_chat / start_ids ─► GenerationRun (iterator of StepStats)
+    start_prompt / start_chat / start_ids ─► GenerationRun (run.py: the loop, an iterator of StepStats)
         per run: build_runtime ─► LayerRuntime(LayerPlanner (policy state, decisions), EagerExecutor (slots sized
                  from the budget, copy stream, CPU lane, LoRE), clock (modeled or measured), Recorder, predictor)
         per token: runtime.begin_token ─► model forward (OffloadedExperts call runtime.run_layer) ─► sample
@@ -17,26 +17,26 @@ import inspect
 import logging
 import threading
 import time
-import uuid
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from spice_core.api import DEFAULT_LORE_RANK, LIVE_FIELDS, POLICIES, EngineInfo, RunSettings, RunSummary, StepStats
+from spice_core.api import DEFAULT_LORE_RANK, POLICIES, EngineInfo, RunSettings, RunSummary, StepStats
 from spice_core.errors import ConfigError, PromptError, SpiceError
 from spice_core.exec.experts import installed
-from spice_core.generation import TextStreamer, build_prompt_ids, sample_next
+from spice_core.generation import build_prompt_ids
 from spice_core.machine import Machine
 from spice_core.model.loader import LoadedModel, load_model
 from spice_core.policy.cache import cache_slots_for_budget
 from spice_core.policy.planner import LayerPlanner
 from spice_core.policy.spec import get_spec
 from spice_core.runtime.eager import EagerExecutor
-from spice_core.runtime.graph_exec import CPU_LANE_OFF_NOTE, GraphExecutor, cache_bucket, fast_path_refusal
+from spice_core.runtime.graph_exec import CPU_LANE_OFF_NOTE, GraphExecutor, fast_path_refusal
 from spice_core.runtime.graphed import GraphCaptureError
 from spice_core.runtime.layer import LayerRuntime
+from spice_core.run import EngineBusyError, GenerationRun, RunRecord
 from spice_core.timing.costs import CostModel
 from spice_core.timing.profiles import ModelShape, get_profile, get_shape, profile_names, shape_names
 from spice_core.timing.timeline import ModeledTimeline
@@ -53,26 +53,6 @@ def record_bytes(rec: "RunRecord") -> int:
     """Estimated memory of a kept run (a 480-token run holds ~100k events: tens of MB)."""
     items = len(rec.events) + sum(1 + len(s.outcomes) + len(s.prefetches) + len(s.intervals) for s in rec.steps)
     return ITEM_BYTES_ESTIMATE * items
-
-
-class EngineBusyError(SpiceError):
-    """Another generation is running on this engine."""
-
-
-@dataclass
-class RunRecord:
-    run_id: str
-    settings: RunSettings
-    steps: list = field(default_factory=list)
-    events: list = field(default_factory=list)
-    summary: RunSummary | None = None
-    token_ids: list = field(default_factory=list)
-    prompt_ids: list = field(default_factory=list)
-    notes: list = field(default_factory=list)
-    totals: dict = field(default_factory=dict)
-
-
-
 
 
 class SpiceEngine:
@@ -507,163 +487,3 @@ class SpiceEngine:
         for _ in run:
             pass
         return routing
-
-
-class GenerationRun:
-    """One generation: iterate to get StepStats per token. Implements api.Generation."""
-
-    def __init__(self, engine: SpiceEngine, input_ids: list[int], settings: RunSettings, *,
-                 modeled: bool = False, register: bool = True) -> None:
-        self.engine = engine
-        self.run_id = uuid.uuid4().hex[:10]
-        self.settings = settings
-        self._pending_settings: RunSettings | None = None
-        self._cancel = threading.Event()
-        self._modeled = modeled
-        self._register = register
-        self.input_ids = input_ids
-        self.observers: list = []        # routing observers: callables(layer, idx_rows, w_rows) ([T][K] lists)
-        self.layer_observers: list = []  # callables(runtime, layer) after each MoE layer
-        self.token_index = 0
-        self.record = RunRecord(self.run_id, settings, prompt_ids=list(input_ids))
-        self._started = False
-        self.last_logits: torch.Tensor | None = None
-
-    def cancel(self) -> None:
-        self._cancel.set()
-
-    def update_settings(self, settings: RunSettings) -> None:
-        """Thresholds apply from the next token; policy / cache / profile changes from the next message."""
-        self._pending_settings = settings
-
-    def summary(self) -> RunSummary:
-        if self.record.summary is None:
-            raise SpiceError("the run has not finished yet")
-        return self.record.summary
-
-    def __iter__(self):
-        if self._started:
-            raise SpiceError("a generation can be iterated only once: start a new one")
-        self._started = True
-        eng = self.engine
-        if not self._register:   # an inner pass of a run that already holds the engine
-            yield from self._run()
-            return
-        if not eng._lock.acquire(blocking=False):
-            raise EngineBusyError("the engine is busy with another generation: wait for it to finish or stop it")
-        try:
-            yield from self._run()
-        finally:
-            eng._lock.release()
-
-    def _apply_pending(self, rt: LayerRuntime) -> None:
-        s = self._pending_settings
-        if s is None:
-            return
-        self._pending_settings = None
-        rt.set_thresholds(tau_prefetch=s.tau_prefetch, tau_approx=s.tau_approx, max_lookahead=s.max_lookahead)
-        self.settings = replace(self.settings, **{f: getattr(s, f) for f in LIVE_FIELDS})
-
-    @torch.no_grad()
-    def _run(self):
-        eng, s, lm = self.engine, self.settings, self.engine.lm
-        notes: list[str] = []
-        oracle = None
-        if get_spec(s.policy).predictor == "oracle":
-            oracle = eng.record_routing(self.input_ids, s)
-            notes.append("oracle_prefetch replays the exact routing recorded in a first pass (an upper bound)")
-        rt = eng.build_runtime(s, notes=notes, oracle_routing=oracle, modeled=self._modeled,
-                               max_cache_len=cache_bucket(len(self.input_ids) + s.max_new_tokens,
-                                                          lm.max_context_tokens))
-        rt.observers.extend(self.observers)
-        rt.layer_observers.extend(self.layer_observers)
-        with installed(lm, rt):
-            yield from self._decode(rt, notes)
-
-    def _decode(self, rt: LayerRuntime, notes: list[str]):
-        eng, s, lm = self.engine, self.settings, self.engine.lm
-        stepper = rt.executor.stepper()
-        gen = None
-        if s.temperature > 0:
-            gen = torch.Generator().manual_seed(s.seed)
-        streamer = TextStreamer(lm.tokenizer, s.stop)
-        eos = _eos_ids(lm)
-        max_new = min(s.max_new_tokens, lm.max_context_tokens - len(self.input_ids))
-        cur = list(self.input_ids)
-        finish = ""
-        steps = self.record.steps
-        timing = eng.machine.run_timing(self._modeled)
-        for i in range(max_new):
-            if self._cancel.is_set():
-                finish = "cancelled"
-                break
-            self._apply_pending(rt)
-            self.token_index = i
-            with stepper.context():       # the graphed executor's stream, for this token only
-                rt.begin_token(i)
-                logits = stepper.forward(cur)
-                tok = sample_next(logits, self.settings.temperature, self.settings.top_p, gen)
-                step_ms = rt.end_token()
-                self.last_logits = logits.clone() if rt.executor.name == "graphed" else logits
-                c = rt.recorder.end_token()
-            self.record.token_ids.append(tok)
-            events = c.events
-            self.record.events.extend(events)
-            delta = streamer.push(tok)
-            is_eos = tok in eos
-            if is_eos:
-                finish = "eos"
-            elif streamer.stopped:
-                finish = "stop"
-            elif i == max_new - 1:
-                finish = "length"
-            stall = sum(ev.dur_ms for ev in events if ev.kind == "stall" and ev.token == i)
-            from spice_core.api import LaneInterval
-            intervals = tuple(LaneInterval(ev.lane, ev.kind, ev.start_ms, ev.end_ms, ev.layer, ev.expert)
-                              for ev in events if ev.end_ms > ev.start_ms)
-            step = StepStats(index=i, token_id=tok, text="" if is_eos else delta, step_ms=step_ms, timing=timing,
-                             hits=c.hits, misses=c.misses, bytes_copied=c.bytes_copied, stall_ms=stall,
-                             shape_bytes_copied=c.shape_bytes_copied,
-                             lookahead_depth=(sum(c.depths) / len(c.depths)) if c.depths else 0.0,
-                             outcomes=tuple(c.outcomes), prefetches=tuple(c.prefetches), intervals=intervals,
-                             finished=bool(finish), finish_reason=finish,
-                             lookahead_stops=tuple(c.stop_reasons))
-            steps.append(step)
-            yield step
-            if finish:
-                break
-            cur = [tok]
-        if finish == "cancelled" or not finish:
-            finish = finish or "length"
-        self.record.notes = notes
-        self.record.totals = dict(rt.totals, cache_slots=rt.slots.n_slots,
-                                  cache_capacity_bytes=rt.slots.capacity_bytes,
-                                  expert_bytes=lm.layout.nbytes, routed_bytes=eng.routed_bytes)
-        self._finish(streamer, finish, notes)
-
-    def _finish(self, streamer: TextStreamer, finish: str, notes: list[str]) -> None:
-        from spice_core.trace.metrics import summarize
-
-        eng, s = self.engine, self.settings
-        timing = eng.machine.run_timing(self._modeled)
-        streamer.flush()
-        self.record.summary = summarize(
-            self.record.steps, run_id=self.run_id, policy=s.policy, timing=timing,
-            profile=s.profile if timing == "modeled" else "this machine",
-            shape=s.shape if timing == "modeled" else "native", notes=tuple(notes), text=streamer.text,
-            finish_reason=finish)
-        if self._register:
-            eng._register(self.record)
-
-
-def _eos_ids(lm: LoadedModel) -> set[int]:
-    ids = set()
-    for src in (getattr(lm.model, "generation_config", None), lm.model.config):
-        v = getattr(src, "eos_token_id", None) if src is not None else None
-        if isinstance(v, int):
-            ids.add(v)
-        elif isinstance(v, (list, tuple)):
-            ids.update(int(x) for x in v)
-    if lm.tokenizer is not None and lm.tokenizer.eos_token_id is not None:
-        ids.add(int(lm.tokenizer.eos_token_id))
-    return ids

@@ -1,0 +1,203 @@
+"""GenerationRun: one generation, the loop every front end iterates (an api.Generation).
+
+    engine.start_* ─► GenerationRun ─► iterate: per token, the run's stepper (eager forward over a
+        DynamicCache, or the graphed executor's step) with the runtime installed on the experts modules
+        ─► sample ─► the recorder's TokenRecord ─► StepStats ─► at the end a RunSummary in the registry
+
+Holds the engine's one-generation lock while it is iterated; settings changes arrive between tokens
+(`update_settings`), cancellation too. Knows the engine only through what it calls on it.
+"""
+from __future__ import annotations
+
+import threading
+import uuid
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from spice_core.api import LIVE_FIELDS, LaneInterval, RunSettings, RunSummary, StepStats
+from spice_core.errors import SpiceError
+from spice_core.exec.experts import installed
+from spice_core.generation import TextStreamer, sample_next
+from spice_core.policy.spec import get_spec
+from spice_core.runtime.graph_exec import cache_bucket
+from spice_core.runtime.layer import LayerRuntime
+
+
+class EngineBusyError(SpiceError):
+    """Another generation is running on this engine."""
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    settings: RunSettings
+    steps: list = field(default_factory=list)
+    events: list = field(default_factory=list)
+    summary: RunSummary | None = None
+    token_ids: list = field(default_factory=list)
+    prompt_ids: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    totals: dict = field(default_factory=dict)
+
+
+
+
+
+class GenerationRun:
+    """One generation: iterate to get StepStats per token. Implements api.Generation."""
+
+    def __init__(self, engine, input_ids: list[int], settings: RunSettings, *,
+                 modeled: bool = False, register: bool = True) -> None:
+        self.engine = engine
+        self.run_id = uuid.uuid4().hex[:10]
+        self.settings = settings
+        self._pending_settings: RunSettings | None = None
+        self._cancel = threading.Event()
+        self._modeled = modeled
+        self._register = register
+        self.input_ids = input_ids
+        self.observers: list = []        # routing observers: callables(layer, idx_rows, w_rows) ([T][K] lists)
+        self.layer_observers: list = []  # callables(runtime, layer) after each MoE layer
+        self.token_index = 0
+        self.record = RunRecord(self.run_id, settings, prompt_ids=list(input_ids))
+        self._started = False
+        self.last_logits: torch.Tensor | None = None
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def update_settings(self, settings: RunSettings) -> None:
+        """Thresholds apply from the next token; policy / cache / profile changes from the next message."""
+        self._pending_settings = settings
+
+    def summary(self) -> RunSummary:
+        if self.record.summary is None:
+            raise SpiceError("the run has not finished yet")
+        return self.record.summary
+
+    def __iter__(self):
+        if self._started:
+            raise SpiceError("a generation can be iterated only once: start a new one")
+        self._started = True
+        eng = self.engine
+        if not self._register:   # an inner pass of a run that already holds the engine
+            yield from self._run()
+            return
+        if not eng._lock.acquire(blocking=False):
+            raise EngineBusyError("the engine is busy with another generation: wait for it to finish or stop it")
+        try:
+            yield from self._run()
+        finally:
+            eng._lock.release()
+
+    def _apply_pending(self, rt: LayerRuntime) -> None:
+        s = self._pending_settings
+        if s is None:
+            return
+        self._pending_settings = None
+        rt.set_thresholds(tau_prefetch=s.tau_prefetch, tau_approx=s.tau_approx, max_lookahead=s.max_lookahead)
+        self.settings = replace(self.settings, **{f: getattr(s, f) for f in LIVE_FIELDS})
+
+    @torch.no_grad()
+    def _run(self):
+        eng, s, lm = self.engine, self.settings, self.engine.lm
+        notes: list[str] = []
+        oracle = None
+        if get_spec(s.policy).predictor == "oracle":
+            oracle = eng.record_routing(self.input_ids, s)
+            notes.append("oracle_prefetch replays the exact routing recorded in a first pass (an upper bound)")
+        rt = eng.build_runtime(s, notes=notes, oracle_routing=oracle, modeled=self._modeled,
+                               max_cache_len=cache_bucket(len(self.input_ids) + s.max_new_tokens,
+                                                          lm.max_context_tokens))
+        rt.observers.extend(self.observers)
+        rt.layer_observers.extend(self.layer_observers)
+        with installed(lm, rt):
+            yield from self._decode(rt, notes)
+
+    def _decode(self, rt: LayerRuntime, notes: list[str]):
+        eng, s, lm = self.engine, self.settings, self.engine.lm
+        stepper = rt.executor.stepper()
+        gen = None
+        if s.temperature > 0:
+            gen = torch.Generator().manual_seed(s.seed)
+        streamer = TextStreamer(lm.tokenizer, s.stop)
+        eos = _eos_ids(lm)
+        max_new = min(s.max_new_tokens, lm.max_context_tokens - len(self.input_ids))
+        cur = list(self.input_ids)
+        finish = ""
+        steps = self.record.steps
+        timing = eng.machine.run_timing(self._modeled)
+        for i in range(max_new):
+            if self._cancel.is_set():
+                finish = "cancelled"
+                break
+            self._apply_pending(rt)
+            self.token_index = i
+            with stepper.context():       # the graphed executor's stream, for this token only
+                rt.begin_token(i)
+                logits = stepper.forward(cur)
+                tok = sample_next(logits, self.settings.temperature, self.settings.top_p, gen)
+                step_ms = rt.end_token()
+                self.last_logits = logits.clone() if rt.executor.name == "graphed" else logits
+                c = rt.recorder.end_token()
+            self.record.token_ids.append(tok)
+            events = c.events
+            self.record.events.extend(events)
+            delta = streamer.push(tok)
+            is_eos = tok in eos
+            if is_eos:
+                finish = "eos"
+            elif streamer.stopped:
+                finish = "stop"
+            elif i == max_new - 1:
+                finish = "length"
+            stall = sum(ev.dur_ms for ev in events if ev.kind == "stall" and ev.token == i)
+            intervals = tuple(LaneInterval(ev.lane, ev.kind, ev.start_ms, ev.end_ms, ev.layer, ev.expert)
+                              for ev in events if ev.end_ms > ev.start_ms)
+            step = StepStats(index=i, token_id=tok, text="" if is_eos else delta, step_ms=step_ms, timing=timing,
+                             hits=c.hits, misses=c.misses, bytes_copied=c.bytes_copied, stall_ms=stall,
+                             shape_bytes_copied=c.shape_bytes_copied,
+                             lookahead_depth=(sum(c.depths) / len(c.depths)) if c.depths else 0.0,
+                             outcomes=tuple(c.outcomes), prefetches=tuple(c.prefetches), intervals=intervals,
+                             finished=bool(finish), finish_reason=finish,
+                             lookahead_stops=tuple(c.stop_reasons))
+            steps.append(step)
+            yield step
+            if finish:
+                break
+            cur = [tok]
+        if finish == "cancelled" or not finish:
+            finish = finish or "length"
+        self.record.notes = notes
+        self.record.totals = dict(rt.totals, cache_slots=rt.slots.n_slots,
+                                  cache_capacity_bytes=rt.slots.capacity_bytes,
+                                  expert_bytes=lm.layout.nbytes, routed_bytes=eng.routed_bytes)
+        self._finish(streamer, finish, notes)
+
+    def _finish(self, streamer: TextStreamer, finish: str, notes: list[str]) -> None:
+        from spice_core.trace.metrics import summarize
+
+        eng, s = self.engine, self.settings
+        timing = eng.machine.run_timing(self._modeled)
+        streamer.flush()
+        self.record.summary = summarize(
+            self.record.steps, run_id=self.run_id, policy=s.policy, timing=timing,
+            profile=s.profile if timing == "modeled" else "this machine",
+            shape=s.shape if timing == "modeled" else "native", notes=tuple(notes), text=streamer.text,
+            finish_reason=finish)
+        if self._register:
+            eng._register(self.record)
+
+
+def _eos_ids(lm) -> set[int]:
+    ids = set()
+    for src in (getattr(lm.model, "generation_config", None), lm.model.config):
+        v = getattr(src, "eos_token_id", None) if src is not None else None
+        if isinstance(v, int):
+            ids.add(v)
+        elif isinstance(v, (list, tuple)):
+            ids.update(int(x) for x in v)
+    if lm.tokenizer is not None and lm.tokenizer.eos_token_id is not None:
+        ids.add(int(lm.tokenizer.eos_token_id))
+    return ids
