@@ -16,23 +16,20 @@ streams; the chat event joins the engine's concurrency group.
 """
 from __future__ import annotations
 
-import json
 import logging
-import re
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import gradio as gr
 
-from spice_core.api import RunSettings
+from spice_core.api import RunSettings, identical_prefix_share
 from spice_core.errors import PromptError, SpiceError
 from pages import figures
 from pages import chat_text as text
 from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, FreeDropdown, FreeSlider, as_plot,
                           default_settings, policy_choices, settings_from_values, spice_error_text)
 from pages.live import LiveRun
-from spice_core.api import identical_prefix_share
 from pages.messages import (clean_message, content_text, drop_oldest_exchanges, engine_turns, is_app_note,
                             keep_newest, n_exchanges, normalize_history, note, problem_with)
 from pages.owners import owner_of
@@ -72,7 +69,6 @@ NARROW_JS = """() => {
   if (!close()) { let n = 0; const t = setInterval(() => { if (close() || ++n > 40) clearInterval(t); }, 50); }
   return [];
 }"""
-SENTENCE_END = re.compile(r"[.!?][\"”’')\]]*(?=\s|$)")
 
 
 @dataclass
@@ -438,13 +434,13 @@ class ChatPage:
                     delta_due = base_due[-1] + DELTA_INTERVAL_S
                 for i, due in enumerate(base_due):
                     if due and now >= due:      # a drawn figure is what later changes apply to
-                        out[3 + i] = as_plot(self._figure(PANELS[i], live, meta=f"{tag}:{PANELS[i]}", live_view=True))
+                        out[3 + i] = as_plot(figures.panel_figure(PANELS[i], live, meta=f"{tag}:{PANELS[i]}", live_view=True))
                         base_due[i] = 0.0
                         break
                 if base_due and not any(base_due) and panels_dirty:
                     if now >= delta_due:
                         seq += 1
-                        out[6] = self._delta(live, tag, seq)
+                        out[6] = figures.panels_delta(live, tag, seq)
                         delta_due, panels_dirty = now + DELTA_INTERVAL_S, False
                 if any(o is not skip for o in out):
                     yield tuple(out)
@@ -522,7 +518,7 @@ class ChatPage:
             history.append(note("Settings changed during this reply", text.changes_text(stream)))
         finish = (summary.finish_reason if summary else "") or ""
         if finish == "length" and live.text.strip():
-            trimmed = trim_to_sentence(live.text)
+            trimmed = text.trim_to_sentence(live.text)
             if trimmed != live.text:
                 history[reply_at] = {"role": "assistant", "content": trimmed}
                 history.append(note(f"ℹ Reached the {live.n_tokens}-token limit: the reply ends at its last full "
@@ -544,7 +540,7 @@ class ChatPage:
         # The textbox was cleared when the message was sent; what the user typed since stays. Panels the
         # browser drew live get their last changes (cheap); otherwise the whole figures, once.
         if live_panels and base_drawn and live.n_tokens:
-            yield (skip, history, final, skip, skip, skip, self._delta(live, tag, seq + 1))
+            yield (skip, history, final, skip, skip, skip, figures.panels_delta(live, tag, seq + 1))
         else:
             yield (skip, history, final, *self._panels(live), "")
 
@@ -571,26 +567,7 @@ class ChatPage:
         return f"{100 * score:.0f}%", f"measured: first {same} of {len(ids)} tokens identical"
 
     def _panels(self, live: LiveRun):
-        return tuple(as_plot(self._figure(name, live)) for name in PANELS)
-
-    @staticmethod
-    def _figure(name: str, live: LiveRun, meta: str = "", live_view: bool = False) -> dict:
-        """A panel's whole figure; ``live_view`` leaves out what the in-place updates do not refresh."""
-        if name == "heatmap":
-            return figures.outcome_heatmap(live, counts=not live_view, meta=meta)
-        if name == "prefetch":
-            return figures.prefetch_timeline(live, meta=meta)
-        return figures.lane_gantt(live.intervals(), note=figures.wasted_note(live), meta=meta)
-
-    @staticmethod
-    def _delta(live: LiveRun, tag: str, seq: int) -> str:
-        """The panels' changes since the figures were sent (JSON for assets/static/spice_live.js)."""
-        panels = {"heatmap": {"meta": f"{tag}:heatmap", **figures.heatmap_delta(live)}}
-        for name in ("prefetch", "gantt"):
-            fig = ChatPage._figure(name, live)
-            panels[name] = {"meta": f"{tag}:{name}", "data": fig["data"],
-                            "layout": {k: fig["layout"][k] for k in ("xaxis", "yaxis", "annotations") if k in fig["layout"]}}
-        return json.dumps({"seq": seq, "panels": panels}, separators=(",", ":"), allow_nan=False)
+        return tuple(as_plot(figures.panel_figure(name, live)) for name in PANELS)
 
     def _banner(self, settings: RunSettings) -> str:
         i = self.info
@@ -598,15 +575,6 @@ class ChatPage:
                 f"{len(i.moe_layers)} MoE layers × {i.n_experts} experts, top-{i.top_k}"
                 f"{'' if i.has_draft else ' · no draft heads (gate predictor)'}"
                 f"{'' if i.has_lore else ' · no LoRE factors (approximation off)'}")
-
-
-def trim_to_sentence(reply: str, keep_at_least: float = 0.5) -> str:
-    """A reply cut by the token limit, ended at its last full sentence (unchanged when that would drop
-    more than half of it, or when it already ends on one)."""
-    ends = [m.end() for m in SENTENCE_END.finditer(reply)]
-    if not ends or ends[-1] >= len(reply.rstrip()) or ends[-1] < keep_at_least * len(reply):
-        return reply
-    return reply[:ends[-1]]
 
 
 def build(ctx: AppContext) -> ChatPage:

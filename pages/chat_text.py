@@ -6,6 +6,7 @@ HTML; the chat page decides when to show them. Styled by ``assets/static/spice.c
 from __future__ import annotations
 
 import html
+import re
 import time
 
 from spice_core.api import EngineInfo, RunSettings, RunSummary
@@ -191,3 +192,15 @@ def stats_html(live: LiveRun | None, settings: RunSettings, info: EngineInfo, *,
         f"<div class='s' title='{html.escape(sub, quote=True)}'>{html.escape(sub)}</div></div>"
         for k, v, sub, level in cards)
     return f"<div class='spice-stats'><div class='head'>{head}</div><div class='cards'>{body}</div></div>"
+
+
+SENTENCE_END = re.compile(r"[.!?][\"”’')\]]*(?=\s|$)")
+
+
+def trim_to_sentence(reply: str, keep_at_least: float = 0.5) -> str:
+    """A reply cut by the token limit, ended at its last full sentence (unchanged when that would drop
+    more than half of it, or when it already ends on one)."""
+    ends = [m.end() for m in SENTENCE_END.finditer(reply)]
+    if not ends or ends[-1] >= len(reply.rstrip()) or ends[-1] < keep_at_least * len(reply):
+        return reply
+    return reply[:ends[-1]]

@@ -16,6 +16,7 @@ This module knows nothing of Gradio or of how the data was produced.
 """
 from __future__ import annotations
 
+import json
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -462,3 +463,22 @@ def policy_bars(rows: Sequence[dict], timing: str) -> Figure:
                      yaxis2=_axis(overlaying="y", side="right", range=[0, 105], title={"text": "hit rate %"},
                                   showgrid=False))
     return {"data": data, "layout": layout}
+
+
+def panel_figure(name: str, live: LiveRun, meta: str = "", live_view: bool = False) -> dict:
+    """A chat panel's whole figure; ``live_view`` leaves out what the in-place updates do not refresh."""
+    if name == "heatmap":
+        return outcome_heatmap(live, counts=not live_view, meta=meta)
+    if name == "prefetch":
+        return prefetch_timeline(live, meta=meta)
+    return lane_gantt(live.intervals(), note=wasted_note(live), meta=meta)
+
+
+def panels_delta(live: LiveRun, tag: str, seq: int) -> str:
+    """The chat panels' changes since their figures were sent (JSON for assets/static/spice_live.js)."""
+    panels = {"heatmap": {"meta": f"{tag}:heatmap", **heatmap_delta(live)}}
+    for name in ("prefetch", "gantt"):
+        fig = panel_figure(name, live)
+        panels[name] = {"meta": f"{tag}:{name}", "data": fig["data"],
+                        "layout": {k: fig["layout"][k] for k in ("xaxis", "yaxis", "annotations") if k in fig["layout"]}}
+    return json.dumps({"seq": seq, "panels": panels}, separators=(",", ":"), allow_nan=False)

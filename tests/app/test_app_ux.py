@@ -14,7 +14,8 @@ from gradio_client import Client
 from app_helpers import chat_inputs, settings_inputs, wait_for
 from spice_core.api import LaneInterval, RunSettings
 from pages import chat_text, figures
-from pages.chat import EXAMPLES, ChatPage, trim_to_sentence
+from pages.chat import EXAMPLES
+from pages.chat_text import trim_to_sentence
 from pages.live import LiveRun
 
 
@@ -133,7 +134,7 @@ def test_replies_cut_by_the_token_limit_end_at_a_sentence(reply, expected):
 
 def test_live_delta_is_small_json_with_the_figures_tags():
     live = _live()
-    payload = json.loads(ChatPage._delta(live, "t", 1))
+    payload = json.loads(figures.panels_delta(live, "t", 1))
     assert set(payload["panels"]) == {"heatmap", "prefetch", "gantt"}
     assert payload["panels"]["heatmap"]["meta"] == "t:heatmap" and "customdata" not in json.dumps(payload)
 
