@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 # instead of pip's five back-off retries per package.
 export PIP_RETRIES="${PIP_RETRIES:-1}"
 python -m pip install -q -r requirements-dev.txt
-python -m pip install -q --no-deps --no-build-isolation -e .      # the package itself, editable
+# The package itself, editable (with the installed setuptools; an old one without wheel builds in isolation).
+python -m pip install -q --no-deps --no-build-isolation -e . 2>/dev/null || python -m pip install -q --no-deps -e .
 if ! command -v chromium >/dev/null 2>&1; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
