@@ -28,7 +28,7 @@ from spice_core.errors import ConfigError, PromptError, SpiceError
 from spice_core.exec.experts import installed
 from spice_core.generation import build_prompt_ids
 from spice_core.machine import Machine
-from spice_core.model.loader import LoadedModel, load_model
+from spice_core.model.loader import LoadedModel, cache_kwarg, load_model
 from spice_core.policy.cache import cache_slots_for_budget
 from spice_core.policy.planner import LayerPlanner
 from spice_core.policy.spec import get_spec
@@ -77,7 +77,7 @@ class SpiceEngine:
         self._runs: OrderedDict[str, RunRecord] = OrderedDict()
         self._runs_lock = threading.Lock()    # the registry: written by the generating thread, read by any
         self._runs_bytes: dict[str, int] = {}
-        self._fwd_cache_kw = "cache" if "cache" in inspect.signature(lm.model.forward).parameters else "past_key_values"
+        self._fwd_cache_kw = cache_kwarg(lm.model)
         cfg = lm.model.config
         shared = 0
         for name in ("n_shared_experts",):
@@ -208,7 +208,7 @@ class SpiceEngine:
         routing = routing_of(rec.steps)
         if len(routing) < 2:
             return {}
-        costs = self._costs(rec.settings)
+        costs = self._costs(rec.settings, fast=self.machine.fast_path())
         lm = self.lm
         return {p: replay_tpot_ms(routing, p, costs, moe_layers=lm.moe_layers, n_layers=lm.n_layers,
                                   n_experts=lm.n_experts, top_k=lm.top_k, cache_frac=rec.settings.cache_frac,

@@ -10,6 +10,8 @@ is sliced into per-expert buffers and then dropped. Safetensors only; never
 """
 from __future__ import annotations
 
+import inspect
+
 import json
 import logging
 import re
@@ -233,6 +235,12 @@ def load_model(model: str | Path | None, device: str | torch.device | None = Non
 
     tokenizer = _load_tokenizer(path)
     return offload_model(hf, dev, family=family, path=path, tokenizer=tokenizer)
+
+
+def cache_kwarg(model) -> str:
+    """The forward's cache keyword: transformers renamed ``past_key_values`` to ``cache`` (5.24 warns on the
+    old name; 5.17 only knows it)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def offload_model(hf: nn.Module, device: torch.device, *, family: Family | None = None, path: Path | None = None,

@@ -18,11 +18,14 @@ CUDA (measured or modeled). Streams are passed explicitly: looking the current o
 """
 from __future__ import annotations
 
+import contextlib
+import time
 from typing import Callable
 
 import torch
 
 from spice_core.exec.experts import expert_forward
+from spice_core.model.loader import cache_kwarg
 from spice_core.policy.planner import CopyOrder, ExpertRun, LayerPlan
 from spice_core.runtime.slots import SlotBuffer
 from spice_core.types import ExpertKey
@@ -239,7 +242,6 @@ class EagerExecutor:
             self.clock.cpu_collected(op)
             return native
         try:
-            import time
             w0 = time.perf_counter()
             out, worker, t0, t1 = native.result()
             self.clock.cpu_collected(op, (worker, t0, t1, w0, time.perf_counter()))
@@ -261,19 +263,14 @@ class EagerStepper:
     """Feeds the run one token at a time through the stock HF forward over a DynamicCache."""
 
     def __init__(self, lm) -> None:
-        import contextlib
-        import inspect
-
         from transformers import DynamicCache
 
         self.lm = lm
         self.cache = DynamicCache(config=lm.model.config)
-        params = inspect.signature(lm.model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self._null = contextlib.nullcontext
+        self._cache_kw = cache_kwarg(lm.model)
 
     def context(self):
-        return self._null()
+        return contextlib.nullcontext()
 
     def forward(self, ids: list[int]) -> torch.Tensor:
         """``ids``: the prompt on the first call, then the one new token. Returns the next-token logits [V]."""

@@ -25,7 +25,6 @@ Deliberately does not know policies, the engine or timing: it takes a host callb
 from __future__ import annotations
 
 import gc
-import inspect
 import logging
 import time
 from contextlib import contextmanager
@@ -36,6 +35,7 @@ from torch.nn import functional as F
 
 from spice_core.errors import ConfigError, SpiceError
 from spice_core.exec.experts import expert_forward, installed
+from spice_core.model.loader import cache_kwarg
 from spice_core.runtime.graphed_plan import PLAN_ROWS, plan_rows
 from spice_core.types import ExpertKey
 
@@ -131,8 +131,7 @@ class GraphedDecoder:
         self._plan_np, self._idx_np, self._w_np = self.plan_host.numpy(), self.idx_host.numpy(), self.w_host.numpy()
         self._token_np = self.token_host.numpy()
         self.cache = StaticCache(config=cfg, max_cache_len=L)
-        # transformers renamed `past_key_values` to `cache` (5.24 warns on the old name; 5.17 only knows it).
-        self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        self._cache_kw = cache_kwarg(self.model)
         self._hook = _Hook(self)
         self._mode, self._on_layer, self._on_expert = None, None, None
         self._staging = None

@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from spice_core.records import ExpertOutcome, PrefetchRecord
-from spice_core.trace.events import TraceEvent
 from spice_core.types import ExpertKey
 
 HIT_INSTANTS = ("hit", "prefetch_hit")
@@ -109,7 +108,3 @@ class Recorder:
         rec = self.token
         rec.events = self.clock.drain_events()
         return rec
-
-    @staticmethod
-    def stall_ms(events: list[TraceEvent], token: int) -> float:
-        return sum(ev.dur_ms for ev in events if ev.kind == "stall" and ev.token == token)

@@ -74,3 +74,25 @@ def test_shipped_model_answers_in_english_through_the_app():
         c.close()
     finally:
         s.demo.close()
+
+
+def test_real_engine_run_compares_downloads_gzipped_and_sits_beside_its_baselines(real):
+    """What a visitor touches in the trace explorer, on the real engine: the baseline cards, the gzipped
+    Chrome trace and two runs side by side."""
+    import gzip
+
+    c = Client(real.url, verbose=False)
+    ids = []
+    for policy in ("lru", "spice_prefetch"):
+        out = c.predict(*chat_inputs("tell me a story about the dog", max_new_tokens=8, policy=policy,
+                                     cache_frac=0.5), api_name="/chat")
+        ids.append(next(n for n in last_notes(out[1]) if n.startswith("Run ")).split()[1])
+    summary_html = c.predict(ids[1], 0, 16, api_name="/trace_run")[1]
+    assert "vs lru" in summary_html and "vs on_demand" in summary_html and "same routing" in summary_html
+    plain = json.loads(Path(c.predict(ids[1], "chrome", api_name="/export")).read_text())
+    gz = c.predict(ids[1], "chrome_gz", api_name="/export")
+    assert json.loads(gzip.decompress(Path(gz).read_bytes())) == plain
+    html, _timeline, table = c.predict(ids[0], ids[1], 0, 16, api_name="/compare")
+    assert "lru" in html and "spice_prefetch" in html and "TPOT median" in html
+    assert [row[0] for row in table["data"]] == list(real.ctx.info.moe_layers)
+    c.close()
