@@ -2,10 +2,12 @@
 
     python -m training.export --run runs/stage1 --run runs/stage2 --data data/spice-mini --out assets/spice-mini
 
-Loads the last run's bf16 shards into a fresh ``DeepseekV2ForCausalLM`` of its config and
-writes it with ``save_pretrained(max_shard_size="8MB")`` (files stay under 9 MB) — transformers
-then stores the routed experts under per-expert keys (``model.layers.L.mlp.experts.E.gate_proj.weight``)
-like the real DeepSeek-V2-Lite checkpoints — plus the generation config, the tokenizer, the merged
+Loads the last run's bf16 shards into a fresh model of its config's family (DeepSeek-V2 or
+Qwen2-MoE, ``training.model_config.config_from_dict``) and writes it with
+``save_pretrained(max_shard_size="8MB")`` (files stay under 9 MB: the largest tensor, the 2 MB tied
+embedding, is far below the limit) — transformers then stores the routed experts under per-expert keys
+(``model.layers.L.mlp.experts.E.gate_proj.weight``) like the real DeepSeek-V2-Lite and Qwen2-57B-A14B
+checkpoints — plus the generation config, the tokenizer, the merged
 loss log, each stage's ``train_state.json`` (as ``training_stage{n}.json``) and a SHA-256 manifest
 (``checksums.sha256``) that ``checkpoint_check.verify_checkpoint`` reads.
 The model card is written separately (``training.model_card``), after evaluation.
@@ -28,13 +30,12 @@ def load_run_model(run_dir: Path):
     """The trained model (bf16, eval mode) from a run directory's shards and train_state.json."""
     import torch
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM, DeepseekV2Config
+    from transformers import AutoModelForCausalLM
+
+    from training.model_config import config_from_dict
 
     state = json.loads((run_dir / "train_state.json").read_text())
-    cfg_dict = dict(state["config"])
-    for key in ("architectures", "model_type", "transformers_version", "dtype", "torch_dtype"):
-        cfg_dict.pop(key, None)
-    cfg = DeepseekV2Config(**cfg_dict)
+    cfg = config_from_dict(state["config"])
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     sd = {}
     for name in state["weight_files"]:
@@ -75,11 +76,13 @@ def export(run_dirs: list[Path], data_dir: Path, out_dir: Path) -> dict:
     """Export the weights of the last run in ``run_dirs`` (earlier ones are earlier training stages)."""
     from transformers import GenerationConfig
 
+    from training.model_config import ARCHITECTURES
+
     model, state = load_run_model(run_dirs[-1])
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.glob("model*.safetensors*"):
         old.unlink()
-    model.config.architectures = ["DeepseekV2ForCausalLM"]
+    model.config.architectures = [ARCHITECTURES[model.config.model_type]]
     model.generation_config = GenerationConfig(
         bos_token_id=0, eos_token_id=0, pad_token_id=3, max_new_tokens=256, do_sample=False)
     model.save_pretrained(str(out_dir), max_shard_size=MAX_SHARD_SIZE)
@@ -97,7 +100,7 @@ def main() -> None:
     ap.add_argument("--run", type=Path, action="append", required=True,
                     help="training output; repeat for several stages, in order (the last one's weights are exported)")
     ap.add_argument("--data", type=Path, default=Path("data/spice-mini"))
-    ap.add_argument("--out", type=Path, default=Path("assets/spice-mini"))
+    ap.add_argument("--out", type=Path, default=Path("assets/spice-mini"), help="model directory to write")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     export(args.run, args.data, args.out)

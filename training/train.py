@@ -2,15 +2,20 @@
 
     python -m training.corpus --out data/spice-mini            # tokenizer + prose arrays (once)
     python -m training.train --data data/spice-mini --out runs/spice-mini --minutes 7.7
+    python -m training.train --data data/spice-mini --out runs/qwen2 --config qwen2-mini --minutes 7.7
     python -m training.export --run runs/spice-mini --data data/spice-mini --out assets/spice-mini
 
 Mechanics, and why:
 - bf16 weights for the forward/backward, fp32 master weights in the optimizer (AdamW):
   bf16 updates alone lose small steps; the model is small, so the fp32 copy is cheap.
 - transformers' DeepSeek-V2 computes no load-balancing loss and does not return router
-  logits, so forward hooks on every layer's router (``mlp.gate``) capture
-  ``(router_logits [T,E], top_k_index [T,k])`` and the Switch-style loss
-  ``E * sum_e f_e * P_e`` (f: share of routed slots, P: mean router probability) is added.
+  logits (Qwen2-MoE does only with ``output_router_logits``, which the configs leave off), so
+  forward hooks on every MoE layer's router (``mlp.gate`` in both families, returning
+  ``(router_logits, top_k_weights, top_k_index)``) capture ``(router_logits [T,E], top_k_index [T,k])``
+  and the same Switch-style loss ``E * sum_e f_e * P_e`` (f: share of routed slots, P: mean router
+  probability) is added for either family.
+- ``--config`` picks the family too (``mini``/``tiny``: DeepSeek-V2, ``qwen2-mini``/``qwen2-tiny``:
+  Qwen2-MoE, see ``training.model_config``); everything else is the same for both.
 - The learning rate follows *training time*, not a step count (warm-up, then cosine to 10%
   at ``--minutes``), so the run ends annealed whatever throughput the machine gives.
 - Every ``--save-every-s`` seconds and at the end: bf16 weights as safetensors shards plus
@@ -36,6 +41,8 @@ import numpy as np
 from training.data import MixConfig, MixedBatches
 
 log = logging.getLogger("training.train")
+# The keys of training.model_config.CONFIGS, spelled out so parsing flags imports no transformers/torch.
+CONFIG_NAMES = ("mini", "tiny", "qwen2-mini", "qwen2-tiny")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -45,7 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--data", type=Path, default=Path("data/spice-mini"))
     ap.add_argument("--out", type=Path, default=Path("runs/spice-mini"))
     ap.add_argument("--ckpt-dir", type=Path, default=None, help="full checkpoints (default: <out>/ckpt)")
-    ap.add_argument("--config", default="mini", choices=("mini", "tiny"))
+    ap.add_argument("--config", default="mini", choices=CONFIG_NAMES,
+                    help="model family and size (training.model_config)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--minutes", type=ca.positive_float, default=7.7, help="training time the LR schedule spans")
     ap.add_argument("--max-steps", type=ca.int_in(0), default=0, help="stop after this many steps (0: time only)")
@@ -208,12 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
     from transformers import AutoModelForCausalLM
 
-    from training.model_config import CONFIGS
+    from training.model_config import build_config
 
     device = torch.device(args.device)
     torch.manual_seed(args.seed)
-    cfg = CONFIGS[args.config](vocab_size=manifest["vocab_size"], max_positions=args.seq) \
-        if args.config == "mini" else CONFIGS[args.config](vocab_size=manifest["vocab_size"])
+    cfg = build_config(args.config, manifest["vocab_size"], args.seq)
     if args.init_from:
         model = AutoModelForCausalLM.from_pretrained(str(args.init_from), dtype=torch.bfloat16,
                                                      use_safetensors=True).to(device)
@@ -241,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         for p, m in zip(params, masters):
             p.copy_(m)
     n_params = sum(p.numel() for p in params)
-    num_experts = cfg.n_routed_experts
+    num_experts = cfg.num_experts        # both families (DeepSeek maps it to n_routed_experts)
     capture = RouterCapture(model)
     budget_s = args.minutes * 60
     log.info("model %s: %d parameters (%.1f MB bf16), %d MoE layers; device %s; torch %s transformers %s",
