@@ -1,6 +1,6 @@
 """SpiceEngine: the one generator every front end drives (CLI, app, benchmarks).
 
-    SpiceEngine.load(model, device) ─► LoadedModel (experts in HostStore, rest on device)
+    SpiceEngine.load(model, device) ─► LoadedModel (experts in HostStore, rest on device; float32 on the CPU)
     start_prompt / start_chat / start_ids ─► GenerationRun (run.py: the loop, an iterator of StepStats)
         per run: build_runtime ─► LayerRuntime(LayerPlanner (policy state, decisions), EagerExecutor (slots sized
                  from the budget, copy stream, CPU lane, LoRE), clock (modeled or measured), Recorder, predictor)
@@ -88,15 +88,18 @@ class SpiceEngine:
         self.native_shape = ModelShape(
             name="native", hidden=lm.layout.hidden, expert_intermediate=lm.layout.intermediate,
             shared_intermediate=shared, dense_intermediate=int(getattr(cfg, "intermediate_size", 0) or 0),
-            attention_params=self._attention_params(), dtype_bytes=lm.layout.nbytes // lm.layout.numel,
+            attention_params=self._attention_params(), dtype_bytes=lm.expert_bytes // lm.layout.numel,
             source="the loaded model's own dimensions")
         self.artifacts = None    # calibration artifacts (draft heads, LoRE), see load_artifacts
         self._cpu_lane = None
         self._cpu_lane_error = ""
 
     @classmethod
-    def load(cls, model: str | Path | None = None, device: str | None = None, **kw) -> "SpiceEngine":
-        engine = cls(load_model(model, device), **kw)
+    def load(cls, model: str | Path | None = None, device: str | None = None, dtype: torch.dtype | None = None,
+             **kw) -> "SpiceEngine":
+        """``dtype`` None: the checkpoint's, except on the CPU, where a half-precision checkpoint computes in
+        float32 (several times faster there) and keeps its own dtype for byte accounting and modeled times."""
+        engine = cls(load_model(model, device, dtype, float32_on_cpu=True), **kw)
         engine.load_artifacts()
         return engine
 
@@ -115,7 +118,7 @@ class SpiceEngine:
         lm = self.lm
         return EngineInfo(
             model_name=lm.name, family=lm.family.name, n_layers=lm.n_layers, moe_layers=lm.moe_layers,
-            n_experts=lm.n_experts, top_k=lm.top_k, expert_bytes=lm.layout.nbytes, device=lm.device.type,
+            n_experts=lm.n_experts, top_k=lm.top_k, expert_bytes=lm.expert_bytes, device=lm.device.type,
             default_timing=self.timing, policies=POLICIES, profiles=profile_names(), shapes=shape_names(),
             has_draft=bool(self.artifacts and self.artifacts.draft is not None),
             has_lore=bool(self.artifacts and self.artifacts.lore is not None),
@@ -129,10 +132,10 @@ class SpiceEngine:
 
     @property
     def routed_bytes(self) -> int:
-        return self.lm.host.total_bytes
+        return self.lm.routed_bytes
 
     def min_cache_bytes(self) -> int:
-        return self.lm.top_k * self.lm.layout.nbytes
+        return self.lm.top_k * self.lm.expert_bytes
 
     # ------------------------------------------------------------------ runs
     def start_prompt(self, prompt: str, settings: RunSettings) -> "GenerationRun":
@@ -212,7 +215,7 @@ class SpiceEngine:
         lm = self.lm
         return {p: replay_tpot_ms(routing, p, costs, moe_layers=lm.moe_layers, n_layers=lm.n_layers,
                                   n_experts=lm.n_experts, top_k=lm.top_k, cache_frac=rec.settings.cache_frac,
-                                  native_expert_bytes=lm.layout.nbytes, prompt_tokens=len(rec.prompt_ids))
+                                  native_expert_bytes=lm.expert_bytes, prompt_tokens=len(rec.prompt_ids))
                 for p in REPLAYABLE}
 
     def export_chrome_trace(self, run_id: str, out_dir: Path, gzipped: bool = False) -> Path:
@@ -280,7 +283,7 @@ class SpiceEngine:
 
     def _timeline(self, costs: CostModel, modeled: bool):
         if self.machine.run_timing(modeled) == "modeled":
-            return ModeledTimeline(costs, native_expert_bytes=self.lm.layout.nbytes, cpu_workers=1)
+            return ModeledTimeline(costs, native_expert_bytes=self.lm.expert_bytes, cpu_workers=1)
         from spice_core.timing.measured import MeasuredTimeline
 
         return MeasuredTimeline(self.lm.device, torch.cuda.Stream(self.lm.device), est_copy_ms=costs.copy_ms())
@@ -323,7 +326,7 @@ class SpiceEngine:
                              "(build them with: python -m spice_core calibrate --model M)")
             else:
                 predictor = draft
-                reserved += draft.budget_bytes(lm.layout.nbytes, costs.shape)   # sized for the modeled shape
+                reserved += draft.budget_bytes(lm.expert_bytes, costs.shape)   # sized for the modeled shape
         if spec.use_lore:
             lore_all = self.artifacts.lore if self.artifacts else None
             if lore_all is None:
@@ -340,7 +343,7 @@ class SpiceEngine:
                                  f"python -m spice_core calibrate --model M --lore-only)")
                     rank = lore_all.max_rank
                 lore = lore_all.with_rank(rank)
-                reserved += lore.budget_bytes(lm.layout.nbytes, costs.shape)   # sized for the modeled shape
+                reserved += lore.budget_bytes(lm.expert_bytes, costs.shape)   # sized for the modeled shape
         cpu_lane = None
         real_lane = self.machine.run_timing(modeled) == "measured"   # else the CPU lane is modeled inline
         if spec.use_cpu and s.cpu_lane and real_lane:
@@ -354,12 +357,12 @@ class SpiceEngine:
             n_slots = len(lm.host)
         else:
             budget = int(s.cache_frac * self.routed_bytes)
-            n_slots = cache_slots_for_budget(budget, lm.layout.nbytes, reserved)
+            n_slots = cache_slots_for_budget(budget, lm.expert_bytes, reserved)
             n_slots = min(n_slots, len(lm.host))
-            if n_slots < lm.top_k and reserved and cache_slots_for_budget(budget, lm.layout.nbytes) >= lm.top_k:
+            if n_slots < lm.top_k and reserved and cache_slots_for_budget(budget, lm.expert_bytes) >= lm.top_k:
                 # The draft heads and LoRE factors do not fit beside one layer's experts (a miniature timed at
                 # its own, native shape: its heads are about an expert each). Run without them, and say so.
-                need = (reserved + lm.top_k * lm.layout.nbytes) / self.routed_bytes
+                need = (reserved + lm.top_k * lm.expert_bytes) / self.routed_bytes
                 notes.append(f"the draft heads and LoRE factors ({reserved / 1e6:.1f} MB) do not fit in this GPU cache "
                              f"beside one layer's experts: running without them (the gate predictor, exact misses); "
                              f"raise the GPU cache to >= {need:.2f} of the experts to use them")
@@ -367,7 +370,7 @@ class SpiceEngine:
                     from spice_core.predictor.gate import GatePredictor
                     predictor = GatePredictor(lm)
                 lore, reserved = None, 0
-                n_slots = min(cache_slots_for_budget(budget, lm.layout.nbytes), len(lm.host))
+                n_slots = min(cache_slots_for_budget(budget, lm.expert_bytes), len(lm.host))
             if n_slots < lm.top_k:
                 raise ConfigError(
                     f"cache budget {budget / 1e9:.4f} GB leaves room for {n_slots} experts after "
@@ -396,7 +399,7 @@ class SpiceEngine:
                                max_lookahead=s.max_lookahead, can_approx=lore is not None,
                                can_cpu=can_cpu, host_aware=self.host_aware)
         clock = self._timeline(costs, modeled)
-        recorder = Recorder(clock, lm.layout.nbytes, costs.expert_bytes if clock.mode == "modeled" else None)
+        recorder = Recorder(clock, lm.expert_bytes, costs.expert_bytes if clock.mode == "modeled" else None)
         measured = clock.mode == "measured"
         kw = dict(copy_stream=getattr(clock, "copy_stream", None), cpu_lane=None if fast else cpu_lane,
                   lore=lore, modeled_cpu=modeled_cpu and not fast, **(self._link_pacing() if measured else {}))

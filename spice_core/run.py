@@ -171,8 +171,8 @@ class GenerationRun:
             finish = finish or "length"
         self.record.notes = notes
         self.record.totals = dict(rt.totals, cache_slots=rt.slots.n_slots,
-                                  cache_capacity_bytes=rt.slots.capacity_bytes,
-                                  expert_bytes=lm.layout.nbytes, routed_bytes=eng.routed_bytes)
+                                  cache_capacity_bytes=rt.slots.n_slots * lm.expert_bytes,
+                                  expert_bytes=lm.expert_bytes, routed_bytes=eng.routed_bytes)
         self._finish(streamer, finish, notes)
 
     def _finish(self, streamer: TextStreamer, finish: str, notes: list[str]) -> None:

@@ -314,7 +314,9 @@ def load_lore_bank(path: str | Path, lm) -> LoreBank:
             raise ArtifactError(f"LoRE file {path}: layer {layer}'s factors have inconsistent shapes {shapes}: "
                                 f"rebuild it with: {CALIBRATE_HINT}")
         layers[layer] = ly
+    # The checkpoint's precision, also where the CPU computes the model in float32: the factors, their budget
+    # and the approximations stay those of the model a GPU run holds.
     return LoreBank(layers, hidden=H, expert_width=lm.layout.intermediate, n_experts=E,
-                    act=lm.experts_modules[lm.moe_layers[0]].act_fn, dtype=lm.layout.dtype,
+                    act=lm.experts_modules[lm.moe_layers[0]].act_fn, dtype=lm.offload_dtype or lm.layout.dtype,
                     shared_fn=shared_fn_for(lm), device="cpu", target_device=lm.device, fingerprint=fp,
                     info=json.loads(meta.get("info", "{}") or "{}"))

@@ -49,10 +49,25 @@ class LoadedModel:
     host: HostStore
     device: torch.device
     experts_modules: dict = field(default_factory=dict)   # layer -> OffloadedExperts
+    # The dtype that budgets, byte counts and modeled times count in: the checkpoint's when a half-precision
+    # checkpoint is computed in float32 on the CPU (`load_model(float32_on_cpu=True)`), so the run models
+    # the same offload as on a GPU; None: the loaded dtype.
+    offload_dtype: torch.dtype | None = None
 
     @property
     def name(self) -> str:
         return self.path.name
+
+    @property
+    def expert_bytes(self) -> int:
+        """One routed expert, in `offload_dtype` (what a GPU run holds and copies per expert)."""
+        dtype = self.offload_dtype or self.layout.dtype
+        return self.layout.numel * torch.empty((), dtype=dtype).element_size()
+
+    @property
+    def routed_bytes(self) -> int:
+        """All routed experts, in `offload_dtype`."""
+        return len(self.host) * self.expert_bytes
 
     @property
     def max_context_tokens(self) -> int:
@@ -190,8 +205,14 @@ def _check_expert_keys(path: Path, keys: set[str], family: Family, moe_layers: t
                     "the checkpoint is incomplete; re-save or re-download it")
 
 
+HALF_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 def load_model(model: str | Path | None, device: str | torch.device | None = None,
-               dtype: torch.dtype | None = None) -> LoadedModel:
+               dtype: torch.dtype | None = None, *, float32_on_cpu: bool = False) -> LoadedModel:
+    """``dtype`` None: the checkpoint's. ``float32_on_cpu``: on the CPU, a half-precision checkpoint (dtype not
+    given) is loaded in float32, because half-precision matmuls on the CPU are several times slower at these
+    sizes; its byte accounting stays in the checkpoint's dtype (`LoadedModel.offload_dtype`)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path = resolve_model_path(model)
@@ -226,6 +247,10 @@ def load_model(model: str | Path | None, device: str | torch.device | None = Non
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()   # a library should not draw progress bars on the user's terminal
+    offload_dtype = None
+    stored = HALF_DTYPES.get(str(cfg_dict.get("dtype") or cfg_dict.get("torch_dtype") or ""))
+    if float32_on_cpu and dtype is None and dev.type == "cpu" and stored is not None:
+        dtype, offload_dtype = torch.float32, stored
     try:
         hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or "auto", trust_remote_code=False,
                                                   use_safetensors=True)
@@ -234,7 +259,7 @@ def load_model(model: str | Path | None, device: str | torch.device | None = Non
     hf.eval()
 
     tokenizer = _load_tokenizer(path)
-    return offload_model(hf, dev, family=family, path=path, tokenizer=tokenizer)
+    return offload_model(hf, dev, family=family, path=path, tokenizer=tokenizer, offload_dtype=offload_dtype)
 
 
 def cache_kwarg(model) -> str:
@@ -244,10 +269,11 @@ def cache_kwarg(model) -> str:
 
 
 def offload_model(hf: nn.Module, device: torch.device, *, family: Family | None = None, path: Path | None = None,
-                  tokenizer=None) -> LoadedModel:
+                  tokenizer=None, offload_dtype: torch.dtype | None = None) -> LoadedModel:
     """Move an in-memory transformers MoE model into the offloaded layout: routed experts into
     HostStore (one slab, a row per expert, pinned on CUDA), `mlp.experts` replaced, the rest on ``device``.
-    The fused expert tensors may live on any device; they are freed layer by layer."""
+    The fused expert tensors may live on any device; they are freed layer by layer. ``offload_dtype``:
+    see `LoadedModel.offload_dtype`."""
     from spice_core.exec.experts import OffloadedExperts
 
     device = torch.device(device)
@@ -284,7 +310,7 @@ def offload_model(hf: nn.Module, device: torch.device, *, family: Family | None 
     log.info("offloaded %s (%s): %d MoE layers x %d experts, %.1f MB of routed experts in host memory",
              path.name, family.name, len(moe_layers), n_experts, host.total_bytes / 1e6)
     return LoadedModel(hf, tokenizer, family, path, moe_layers, len(hf.model.layers), n_experts, top_k, layout,
-                       host, device, experts_modules)
+                       host, device, experts_modules, offload_dtype)
 
 
 def _load_tokenizer(path: Path):

@@ -96,7 +96,7 @@ class EagerExecutor:
         self.sleep_cycles_per_ms = sleep_cycles_per_ms
         self._ready: dict[int, object] = {}        # slot -> clock handle of the copy that filled it
         self._free_event: dict[int, object] = {}   # slot -> CUDA event after the last compute that read it
-        self._expert_bytes = lm.layout.nbytes
+        self._expert_bytes = lm.expert_bytes
 
     # ------------------------------------------------------------------ set-up
     def load_static(self, placed: list[tuple[int, ExpertKey]]) -> None:

@@ -49,7 +49,7 @@ class LayerRuntime:
     @property
     def used_bytes(self) -> int:
         """Bytes of the experts the cache holds now."""
-        return len(self.planner.residency) * self.lm.layout.nbytes
+        return len(self.planner.residency) * self.lm.expert_bytes
 
     @property
     def totals(self) -> dict:

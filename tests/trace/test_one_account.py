@@ -71,7 +71,7 @@ def test_native_and_modeled_shape_bytes_are_separate_fields_that_agree_with_the_
                                                shape="deepseek-v2-lite"))
     steps = list(run)
     summary, events = eng.get_summary(run.run_id), eng.get_events(run.run_id)
-    native, shape = eng.lm.layout.nbytes, get_shape("deepseek-v2-lite").expert_bytes
+    native, shape = eng.lm.expert_bytes, get_shape("deepseek-v2-lite").expert_bytes
     for st in steps:
         copies = st.bytes_copied // native
         assert st.bytes_copied == copies * native and st.shape_bytes_copied == copies * shape
