@@ -194,8 +194,8 @@ def check_config(cfg, where: str = "config") -> None:
             if unknown:
                 raise ConfigError(f"{w} has unknown keys {unknown}: allowed are {', '.join(RUN_KEYS)}")
             _check_common(w, r)
-            if "n_prompts" in r:
-                _int(w, "n_prompts", r["n_prompts"], 1, MAX_PROMPTS)
+            if "n_prompts" in r:     # 0: the block runs the long prompt alone
+                _int(w, "n_prompts", r["n_prompts"], 0 if r.get("long_prompt") else 1, MAX_PROMPTS)
             if "long_prompt" in r:
                 _bool(w, "long_prompt", r["long_prompt"])
             if "variant" in r and not isinstance(r["variant"], str):

@@ -11,6 +11,7 @@ Pure: dicts in, dicts out.
 """
 from __future__ import annotations
 
+import random
 import statistics
 
 # What identifies one configuration: records that share it are runs of the same thing.
@@ -39,12 +40,29 @@ def raw_from_runs(runs) -> dict:
     }
 
 
+BOOTSTRAP_RESAMPLES = 1000
+
+
+def median_ci95(values: list[float], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> list[float] | None:
+    """Bootstrap 95% interval of the median of ``values`` (percentile method, fixed seed: the same
+    steps always give the same interval)."""
+    if len(values) < 2:
+        return None
+    rng = random.Random(seed)
+    n = len(values)
+    meds = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(resamples))
+    return [meds[int(0.025 * (resamples - 1))], meds[int(0.975 * (resamples - 1))]]
+
+
 def derive(raw: dict) -> dict:
     """The reported metrics of a record, from its raw data."""
     tpots = sorted(raw["step_ms"])
     n = len(tpots)
+    median = statistics.median(tpots) if tpots else None
     return {
-        "tpot_ms_median": statistics.median(tpots) if tpots else None,
+        "tpot_ms_median": median,
+        "tpot_ms_median_ci95": median_ci95(tpots),
+        "tokens_per_s": 1e3 / median if median else None,
         "tpot_ms_p90": tpots[int(0.9 * (n - 1))] if tpots else None,
         "ttft_ms_median": statistics.median(raw["ttft_ms"]) if raw["ttft_ms"] else None,
         "hit_rate": raw["hits"] / raw["selections"] if raw["selections"] else None,
@@ -81,9 +99,10 @@ def merge_records(records: list[dict]) -> list[dict]:
         if key not in merged:
             merged[key] = dict(r)
         elif "raw" in r and "raw" in merged[key]:
-            m = merged[key]
-            m["raw"] = _combine(m["raw"], r["raw"])
-            m.update(derive(m["raw"]))
+            merged[key]["raw"] = _combine(merged[key]["raw"], r["raw"])
+    for m in merged.values():
+        if "raw" in m:
+            m.update(derive(m["raw"]))     # also a lone record: what derive reports may have grown since
     add_floors(list(merged.values()))
     return list(merged.values())
 

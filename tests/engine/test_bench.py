@@ -138,3 +138,48 @@ def test_traces_of_every_prompt_when_asked(tmp_path):
     run_bench(_load_config(path), tmp_path / "out", "cpu")
     assert sorted(p.name for p in (tmp_path / "out").glob("trace-*.json")) == [
         "trace-native-0.30-lru-p0.json", "trace-native-0.30-lru-p1.json"]
+
+
+def test_heldout_prompts_come_from_the_file_beside_the_benched_model(tmp_path):
+    """Regression: {"heldout": N} read the default shipped model's file whatever model was benched; a second
+    shipped model (spice-mini-qwen2) has a held-out split of its own."""
+    from spice_core.model.loader import _load_tokenizer
+    from spice_core.tools.bench import _prompt_ids, model_folder
+    from tiny_models import build_tiny, write_heldout
+
+    d = build_tiny("qwen2_moe", tmp_path / "m")
+    write_heldout(d, "red")
+    tok = _load_tokenizer(d)
+    for spec in (str(d), f"lift:{d}"):
+        assert model_folder(spec) == d
+        ids = _prompt_ids({"prompts": {"heldout": 1}}, tok, 96, model_folder(spec))
+        assert tok.decode(ids[0]) == "the red dog"
+
+
+def test_median_interval_holds_the_median_and_merging_shards_gives_the_unsharded_record():
+    import random
+
+    from spice_core.tools.bench_records import derive, median_ci95, merge_records
+
+    rng = random.Random(3)
+    steps = [rng.gauss(40.0, 4.0) for _ in range(400)]
+    lo, hi = median_ci95(steps)
+    med = derive({"step_ms": steps, "ttft_ms": [1.0], "selections": 1, "hits": 1, "bytes": 0, "stall_ms": 0.0,
+                  "miss_split": {}, "wasted_prefetch_bytes": 0, "agreements": [], "gpu_peak_bytes": 0,
+                  "n_runs": 1})["tpot_ms_median"]
+    assert lo <= med <= hi and hi - lo < 2.0
+    assert median_ci95(steps) == [lo, hi]                   # fixed seed: the same steps, the same interval
+    assert median_ci95([1.0]) is None
+
+    def rec(part):
+        raw = {"step_ms": part, "ttft_ms": [1.0], "selections": len(part), "hits": 0, "bytes": 0, "stall_ms": 0.0,
+               "miss_split": {"copy": len(part)}, "wasted_prefetch_bytes": 0, "agreements": [], "gpu_peak_bytes": 0,
+               "n_runs": 1}
+        return {"model": "m", "timing": "measured", "link": "native", "budget_frac": 0.25, "policy": "lru",
+                "workload": "prompts", "variant": "", "raw": raw, **derive(raw)}
+
+    whole = merge_records([rec(steps)])[0]
+    sharded = merge_records([rec(steps[::2]), rec(steps[1::2])])[0]
+    assert sorted(whole["raw"]["step_ms"]) == sorted(sharded["raw"]["step_ms"])
+    assert whole["tpot_ms_median"] == sharded["tpot_ms_median"]
+    assert whole["tpot_ms_median_ci95"] is not None and sharded["n_runs"] == 2
