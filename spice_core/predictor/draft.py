@@ -144,7 +144,8 @@ class DraftPredictor:
             if not cuda:
                 return logits, None
             if self._host_buf is None or self._host_buf.shape != logits.shape:
-                self._host_buf = torch.empty(logits.shape, dtype=torch.float32, pin_memory=True)
+                with torch.inference_mode(False):   # outlives the run; written again by passes outside inference mode
+                    self._host_buf = torch.empty(logits.shape, dtype=torch.float32, pin_memory=True)
             self._host_buf.copy_(logits, non_blocking=True)   # read in `predict` before the next launch
             ready = torch.cuda.Event()
             ready.record(ctx.stream if ctx.stream is not None else torch.cuda.current_stream(w.device))

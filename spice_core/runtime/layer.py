@@ -81,9 +81,9 @@ class LayerRuntime:
         return Queues(self.clock.now_ms(), self.clock.copy_free_at_ms())
 
     # ------------------------------------------------------------------ the layer
-    @torch.no_grad()
     def run_layer(self, layer: int, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, act):
-        """x [T,H], top_k_index/top_k_weights [T,K] -> [T,H]."""
+        """x [T,H], top_k_index/top_k_weights [T,K] -> [T,H]. Called with autograd off: every pass that installs
+        a runtime runs under inference mode or no_grad (a decorator here cost 3 µs a layer)."""
         T = x.shape[0]
         clock, planner, ex = self.clock, self.planner, self.executor
         for l_ in self._layers_before[layer]:
