@@ -41,14 +41,14 @@ def test_qwen2_mini_has_the_57b_a14b_topology():
     assert attn.q_proj.out_features == 2 * 128 and attn.k_proj.out_features == attn.v_proj.out_features == 128
     assert attn.q_proj.bias is not None and attn.k_proj.bias is not None and attn.o_proj.bias is None
     for layer in model.model.layers:
-        assert layer.mlp.experts.gate_up_proj.shape == (64, 2 * 20, 128)
-        assert layer.mlp.shared_expert.gate_proj.out_features == 96
+        assert layer.mlp.experts.gate_up_proj.shape == (64, 2 * 16, 128)
+        assert layer.mlp.shared_expert.gate_proj.out_features == 128
         assert layer.mlp.shared_expert_gate.weight.shape == (1, 128)
 
 
 def test_qwen2_mini_fits_40_mb_in_bf16():
     params = sum(p.numel() for p in _meta_model("qwen2-mini").parameters())
-    assert params == 18_850_432
+    assert params == 16_441_984
     assert params * 2 <= 40_000_000
 
 
