@@ -24,6 +24,53 @@ def expert_forward(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     return F.linear(act(gate) * up, down)
 
 
+def gathered_experts_forward(x: torch.Tensor, buffer: torch.Tensor, slots: torch.Tensor, layout,
+                             act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """K experts of one token at once. x [1,H]; buffer [n_slots, numel], one expert per row in HostStore's flat
+    layout ([gate_up (2I x H) | down (H x I)]); slots [K] long -> [K,H] (unweighted, in ``slots`` order).
+    The K rows are gathered (one copy), then two batched matmuls: a dozen dispatches for all K experts, where
+    `expert_forward` takes five per expert plus the views of its weights."""
+    K, H = slots.shape[0], x.shape[-1]
+    I_, numel = layout.intermediate, layout.numel
+    rows = buffer.index_select(0, slots)                                    # [K, numel]
+    off = rows.storage_offset()
+    gu = rows.as_strided((K, 2 * I_, H), (numel, H, 1), off)               # [K,2I,H]
+    dn = rows.as_strided((K, H, I_), (numel, I_, 1), off + 2 * I_ * H)     # [K,H,I]
+    gate, up = torch.bmm(x.expand(K, 1, H), gu.transpose(1, 2)).chunk(2, dim=-1)
+    return torch.bmm(act(gate) * up, dn.transpose(1, 2)).view(K, H)
+
+
+def combine_one_token(x: torch.Tensor, needed, routes: dict, outs: dict, batches: list,
+                      top_k_weights: torch.Tensor) -> torch.Tensor:
+    """One token's routed output [1,H] with the stock experts loop's rounding: y_e · w_e in the router weights'
+    dtype, cast to x's dtype, added in ascending expert order. ``needed``: the experts, ascending;
+    ``routes[e][1][0]``: e's top-k position; top_k_weights [1,K]. Outputs come from ``outs`` (expert -> [1,H])
+    and ``batches`` ((ys [n,H], the expert of each row), from `gathered_experts_forward`). When one batch
+    holds all K selections in top-k position order, the weighting is one multiply for all of them."""
+    if not needed:
+        return torch.zeros_like(x)
+    K = top_k_weights.shape[-1]
+    if len(batches) == 1 and not outs and len(batches[0][1]) == K:     # row j is top-k position j
+        terms = batches[0][0] * top_k_weights.view(K, 1)
+        if terms.dtype != x.dtype:
+            terms = terms.to(x.dtype)
+        rows = terms.unbind(0)
+        order = [routes[e][1][0] for e in needed]
+        acc = rows[order[0]]
+        for j in order[1:]:
+            acc = acc + rows[j]
+        return acc.view(1, -1)
+    outs = dict(outs)
+    for ys, experts in batches:
+        outs.update(zip(experts, ys.unbind(0)))
+    acc = None
+    for e in needed:
+        p = routes[e][1][0]
+        t = (outs[e].view(1, -1) * top_k_weights[:, p:p + 1]).to(x.dtype)
+        acc = t if acc is None else acc + t
+    return acc
+
+
 @contextmanager
 def installed(lm, runtime) -> Iterator[None]:
     """The one way to point every experts module of ``lm`` at ``runtime`` (anything with

@@ -1,9 +1,10 @@
-"""EagerExecutor: carries out a layer's plan with PyTorch calls, one expert at a time.
+"""EagerExecutor: carries out a layer's plan with PyTorch calls, one expert at a time (one batch on the CPU).
 
     read_routing ─► (idx rows, weight rows) as lists: ONE device-to-host readback per layer
     start_layer  ─► CPU-lane tasks, demand copies into their slots (copy stream)
     issue        ─► prefetch copies (copy stream), each bracketed for the clock
-    run_experts  ─► per expert, ascending: wait for its copy, its matmuls (or LoRE), free the slot
+    run_experts  ─► per expert, ascending: wait for its copy, its matmuls (or LoRE), free the slot;
+                    on the CPU at one token, the slot experts' matmuls run as one gathered batch
     finish_layer ─► CPU results, then the combine in ascending expert order
 
 No decisions: slots, order and actions come from the planner (policy/planner.py). It owns the
@@ -24,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from spice_core.exec.experts import expert_forward
+from spice_core.exec.experts import combine_one_token, expert_forward, gathered_experts_forward
 from spice_core.model.loader import cache_kwarg
 from spice_core.policy.planner import CopyOrder, ExpertRun, LayerPlan
 from spice_core.runtime.slots import SlotBuffer
@@ -97,6 +98,10 @@ class EagerExecutor:
         self._ready: dict[int, object] = {}        # slot -> clock handle of the copy that filled it
         self._free_event: dict[int, object] = {}   # slot -> CUDA event after the last compute that read it
         self._expert_bytes = lm.expert_bytes
+        # On the CPU a token's experts held in slots run as one gathered batch (no events to bracket them);
+        # on CUDA each expert keeps its own kernels, bracketed by events for the measured clock.
+        self.batched = not self.cuda
+        self._batches: list = []        # the current layer's gathered batches (CPU): (ys [n,H], expert of each row)
 
     # ------------------------------------------------------------------ set-up
     def load_static(self, placed: list[tuple[int, ExpertKey]]) -> None:
@@ -190,6 +195,8 @@ class EagerExecutor:
         return rows, cpu
 
     def run_experts(self, layer: int, runs: tuple[ExpertRun, ...], rows: _Rows, x: torch.Tensor, act: Callable) -> dict:
+        if self.batched and rows.T == 1:
+            return self._run_experts_batched(layer, runs, rows, x, act)
         clock, outs = self.clock, {}
         for r in runs:
             key = ExpertKey(layer, r.expert)
@@ -214,11 +221,51 @@ class EagerExecutor:
                 self._ready.pop(r.slot, None)
         return outs
 
+    def _run_experts_batched(self, layer: int, runs: tuple[ExpertRun, ...], rows: _Rows, x: torch.Tensor,
+                             act: Callable) -> dict:
+        """One token (x [1,H]) on the CPU: the clock and recorder hear about every expert in the same order as
+        `run_experts`, but the experts held in slots run as one gathered batch (`_flush`). A late copy may
+        refill a slot an earlier expert of this layer reads, so the experts gathered so far run first."""
+        clock, outs, pending = self.clock, {}, []
+        self._batches = []
+        for r in runs:
+            key = ExpertKey(layer, r.expert)
+            if r.outcome == APPROX:
+                outs[r.expert] = self.lore.apply(key, x)
+                clock.approx(key, 1, self.lore.rank)
+                continue
+            if r.late_copy is not None:
+                self._flush(pending, rows, x, act)
+                self.issue(r.late_copy)
+            if r.prefetch_used is not None:
+                self.recorder.prefetch_used(key, r.prefetch_used, clock.now_ms())
+            self.wait_ready(r.slot)
+            pending.append((r.expert, r.slot))
+            clock.gpu_expert(key, 1)
+            if r.drop_after:
+                self._ready.pop(r.slot, None)
+        self._flush(pending, rows, x, act)
+        return outs
+
+    def _flush(self, pending: list, rows: _Rows, x: torch.Tensor, act: Callable) -> None:
+        """Run the (expert, slot) pairs gathered so far as one batch, in top-k position order (so that the
+        combine weights them with one multiply), into this layer's ``_batches``."""
+        if not pending:
+            return
+        routes = rows.routes
+        pending.sort(key=lambda es: routes[es[0]][1][0])
+        ys = gathered_experts_forward(x, self.slots.buffer, torch.tensor([s for _, s in pending]), self.lm.layout,
+                                      act)
+        self._batches.append((ys, [e for e, _ in pending]))
+        pending.clear()
+
     def finish_layer(self, plan: LayerPlan, rows: _Rows, outs: dict, cpu: dict, x: torch.Tensor,
                      top_k_weights: torch.Tensor, act: Callable, fallback) -> torch.Tensor:
         """Collect CPU results (``fallback(key)`` -> a CopyOrder when a task failed), then combine."""
         for e, handle in cpu.items():
             outs[e] = self._collect_cpu(ExpertKey(plan.layer, e), handle, rows(x, e), act, fallback)
+        if self.batched and rows.T == 1:
+            return combine_one_token(x, plan.needed, plan.routes, outs, self._batches, top_k_weights)
         # Combine exactly as the stock loop does.
         final = torch.zeros_like(x)
         for e in plan.needed:

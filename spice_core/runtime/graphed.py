@@ -34,7 +34,7 @@ import torch
 from torch.nn import functional as F
 
 from spice_core.errors import ConfigError, SpiceError
-from spice_core.exec.experts import expert_forward, installed
+from spice_core.exec.experts import expert_forward, gathered_experts_forward, installed
 from spice_core.model.loader import cache_kwarg
 from spice_core.runtime.graphed_plan import PLAN_ROWS, plan_rows
 from spice_core.types import ExpertKey
@@ -302,13 +302,7 @@ class GraphedDecoder:
         slot_e, perm, valid = plan[0], plan[1], plan[2]
         w = top_k_weights.view(-1).index_select(0, perm).view(K, 1)       # router dtype
         if self.kernel == "gather":
-            rows = self.buffer.index_select(0, slot_e)                       # [K, numel]: one row gather (a copy)
-            lay, off = self.lm.layout, rows.storage_offset()
-            I_, numel = lay.intermediate, lay.numel
-            gu = rows.as_strided((K, 2 * I_, H), (numel, H, 1), off)        # [K,2I,H]
-            dn = rows.as_strided((K, H, I_), (numel, I_, 1), off + 2 * I_ * H)   # [K,H,I]
-            gate, up = torch.bmm(x.expand(K, 1, H), gu.transpose(1, 2)).chunk(2, dim=-1)
-            y = torch.bmm(act(gate) * up, dn.transpose(1, 2)).view(K, H)
+            y = gathered_experts_forward(x, self.buffer, slot_e, self.lm.layout, act)   # [K,H]
         else:
             offs = torch.searchsorted(plan[3], self._slot_ids, right=True).to(torch.int32)   # group ends
             gate, up = F.grouped_mm(x.expand(K, H).contiguous(), self._gu.transpose(1, 2), offs=offs).chunk(2, -1)
