@@ -140,3 +140,12 @@ def test_qwen2_tiny_trains_exports_and_the_export_generates(tmp_path, shipped_di
     prompt = torch.tensor([[0, 1, 100, 200]])
     generated = model.generate(prompt, max_new_tokens=6, do_sample=False)
     assert generated.shape == (1, 10) and int(generated.max()) < 8192
+
+
+def test_shipped_configs_keep_bf16_expert_rows_16_byte_aligned():
+    # The GPU's grouped matmul (the fast experts kernel in training) refuses rows that are not 16-byte aligned.
+    for name in ("mini", "qwen2-mini"):
+        cfg = build_config(name, 8192, 512)
+        widths = [cfg.hidden_size, cfg.moe_intermediate_size]
+        widths += [getattr(cfg, "shared_expert_intermediate_size", 0) or 0]
+        assert all(w * 2 % 16 == 0 for w in widths), (name, widths)
