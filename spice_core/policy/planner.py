@@ -33,6 +33,8 @@ from spice_core.types import ExpertKey
 
 # Outcome names of a routed selection (trace.events.OUTCOMES); MissAction values are the miss ones.
 HIT, PREFETCH_HIT = "hit", "prefetch_hit"
+# ... as plain strings: an Enum member's .value is a descriptor call, and these are compared per expert.
+_APPROX, _CPU, _COPY = MissAction.APPROX.value, MissAction.CPU.value, MissAction.COPY.value
 
 
 class PlanCosts(Protocol):
@@ -168,17 +170,18 @@ class LayerPlanner:
                     toks.append(t)
                     poss.append(pos)
         needed = sorted(routes)
-        needed_keys = {ExpertKey(layer, e) for e in needed}
         self.tick += 1
         res = self.residency
+        where, state = res.where, res.state
         outcomes: dict[int, str] = {}
         hits = misses_sel = n_miss = 0
         misses: list[tuple[int, float, int]] = []     # (expert, largest router weight, tokens)
         orchestrate, now = self.spec.miss_mode == "orchestrate", queues.now_ms
         for e in needed:
             key = ExpertKey(layer, e)
-            if key in res:
-                st = res.book(key)
+            slot = where.get(key)
+            if slot is not None:
+                st = state[slot]
                 inf = self.inflight.get(key) if st.prefetched else None
                 if not (orchestrate and inf is not None and inf.arrival_ms > now):
                     outcomes[e] = PREFETCH_HIT if st.prefetched else HIT
@@ -197,12 +200,15 @@ class LayerPlanner:
             misses_sel += n_sel
             n_miss += 1
         self.miss_rate_ema = 0.8 * self.miss_rate_ema + 0.2 * (n_miss / max(1, len(needed)))
-        cpu = tuple(e for e in needed if outcomes[e] == MissAction.CPU.value)
+        cpu = tuple(e for e in needed if outcomes[e] == _CPU) if n_miss else ()
         # Demand copies, pipelined while slots can be freed without touching this layer's experts.
         copies = []
+        needed_keys = None
         for e in needed:
-            if outcomes[e] != MissAction.COPY.value:
+            if outcomes[e] != _COPY:
                 continue
+            if needed_keys is None:
+                needed_keys = {ExpertKey(layer, x) for x in needed}
             order = self._acquire(ExpertKey(layer, e), "copy", needed_keys)
             if order is None:
                 break
@@ -241,34 +247,35 @@ class LayerPlanner:
         layer, res = plan.layer, self.residency
         placed = {o.key.expert: o for o in plan.copies}
         late_orders: dict[int, CopyOrder] = {}
+        outcomes, tick, keep_misses = plan.outcomes, self.tick, self.spec.keep_misses
         if batched:
             # Every expert of the layer is read at once, later: place all late copies while the layer's
             # experts are still busy, so none of them is evicted.
             for e in plan.needed:
-                if plan.outcomes[e] == MissAction.COPY.value and e not in placed:
+                if outcomes[e] == _COPY and e not in placed:
                     key = ExpertKey(layer, e)
                     late_orders[e] = self._acquire(key, "copy", {key})
                     assert late_orders[e] is not None, "cache smaller than one layer's experts"
                     res.book(key).busy = True
         runs = []
         for e in plan.needed:
-            outcome = plan.outcomes[e]
-            if outcome == MissAction.CPU.value:
+            outcome = outcomes[e]
+            if outcome == _CPU:
                 continue
-            if outcome == MissAction.APPROX.value:
+            if outcome == _APPROX:
                 runs.append(ExpertRun(e, outcome))
                 continue
             key = ExpertKey(layer, e)
             late = late_orders.get(e)
-            if outcome == MissAction.COPY.value and e not in placed and late is None:
+            if outcome == _COPY and e not in placed and late is None:
                 late = self._acquire(key, "copy", {key})
                 assert late is not None, "cache smaller than one expert"
                 res.book(key).busy = True
             used = self.inflight.pop(key, None) if outcome == PREFETCH_HIT else None
             slot = res.where[key]
-            res.touch(key, self.tick)
+            res.touch(key, tick)
             res.state[slot].busy = False
-            drop = not self.spec.keep_misses and outcome == MissAction.COPY.value
+            drop = not keep_misses and outcome == _COPY
             if drop:
                 res.evict(key)
             runs.append(ExpertRun(e, outcome, slot, late, used, drop))

@@ -5,7 +5,7 @@
                      executor.read_routing ─► planner.plan_layer ─► executor.start_layer (CPU tasks, demand copies)
                      [lookahead: predictor.predict ─► planner.plan_prefetch ─► executor.issue]   before or after:
                      planner.plan_experts ─► executor.run_experts
-                     executor.finish_layer (CPU results, combine) ─► recorder.outcome per expert
+                     executor.finish_layer (CPU results, combine) ─► recorder.layer_outcomes
 
 Where the lookahead runs is a mechanism choice (``prefetch_after_experts``): with no host
 cost (modeled timing) prefetches go out before the layer's experts, so they start as early as
@@ -105,8 +105,7 @@ class LayerRuntime:
         if prefetching and self.prefetch_after_experts:
             self._prefetch(layer, predict)     # planned while the GPU runs the experts just launched
         final = ex.finish_layer(plan, rows, outs, cpu, x, top_k_weights, act, planner.plan_fallback)
-        for e in plan.needed:
-            self.recorder.outcome(layer, e, plan.outcomes[e])
+        self.recorder.layer_outcomes(layer, plan.needed, plan.outcomes)
         for obs in self.layer_observers:
             obs(self, layer)
         return final
@@ -143,8 +142,7 @@ class LayerRuntime:
                 continue
             ex.wait_ready(r.slot)
             slot_of[r.expert] = r.slot
-        for e in plan.needed:
-            self.recorder.outcome(layer, e, plan.outcomes[e])
+        self.recorder.layer_outcomes(layer, plan.needed, plan.outcomes)
         for obs in self.layer_observers:
             obs(self, layer)
         return [slot_of[e] for e in expert_ids]

@@ -91,6 +91,11 @@ class ModeledTimeline:
     def __post_init__(self) -> None:
         self._cpu_free = [0.0] * max(1, self.cpu_workers)
         self._host_on = self.costs.profile.models_host
+        # Per-call costs, memoised by token count: the cost model is fixed for the run, and recomputing
+        # them was a tenth of the engine's bookkeeping per expert.
+        self._expert_ms: dict[int, float] = {}
+        self._layer_ms: dict[tuple[int, bool], float] = {}
+        self._host_expert_us = self.costs.profile.host_expert_us
 
     def _launch(self, host_us: float, gpu_ms: float) -> tuple[float, float]:
         """Start and end of a GPU op the host launches now. Without host modeling: after the
@@ -127,7 +132,9 @@ class ModeledTimeline:
         return None
 
     def layer(self, layer: int, n_tokens: int, dense: bool) -> None:
-        dur = self.costs.gpu_layer_ms(n_tokens, dense=dense)
+        dur = self._layer_ms.get((n_tokens, dense))
+        if dur is None:
+            dur = self._layer_ms[(n_tokens, dense)] = self.costs.gpu_layer_ms(n_tokens, dense=dense)
         start, self._gpu_free = self._launch(self.costs.profile.host_layer_us, dur)
         self._emit("gpu", "layer", start, self._gpu_free, ExpertKey(layer, -1), detail="dense" if dense else "")
         if not dense:
@@ -151,7 +158,10 @@ class ModeledTimeline:
             self._gpu_free = handle.end_ms
 
     def gpu_expert(self, key: ExpertKey, n_tokens: int, start: object = None) -> None:
-        t0, self._gpu_free = self._launch(self.costs.profile.host_expert_us, self.costs.gpu_expert_ms(n_tokens))
+        dur = self._expert_ms.get(n_tokens)
+        if dur is None:
+            dur = self._expert_ms[n_tokens] = self.costs.gpu_expert_ms(n_tokens)
+        t0, self._gpu_free = self._launch(self._host_expert_us, dur)
         self._emit("gpu", "expert", t0, self._gpu_free, key)
 
     def approx(self, key: ExpertKey, n_tokens: int, rank: int, start: object = None) -> None:

@@ -70,6 +70,17 @@ class Recorder:
         kind = instant_kind(outcome)
         self.clock.mark(kind, ExpertKey(layer, expert), detail="" if kind != "miss" else outcome)
 
+    def layer_outcomes(self, layer: int, experts, outcomes: dict) -> None:
+        """`outcome` for each of a layer's ``experts`` in order (``outcomes``: expert -> outcome), in one call."""
+        out, mark = self.token.outcomes, self.clock.mark
+        for e in experts:
+            o = outcomes[e]
+            out.append(ExpertOutcome(layer, e, o))
+            if o in HIT_INSTANTS:
+                mark(o, ExpertKey(layer, e))
+            else:
+                mark("miss", ExpertKey(layer, e), detail=o)
+
     def copied(self, kind: str) -> None:
         self.token.bytes_copied += self.expert_bytes
         self.token.shape_bytes_copied += self.shape_expert_bytes
