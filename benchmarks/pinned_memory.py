@@ -29,11 +29,9 @@ def main(argv=None) -> int:
         print("error: this benchmark needs a CUDA GPU", file=sys.stderr)
         return 2
     from spice_core.tools.lift import lifted_model
-    from spice_core.model.loader import offload_model
 
     t0 = time.perf_counter()
-    hf, tok, desc = lifted_model(Path(args.model.split(":", 1)[1]), "cuda")
-    lm = offload_model(hf, torch.device("cuda"), tokenizer=tok, path=Path(desc))
+    lm, tok, desc = lifted_model(Path(args.model.split(":", 1)[1]), "cuda")     # experts streamed into the slab
     build_s = time.perf_counter() - t0
     host = lm.host
     keys = host.keys()[:256]

@@ -21,6 +21,7 @@ from spice_core.errors import ConfigError
 from spice_core.policy.spec import POLICY_SPECS
 from spice_core.records import (  # noqa: F401 - re-exported: the records front ends receive
     EngineInfo, ExpertOutcome, LaneInterval, PrefetchRecord, RunSummary, StepStats)
+from spice_core.timing.profiles import routing_shape
 from spice_core.trace.events import OUTCOMES  # noqa: F401 - re-exported for front ends
 from spice_core.trace.metrics import (  # noqa: F401 - re-exported: one definition of every metric
     first_divergence, greedy_agreement, identical_prefix_share, matching_tokens, outcomes_from_events,
@@ -92,6 +93,13 @@ class RunSettings:
     def exact(self) -> bool:
         """True when the settings cannot change the output (no approximation)."""
         return self.policy in EXACT_POLICIES or self.tau_approx == 0.0
+
+
+def own_shape(info: EngineInfo) -> str | None:
+    """The timing shape whose real model has this model's routing (a shipped miniature's, e.g.
+    deepseek-v2-lite for spice-mini), or None: modeled times at it stand for that real model, while any
+    other shape only resizes this model's routing."""
+    return routing_shape(info.family, len(info.moe_layers), info.n_experts, info.top_k)
 
 
 class Generation(Protocol):

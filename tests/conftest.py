@@ -12,16 +12,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from tiny_models import FAMILIES, build_tiny  # noqa: E402
+from tiny_models import EXTRA_FAMILIES, FAMILIES, build_tiny  # noqa: E402
 
 torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
-    """{family: directory of a tiny random checkpoint}, safetensors with the real per-expert key names."""
+    """{family: directory of a tiny random checkpoint}, safetensors with the real per-expert key names
+    (FAMILIES, and EXTRA_FAMILIES for the exactness tests)."""
     root = tmp_path_factory.mktemp("tiny")
-    return {f: build_tiny(f, root / f) for f in FAMILIES}
+    return {f: build_tiny(f, root / f) for f in FAMILIES + EXTRA_FAMILIES}
 
 
 @pytest.fixture(scope="session")

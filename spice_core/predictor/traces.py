@@ -7,9 +7,10 @@
 Consumers: the draft trainer (predictor/draft.py), LoRE fitting (spice_core.lore.fit), the
 calibration statistics (popularity) and the predictor recall benchmark.
 
-The calibration set, in order of preference: a user's text file (``--text``); for the shipped
-model its held-out split (the data file beside it, spice_core/heldout.py); for any other model a
-small built-in prompt set plus the shipped model's held-out stories.
+The calibration set, in order of preference: a user's text file (``--text``); for a shipped
+model (spice-mini, spice-mini-qwen2, or a copy of one) its own held-out split (the data file beside
+it, spice_core/heldout.py); for any other model a small built-in prompt set plus the default shipped
+model's held-out stories.
 
 This module does not know about policies, caches or timing: it only records what an exact
 forward pass routes. It never changes the model: the engine's experts modules get a tracing
@@ -158,15 +159,23 @@ class _TracingRuntime:
         # distribution here, since not every transformers version returns the router logits.
         probs = torch.softmax(F.linear(x.float(), gate.weight.float()), dim=-1)
         self.records[layer].append((x.detach().float().cpu(), probs.cpu(), top_k_index.detach().cpu().to(torch.int16)))
-        final = torch.zeros_like(x)
-        for e in torch.unique(top_k_index).tolist():
-            if not 0 <= e < self.lm.n_experts:
-                continue
-            toks, poss = torch.where(top_k_index == e)
-            gate_up, down = (w.to(x.device, non_blocking=True) for w in self.lm.host.weights(ExpertKey(layer, e)))
-            y = expert_forward(x[toks], gate_up, down, act) * top_k_weights[toks, poss, None]
-            final.index_add_(0, toks, y.to(final.dtype))
-        return final
+        return host_experts_forward(self.lm, layer, x, top_k_index, top_k_weights, act)
+
+
+@torch.no_grad()
+def host_experts_forward(lm, layer: int, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                         act) -> torch.Tensor:
+    """One MoE layer's routed experts from their host weights, as transformers' eager loop computes them
+    (each selected expert copied to x's device for the call): x [T,H], top_k_index/weights [T,K] -> [T,H]."""
+    final = torch.zeros_like(x)
+    for e in torch.unique(top_k_index).tolist():
+        if not 0 <= e < lm.n_experts:
+            continue
+        toks, poss = torch.where(top_k_index == e)
+        gate_up, down = (w.to(x.device, non_blocking=True) for w in lm.host.weights(ExpertKey(layer, e)))
+        y = expert_forward(x[toks], gate_up, down, act) * top_k_weights[toks, poss, None]
+        final.index_add_(0, toks, y.to(final.dtype))
+    return final
 
 
 def pack_rows(token_ids: Sequence[int], seq_len: int = DEFAULT_SEQ_LEN) -> list[list[int]]:
@@ -243,21 +252,31 @@ def collect_traces(lm, rows: Sequence[Sequence[int]], *, batch_rows: int = 4, so
 
 
 # ---------------------------------------------------------------- calibration text sets
-def is_shipped_model(lm) -> bool:
-    """The shipped model itself, or a copy of it (same router weights as its calibration record):
-    both calibrate and evaluate on its held-out split."""
-    from spice_core.model.loader import DEFAULT_MODEL_DIR
-
-    try:
-        if Path(lm.path).resolve() == DEFAULT_MODEL_DIR.resolve():
-            return True
-        shipped = json.loads((DEFAULT_MODEL_DIR / "spice-calibration.json").read_text()).get("fingerprint")
-    except (OSError, ValueError):
-        return False
-    if not isinstance(shipped, dict) or shipped.get("n_experts") != lm.n_experts:
-        return False
+def shipped_folder(lm) -> Path | None:
+    """The folder of the shipped model ``lm`` is, or is a copy of (same router weights as its calibration
+    record), else None: a shipped model calibrates and evaluates on its own held-out split."""
+    from spice_core.model.shipped import present_models
     from spice_core.predictor.artifacts import model_fingerprint
-    return model_fingerprint(lm).get("router_sha256") == shipped.get("router_sha256")
+
+    here = Path(lm.path).resolve()
+    models = present_models()
+    for m in models:
+        if here == m.folder.resolve():
+            return m.folder
+    for m in models:
+        try:
+            shipped = json.loads((m.folder / "spice-calibration.json").read_text()).get("fingerprint")
+        except (OSError, ValueError):
+            continue
+        if isinstance(shipped, dict) and shipped.get("n_experts") == lm.n_experts \
+                and model_fingerprint(lm).get("router_sha256") == shipped.get("router_sha256"):
+            return m.folder
+    return None
+
+
+def is_shipped_model(lm) -> bool:
+    """A shipped model itself, or a copy of one (see `shipped_folder`)."""
+    return shipped_folder(lm) is not None
 
 
 def read_text_file(path: Path) -> list[str]:
@@ -276,17 +295,18 @@ def read_text_file(path: Path) -> list[str]:
     return docs
 
 
-def _shipped_heldout_texts(part: str) -> tuple[list[str], str] | None:
-    """The shipped model's held-out split, mixed as in training (~85% stories, 30% of them
-    chat-wrapped, ~15% prose by tokens), read from the data file beside it (spice_core.heldout).
+def _shipped_heldout_texts(part: str, model_dir: Path | None = None) -> tuple[list[str], str] | None:
+    """A shipped model's held-out split (default: the default shipped model's), mixed as in training (~85%
+    stories, 30% of them chat-wrapped, ~15% prose by tokens), read from the data file beside it
+    (spice_core.heldout).
 
     ``part`` "calibration" (draft training) and "eval" (benchmarks) are disjoint halves.
     None when the file is missing.
     """
-    if heldout.load_heldout() is None:
+    if heldout.load_heldout(model_dir) is None:
         return None
-    stories = heldout.stories(part)
-    prose, domains = heldout.prose(part)
+    stories = heldout.stories(part, model_dir=model_dir)
+    prose, domains = heldout.prose(part, model_dir)
     texts, pi = [], 0
     for i, story in enumerate(stories):    # one prose chunk after every 8 stories: ~15% of tokens
         texts.append(story)
@@ -294,15 +314,17 @@ def _shipped_heldout_texts(part: str) -> tuple[list[str], str] | None:
             texts.append(prose[pi])
             pi += 1
     what = "stories" + (f" + {'/'.join(domains)} prose" if domains else "")
-    return texts, f"the shipped model's held-out split ({what}; {part} half)"
+    whose = f"{model_dir.name}'s" if model_dir is not None else "the shipped model's"
+    return texts, f"{whose} held-out split ({what}; {part} half)"
 
 
 def calibration_texts(lm, text_file: Path | None = None, part: str = "calibration") -> tuple[list[str], str]:
     """(texts, description) of the calibration set for ``lm`` (see the module docstring)."""
     if text_file is not None:
         return read_text_file(text_file), f"text file {Path(text_file).name}"
-    if is_shipped_model(lm):
-        got = _shipped_heldout_texts(part)
+    folder = shipped_folder(lm)
+    if folder is not None:
+        got = _shipped_heldout_texts(part, folder)
         if got is not None:
             return got
     texts = list(BUILTIN_TEXTS)

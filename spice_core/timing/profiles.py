@@ -3,7 +3,9 @@
 A *profile* says how fast a machine's links, GPU and CPU are; a *shape* says how big a
 real model's experts and layers are. Together they let the timing model time a tiny
 model's decisions as if it were DeepSeek-V2-Lite on, say, an RTX 4090. ``native``
-shape means: use the loaded model's own dimensions.
+shape means: use the loaded model's own dimensions. A shape also records the real model's
+routing topology (family, MoE layers, experts, top-k): a model with that topology (a shipped
+miniature, its lift) has that shape as its *own*; timed at another shape, only the sizes change.
 
 This module knows nothing of torch or of the engine.
 """
@@ -160,4 +162,10 @@ def get_shape(name: str, native: ModelShape | None = None) -> ModelShape:
     shapes = _load()["shapes"]
     if name not in shapes:
         raise ConfigError(f"shape={name!r} is unknown: choose one of {', '.join(shape_names())}")
-    return ModelShape(name=name, **shapes[name])
+    return ModelShape(name=name, **{k: v for k, v in shapes[name].items() if k != "routing"})
+
+
+def routing_shape(family: str, moe_layers: int, n_experts: int, top_k: int) -> str | None:
+    """The shape whose real model routes like this (same family, MoE layers, experts and top-k), if any."""
+    want = {"family": family, "moe_layers": moe_layers, "n_experts": n_experts, "top_k": top_k}
+    return next((name for name, d in _load()["shapes"].items() if d.get("routing") == want), None)

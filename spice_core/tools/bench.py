@@ -15,6 +15,9 @@ Config (JSON):
      "export_traces": ["spice"], "export_trace_prompts": "first" | "all"}
 Everything is validated before any model is built (bench_config.py): unknown keys, wrong types and
 out-of-range values are refused with the key's name; "comment" may hold any note.
+Held-out prompts ({"heldout": N}, the long prompt) come from the spice-heldout.json.gz beside the model
+(a lift:'s miniature). A lift: model streams its experts into host memory (lift.py), unless
+"reference_generate" asks for transformers' generate, which needs the whole model on the GPU first.
 
 Long protocols can be split: ``--shard K/N`` runs every policy on prompts K, K+N, ... (say one
 process per GPU, ``CUDA_VISIBLE_DEVICES=K``), and ``--merge DIR [DIR ...] --out OUT`` recombines
@@ -89,27 +92,36 @@ def _check_host_memory(needed_bytes: int) -> None:
 
 
 def build_model(spec: str, device: str, overrides: dict | None = None):
-    """(hf model with experts still fused, tokenizer or None, description)."""
+    """(hf model with experts still fused, tokenizer or None, description). A lift: model is built whole on
+    ``device`` here; `run_bench` streams it into host memory instead unless it needs the whole model."""
     if spec.startswith("random:"):
         from spice_core.tools.bench_models import random_model
         shape = spec.split(":", 1)[1]
         return random_model(shape, device, check_memory=_check_host_memory)
     if spec.startswith("lift:"):
-        from spice_core.tools.lift import lifted_model
-        return lifted_model(Path(spec.split(":", 1)[1]), device, check_memory=_check_host_memory,
-                            overrides=overrides)
+        from spice_core.tools.lift import lifted_whole
+        return lifted_whole(Path(spec.split(":", 1)[1]), device, overrides=overrides)
     from spice_core.model.loader import _load_tokenizer, resolve_model_path
     path = resolve_model_path(spec)
     hf = load_safetensors_model(path).to(device).eval()
     return hf, _load_tokenizer(path), str(path)
 
 
-def heldout_prompt_ids(tokenizer, n: int) -> list[list[int]]:
-    """Openings of the shipped model's held-out stories (the eval half of its held-out split) and,
-    every third prompt, a held-out chat request through the chat template, as the app sends it."""
+def model_folder(spec: str) -> Path | None:
+    """The checkpoint folder behind a bench model spec (a lift:'s miniature); None for random: models."""
+    if spec.startswith("random:"):
+        return None
+    from spice_core.model.loader import resolve_model_path
+    return resolve_model_path(spec.split(":", 1)[1] if spec.startswith("lift:") else spec)
+
+
+def heldout_prompt_ids(tokenizer, n: int, model_dir: Path | None = None) -> list[list[int]]:
+    """Openings of the model's held-out stories (the eval half of its held-out split, from the
+    spice-heldout.json.gz beside ``model_dir``, default the shipped model) and, every third prompt, a
+    held-out chat request through the chat template, as the app sends it."""
     from spice_core.generation import build_prompt_ids
     out = []
-    for p in heldout.prompts(n):
+    for p in heldout.prompts(n, model_dir):
         if "chat" in p:
             out.append(build_prompt_ids(tokenizer, messages=[{"role": "user", "content": p["chat"]}]))
         else:
@@ -117,10 +129,10 @@ def heldout_prompt_ids(tokenizer, n: int) -> list[list[int]]:
     return out
 
 
-def long_prompt_ids(tokenizer, n_tokens: int) -> list[int]:
+def long_prompt_ids(tokenizer, n_tokens: int, model_dir: Path | None = None) -> list[int]:
     """One long-context prompt of exactly ``n_tokens``: held-out stories back to back."""
     ids: list[int] = []
-    for story in heldout.long_stories():
+    for story in heldout.long_stories(model_dir):
         ids += tokenizer(story + "\n\n", add_special_tokens=False)["input_ids"]
         if len(ids) >= n_tokens:
             return ids[:n_tokens]
@@ -128,12 +140,12 @@ def long_prompt_ids(tokenizer, n_tokens: int) -> list[int]:
                       f"({len(ids)} tokens): ask for fewer")
 
 
-def _prompt_ids(cfg: dict, tokenizer, vocab: int) -> list[list[int]]:
+def _prompt_ids(cfg: dict, tokenizer, vocab: int, model_dir: Path | None = None) -> list[list[int]]:
     p = cfg.get("prompts", list(DEFAULT_PROMPTS))
     if isinstance(p, dict) and "heldout" in p:
         if tokenizer is None:
             raise ConfigError("held-out prompts need the model's tokenizer: use \"prompts\": {\"random_ids\": N}")
-        return heldout_prompt_ids(tokenizer, int(p["heldout"]))
+        return heldout_prompt_ids(tokenizer, int(p["heldout"]), model_dir)
     if isinstance(p, dict):
         if vocab <= 10:
             raise ConfigError(f"\"prompts\": {{\"random_ids\": N}} needs a vocabulary over 10 tokens (the model has "
@@ -183,8 +195,17 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
     links = cfg.get("links", ["native"])
     reps = int(cfg.get("repetitions", 1))
     max_new = int(cfg.get("max_new_tokens", 64))
-    hf, tok, desc = build_model(cfg["model"], device, cfg.get("lift_overrides"))
-    prompts = _prompt_ids(cfg, tok, hf.config.vocab_size)
+    folder = model_folder(cfg["model"])
+    reference = bool(cfg.get("reference_generate")) and cfg["timing"] == "measured"
+    lifted = cfg["model"].startswith("lift:")
+    streamed = lifted and not reference     # the routed experts are never whole outside the host slab
+    if streamed:
+        from spice_core.tools.lift import lifted_model
+        lm, tok, desc = lifted_model(folder, device, overrides=cfg.get("lift_overrides"))
+        hf = lm.model
+    else:
+        hf, tok, desc = build_model(cfg["model"], device, cfg.get("lift_overrides"))
+    prompts = _prompt_ids(cfg, tok, hf.config.vocab_size, folder)
     workloads = [("prompts", i, ids) for i, ids in enumerate(prompts)]
     long_tokens = int(cfg.get("long_prompt_tokens", 0))
     if long_tokens:
@@ -194,20 +215,19 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         if max_ctx and long_tokens + max_new > max_ctx:
             raise ConfigError(f"long_prompt_tokens {long_tokens} + max_new_tokens {max_new} exceed the model's "
                               f"context of {max_ctx} tokens: lower long_prompt_tokens")
-        workloads.append(("long", len(prompts), long_prompt_ids(tok, long_tokens)))
+        workloads.append(("long", len(prompts), long_prompt_ids(tok, long_tokens, folder)))
     records: list[dict] = []
     stock_tpot = None
-    if cfg.get("reference_generate") and cfg["timing"] == "measured":
+    if reference:
         stock_tpot = _stock_generate_tpot(hf, prompts[:2], min(max_new, 32))
         print(f"transformers generate (all experts on the GPU): TPOT {stock_tpot:.2f} ms", flush=True)
+    if not streamed:
+        lm = offload_model(hf, torch.device(device), tokenizer=tok, path=Path(desc))
     lift_check = None
-    if cfg["model"].startswith("lift:") and cfg.get("verify_lift", True):
+    if lifted and cfg.get("verify_lift", True):
         from spice_core.tools.lift import verify
-        from spice_core.model.loader import resolve_model_path
-        lift_check = verify(resolve_model_path(cfg["model"].split(":", 1)[1]), device, list(DEFAULT_PROMPTS[:4]),
-                            32, big=hf, tok=tok)
+        lift_check = verify(folder, device, list(DEFAULT_PROMPTS[:4]), 32, lifted=lm)
         print(f"lift check (miniature vs lifted, greedy): {json.dumps(lift_check)}", flush=True)
-    lm = offload_model(hf, torch.device(device), tokenizer=tok, path=Path(desc))
     hw = None
     if hw_profile is not None:
         cfg["hw_profile"] = str(hw_profile)
@@ -246,8 +266,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         if cfg.get("artifacts", True) and cfg["model"].startswith("lift:"):
             if lifted_arts is None:
                 from spice_core.tools.lift import lift_artifacts
-                from spice_core.model.loader import resolve_model_path
-                lifted_arts = lift_artifacts(resolve_model_path(cfg["model"].split(":", 1)[1]), lm) or False
+                lifted_arts = lift_artifacts(folder, lm) or False
             eng.artifacts = lifted_arts or None
         elif cfg.get("artifacts", True) and not cfg["model"].startswith("random:"):
             eng.load_artifacts()

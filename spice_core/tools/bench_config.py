@@ -17,8 +17,9 @@ from spice_core.errors import ConfigError
 from spice_core.user_files import is_number, json_type, read_json
 
 LINKS_GBPS = {"native": None, "pcie4x8": 13.0, "pcie4x16": 25.0}
+# Every family's lift widths (spice_core/tools/lift.py checks a config's against its own family).
 LIFT_WIDTHS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "qk_nope_head_dim", "v_head_dim",
-               "kv_lora_rank", "moe_intermediate_size", "intermediate_size")
+               "kv_lora_rank", "moe_intermediate_size", "intermediate_size", "shared_expert_intermediate_size")
 MAX_PROMPTS = 10_000
 MAX_PROMPT_TOKENS = 1_000_000
 

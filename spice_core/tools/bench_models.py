@@ -25,6 +25,21 @@ def deepseek_v2_lite_config(vocab_size: int = 102400, max_positions: int = 4096)
         tie_word_embeddings=False, architectures=["DeepseekV2ForCausalLM"])
 
 
+def qwen2_57b_a14b_config(vocab_size: int = 151936, max_positions: int = 131072):
+    """Qwen/Qwen2-57B-A14B's config.json: 28 layers, all MoE; 28 query heads in 4 KV groups of head_dim 128 with
+    q/k/v biases; 64 routed experts of width 2560, top-8 without renormalisation; one shared expert of width
+    20480 behind a sigmoid gate; rope_theta 1e6; no sliding window."""
+    from transformers import Qwen2MoeConfig
+
+    return Qwen2MoeConfig(
+        vocab_size=vocab_size, hidden_size=3584, intermediate_size=18944, moe_intermediate_size=2560,
+        shared_expert_intermediate_size=20480, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+        head_dim=128, num_experts=64, num_experts_per_tok=8, norm_topk_prob=False, decoder_sparse_step=1,
+        mlp_only_layers=[], qkv_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        rms_norm_eps=1e-6, use_sliding_window=False, max_position_embeddings=max_positions,
+        tie_word_embeddings=False, architectures=["Qwen2MoeForCausalLM"])
+
+
 def tiny_deepseek_config():
     from transformers import DeepseekV2Config
 
@@ -60,17 +75,21 @@ def available_host_bytes() -> int | None:
     return avail
 
 
-def check_host_memory(needed_bytes: int, what: str) -> None:
-    """Refuse, before allocating, what cannot fit in host memory (with a 10% margin)."""
+def check_host_memory(needed_bytes: int, what: str,
+                      fix: str = "use a machine with more memory (or a smaller model)") -> None:
+    """Refuse, before allocating, what cannot fit in host memory (with a 10% margin); ``fix`` says what to change."""
     avail = available_host_bytes()
     if avail is not None and needed_bytes > 0.9 * avail:
         raise ConfigError(f"{what} needs about {needed_bytes / 1e9:.1f} GB of host memory but only "
-                          f"{avail / 1e9:.1f} GB is available: use a machine with more memory (or a smaller model)")
+                          f"{avail / 1e9:.1f} GB is available: {fix}")
 
 
-def load_safetensors_model(path, dtype="auto"):
+def load_safetensors_model(path, dtype="auto", experts_implementation: str | None = None):
     """A checkpoint folder as a transformers model, from safetensors only (pickled .bin weights are
-    refused: loading them can run code); any loading failure becomes a ModelLoadError."""
+    refused: loading them can run code); any loading failure becomes a ModelLoadError.
+    ``experts_implementation`` "eager": transformers' per-expert loop, which the engine's expert math
+    mirrors, instead of its grouped GEMM (which also refuses bf16 expert rows that are not 16-byte aligned,
+    as narrow test widths have)."""
     from transformers import AutoModelForCausalLM
 
     from spice_core.errors import ModelLoadError
@@ -79,14 +98,16 @@ def load_safetensors_model(path, dtype="auto"):
     read_config(path)
     _safetensors_files(path)
     try:
+        extra = {"experts_implementation": experts_implementation} if experts_implementation else {}
         return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, use_safetensors=True,
-                                                    trust_remote_code=False)
+                                                    trust_remote_code=False, **extra)
     except Exception as e:  # noqa: BLE001 - transformers raises many types for bad checkpoints
         raise ModelLoadError(f"--model {path}: transformers could not load it ({type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''})") from e
 
 
-SHAPES = {"deepseek-v2-lite": deepseek_v2_lite_config, "tiny-deepseek": tiny_deepseek_config}
+SHAPES = {"deepseek-v2-lite": deepseek_v2_lite_config, "qwen2-57b-a14b": qwen2_57b_a14b_config,
+          "tiny-deepseek": tiny_deepseek_config}
 
 
 def random_model(shape: str, device: str, seed: int = 0, check_memory=None):
@@ -111,6 +132,33 @@ def random_model(shape: str, device: str, seed: int = 0, check_memory=None):
 
 
 def _estimate_params(cfg) -> int:
-    h, L = cfg.hidden_size, cfg.num_hidden_layers
-    experts = (L - cfg.first_k_dense_replace) * cfg.n_routed_experts * 3 * h * cfg.moe_intermediate_size
-    return experts + 2 * cfg.vocab_size * h + L * (3 * h * cfg.intermediate_size // 4 + 8 * h * h)
+    return sum(param_counts(cfg))
+
+
+def param_counts(cfg) -> tuple[int, int]:
+    """(routed-expert parameters, all other parameters) of a DeepSeek-V2 or Qwen2-MoE config, counted from its
+    widths without building anything (checks run before any model is made)."""
+    h, L, V = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
+    embed = V * h * (1 if cfg.tie_word_embeddings else 2) + h                     # + the final norm
+    if cfg.model_type == "qwen2_moe":
+        moe = [i for i in range(L) if i not in (cfg.mlp_only_layers or [])
+               and cfg.num_experts > 0 and (i + 1) % cfg.decoder_sparse_step == 0]
+        n, k = cfg.num_attention_heads, cfg.num_key_value_heads
+        d = getattr(cfg, "head_dim", None) or h // n
+        attn = h * n * d + 2 * h * k * d + n * d * h + (n * d + 2 * k * d) * int(cfg.qkv_bias)
+        shared = 3 * h * cfg.shared_expert_intermediate_size + h + cfg.num_experts * h   # + its gate, the router
+        routed = len(moe) * cfg.num_experts * 3 * h * cfg.moe_intermediate_size
+    elif cfg.model_type == "deepseek_v2":
+        moe = [i for i in range(L) if i >= cfg.first_k_dense_replace]
+        n, r = cfg.num_attention_heads, cfg.qk_rope_head_dim
+        kl, dn, dv = cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.v_head_dim
+        q = h * n * (dn + r) if cfg.q_lora_rank is None else \
+            h * cfg.q_lora_rank + cfg.q_lora_rank + cfg.q_lora_rank * n * (dn + r)
+        attn = q + h * (kl + r) + kl + kl * n * (dn + dv) + n * dv * h
+        shared = 3 * h * cfg.moe_intermediate_size * (cfg.n_shared_experts or 0) + cfg.n_routed_experts * h
+        routed = len(moe) * cfg.n_routed_experts * 3 * h * cfg.moe_intermediate_size
+    else:
+        raise ConfigError(f"no parameter count for model type {cfg.model_type!r}: use a DeepSeek-V2 or Qwen2-MoE model")
+    dense = (L - len(moe)) * 3 * h * cfg.intermediate_size
+    other = embed + L * (attn + 2 * h) + len(moe) * shared + dense
+    return routed, other

@@ -23,6 +23,8 @@ import torch
 
 from spice_core.tools import args as ca
 from spice_core.errors import ConfigError
+from spice_core.model.shipped import model_argument
+from spice_core.tools.generate import MODEL_HELP
 from spice_core.user_files import check_writable_dir
 
 log = logging.getLogger(__name__)
@@ -34,7 +36,7 @@ def add_cli(sub) -> None:
     p = sub.add_parser("calibrate", help="build draft heads, LoRE factors and routing statistics beside a model",
                        description="Trace the model's routing over a calibration text set, distil the draft "
                                    "heads, fit LoRE surrogates, and save the artifacts beside the model.")
-    p.add_argument("--model", default=None, help="checkpoint folder or hub id (default: the shipped model)")
+    p.add_argument("--model", type=model_argument, default=None, help=MODEL_HELP)
     p.add_argument("--device", type=ca.device, default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--text", type=ca.utf8_text_file, default=None,
                    help="UTF-8 text file to calibrate on (documents separated by blank lines); default: the shipped "

@@ -7,15 +7,18 @@ import sys
 from pathlib import Path
 
 from spice_core.tools import args as ca
-from spice_core.api import MAX_NEW_TOKENS_LIMIT, POLICIES, RunSettings
+from spice_core.api import MAX_NEW_TOKENS_LIMIT, POLICIES, RunSettings, own_shape
+from spice_core.errors import ConfigError
+from spice_core.model.shipped import NAMES, model_argument
+from spice_core.user_files import check_writable_dir
 
 DEFAULTS = RunSettings()          # the one set of defaults the app and the API use too
-from spice_core.errors import ConfigError
-from spice_core.user_files import check_writable_dir
+MODEL_HELP = (f"a shipped model's name ({', '.join(NAMES)}), a checkpoint folder or a hub id "
+              f"(default: the shipped {NAMES[0]})")
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Flags shared by every command that loads a model and runs a policy (ranges as RunSettings)."""
-    p.add_argument("--model", default=None, help="checkpoint folder or hub id (default: the shipped model)")
+    p.add_argument("--model", type=model_argument, default=None, help=MODEL_HELP)
     p.add_argument("--device", type=ca.device, default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--policy", default=DEFAULTS.policy, help=f"one of: {', '.join(POLICIES)}")
     g = p.add_mutually_exclusive_group()
@@ -23,7 +26,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="GPU budget as a fraction of all routed experts' bytes")
     g.add_argument("--cache-gb", type=ca.positive_float, default=None, help="GPU budget for routed experts in GB")
     p.add_argument("--profile", default=DEFAULTS.profile, help="hardware profile for modeled timing")
-    p.add_argument("--shape", default=DEFAULTS.shape, help="target model shape for modeled timing (or native)")
+    p.add_argument("--shape", default=None,
+                   help="target model shape for modeled timing, or native (default: the shape of the real model "
+                        "whose routing the model has, e.g. qwen2-57b-a14b for spice-mini-qwen2; else "
+                        f"{DEFAULTS.shape})")
     p.add_argument("--executor", choices=("auto", "eager", "graphed"), default="auto",
                    help="auto: the CUDA-graph fast path for decode steps on a GPU with measured timing; eager: "
                         "per-expert PyTorch calls and per-expert trace detail (and the CPU lane)")
@@ -46,7 +52,7 @@ def settings_from_args(args, engine, **over) -> RunSettings:
         frac = 0.25 if args.cache_frac is None else args.cache_frac
     kw = dict(policy=args.policy, cache_frac=frac, tau_prefetch=args.tau_prefetch, tau_approx=args.tau_approx,
               max_lookahead=args.max_lookahead, lore_rank=args.lore_rank, cpu_lane=args.cpu_lane,
-              profile=args.profile, shape=args.shape)
+              profile=args.profile, shape=args.shape or own_shape(engine.info()) or DEFAULTS.shape)
     kw.update(over)
     return RunSettings(**kw)
 
@@ -59,7 +65,7 @@ def load_engine(args):
     if args.policy not in POLICIES:
         raise ConfigError(f"--policy {args.policy!r} is unknown: choose one of {', '.join(POLICIES)}")
     get_profile(args.profile)
-    if args.shape != "native":
+    if args.shape not in (None, "native"):
         get_shape(args.shape)
     if args.timing == "measured" and (args.device or ("cuda" if _cuda() else "cpu")).startswith("cpu"):
         raise ConfigError("--timing measured needs a CUDA device: use --timing modeled (or --device cuda on a GPU)")
@@ -130,6 +136,7 @@ def run(args) -> int:
         engine.export_tensorboard_zip(gen.run_id, args.trace_dir)
         engine.export_csv(gen.run_id, args.trace_dir)
     rec = engine.get_record(gen.run_id)
+    note = shape_note(summ.timing, summ.shape, engine.info())
     if args.json:
         steps = engine.get_steps(gen.run_id)
         obj = {
@@ -141,7 +148,8 @@ def run(args) -> int:
                 "stall_ms_per_token": summ.stall_ms_per_token, "timing": summ.timing, "profile": summ.profile,
                 "shape": summ.shape, "policy": summ.policy, "miss_split": summ.miss_split,
                 "hit_rate_per_layer": {str(k): v for k, v in summ.hit_rate_per_layer.items()},
-                "tokens_per_s": summ.tokens_per_s, "finish_reason": summ.finish_reason, "notes": list(summ.notes),
+                "tokens_per_s": summ.tokens_per_s, "finish_reason": summ.finish_reason,
+                "notes": list(summ.notes) + ([note] if note else []),
                 "wasted_prefetch_bytes": rec.totals.get("wasted_prefetch_bytes", 0),
                 "cpu_fallbacks": rec.totals.get("cpu_fallbacks", 0),
                 "cache_slots": rec.totals.get("cache_slots"),
@@ -156,10 +164,21 @@ def run(args) -> int:
     else:
         print()
         print(format_summary(summ))
+        if note:
+            print(f"note: {note}")
         t = rec.totals
         print(f"GPU expert cache: {t.get('cache_slots')} slots = {t.get('cache_capacity_bytes', 0) / 1e6:.2f} MB "
               f"of {t.get('routed_bytes', 0) / 1e6:.2f} MB routed experts (native sizes)")
     return 0
+
+
+def shape_note(timing: str, shape: str, info) -> str:
+    """What modeled times at ``shape`` stand for when the shape is not the model's own ("" when it is)."""
+    own = own_shape(info)
+    if timing != "modeled" or shape in (own, "native"):
+        return ""
+    return (f"modeled at {shape}'s sizes on {info.model_name}'s routing, which is "
+            + (f"{own}'s, not {shape}'s" if own else "no named real model's") + " (sizes only)")
 
 
 def format_summary(summ) -> str:

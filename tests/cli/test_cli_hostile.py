@@ -74,6 +74,13 @@ def profile(tmp_path: Path, **patch) -> Path:
 
 
 DROP = object()
+# A Qwen2-MoE miniature of Qwen2-57B-A14B's topology whose rope_theta is not the real model's 1e6.
+QWEN2_ROPE_1E4 = {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "vocab_size": 96,
+                  "hidden_size": 32, "intermediate_size": 64, "moe_intermediate_size": 4,
+                  "shared_expert_intermediate_size": 8, "num_hidden_layers": 28, "num_attention_heads": 2,
+                  "num_key_value_heads": 1, "head_dim": 128, "num_experts": 64, "num_experts_per_tok": 8,
+                  "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                  "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
 
 
 def gen(*extra):
@@ -194,6 +201,16 @@ CASES = {
     "lift-max-new-tokens-zero": lambda t, m: (["lift", "--max-new-tokens", "0"], ["--max-new-tokens"]),
     "lift-broken-config": lambda t, m: (["lift", "--model", model_with_config(t, m, "nope"), "--device", "cpu"],
                                         ["config.json"]),
+    "lift-unsupported-family": lambda t, m: (["lift", "--model", m, "--device", "cpu"],
+                                             ["lift", "DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM"]),
+    "lift-qwen2-other-rope-theta": lambda t, m: (["lift", "--model", model_with_config(t, m, QWEN2_ROPE_1E4),
+                                                  "--device", "cpu"], ["rope_theta", "Qwen2-57B-A14B"]),
+    # a model by name (shipped models)
+    "generate-model-unknown-name": lambda t, m: (["generate", "--model", "spice-maxi", "--prompt", "hi"],
+                                                 ["--model", "spice-maxi", "spice-mini, spice-mini-qwen2"]),
+    "calibrate-model-unknown-name": lambda t, m: (["calibrate", "--model", "qwen2"], ["--model", "spice-mini-qwen2"]),
+    "quality-model-unknown-name": lambda t, m: (["quality", "--model", "mini"], ["--model", "spice-mini"]),
+    "lift-model-unknown-name": lambda t, m: (["lift", "--model", "deepseek"], ["--model", "spice-mini-qwen2"]),
 }
 
 
@@ -490,3 +507,26 @@ def test_a_file_system_error_mid_run_is_one_line(capsys, monkeypatch):
 def test_cuda_device_without_a_gpu_is_refused_as_parsed(command, capsys, no_long_work):
     code, _, err = run_cli(capsys, [*command, "--device", "cuda"])
     assert_one_clear_line(code, err, ["--device", "no CUDA GPU"])
+
+
+# ---------------------------------------------------------------- shipped models by name
+def test_a_shipped_models_name_whose_folder_is_missing_says_which_are_present(capsys, tmp_path, monkeypatch,
+                                                                              no_long_work):
+    import spice_core.model.shipped as shipped
+
+    (tmp_path / "spice-mini").mkdir()
+    (tmp_path / "spice-mini" / "config.json").write_text("{}")
+    monkeypatch.setattr(shipped, "ASSETS", tmp_path)
+    for argv in (["generate", "--model", "spice-mini-qwen2", "--prompt", "hi"], ["lift", "--model", "spice-mini-qwen2"]):
+        code, _, err = run_cli(capsys, argv)
+        assert_one_clear_line(code, err, ["--model spice-mini-qwen2", "assets/spice-mini-qwen2", "present: spice-mini"])
+
+
+def test_a_shipped_models_name_is_its_folder_and_a_folder_wins_over_a_name(tmp_path, monkeypatch):
+    from spice_core.model.shipped import SHIPPED, model_argument
+
+    assert model_argument("spice-mini") == str(SHIPPED[0].folder)
+    assert model_argument(None) is None and model_argument("org/name") == "org/name"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "spice-mini").mkdir()
+    assert model_argument("spice-mini") == "spice-mini"          # a folder of that name here is used as is

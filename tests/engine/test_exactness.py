@@ -4,7 +4,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from spice_core.api import RunSettings
-from tiny_models import FAMILIES
+from tiny_models import EXTRA_FAMILIES, FAMILIES
 
 EXACT = ["resident", "on_demand", "lru", "cpu_compute", "gate_prefetch", "spice_prefetch", "oracle_prefetch",
          "spice", "spice_no_lore", "spice_no_cpu"]
@@ -23,7 +23,7 @@ def references(tiny_dirs):
     return refs
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + EXTRA_FAMILIES)
 @pytest.mark.parametrize("policy", EXACT)
 def test_exact_policy_matches_stock_generate_tokens_and_final_logits(engines, references, family, policy):
     model, ref_tokens, ref_last_logits = references[family]
@@ -35,7 +35,7 @@ def test_exact_policy_matches_stock_generate_tokens_and_final_logits(engines, re
         assert torch.allclose(run.last_logits.float(), ref_last_logits, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + EXTRA_FAMILIES)
 def test_teacher_forced_logits_match_stock_forward(engines, references, family):
     model, ref_tokens, _ = references[family]
     ids = PROMPT + ref_tokens[:16]
@@ -55,3 +55,15 @@ def test_deepseek_group_limited_routing_is_exercised(tiny_dirs):
 def test_qwen2_moe_dense_mlp_only_layer_is_not_offloaded(engines):
     lm = engines["qwen2_moe"].lm
     assert 1 not in lm.moe_layers and set(lm.moe_layers) == {0, 2, 3}
+
+
+def test_qwen2_moe_gqa_has_the_real_models_attention_and_shared_expert(tiny_dirs, engines):
+    """Qwen2-57B-A14B's features the plain tiny lacks: fewer KV heads than query heads, q/k/v biases that are
+    not zero, every layer MoE, the sigmoid-gated shared expert."""
+    model = engines["qwen2_moe_gqa"].lm.model
+    cfg = model.config
+    assert cfg.num_key_value_heads < cfg.num_attention_heads and cfg.qkv_bias and cfg.mlp_only_layers == []
+    attn = model.model.layers[0].self_attn
+    assert all(getattr(attn, f"{p}_proj").bias.abs().sum() > 0 for p in "qkv")
+    assert engines["qwen2_moe_gqa"].lm.moe_layers == tuple(range(cfg.num_hidden_layers))
+    assert engines["qwen2_moe_gqa"].lm.family.shared_gate_attr == "shared_expert_gate"

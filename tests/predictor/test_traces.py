@@ -107,3 +107,19 @@ def test_shipped_models_calibration_and_eval_halves_of_the_heldout_split_are_dis
     assert "held-out split" in cal_src and "calibration half" in cal_src and "eval half" in ev_src
     assert set(cal).isdisjoint(ev) and len(cal) > 1000
     assert sum("<|user|>" in t for t in cal) > 0.2 * len(cal)    # chat-wrapped stories, as in training
+
+
+def test_a_second_shipped_model_calibrates_on_its_own_heldout_split(tmp_path, monkeypatch):
+    """spice-mini-qwen2 (here a random miniature in a stand-in assets folder) reads the held-out file beside
+    it, not spice-mini's."""
+    import spice_core.model.shipped as shipped
+    from spice_core.model.loader import load_model
+    from spice_core.predictor.traces import calibration_texts
+    from tiny_models import build_qwen2_miniature, write_heldout
+
+    d = build_qwen2_miniature(tmp_path / "spice-mini-qwen2", hidden_size=32, moe_intermediate_size=4,
+                              shared_expert_intermediate_size=8)
+    write_heldout(d, "qwen2")
+    monkeypatch.setattr(shipped, "ASSETS", tmp_path)
+    texts, source = calibration_texts(load_model(d, "cpu"))
+    assert source.startswith("spice-mini-qwen2's held-out split") and texts == ["the qwen2 story of a cat"]

@@ -1,0 +1,32 @@
+"""Models by name on the command line, and the timing shape that belongs to each model."""
+import json
+
+import pytest
+
+from spice_core.model.shipped import shipped
+from spice_core.tools.cli import main
+from tiny_models import build_qwen2_miniature
+
+
+def _generate(capsys, *argv) -> dict:
+    code = main(["generate", "--prompt", "the cat", "--max-new-tokens", "2", "--device", "cpu", "--timing",
+                 "modeled", "--raw", "--json", *map(str, argv)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not shipped("spice-mini").present, reason="the shipped model is not in this checkout")
+def test_generate_takes_a_shipped_models_name_and_times_it_at_its_own_shape(capsys):
+    got = _generate(capsys, "--model", "spice-mini")["summary"]
+    assert got["shape"] == "deepseek-v2-lite" and not any("sizes only" in n for n in got["notes"])
+    other = _generate(capsys, "--model", "spice-mini", "--shape", "qwen2-57b-a14b")["summary"]
+    assert any("qwen2-57b-a14b's sizes on spice-mini's routing, which is deepseek-v2-lite's" in n
+               for n in other["notes"]), other["notes"]
+
+
+def test_a_qwen2_miniatures_default_shape_is_qwen2_57b_a14b(capsys, tmp_path):
+    d = build_qwen2_miniature(tmp_path / "spice-mini-qwen2", hidden_size=32, moe_intermediate_size=4,
+                              shared_expert_intermediate_size=8)
+    got = _generate(capsys, "--model", d)["summary"]
+    assert got["shape"] == "qwen2-57b-a14b" and not any("sizes only" in n for n in got["notes"])
