@@ -1,10 +1,13 @@
 """SPICE web app: chat with an offloaded MoE model, watch and tune the engine. Wiring only.
 
-    python app.py [--model DIR] [--device cpu|cuda] [--threads N]     serves on 127.0.0.1:7860
+    python app.py [--model NAME|DIR] [--device cpu|cuda] [--threads N]     serves on 127.0.0.1:7860
     (GRADIO_SERVER_NAME / GRADIO_SERVER_PORT override host and port, as on Hugging Face Spaces)
 
-Pages live in `pages/` (one module each); they reach the engine only through `spice_core.api`.
-`build_demo(engine)` accepts any `EngineLike`, so tests pass a fake.
+Without --model the app serves every shipped model found in assets/ (spice-mini, spice-mini-qwen2):
+the first at "/" and "/sweep", the others on pages of their own that a model picker opens
+(pages/models.py); with one model there is no picker. Pages live in `pages/` (one module each); they
+reach the engine only through `spice_core.api`. `build_demo(engine)` accepts any `EngineLike` (or a
+list of them), so tests pass a fake.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import gradio as gr
 
 from pages import about, chat, sweep, trace_explorer
 from pages.common import AppContext
+from pages.models import EngineSet, model_pages
 from pages.owners import OWNER_JS
 
 ROOT = Path(__file__).resolve().parent
@@ -32,33 +36,65 @@ STATUS_INTERVAL_S = 2.0   # how often a page says what the engine is busy with
 
 def build_app(engine=None, *, max_queue: int = QUEUE_MAX_SIZE, orphan_after_s: float = 5.0,
               export_root: Path | None = None) -> tuple[gr.Blocks, AppContext]:
-    """The Blocks app and its context (engine, runner, exports). ``engine=None`` loads the shipped model."""
-    if engine is None:
-        from spice_core.engine import SpiceEngine
-        engine = SpiceEngine.load()
+    """The Blocks app and its context (run registry, runner, exports). ``engine``: one `EngineLike`, a list of
+    them (a chat and a sweep page each, behind a model picker; the first is the default), or None: every
+    shipped model in assets/."""
+    engines = list(engine) if isinstance(engine, (list, tuple)) else [engine] if engine is not None \
+        else load_engines(None, None)
     from spice_core.trace.tensorboard import warm_profiler_template
     warm_profiler_template()      # torch.profiler is process-wide: record its template before any generation runs
-    ctx = AppContext.create(engine, orphan_after_s=orphan_after_s, export_root=export_root)
+    ctx = AppContext.create(engines[0] if len(engines) == 1 else EngineSet(engines), orphan_after_s=orphan_after_s,
+                            export_root=export_root)
     atexit.register(ctx.exports.cleanup)
+    pages = model_pages([e.info() for e in engines])
+    if len(engines) > 1:
+        ctx.models = pages
+    contexts = [ctx] if len(engines) == 1 else [ctx.for_model(e, p, pages) for e, p in zip(engines, pages)]
     with gr.Blocks(title="SPICE · offloaded MoE chat", delete_cache=DELETE_CACHE) as demo:
-        page = chat.build(ctx)
-        engine_status = gr.Markdown("", elem_id="engine-status", elem_classes=["spice-note"])
-        gr.Timer(STATUS_INTERVAL_S).tick(lambda: busy_text(ctx), outputs=[engine_status], queue=False,
-                                         api_name="engine_status", show_progress="hidden")
+        chats = [_chat_page(contexts[0])]
+    for c, p in zip(contexts[1:], pages[1:]):
+        with demo.route(f"Chat · {p.name}", "/" + p.chat_path, show_in_navbar=False):
+            chats.append(_chat_page(c))
     with demo.route("Trace explorer", "/trace"):
         trace_explorer.build(ctx)
-    with demo.route("Sweep", "/sweep"):
-        sweep_page = sweep.build(ctx)
+    sweeps = []
+    for c, p in zip(contexts, pages):
+        with demo.route("Sweep" if not c.key else f"Sweep · {p.name}", "/" + p.sweep_path, show_in_navbar=not c.key):
+            sweeps.append(sweep.build(c))
 
     def on_unload(request: gr.Request) -> None:      # fires for whichever page's session went away
-        page.on_unload(request)
-        sweep_page.on_unload(request)
+        for page in chats + sweeps:
+            page.on_unload(request)
 
     demo.unload(on_unload)
     with demo.route("About", "/about"):
         about.build(ctx, ROOT / "docs" / "benchmarks", ROOT)
     demo.queue(default_concurrency_limit=1, max_size=max_queue)
     return demo, ctx
+
+
+def _chat_page(ctx: AppContext) -> chat.ChatPage:
+    """One model's chat page, with the line that says what the shared engine is busy with."""
+    page = chat.build(ctx)
+    engine_status = gr.Markdown("", elem_id="engine-status", elem_classes=["spice-note"])
+    gr.Timer(STATUS_INTERVAL_S).tick(lambda: busy_text(ctx), outputs=[engine_status], queue=False,
+                                     api_name="engine_status" + ctx.key, show_progress="hidden")
+    return page
+
+
+def load_engines(model: str | None, device: str | None) -> list:
+    """``model`` (a shipped model's name or a folder) alone, or every shipped model present in assets/."""
+    from spice_core.engine import SpiceEngine
+    from spice_core.errors import ModelLoadError
+    from spice_core.model.shipped import NAMES, model_argument, present_models
+
+    if model:
+        return [SpiceEngine.load(model_argument(model), device=device)]
+    present = present_models()
+    if not present:
+        raise ModelLoadError(f"no shipped model is in assets/ ({', '.join(NAMES)}): pass --model DIR or restore "
+                             "assets/")
+    return [SpiceEngine.load(m.folder, device=device) for m in present]
 
 
 def busy_text(ctx: AppContext) -> str:
@@ -91,7 +127,8 @@ def launch_kwargs() -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="checkpoint folder (default: the shipped model)")
+    parser.add_argument("--model", default=None, help="a shipped model's name (spice-mini, spice-mini-qwen2) or a "
+                                                      "checkpoint folder (default: every shipped model, with a picker)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1),
                         help="torch CPU threads (default: all cores but one, which the web server keeps)")
@@ -101,11 +138,13 @@ def main() -> None:
     torch.set_num_threads(max(1, args.threads))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)     # Gradio polls itself at start-up
-    engine = None
-    if args.model or args.device:
-        from spice_core.engine import SpiceEngine
-        engine = SpiceEngine.load(args.model, device=args.device)
-    demo, ctx = build_app(engine)
+    from spice_core.errors import SpiceError
+    try:
+        engines = load_engines(args.model, args.device)
+    except SpiceError as e:                     # a bad --model or --device: one line, no traceback
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        sys.exit(2)
+    demo, ctx = build_app(engines)
     install_sigterm_cleanup(ctx)
     demo.launch(**launch_kwargs())
 

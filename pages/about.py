@@ -14,6 +14,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from spice_core.api import EngineInfo, own_shape
 from pages.common import AppContext, fmt_bytes
 
 DATE = re.compile(r"\b(20\d\d-[01]\d-[0-3]\d)\b")
@@ -49,6 +50,8 @@ On a CUDA machine the times are **measured** with CUDA events. Anywhere else the
 tokens for real, but the times are **modeled**: the engine replays what it did (which experts hit, were copied,
 prefetched, computed on the CPU) on a named **hardware profile** as if the experts had a real model's **shape**
 (for example DeepSeek-V2-Lite on an RTX 4090 over PCIe 4.0 x16). Every number says which mode produced it.
+Each shipped model is a miniature of one real model (spice-mini of DeepSeek-V2-Lite, spice-mini-qwen2 of
+Qwen2-57B-A14B): its own shape times that real model's layout; another shape only resizes its routing.
 
 ## Quality
 Every policy except approximation gives the same greedy tokens as the stock model. Lossy settings are reported as
@@ -114,6 +117,8 @@ class AboutPage:
                 gr.Markdown(ABOUT)
             with gr.Column(scale=2):
                 gr.Markdown("## This engine\n" + self._engine_table())
+                gr.Markdown("## Whose routing each shape times\n" + routing_text(self._infos()),
+                            elem_id="about-routing")
         gr.Markdown("## Latest benchmark")
         self.pick = gr.Dropdown(choices=[], value=None, label="Benchmark file", elem_id="about-bench-pick",
                                 info="newest first")
@@ -122,15 +127,24 @@ class AboutPage:
         self.pick.change(self.show, inputs=[self.pick], outputs=[self.bench], queue=False,
                          api_visibility="private")
 
+    def _infos(self) -> list[EngineInfo]:
+        return [p.info for p in self.ctx.models] or [self.ctx.info]
+
     def _engine_table(self) -> str:
-        i = self.ctx.info
-        rows = [("model", f"`{i.model_name}` ({i.family})"), ("layers", f"{i.n_layers}, MoE: {len(i.moe_layers)}"),
-                ("experts", f"{i.n_experts} routed per layer, top-{i.top_k}"),
-                ("expert size", fmt_bytes(i.expert_bytes)), ("device", i.device),
-                ("timing", i.default_timing), ("draft heads", "yes" if i.has_draft else "no (gate predictor)"),
-                ("LoRE factors", "yes" if i.has_lore else "no"), ("context", f"{i.max_context_tokens:,} tokens"),
-                ("hardware profiles", ", ".join(i.profiles)), ("shapes", ", ".join(i.shapes))]
-        return "| property | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+        """One column per model the app serves."""
+        infos = self._infos()
+        rows = [("model", lambda i: f"`{i.model_name}` ({i.family})"),
+                ("layers", lambda i: f"{i.n_layers}, MoE: {len(i.moe_layers)}"),
+                ("experts", lambda i: f"{i.n_experts} routed per layer, top-{i.top_k}"),
+                ("expert size", lambda i: fmt_bytes(i.expert_bytes)), ("device", lambda i: i.device),
+                ("timing", lambda i: i.default_timing),
+                ("draft heads", lambda i: "yes" if i.has_draft else "no (gate predictor)"),
+                ("LoRE factors", lambda i: "yes" if i.has_lore else "no"),
+                ("context", lambda i: f"{i.max_context_tokens:,} tokens"),
+                ("hardware profiles", lambda i: ", ".join(i.profiles)), ("shapes", lambda i: ", ".join(i.shapes))]
+        head = "| property | " + " | ".join("value" if len(infos) == 1 else i.model_name for i in infos) + " |"
+        body = "\n".join(f"| {name} | " + " | ".join(cell(i) for i in infos) + " |" for name, cell in rows)
+        return f"{head}\n|---|{'---|' * len(infos)}\n{body}"
 
     def _rel(self, path: Path) -> str:
         try:
@@ -154,6 +168,25 @@ class AboutPage:
     def _render(self, b: BenchmarkTable) -> str:
         heading = f"**{b.heading}**\n\n" if b.heading else ""
         return f"{heading}{b.table}\n\nSource: `{self._rel(b.path)}` ({b.date})"
+
+
+def routing_text(infos: list[EngineInfo]) -> str:
+    """Which model's routing the modeled times of each shape replay: a shape is a real model's sizes; the
+    experts each token uses always come from the model that generates. A miniature's own shape (the real
+    model whose topology it has) thus stands for that real model; another shape resizes its routing only."""
+    shapes = [s for s in infos[0].shapes if s != "native"]
+    rows = []
+    for shape in shapes:
+        own = [i.model_name for i in infos if own_shape(i) == shape]
+        other = [i.model_name for i in infos if own_shape(i) != shape]
+        cells = ([f"**{', '.join(own)}**: its own routing, so times stand for {shape}"] if own else []) + \
+                ([f"{', '.join(other)}: {shape}'s sizes on that model's routing (\"sizes only\" in the menu)"]
+                 if other else [])
+        rows.append(f"| {shape} | {'; '.join(cells)} |")
+    rows.append("| native | the chosen model's own sizes and routing |")
+    return ("Modeled times replay the experts the chatting model routed to, at a shape's sizes. A shape "
+            "matches one model's topology (layers, experts, top-k); on another model it keeps that "
+            "model's routing.\n\n| shape | times come from |\n|---|---|\n" + "\n".join(rows))
 
 
 def build(ctx: AppContext, benchmarks_dir: Path, repo_root: Path) -> AboutPage:

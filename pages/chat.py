@@ -25,10 +25,10 @@ import gradio as gr
 
 from spice_core.api import RunSettings, identical_prefix_share
 from spice_core.errors import PromptError, SpiceError
-from pages import figures
+from pages import figures, models
 from pages import chat_text as text
 from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, FreeDropdown, FreeSlider, as_plot,
-                          default_settings, policy_choices, settings_from_values, spice_error_text)
+                          default_settings, policy_choices, settings_from_values, shape_choices, spice_error_text)
 from pages.live import LiveRun
 from pages.messages import (clean_message, content_text, drop_oldest_exchanges, engine_turns, is_app_note,
                             keep_newest, n_exchanges, normalize_history, note, problem_with)
@@ -104,8 +104,9 @@ class ChatPage:
         info, d = self.info, self.defaults
         self.session = gr.State(ChatSession())   # deep-copied per browser session
         # The conversation survives a reload or a visit to another page (kept in this browser only).
-        self.saved = gr.BrowserState([], storage_key="spice-chat-v1")
+        self.saved = gr.BrowserState([], storage_key="spice-chat-v1" + self.ctx.key)   # one per model
         with gr.Sidebar(label="Settings", open=True, width=330, elem_id="spice-controls"):
+            models.picker(self.ctx.models, info.model_name, "chat")
             self._build_controls(d)
         self.banner = gr.Markdown(self._banner(d), elem_id="spice-banner", elem_classes=["spice-banner"])
         with gr.Row(equal_height=False):
@@ -168,7 +169,7 @@ class ChatPage:
             with gr.Row():
                 self.profile = FreeDropdown(list(info.profiles), value=d.profile, label="Hardware profile",
                                             elem_id="ctl-profile")
-                self.shape = FreeDropdown(list(info.shapes), value=d.shape, label="Model shape", elem_id="ctl-shape")
+                self.shape = FreeDropdown(shape_choices(info), value=d.shape, label="Model shape", elem_id="ctl-shape")
             self.max_new_tokens = FreeSlider(1, 512, value=d.max_new_tokens, step=1, label="Max new tokens",
                                              elem_id="ctl-max-new")
             self.temperature = FreeSlider(0.0, 2.0, value=d.temperature, step=0.05, label="Temperature",
@@ -191,7 +192,7 @@ class ChatPage:
         triggers = [self.msg.submit, self.send.click]
         # Listed first and browser-only: Stop replaces Send at once, before the first token arrives.
         gr.on(triggers, None, js=BUSY_ON_JS, queue=False, api_visibility="private", show_progress="hidden")
-        sent = gr.on(triggers, self.chat_event, inputs=chat_inputs, outputs=outputs, api_name="chat",
+        sent = gr.on(triggers, self.chat_event, inputs=chat_inputs, outputs=outputs, api_name="chat" + self.ctx.key,
                      concurrency_id=ENGINE_GROUP, concurrency_limit=1, show_progress="minimal",
                      show_progress_on=[self.chatbot])
         self._after_reply(sent)
@@ -210,12 +211,12 @@ class ChatPage:
                                          concurrency_id=ENGINE_GROUP, concurrency_limit=1, show_progress="minimal",
                                          show_progress_on=[self.chatbot], api_visibility="private"))
         self.stop.click(self.stop_reply, inputs=[self.session], outputs=[self.settings_note], queue=False,
-                        api_name="stop", show_progress="hidden")
+                        api_name="stop" + self.ctx.key, show_progress="hidden")
         gr.on([c.change for c in self.controls], self.on_settings, inputs=[*self.controls, self.session],
-              outputs=[self.settings_note, self.banner, self.stats], queue=False, api_name="settings",
+              outputs=[self.settings_note, self.banner, self.stats], queue=False, api_name="settings" + self.ctx.key,
               show_progress="hidden")
         # "New chat" and the chat's own 🗑 do the same thing: stop the reply, clear chat and panels.
-        for event, name in ((self.new_chat.click, "new_chat"), (self.chatbot.clear, None)):
+        for event, name in ((self.new_chat.click, "new_chat" + self.ctx.key), (self.chatbot.clear, None)):
             cleared = event(self.clear, inputs=[self.session], outputs=outputs, queue=False, show_progress="hidden",
                             **({"api_name": name} if name else {"api_visibility": "private"}))
             self._after_reply(cleared)

@@ -12,13 +12,13 @@ import re
 import shutil
 import tempfile
 import threading
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import gradio as gr
 from gradio.components.plot import PlotData
 
-from spice_core.api import EngineInfo, EngineLike, RunSettings
+from spice_core.api import EngineInfo, EngineLike, RunSettings, own_shape
 from spice_core.errors import ConfigError, SpiceError
 from pages.limits import Limits
 from pages.owners import RunBook, valid_run_id
@@ -48,6 +48,24 @@ EXPORT_KINDS = ("chrome", "chrome_gz", "tensorboard", "csv")
 
 def policy_choices(info: EngineInfo) -> list[tuple[str, str]]:
     return [(POLICY_LABELS.get(p, p), p) for p in info.policies]
+
+
+def shape_choices(info: EngineInfo) -> list[tuple[str, str]]:
+    """(label, shape) per shape, saying whose routing its modeled times come from: the model's own shape (the
+    real model it is a miniature of) times that real model's layout; any other shape only puts its sizes on
+    this model's routing, so it is labelled "sizes only" rather than hidden (it is the only way to see, say,
+    Qwen2-sized copies where no Qwen2 miniature is installed)."""
+    own = own_shape(info)
+    out = []
+    for shape in info.shapes:
+        if shape == "native":
+            label = f"native · {info.model_name}'s own sizes"
+        elif shape == own:
+            label = f"{shape} · {info.model_name} routes as it does"
+        else:
+            label = f"{shape} · sizes only, on {info.model_name}'s routing"
+        out.append((label, shape))
+    return out
 
 
 def as_plot(figure: dict) -> PlotData:
@@ -148,7 +166,8 @@ def default_settings(info: EngineInfo) -> RunSettings:
     base = RunSettings()
     policy = base.policy if base.policy in info.policies else info.policies[0]
     profile = base.profile if base.profile in info.profiles else info.profiles[0]
-    shape = base.shape if base.shape in info.shapes else info.shapes[0]
+    own = own_shape(info)
+    shape = own if own in info.shapes else base.shape if base.shape in info.shapes else info.shapes[0]
     return RunSettings(**{f.name: getattr(base, f.name) for f in fields(base)}
                        | {"policy": policy, "profile": profile, "shape": shape, "max_new_tokens": 96})
 
@@ -279,37 +298,56 @@ class AppContext:
     sweeps: dict = field(default_factory=dict)               # owner -> rows of their last sweep
     sweeps_lock: threading.Lock = field(default_factory=threading.Lock)
     limits: "Limits" = None
+    # With several models (pages.models): every model's page (for the picker and About) and this context's
+    # key ("" for the default model), which keeps its pages' API names, browser storage and sweeps apart.
+    models: tuple = ()
+    key: str = ""
 
     @classmethod
     def create(cls, engine: EngineLike, *, orphan_after_s: float = 5.0, export_root: Path | None = None,
                max_message_chars: int | None = None, limits: "Limits | None" = None) -> "AppContext":
         info = engine.info()
-        limit = max_message_chars or max(500, min(16_000, 4 * info.max_context_tokens))
+        limit = max_message_chars or message_limit(info)
         return cls(engine=engine, info=info, runner=EngineRunner(orphan_after_s=orphan_after_s),
                    exports=ExportStore(engine, export_root), max_message_chars=limit, limits=limits or Limits())
 
+    def for_model(self, engine: EngineLike, page, models: tuple) -> "AppContext":
+        """This context for one model's pages (``page``: its pages.models.ModelPage): its engine, info and key;
+        the runner, run book, sweeps and exports stay shared with every other model's pages."""
+        return replace(self, engine=engine, info=page.info, key=page.key, models=models,
+                       max_message_chars=message_limit(page.info))
+
     def label_run(self, run_id: str, label: str, owner: str = "") -> None:
-        """Remember who started a run and with what (labels are user text: escape where shown)."""
-        self.runs.add(run_id, owner, label)
+        """Remember who started a run and with what (labels are user text: escape where shown); with several
+        models the label starts with the model's name."""
+        self.runs.add(run_id, owner, f"{self.info.model_name} · {label}" if len(self.models) > 1 else label)
 
     def remember_sweep(self, owner: str, rows: list[dict], keep: int = 64) -> None:
         with self.sweeps_lock:
-            self.sweeps.pop(owner, None)
-            self.sweeps[owner] = list(rows)
+            self.sweeps.pop(owner + self.key, None)
+            self.sweeps[owner + self.key] = list(rows)
             while len(self.sweeps) > keep:
                 self.sweeps.pop(next(iter(self.sweeps)))
 
     def last_sweep(self, owner: str) -> list[dict]:
         with self.sweeps_lock:
-            return list(self.sweeps.get(owner, [])) if owner else []
+            return list(self.sweeps.get(owner + self.key, [])) if owner else []
 
     def describe_timing(self, settings: RunSettings) -> str:
         """One line for banners: which clock produced the numbers, and what modeled ones stand for."""
         if self.info.default_timing == "measured":
             return (f"**Timing: measured on {self.info.device.upper()}** (CUDA events); the hardware profile and "
                     f"shape only matter for modeled timing.")
+        own = own_shape(self.info)
+        whose = "" if settings.shape in (own, "native") else \
+            f" (its sizes only: the routing is {self.info.model_name}'s, not {settings.shape}'s own)"
         return (f"**Timing: modeled on {self.info.device.upper()}**: times stand for a **{settings.shape}**-shaped "
-                f"model on **{settings.profile}**; the tokens come from the real (small) model.")
+                f"model on **{settings.profile}**{whose}; the tokens come from the real (small) model.")
+
+
+def message_limit(info: EngineInfo) -> int:
+    """Characters a chat message may have: about four per token of the model's context, within [500, 16000]."""
+    return max(500, min(16_000, 4 * info.max_context_tokens))
 
 
 def fmt_bytes(n: float) -> str:

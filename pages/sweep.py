@@ -27,9 +27,9 @@ import pandas as pd
 
 from spice_core.api import EXACT_POLICIES, RunSettings
 from spice_core.errors import ConfigError, SpiceError
-from pages import figures
+from pages import figures, models
 from pages.common import (ENGINE_GROUP, AppContext, FreeDropdown, FreeSlider, as_plot, default_settings,
-                          spice_error_text)
+                          shape_choices, spice_error_text)
 from pages.limits import bounded_number
 from spice_core.api import identical_prefix_share
 from pages.owners import esc, owner_of
@@ -100,6 +100,7 @@ class SweepPage:
         gr.Markdown("## Threshold sweep\nRuns every prompt once with exact settings (the reference), then with "
                     "each setting of the grid, and plots **greedy agreement** with the reference against **TPOT**. "
                     "Points on the dashed Pareto front are the settings worth using.")
+        models.picker(self.ctx.models, info.model_name, "sweep")
         self.session = gr.State(SweepSession())   # deep-copied per browser session
         with gr.Row(equal_height=False):
             with gr.Column(scale=3):
@@ -121,7 +122,7 @@ class SweepPage:
                                                      label="Tokens per run", elem_id="sweep-tokens")
                 with gr.Row():
                     self.profile = FreeDropdown(list(info.profiles), value=d.profile, label="Hardware profile")
-                    self.shape = FreeDropdown(list(info.shapes), value=d.shape, label="Model shape")
+                    self.shape = FreeDropdown(shape_choices(info), value=d.shape, label="Model shape")
         with gr.Row():
             self.run_btn = gr.Button("Run sweep", variant="primary", elem_id="sweep-run")
             self.stop_btn = gr.Button("Stop", variant="stop", elem_id="sweep-stop")
@@ -137,8 +138,10 @@ class SweepPage:
         self.run_btn.click(self.run, inputs=[self.prompts, self.policies, self.tau_prefetch, self.tau_approx,
                                              self.cache_frac, self.max_new_tokens, self.profile, self.shape,
                                              self.session],
-                           outputs=outputs, api_name="sweep", concurrency_id=ENGINE_GROUP, concurrency_limit=1)
-        self.stop_btn.click(self.stop, inputs=[self.session], outputs=[self.status], queue=False, api_name="sweep_stop")
+                           outputs=outputs, api_name="sweep" + self.ctx.key, concurrency_id=ENGINE_GROUP,
+                           concurrency_limit=1)
+        self.stop_btn.click(self.stop, inputs=[self.session], outputs=[self.status], queue=False,
+                            api_name="sweep_stop" + self.ctx.key)
         gr.on(None, self.on_load, outputs=outputs, queue=False, api_visibility="private")
 
     # --- handlers ------------------------------------------------------------------------

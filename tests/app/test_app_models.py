@@ -1,0 +1,110 @@
+"""Two models in one app, on the real engine (spice_core.engine.SpiceEngine) on CPU: a random miniature of
+Qwen2-57B-A14B's topology (28 MoE layers, 64 experts top-8, saved as `spice-mini-qwen2`) beside a tiny
+DeepSeek-V2, each with its own chat and sweep pages, a picker between them, and one trace explorer."""
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+from gradio_client import Client
+
+from app_helpers import chat_inputs, last_notes, serve
+
+engine_mod = pytest.importorskip("spice_core.engine", reason="the engine (spice_core/engine.py) is not in this tree")
+from tiny_models import build_qwen2_miniature, build_tiny
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    root = tmp_path_factory.mktemp("two-models")
+    first = engine_mod.SpiceEngine.load(build_tiny("deepseek_v2", root / "tiny-deepseek"), device="cpu")
+    qwen2 = engine_mod.SpiceEngine.load(build_qwen2_miniature(root / "spice-mini-qwen2", hidden_size=32,
+                                                              moe_intermediate_size=8,
+                                                              shared_expert_intermediate_size=16), device="cpu")
+    s = serve([first, qwen2])
+    yield s
+    s.demo.close()
+    s.ctx.exports.cleanup()
+
+
+def _component(demo, elem_id: str, nth: int = 0) -> dict:
+    found = [c["props"] for c in demo.config["components"] if c.get("props", {}).get("elem_id") == elem_id]
+    return found[nth]
+
+
+def _run_id(history) -> str:
+    return next(n for n in last_notes(history) if n.startswith("Run ")).split()[1]
+
+
+def test_each_model_answers_on_its_own_page_and_both_runs_reach_the_one_trace_explorer(two):
+    c = Client(two.url, verbose=False)
+    out_a = c.predict(*chat_inputs("tell me a story about the cat", max_new_tokens=4, policy="lru",
+                                   cache_frac=0.5), api_name="/chat")
+    out_b = c.predict(*chat_inputs("tell me a story about the dog", max_new_tokens=4, policy="lru", cache_frac=0.5,
+                                   shape="qwen2-57b-a14b"), api_name="/chat_spice_mini_qwen2")
+    a, b = _run_id(out_a[1]), _run_id(out_b[1])
+    runs = dict((v, label) for label, v in c.predict(None, api_name="/runs")["choices"])
+    assert a in runs and b in runs
+    assert "tiny-deepseek · chat" in runs[a] and "spice-mini-qwen2 · chat" in runs[b]
+    table = c.predict(b, 0, 16, api_name="/trace_run")[4]
+    assert [row[0] for row in table["data"]] == list(range(28))          # the Qwen2 miniature's 28 MoE layers
+    assert c.predict(a, "csv", api_name="/export") and c.predict(b, "csv", api_name="/export")
+    c.close()
+
+
+def test_the_picker_names_each_models_routing_and_opens_its_pages(two):
+    picker = _component(two.demo, "chat-model")
+    assert [tuple(c) for c in picker["choices"]] == [("tiny-deepseek", "tiny-deepseek"),
+                                                     ("spice-mini-qwen2 · qwen2-57b-a14b routing", "spice-mini-qwen2")]
+    assert _component(two.demo, "sweep-model")["choices"] == picker["choices"]
+    for path in ("spice-mini-qwen2", "sweep-spice-mini-qwen2"):
+        with urllib.request.urlopen(two.url + path) as page:
+            assert page.status == 200
+
+
+def test_the_shape_menu_says_whose_routing_each_shape_times(two):
+    """On the Qwen2 miniature's page its own shape is the default and the DeepSeek shape is "sizes only";
+    the tiny DeepSeek-V2 (no real model's topology) has no own shape, so both are sizes only."""
+    tiny, qwen2 = _component(two.demo, "ctl-shape", 0), _component(two.demo, "ctl-shape", 1)
+    assert qwen2["value"] == "qwen2-57b-a14b"
+    labels = dict((v, label) for label, v in qwen2["choices"])
+    assert labels["qwen2-57b-a14b"] == "qwen2-57b-a14b · spice-mini-qwen2 routes as it does"
+    assert labels["deepseek-v2-lite"] == "deepseek-v2-lite · sizes only, on spice-mini-qwen2's routing"
+    assert labels["native"] == "native · spice-mini-qwen2's own sizes"
+    assert all("sizes" in label for label, _ in tiny["choices"])
+
+
+def test_about_says_which_routing_each_shapes_times_come_from(two):
+    text = _component(two.demo, "about-routing")["value"]
+    assert "| qwen2-57b-a14b | **spice-mini-qwen2**: its own routing" in text
+    assert "| deepseek-v2-lite | tiny-deepseek, spice-mini-qwen2: deepseek-v2-lite's sizes on that model's" in text
+
+
+def test_one_model_has_no_picker_and_keeps_its_paths(tmp_path):
+    engine = engine_mod.SpiceEngine.load(build_tiny("deepseek_v2", tmp_path / "tiny"), device="cpu")
+    import app
+
+    demo, ctx = app.build_app(engine)
+    try:
+        ids = {c.get("props", {}).get("elem_id") for c in demo.config["components"]}
+        assert "chat-model" not in ids and "sweep-model" not in ids and ctx.models == ()
+        names = {d.get("api_name") for d in demo.config["dependencies"]}
+        assert {"chat", "sweep", "settings", "stop", "new_chat", "engine_status", "sweep_stop"} <= names
+        assert not any("tiny" in str(n) for n in names)
+    finally:
+        ctx.exports.cleanup()
+
+
+@pytest.mark.browser
+def test_picking_the_other_model_in_the_browser_opens_its_chat(browser, two):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(30_000)
+    page.goto(two.url, wait_until="load")
+    page.wait_for_selector("#chat-model input")
+    page.click("#chat-model input")
+    page.click("#chat-model [role=option]:has-text('spice-mini-qwen2')")
+    page.wait_for_url("**/spice-mini-qwen2")
+    page.wait_for_selector("#spice-msg textarea")
+    assert "Chat with spice-mini-qwen2" in page.inner_text("body")
+    assert page.input_value("#chat-model input").startswith("spice-mini-qwen2")
+    page.close()
