@@ -8,6 +8,7 @@ its first table and the heading above it, with the file's path as the source.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,9 @@ import gradio as gr
 from spice_core.api import EngineInfo, own_shape
 from pages.common import AppContext, fmt_bytes
 
+HEADLINE_RESULTS = Path("full-scale/headline/results.json")     # under the benchmarks folder
+HEADLINE_BUDGET = 0.25
+HEADLINE_POLICIES = ("on_demand", "lru", "spice_prefetch", "spice", "oracle_prefetch", "resident")
 DATE = re.compile(r"\b(20\d\d-[01]\d-[0-3]\d)\b")
 SEPARATOR = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")   # a table's |---|:--:| row
 
@@ -105,6 +109,39 @@ def benchmark_tables(folder: Path) -> list[BenchmarkTable]:
     return sorted(out, key=lambda b: (b.date, b.path.stat().st_mtime, b.path.name), reverse=True)
 
 
+def headline_markdown(results: Path) -> str:
+    """The measured headline: the headline run's records at 25% (8 held-out prompts x 64 tokens), read from
+    its results.json each time (the only numbers the page quotes as the headline)."""
+    try:
+        records = json.loads(Path(results).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return f"No measured headline yet (`{HEADLINE_RESULTS.as_posix()}` under docs/benchmarks)."
+    rows = {(r.get("link"), r.get("policy")): r for r in records if isinstance(r, dict)
+            and r.get("workload", "prompts") == "prompts" and r.get("timing") == "measured"
+            and r.get("budget_frac") == HEADLINE_BUDGET and r.get("tpot_ms_median")}
+    links = [link for link in ("native", "pcie4x8") if (link, "spice") in rows]
+    if not links:
+        return "The headline results hold no measured 25% record yet."
+    names = {"native": "PCIe 5.0 x16 (native)", "pcie4x8": "PCIe 4.0 x8 (emulated)"}
+    head = "| link | " + " | ".join(f"`{p}`" for p in HEADLINE_POLICIES) + " | spice vs on_demand | spice vs lru | decode steps |"
+    lines = [head, "|---" * (len(HEADLINE_POLICIES) + 4) + "|"]
+    for link in links:
+        cells = [f"{rows[(link, p)]['tpot_ms_median']:.1f} ms" if (link, p) in rows else "–" for p in HEADLINE_POLICIES]
+        sp = rows[(link, "spice")]["tpot_ms_median"]
+        ratio = lambda p: f"{rows[(link, p)]['tpot_ms_median'] / sp:.2f}×" if (link, p) in rows else "–"
+        steps = min(r["n_decode_tokens"] for (lk, _), r in rows.items() if lk == link and "n_decode_tokens" in r)
+        lines.append(f"| {names.get(link, link)} | " + " | ".join(cells) + f" | {ratio('on_demand')} | {ratio('lru')} | {steps} |")
+    sp = rows[(links[0], "spice")]
+    quality = ("" if sp.get("ppl_delta_pct") is None else
+               f" `spice` (LoRE τ_approx 0.05, rank 4) changes held-out perplexity by {sp['ppl_delta_pct']:+.2f}% "
+               f"on the {links[0]} link.")
+    return ("TPOT median, **measured** on one H200: the shipped miniature lifted to DeepSeek-V2-Lite's shapes "
+            "(28.8 GB of routed experts in host memory), 25% GPU budget, held-out prompts × 64 tokens, "
+            f"the CUDA-graph fast path.{quality}\n\n" + "\n".join(lines)
+            + f"\n\nSource: `docs/benchmarks/{HEADLINE_RESULTS.as_posix()}` (every policy, budget and link, "
+              "the targets met and missed, in the README beside it).")
+
+
 class AboutPage:
     def __init__(self, ctx: AppContext, benchmarks_dir: Path, repo_root: Path) -> None:
         self.ctx = ctx
@@ -119,11 +156,15 @@ class AboutPage:
                 gr.Markdown("## This engine\n" + self._engine_table())
                 gr.Markdown("## Whose routing each shape times\n" + routing_text(self._infos()),
                             elem_id="about-routing")
+        gr.Markdown("## Measured headline")
+        self.headline = gr.Markdown("", elem_id="about-headline")
         gr.Markdown("## Latest benchmark")
         self.pick = gr.Dropdown(choices=[], value=None, label="Benchmark file", elem_id="about-bench-pick",
                                 info="newest first")
         self.bench = gr.Markdown("", elem_id="about-bench")
         gr.on(None, self.on_load, outputs=[self.pick, self.bench], queue=False, api_name="benchmarks")
+        gr.on(None, lambda: headline_markdown(self.dir / HEADLINE_RESULTS), outputs=[self.headline], queue=False,
+              api_name="headline")
         self.pick.change(self.show, inputs=[self.pick], outputs=[self.bench], queue=False,
                          api_visibility="private")
 

@@ -407,6 +407,13 @@ def test_about_shows_the_latest_benchmark_table_with_its_source(served, client):
     assert "|" in table and "Source: `docs/benchmarks/" in table
 
 
+def test_about_quotes_the_measured_headline(served, client):
+    text = client.predict(api_name="/headline")
+    if "No measured headline" in text:
+        pytest.skip("no docs/benchmarks/full-scale/headline/results.json in this checkout")
+    assert "**measured**" in text and "| PCIe 5.0 x16 (native) |" in text and "headline/results.json" in text
+
+
 def test_settings_defaults_match_the_run_settings_contract():
     from spice_core.api import RunSettings
     fields = set(RunSettings.__dataclass_fields__)

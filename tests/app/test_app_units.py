@@ -243,3 +243,35 @@ def test_about_finds_the_newest_benchmark_table(tmp_path):
 
 def test_fmt_bytes_uses_decimal_units():
     assert [fmt_bytes(n) for n in (12, 1536, 17.3e6, 2.7e9)] == ["12 B", "1.5 kB", "17.3 MB", "2.7 GB"]
+
+
+def test_about_headline_quotes_the_headline_results_file(tmp_path):
+    import json
+
+    from pages.about import headline_markdown
+
+    assert "No measured headline yet" in headline_markdown(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    assert "No measured headline yet" in headline_markdown(tmp_path / "bad.json")
+    rec = lambda link, pol, ms, **kw: {"link": link, "policy": pol, "budget_frac": 0.25, "workload": "prompts",
+                                       "timing": "measured", "tpot_ms_median": ms, "n_decode_tokens": 504, **kw}
+    records = [rec("native", "on_demand", 60.0), rec("native", "lru", 45.0), rec("native", "spice", 20.0, ppl_delta_pct=0.3),
+               rec("native", "resident", 10.0), rec("pcie4x8", "spice", 99.0) | {"budget_frac": 0.5},
+               rec("native", "spice", 1.0) | {"timing": "modeled"}]
+    (tmp_path / "r.json").write_text(json.dumps(records))
+    text = headline_markdown(tmp_path / "r.json")
+    assert "| PCIe 5.0 x16 (native) | 60.0 ms | 45.0 ms | – | 20.0 ms | – | 10.0 ms | 3.00× | 2.25× | 504 |" in text
+    assert "PCIe 4.0 x8" not in text and "+0.30%" in text          # only measured 25% records are quoted
+
+
+def test_about_headline_matches_the_committed_results():
+    import json
+    from pathlib import Path
+
+    from pages.about import HEADLINE_RESULTS, headline_markdown
+
+    path = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / HEADLINE_RESULTS
+    text = headline_markdown(path)
+    for r in json.loads(path.read_text()):
+        if r.get("workload") == "prompts" and r.get("budget_frac") == 0.25 and r["policy"] in ("spice", "lru"):
+            assert f"{r['tpot_ms_median']:.1f} ms" in text
