@@ -132,6 +132,11 @@ class LayerPlanner:
         self.miss_rate_ema = 1.0
         self.next_use_abs: dict[ExpertKey, int] = {}
         self.inflight: dict[ExpertKey, InflightPrefetch] = {}
+        # What the costs come to, asked once: the cost model is fixed for the planner's life, and these were
+        # recomputed for every layer.
+        self._copy_ms = costs.copy_ms()
+        self._layer_ms = costs.gpu_layer_ms() + top_k * costs.gpu_expert_ms()
+        self._plan_ms = costs.profile.host_plan_us / 1e3
 
     # ------------------------------------------------------------------ set-up and settings
     def place_static(self, keys: Sequence[ExpertKey]) -> list[tuple[int, ExpertKey]]:
@@ -154,7 +159,7 @@ class LayerPlanner:
         """With host costs in the profile: is this layer's lookahead plan worth its host time?"""
         if not self.host_aware:
             return True
-        return plan_pays(self.costs.profile.host_plan_us / 1e3, self.miss_rate_ema, self.top_k, self.costs.copy_ms())
+        return plan_pays(self._plan_ms, self.miss_rate_ema, self.top_k, self._copy_ms)
 
     # ------------------------------------------------------------------ phase 1: the layer's misses
     def plan_layer(self, layer: int, idx_rows: Sequence[Sequence[int]], w_rows: Sequence[Sequence[float]],
@@ -175,7 +180,7 @@ class LayerPlanner:
         where, state = res.where, res.state
         outcomes: dict[int, str] = {}
         hits = misses_sel = n_miss = 0
-        misses: list[tuple[int, float, int]] = []     # (expert, largest router weight, tokens)
+        misses: list[tuple[int, float, int]] = []     # (expert, largest router weight (orchestrating only), tokens)
         orchestrate, now = self.spec.miss_mode == "orchestrate", queues.now_ms
         for e in needed:
             key = ExpertKey(layer, e)
@@ -189,7 +194,8 @@ class LayerPlanner:
                     hits += len(routes[e][0])
                     continue
                 # A prefetch still in flight: the miss decision weighs waiting for it against the others.
-            misses.append((e, max(w_rows[t][p] for t, p in zip(*routes[e])), len(routes[e][0])))
+            weight = max(w_rows[t][p] for t, p in zip(*routes[e])) if orchestrate else 0.0   # only weighed there
+            misses.append((e, weight, len(routes[e][0])))
         for (e, _, n_sel), action in zip(misses, self._decide_misses(layer, misses, queues)):
             if action == MissAction.WAIT_PREFETCH:
                 res.book(ExpertKey(layer, e)).busy = True
@@ -224,11 +230,11 @@ class LayerPlanner:
         if spec.miss_mode == "copy":
             return [MissAction.COPY] * len(misses)
         # A copied expert stays cached: credit it with the transfer a later use saves (recent hit rate).
-        copy_value = (1.0 - self.miss_rate_ema) * c.copy_ms() if spec.keep_misses else 0.0
+        copy_value = (1.0 - self.miss_rate_ema) * self._copy_ms if spec.keep_misses else 0.0
         reqs = []
         for e, weight, n_tokens in misses:
             inf = self.inflight.get(ExpertKey(layer, e))   # only experts whose prefetch is still in flight
-            reqs.append(MissRequest(router_weight=weight, copy_ms=c.copy_ms(), cpu_ms=c.cpu_expert_ms(n_tokens),
+            reqs.append(MissRequest(router_weight=weight, copy_ms=self._copy_ms, cpu_ms=c.cpu_expert_ms(n_tokens),
                                     gpu_ms=c.gpu_expert_ms(n_tokens),
                                     inflight_arrival_ms=inf.arrival_ms if inf is not None else None,
                                     copy_value_ms=copy_value))
@@ -293,13 +299,13 @@ class LayerPlanner:
         if predictions is None:
             return PrefetchOrders((), 0, "cost", -1.0)
         c = self.costs
-        layer_ms = c.gpu_layer_ms() + self.top_k * c.gpu_expert_ms()
+        layer_ms = self._layer_ms
         hm = h_min(self.miss_rate_ema * self.top_k, c.expert_bytes, c.profile.h2d_pinned_gbps * 1e6, layer_ms)
         res = self.residency
         plan = plan_lookahead(
-            predictions, is_resident_or_inflight=res.__contains__,
+            predictions, is_resident_or_inflight=res.where.__contains__,     # = res.__contains__, one call less
             tau_prefetch=self.tau_prefetch, max_lookahead=self.max_lookahead, now_ms=queues.now_ms,
-            copy_free_at_ms=queues.copy_free_at_ms, copy_ms=c.copy_ms(), layer_ms=layer_ms,
+            copy_free_at_ms=queues.copy_free_at_ms, copy_ms=self._copy_ms, layer_ms=layer_ms,
             top_k=self.top_k, max_items=max(0, res.n_slots - self.top_k), h_min_value=hm,
             issue_ms=c.profile.host_copy_us / 1e3 if self.host_aware else 0.0)
         if len(self.next_use_abs) > 4 * res.n_slots + 256:

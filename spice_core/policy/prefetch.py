@@ -56,6 +56,7 @@ Pure: lists of floats in, a plan out.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Callable, Sequence
 
 from spice_core.types import ExpertKey
@@ -108,6 +109,12 @@ def plan_pays(host_plan_ms: float, recent_miss_rate: float, top_k: int, copy_ms:
     return host_plan_ms <= 0 or host_plan_ms <= recent_miss_rate * top_k * copy_ms
 
 
+@cache
+def _layer_keys(layer: int, n_experts: int) -> tuple[ExpertKey, ...]:
+    """ExpertKey(layer, e) for every e, made once: a plan looks up a few hundred keys."""
+    return tuple(ExpertKey(layer, e) for e in range(n_experts))
+
+
 # A next-layer expert that cannot arrive in time is queued only if at least this likely. On a saturated
 # link a late prefetch gains little (the copy would cross the link anyway, as a demand copy) while a
 # wasted one costs a full copy plus the cached expert it evicted: measured on spice-mini at 25% cache
@@ -143,6 +150,7 @@ def plan_lookahead(
     for pred in sorted(predictions, key=lambda p: p.distance):
         d, probs, layer = pred.distance, pred.probs, pred.layer
         ranked = pred.ranked()
+        keys = _layer_keys(layer, len(probs))
         # The 2k most confident at or above tau (ties: lower expert index).
         confident = []
         for e in ranked:
@@ -150,7 +158,7 @@ def plan_lookahead(
                 break
             confident.append(e)
         for e in confident:      # every prediction informs eviction, also beyond the prefetch horizon
-            next_use.setdefault(ExpertKey(layer, e), d)
+            next_use.setdefault(keys[e], d)
         if not collecting:
             continue
         if d > max_lookahead:
@@ -170,12 +178,13 @@ def plan_lookahead(
             c = probs[e]
             if c < floor:
                 break
-            if is_resident_or_inflight(ExpertKey(layer, e)):
-                cov += min(1.0, c * scale)
+            if is_resident_or_inflight(keys[e]):
+                u = c * scale
+                cov += u if u < 1.0 else 1.0
         covered[d] = cov
         cands[d] = []
         for e in confident:
-            key = ExpertKey(layer, e)
+            key = keys[e]
             if key not in seen and not is_resident_or_inflight(key):
                 use = min(1.0, probs[e] * scale)
                 if use * copy_ms > issue_ms:
@@ -212,7 +221,10 @@ def plan_lookahead(
     def fits(upto: int) -> bool:
         """Everything the queue carries before layer l+upto starts arrives by then: the prefetches
         chosen for layers l+1..l+upto and the expected demand copies of layers l+1..l+upto-1."""
-        load = sum(len(chosen[j]) + (max(0.0, k - covered[j]) if j < upto else 0.0) for j in dists if j <= upto)
+        load = 0       # summed in the order of dists, as sum() over them would
+        for j in dists:
+            if j <= upto:
+                load += len(chosen[j]) + (max(0.0, k - covered[j]) if j < upto else 0.0)
         return queue_end + copy_ms * load <= now_ms + upto * layer_ms + 1e-9
 
     # d >= 2: most confident first, while every deadline from its layer on still holds.

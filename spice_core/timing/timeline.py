@@ -91,10 +91,11 @@ class ModeledTimeline:
     def __post_init__(self) -> None:
         self._cpu_free = [0.0] * max(1, self.cpu_workers)
         self._host_on = self.costs.profile.models_host
-        # Per-call costs, memoised by token count: the cost model is fixed for the run, and recomputing
-        # them was a tenth of the engine's bookkeeping per expert.
+        # Per-call costs, memoised by token count (or bytes): the cost model is fixed for the run, and
+        # recomputing them was a tenth of the engine's bookkeeping per expert.
         self._expert_ms: dict[int, float] = {}
         self._layer_ms: dict[tuple[int, bool], float] = {}
+        self._copy_cost: dict[int, tuple[int, float]] = {}     # native bytes -> (modeled bytes, copy ms)
         self._host_expert_us = self.costs.profile.host_expert_us
 
     def _launch(self, host_us: float, gpu_ms: float) -> tuple[float, float]:
@@ -141,13 +142,17 @@ class ModeledTimeline:
             self._sync()          # the MoE layer's routing is read back before its experts are placed
 
     def copy(self, key: ExpertKey, nbytes: int, kind: str, start: object = None, stream=None) -> OpHandle:
-        modeled_bytes = self._scaled_bytes(nbytes)
+        cached = self._copy_cost.get(nbytes)
+        if cached is None:
+            modeled = self._scaled_bytes(nbytes)
+            cached = self._copy_cost[nbytes] = (modeled, self.costs.copy_ms(modeled))
+        modeled_bytes, copy_ms = cached
         if self._host_on:
             self._host += self.costs.profile.host_copy_us / 1e3
             start = max(self._copy_free, self._host)   # issued when the host gets to it
         else:
             start = max(self._copy_free, self._gpu_free)   # issued now, from the driver's point in the stream
-        end = start + self.costs.copy_ms(modeled_bytes)
+        end = start + copy_ms
         self._copy_free = end
         self._emit("copy", kind, start, end, key, modeled_bytes)
         return OpHandle(key, "copy", kind, start, end)
