@@ -226,7 +226,7 @@ class EagerExecutor:
         """One token (x [1,H]) on the CPU: the clock and recorder hear about every expert in the same order as
         `run_experts`, but the experts held in slots run as one gathered batch (`_flush`). A late copy may
         refill a slot an earlier expert of this layer reads, so the experts gathered so far run first."""
-        clock, outs, pending = self.clock, {}, []
+        clock, outs, pending, ready = self.clock, {}, [], self._ready
         self._batches = []
         for r in runs:
             key = ExpertKey(layer, r.expert)
@@ -239,11 +239,12 @@ class EagerExecutor:
                 self.issue(r.late_copy)
             if r.prefetch_used is not None:
                 self.recorder.prefetch_used(key, r.prefetch_used, clock.now_ms())
-            self.wait_ready(r.slot)
+            if r.slot in ready:          # filled by a copy the clock has not seen waited for
+                self.wait_ready(r.slot)
             pending.append((r.expert, r.slot))
             clock.gpu_expert(key, 1)
             if r.drop_after:
-                self._ready.pop(r.slot, None)
+                ready.pop(r.slot, None)
         self._flush(pending, rows, x, act)
         return outs
 
