@@ -1,8 +1,9 @@
-"""Routing statistics of a DeepSeek-V2-style model on held-out text, with plain transformers.
+"""Routing statistics of a DeepSeek-V2 or Qwen2-MoE model on held-out text, with plain transformers.
 
     model + token windows ─► trace_routing (forward hooks) ─► RoutingTrace ─► load / reuse / cross-layer stats
 
-What is measured, per MoE layer l (layer 0 is dense and has no router):
+What is measured, per MoE layer l (dense layers, such as DeepSeek-V2's first, have no router
+and are skipped; both families' routers are ``mlp.gate`` returning ``(logits, weights, top-k)``):
 - load: the share of routed slots each expert receives; normalised entropy H(p)/log E
   (1 = perfectly even) and min share / uniform share (no collapsed expert: >= 0.2).
 - reuse: mean |S_t ∩ S_{t-1}| / k between consecutive tokens of a sequence, against two

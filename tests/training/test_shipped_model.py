@@ -1,16 +1,11 @@
 """The shipped checkpoint: DeepSeek-V2-Lite's topology, size limits, deterministic greedy output
-(through plain transformers and through the engine), and the model card's routing statistics."""
+(through plain transformers and through the engine). Its routing statistics: test_shipped_routing.py."""
 import json
 
-import numpy as np
 import pytest
 import torch
 
 from training.checkpoint_check import verify_checkpoint
-from training.evaluate import mixed_routing_sample, routing_sample
-from training.model_card import ROUTING_SEQ, ROUTING_WINDOWS
-from training.sources import SourceMissingError
-from training.stats import RoutingTrace, summarize, trace_routing
 
 
 def test_topology_matches_deepseek_v2_lite(shipped_dir):
@@ -80,47 +75,3 @@ def test_engine_loads_the_shipped_model_and_matches_transformers_up_to_ties(ship
     with torch.inference_mode():
         logits = shipped_model(input_ids=torch.tensor([prompt + tokens[:first]])).logits[0, -1].float()
     assert logits.max() - logits[tokens[first]] <= 0.13, (first, tokens[first], ref["token_ids"][first])
-
-
-@pytest.fixture(scope="module")
-def routing_traces(shipped_dir, shipped_model):
-    """(story trace, training-mix trace or None): one forward pass over the mixed sample, whose first
-    windows are the story sample (same batches, so the story numbers are those of a separate pass)."""
-    tok_json = shipped_dir / "tokenizer.json"
-    stories = routing_sample(tok_json, ROUTING_WINDOWS, ROUTING_SEQ)
-    try:
-        rows = mixed_routing_sample(tok_json)
-    except SourceMissingError:
-        rows = None
-    trace = trace_routing(shipped_model, [torch.from_numpy((rows if rows is not None else stories)[i:i + 8])
-                                          for i in range(0, len(rows if rows is not None else stories), 8)])
-    n = stories.size
-    story = RoutingTrace(trace.layers, trace.topk[:, :n], trace.cross[:, :n], trace.seq_id[:n], trace.num_experts)
-    return story, (trace if rows is not None else None)
-
-
-def _assert_close_to_card(got, card):
-    assert got["tokens"] == card["tokens"]
-    for key in ("load_entropy", "consecutive_reuse", "cross_layer_recall", "reuse_shuffled_baseline"):
-        assert got["mean"][key] == pytest.approx(card["mean"][key], abs=0.01), key
-    assert np.allclose(got["per_layer"]["cross_layer_recall"], card["per_layer"]["cross_layer_recall"], atol=0.02)
-    assert np.allclose(got["per_layer"]["min_share_vs_uniform"], card["per_layer"]["min_share_vs_uniform"], atol=0.05)
-    # Reuse and cross-layer predictability beat their baselines.
-    reuse, base = got["mean"]["consecutive_reuse"], max(got["mean"]["reuse_shuffled_baseline"],
-                                                         got["mean"]["reuse_random_baseline"])
-    assert reuse > base + 0.04
-    assert got["mean"]["cross_layer_recall"] > got["mean"]["cross_layer_popularity_baseline"] + 0.3
-
-
-def test_routing_statistics_on_held_out_stories_match_the_model_card(routing_traces, shipped_eval):
-    got = summarize(routing_traces[0])
-    _assert_close_to_card(got, shipped_eval["routing"])
-    assert min(got["per_layer"]["min_share_vs_uniform"]) > 0      # every expert is used on stories alone
-
-
-def test_routing_statistics_on_the_training_mix_meet_the_bars(routing_traces, shipped_eval):
-    if routing_traces[1] is None:
-        pytest.skip("held-out prose needs the source packages (see training/sources.py)")
-    got = summarize(routing_traces[1])
-    _assert_close_to_card(got, shipped_eval["routing_mix"])
-    assert min(got["per_layer"]["min_share_vs_uniform"]) >= 0.2    # no collapsed expert on held-out text
