@@ -142,15 +142,40 @@ def targets(records: list[dict]) -> tuple[str, list[dict]]:
                            t(res) <= 8.0))
         for pol in ("on_demand", "lru"):
             r = g(pol)
-            if r.get("floor_ms"):
-                over = t(r) / r["floor_ms"] - 1
-                checks.append((f"`{pol}` within 10% of its link floor", over, f"{over:+.0%} over {r['floor_ms']:.1f} ms",
-                               over <= 0.10))
+            if res and r.get("routed_bytes_per_token") and r.get("link_gbps"):
+                # the fast-path issue's link floor: bytes copied per token / link rate, plus the compute a
+                # policy that copies on demand cannot hide (resident's step)
+                link_floor = (1 - r["hit_rate"]) * r["routed_bytes_per_token"] / (r["link_gbps"] * 1e6) + t(res)
+                over = t(r) / link_floor - 1
+                checks.append((f"`{pol}` within 10% of its link floor (transfer + unhidden compute)", over,
+                               f"{over:+.0%} over {link_floor:.1f} ms", over <= 0.10))
         for name, value, shown, met in checks:
             rows.append(f"| {link} | {name} | {shown} | {'**met**' if met else '**missed**'} |")
             marks.append({"link": link, "target": name, "value": value, "met": bool(met)})
     table = "| link | target (25% budget) | measured | |\n|---|---|---|---|\n" + "\n".join(rows)
-    return table, marks
+    return table + "\n\n" + needed_for_312(records), marks
+
+
+def needed_for_312(records: list[dict]) -> str:
+    """The floor arithmetic of 3.12x over on_demand: the TPOT it means, and the GB per token that the
+    link could move in that time if every copy were hidden behind compute."""
+    k = by_key(records)
+    lines = ["What 3.12× over `on_demand` would take (floor arithmetic, 25%):", ""]
+    for link in PROTOCOL_LINKS:
+        od, sp, res = (k.get(("prompts", link, 0.25, p)) for p in ("on_demand", "spice", "resident"))
+        if not (od and sp and res):
+            continue
+        goal_ms = od["tpot_ms_median"] / 3.12
+        gb_at_goal = goal_ms * sp["link_gbps"] / 1e3
+        lines.append(
+            f"- **{link}**: {od['tpot_ms_median']:.1f} / 3.12 = {goal_ms:.1f} ms per token. In that time the link "
+            f"({sp['link_gbps']:.1f} GB/s) moves at most {gb_at_goal:.2f} GB; `spice` copied "
+            f"{sp['bytes_per_token'] / 1e9:.2f} GB per token ({sp['bytes_per_token'] / 1e9 / gb_at_goal:.0%} of that) "
+            f"and took {sp['tpot_ms_median']:.1f} ms, with `resident`'s compute at {res['tpot_ms_median']:.1f} ms. "
+            + ("The bytes fit: what is left is overlap and host time." if sp["bytes_per_token"] / 1e9 <= gb_at_goal else
+               f"It would need {1 - gb_at_goal / (sp['bytes_per_token'] / 1e9):.0%} fewer bytes per token (more misses "
+               "approximated or computed on the CPU) and every copy hidden behind compute."))
+    return "\n".join(lines)
 
 
 def write_figures(records: list[dict], out: Path) -> list[str]:
@@ -217,9 +242,16 @@ def main(argv=None) -> int:
 def render_readme(records, target_table, figs, copy, quality) -> str:
     stock = [r for r in records if r["policy"] == "transformers_generate"]
     q_rows = (quality or {}).get("rows", [])
+    gpu = {(r["link"], round(r["budget_frac"], 3)): r for r in records
+           if r["policy"] == "spice" and r["workload"] == "prompts" and r.get("raw", {}).get("selections")}
+
+    def gpu_share(q):
+        r = gpu.get((q["link"], round(q["budget_frac"], 3)))
+        return f"{r['miss_split']['approx'] / r['raw']['selections']:.0%}" if r else "not run"
+
     q_table = "\n".join(
         f"| {q['link']} | {q['budget_frac']:.0%} | {q['ppl_exact']:.3f} → {q['ppl']:.3f} ({q['ppl_delta_pct']:+.2f}%) | "
-        f"{q['mean_kl']:.4f} | {q['greedy_agreement']:.3f} | {q['approx_share']:.0%} |" for q in q_rows)
+        f"{q['mean_kl']:.4f} | {q['greedy_agreement']:.3f} | {q['approx_share']:.0%} | {gpu_share(q)} |" for q in q_rows)
     parts = [HEADER,
              "## Coverage: what ran, against the protocol\n\n" + coverage_table([r for r in records if r['policy'] != 'transformers_generate']),
              COVERAGE_NOTE,
@@ -227,8 +259,8 @@ def render_readme(records, target_table, figs, copy, quality) -> str:
              "## Every policy, 8 held-out prompts × 64 tokens\n\n" + policy_table(records, "prompts"),
              "## The 448-token prompt, 25% budget\n\n" + policy_table(records, "long"),
              "## Quality of the lossy settings (measured on the miniature, same settings)\n\n"
-             "| link | budget | perplexity exact → spice | mean KL (nats/token) | greedy agreement | misses approximated |\n"
-             "|---|---|---|---|---|---|\n" + (q_table or "| – | – | not measured | | | |") + "\n\n" + QUALITY_NOTE,
+             "| link | budget | perplexity exact → spice | mean KL (nats/token) | greedy agreement | selections approximated | "
+             "same, in the GPU run |\n|---|---|---|---|---|---|---|\n" + (q_table or "| – | – | not measured | | | |") + "\n\n" + QUALITY_NOTE,
              "## Figures\n\n" + ("\n".join(f"- [`{f}`]({f}): TPOT median per policy (whiskers: p90), the physical floor marked "
                                            "(plotly; open in a browser)" for f in figs) or "plotly was not installed: none"),
              "## Setup and method\n\n" + SETUP.format(
@@ -270,7 +302,13 @@ modeled, so its per-token decisions follow the GPU run's rules but not its exact
 `greedy agr.` column of the tables above is measured on the GPU against `resident`'s tokens. Exact
 policies have no approximated miss, so their perplexity change is 0 by construction; `cpu_compute`
 computes misses on the CPU in another order of summation, so its greedy tokens can drift from the
-GPU's after a near-tie (its agreement below 1 is that, not an approximation)."""
+GPU's after a near-tie (its agreement below 1 is that, not an approximation).
+
+The last two columns compare how much was approximated: the share of all routed selections (hits
+included) that LoRE stood in for, in the quality run and in the GPU run of the same setting. They agree
+within a few points, so the quality run approximates about as much as the GPU run did. The GPU run's own
+greedy agreement with `resident` is in the tables above; it is lower than here (bf16 on the GPU, where
+near-ties flip more often, and a flipped token changes every later step)."""
 
 SETUP = """- **Model.** `lift:assets/spice-mini`: the shipped miniature zero-padded exactly into
   DeepSeek-V2-Lite's tensor shapes (hidden 2048, 64 routed experts of 17.3 MB per MoE layer, 26 MoE
