@@ -137,6 +137,8 @@ class LayerPlanner:
         self._copy_ms = costs.copy_ms()
         self._layer_ms = costs.gpu_layer_ms() + top_k * costs.gpu_expert_ms()
         self._plan_ms = costs.profile.host_plan_us / 1e3
+        # Each MoE layer's ExpertKeys, made once: a layer's plan looks up a dozen or more of them.
+        self._keys = {layer: tuple(ExpertKey(layer, e) for e in range(n_experts)) for layer in moe_layers}
 
     # ------------------------------------------------------------------ set-up and settings
     def place_static(self, keys: Sequence[ExpertKey]) -> list[tuple[int, ExpertKey]]:
@@ -167,13 +169,17 @@ class LayerPlanner:
         """idx_rows/w_rows [T][K]: the router's choice per token. Classifies each needed expert,
         decides each miss and places the demand copies that fit without touching this layer."""
         self.global_pos = self.token * self.n_moe + self.moe_pos[layer]
+        keys, n_experts = self._keys[layer], self.n_experts
         routes: dict[int, tuple[list[int], list[int]]] = {}
         for t, row in enumerate(idx_rows):
             for pos, e in enumerate(row):
-                if 0 <= e < self.n_experts:
-                    toks, poss = routes.setdefault(e, ([], []))
-                    toks.append(t)
-                    poss.append(pos)
+                if 0 <= e < n_experts:
+                    route = routes.get(e)
+                    if route is None:
+                        routes[e] = ([t], [pos])
+                    else:
+                        route[0].append(t)
+                        route[1].append(pos)
         needed = sorted(routes)
         self.tick += 1
         res = self.residency
@@ -183,7 +189,7 @@ class LayerPlanner:
         misses: list[tuple[int, float, int]] = []     # (expert, largest router weight (orchestrating only), tokens)
         orchestrate, now = self.spec.miss_mode == "orchestrate", queues.now_ms
         for e in needed:
-            key = ExpertKey(layer, e)
+            key = keys[e]
             slot = where.get(key)
             if slot is not None:
                 st = state[slot]
@@ -198,7 +204,7 @@ class LayerPlanner:
             misses.append((e, weight, len(routes[e][0])))
         for (e, _, n_sel), action in zip(misses, self._decide_misses(layer, misses, queues)):
             if action == MissAction.WAIT_PREFETCH:
-                res.book(ExpertKey(layer, e)).busy = True
+                res.book(keys[e]).busy = True
                 outcomes[e] = PREFETCH_HIT
                 hits += n_sel
                 continue
@@ -214,8 +220,8 @@ class LayerPlanner:
             if outcomes[e] != _COPY:
                 continue
             if needed_keys is None:
-                needed_keys = {ExpertKey(layer, x) for x in needed}
-            order = self._acquire(ExpertKey(layer, e), "copy", needed_keys)
+                needed_keys = {keys[x] for x in needed}
+            order = self._acquire(keys[e], "copy", needed_keys)
             if order is None:
                 break
             res.book(order.key).busy = True
@@ -233,7 +239,7 @@ class LayerPlanner:
         copy_value = (1.0 - self.miss_rate_ema) * self._copy_ms if spec.keep_misses else 0.0
         reqs = []
         for e, weight, n_tokens in misses:
-            inf = self.inflight.get(ExpertKey(layer, e))   # only experts whose prefetch is still in flight
+            inf = self.inflight.get(self._keys[layer][e])   # only experts whose prefetch is still in flight
             reqs.append(MissRequest(router_weight=weight, copy_ms=self._copy_ms, cpu_ms=c.cpu_expert_ms(n_tokens),
                                     gpu_ms=c.gpu_expert_ms(n_tokens),
                                     inflight_arrival_ms=inf.arrival_ms if inf is not None else None,
@@ -251,6 +257,7 @@ class LayerPlanner:
         ``batched``: the executor runs the layer's experts together after the plan is made (a CUDA
         graph segment), so no expert of the layer may be evicted for another."""
         layer, res = plan.layer, self.residency
+        keys = self._keys[layer]
         placed = {o.key.expert: o for o in plan.copies}
         late_orders: dict[int, CopyOrder] = {}
         outcomes, tick, keep_misses = plan.outcomes, self.tick, self.spec.keep_misses
@@ -259,7 +266,7 @@ class LayerPlanner:
             # experts are still busy, so none of them is evicted.
             for e in plan.needed:
                 if outcomes[e] == _COPY and e not in placed:
-                    key = ExpertKey(layer, e)
+                    key = keys[e]
                     late_orders[e] = self._acquire(key, "copy", {key})
                     assert late_orders[e] is not None, "cache smaller than one layer's experts"
                     res.book(key).busy = True
@@ -271,7 +278,7 @@ class LayerPlanner:
             if outcome == _APPROX:
                 runs.append(ExpertRun(e, outcome))
                 continue
-            key = ExpertKey(layer, e)
+            key = keys[e]
             late = late_orders.get(e)
             if outcome == _COPY and e not in placed and late is None:
                 late = self._acquire(key, "copy", {key})
