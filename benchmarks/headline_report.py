@@ -281,7 +281,7 @@ protocol is BENCHMARK.md's: 8 held-out prompts × 64 new tokens, greedy, one rep
 `results.json` and `quality.json`; the raw shard records, logs and two Perfetto traces are in
 [`raw/`](raw/)."""
 
-COVERAGE_NOTE = """The run is **incomplete**: the session's GPU time (30 minutes, start-up included) covered the 25%
+COVERAGE_NOTE = """The run is **incomplete**: the GPU time available for it (30 minutes, start-up included) covered the 25%
 budget on both links (the native link with all 8 prompts, the emulated PCIe 4.0 x8 link with 7 of 8: the
 eighth prompt's shard was cut by the time limit), the 448-token prompt on both links, and 3 of 8 prompts at
 10% on the native link. The 50% budget and the x8 link's 10% budget were not run. `bench --shard` and
