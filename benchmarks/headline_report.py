@@ -42,7 +42,8 @@ def load_shards(raw_dir: Path) -> list[dict]:
 
 
 def fill_floor_inputs(records: list[dict], native_gbps: float) -> None:
-    """Partial shard files lack what the floor needs: routed bytes per token is what on_demand copies
+    """Shard files written before bench put the floor's inputs into partial results lack them (these
+    fill in only what is missing): routed bytes per token is what on_demand copies
     (it keeps nothing, so every routed selection is a copy); the link's rate is the emulated one, or
     the machine's measured pinned rate for the native link."""
     routed = {r["model"]: r["bytes_per_token"] for r in records if r["policy"] == "on_demand" and r.get("bytes_per_token")}

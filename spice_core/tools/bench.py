@@ -336,8 +336,11 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
 
 def _write_partial(out: Path, cfg: dict, desc: str, lm, per: dict, hw) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    from spice_core.timing.profiles import get_profile
+
     recs = [_aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload, variant)
             for (link, budget, pol, workload, variant), runs in per.items()]
+    _add_floors(recs, lm, hw or get_profile(cfg.get("profile", RunSettings().profile)), cfg)   # merge needs them
     (out / "results.partial.json").write_text(json.dumps(recs, indent=1, default=float))
 
 

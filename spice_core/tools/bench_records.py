@@ -82,7 +82,7 @@ def _combine(a: dict, b: dict) -> dict:
         "selections": a["selections"] + b["selections"], "hits": a["hits"] + b["hits"],
         "bytes": a["bytes"] + b["bytes"], "stall_ms": a["stall_ms"] + b["stall_ms"],
         "miss_split": {k: a["miss_split"].get(k, 0) + b["miss_split"].get(k, 0)
-                       for k in {*a["miss_split"], *b["miss_split"]}},
+                       for k in sorted({*a["miss_split"], *b["miss_split"]})},
         "wasted_prefetch_bytes": a["wasted_prefetch_bytes"] + b["wasted_prefetch_bytes"],
         "agreements": a["agreements"] + b["agreements"],
         "gpu_peak_bytes": max(a["gpu_peak_bytes"], b["gpu_peak_bytes"]),
