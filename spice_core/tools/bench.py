@@ -21,7 +21,8 @@ Held-out prompts ({"heldout": N}, the long prompt) come from the spice-heldout.j
 
 Long protocols can be split: ``--shard K/N`` runs every policy on prompts K, K+N, ... (say one
 process per GPU, ``CUDA_VISIBLE_DEVICES=K``), and ``--merge DIR [DIR ...] --out OUT`` recombines
-the shards' records exactly (bench_records.py keeps every step's time).
+the shards' records exactly (bench_records.py keeps every step's time). A block cut short is finished
+by a block naming the prompts it still lacks (``"prompt_indices": [6]``).
 """
 from __future__ import annotations
 
@@ -234,7 +235,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
     if cfg.get("hw_profile"):
         hw = profile_from_file(cfg["hw_profile"])
 
-    # Blocks: the config itself, or its "runs" (each may override policies, budgets, links, n_prompts,
+    # Blocks: the config itself, or its "runs" (each may override policies, budgets, links, n_prompts, prompt_indices,
     # max_new_tokens, long_prompt, repetitions, host_aware; "variant" labels its records), all on the
     # one model built above.
     blocks = []
@@ -242,6 +243,13 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         pols = b.get("policies", policies)
         n_p = int(b.get("n_prompts", len(prompts)))
         wl = [w for w in workloads if w[0] == "prompts"][:n_p]
+        if "prompt_indices" in b:
+            wanted = set(b["prompt_indices"])
+            missing = sorted(wanted - {w[1] for w in wl})
+            if missing:
+                raise ConfigError(f"runs[] \"prompt_indices\" {missing} are beyond the {len(wl)} prompts this "
+                                  "block has: raise \"prompts\" or \"n_prompts\"")
+            wl = [w for w in wl if w[1] in wanted]
         if b.get("long_prompt", True):
             wl += [w for w in workloads if w[0] == "long"]
         wl = [w for w in wl if w[1] % shard[1] == shard[0]]

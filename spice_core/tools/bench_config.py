@@ -128,8 +128,8 @@ def _check_common(where: str, d: dict) -> None:
         raise ConfigError(f"{where}: \"executor\" {d['executor']!r} is unknown: use \"auto\", \"eager\" or \"graphed\"")
 
 
-RUN_KEYS = ("policies", "budgets", "links", "n_prompts", "long_prompt", "max_new_tokens", "repetitions",
-            "host_aware", "variant", "executor", "cpu_lane")
+RUN_KEYS = ("policies", "budgets", "links", "n_prompts", "prompt_indices", "long_prompt", "max_new_tokens",
+            "repetitions", "host_aware", "variant", "executor", "cpu_lane")
 CONFIG_KEYS = ("model", "policies", "budgets", "links", "timing", "profile", "shape", "prompts", "max_new_tokens",
                "repetitions", "reference_generate", "hw_profile", "export_traces", "export_trace_prompts", "runs",
                "tau_prefetch", "tau_approx", "max_lookahead", "lore_rank", "verify_lift", "prefetch_after_experts",
@@ -199,6 +199,13 @@ def check_config(cfg, where: str = "config") -> None:
                 _int(w, "n_prompts", r["n_prompts"], 0 if r.get("long_prompt") else 1, MAX_PROMPTS)
             if "long_prompt" in r:
                 _bool(w, "long_prompt", r["long_prompt"])
+            if "prompt_indices" in r:     # resume a block: only these held-out prompts (0-based)
+                v = r["prompt_indices"]
+                if not isinstance(v, list) or not v or len(set(map(repr, v))) != len(v):
+                    raise ConfigError(f"{w} \"prompt_indices\" is {_show(v)}: use a non-empty list of distinct "
+                                      "prompt indices, e.g. [1, 3]")
+                for x in v:
+                    _int(w, "prompt_indices", x, 0, MAX_PROMPTS - 1)
             if "variant" in r and not isinstance(r["variant"], str):
                 raise ConfigError(f"{w} \"variant\" is {_show(r['variant'])}: use a string label")
 

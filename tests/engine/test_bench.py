@@ -59,6 +59,21 @@ def test_bench_runs_blocks_on_one_model_and_a_long_prompt_workload(tmp_path):
     assert spice["greedy_agreement"] == 1.0     # lru is this block's exact reference
 
 
+def test_a_block_can_resume_with_named_prompt_indices_and_refuses_ones_it_does_not_have(tmp_path):
+    """"prompt_indices" runs only those held-out prompts (to finish a block cut short), and they keep
+    their indices, so the records merge with the earlier run's."""
+    cfg = {"model": "assets/spice-mini", "timing": "modeled", "prompts": {"heldout": 3}, "max_new_tokens": 2,
+           "policies": ["lru"], "runs": [{"prompt_indices": [2, 0], "long_prompt": False}]}
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(cfg))
+    recs = run_bench(_load_config(path), tmp_path / "out", "cpu")
+    assert [r["n_runs"] for r in recs] == [2]
+    cfg["runs"] = [{"prompt_indices": [3], "long_prompt": False}]
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="prompt_indices"):
+        run_bench(_load_config(path), tmp_path / "out2", "cpu")
+
+
 def test_long_prompt_beyond_the_context_is_refused_before_decoding(tmp_path):
     cfg = {"model": "assets/spice-mini", "timing": "modeled", "prompts": {"heldout": 1}, "long_prompt_tokens": 500,
            "max_new_tokens": 64, "policies": ["lru"]}
