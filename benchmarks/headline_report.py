@@ -75,6 +75,12 @@ def _f(v, fmt=".1f"):
     return "–" if v is None else format(v, fmt)
 
 
+def _span(values) -> str:
+    """"7" or "7–8" (policies of one setting can differ where a shard was cut)."""
+    vs = sorted(set(values))
+    return str(vs[0]) if len(vs) == 1 else f"{vs[0]}–{vs[-1]}"
+
+
 def coverage_table(records: list[dict]) -> str:
     lines = ["| link | budget | workload | prompts run (of 8) | decode steps per policy | policies |", "|---|---|---|---|---|---|"]
     seen = {}
@@ -90,8 +96,8 @@ def coverage_table(records: list[dict]) -> str:
                 if not rs:
                     lines.append(f"| {link} | {b:.0%} | {wl} | **not run** | 0 | 0 |")
                     continue
-                runs = max(r["n_runs"] for r in rs)
-                steps = min(r["n_decode_tokens"] for r in rs)
+                runs = _span(r["n_runs"] for r in rs)
+                steps = _span(r["n_decode_tokens"] for r in rs)
                 lines.append(f"| {link} | {b:.0%} | {wl} | {runs if wl == 'prompts' else '1 (448 tokens)'} | {steps} | {len(rs)} |")
     return "\n".join(lines)
 
@@ -282,11 +288,14 @@ protocol is BENCHMARK.md's: 8 held-out prompts × 64 new tokens, greedy, one rep
 `results.json` and `quality.json`; the raw shard records, logs and two Perfetto traces are in
 [`raw/`](raw/)."""
 
-COVERAGE_NOTE = """The run is **incomplete**: the GPU time available for it (30 minutes, start-up included) covered the 25%
-budget on both links (the native link with all 8 prompts, the emulated PCIe 4.0 x8 link with 7 of 8: the
-eighth prompt's shard was cut by the time limit), the 448-token prompt on both links, and 3 of 8 prompts at
-10% on the native link. The 50% budget and the x8 link's 10% budget were not run. `bench --shard` and
-`--merge` pick up from here: the missing shards add to `raw/` and this report is regenerated."""
+COVERAGE_NOTE = """The run is **incomplete**: the x8 link's 10% and 50% budgets were not run (at 90–230 ms per token
+per policy they need about 40 GPU-minutes, more than was left). What ran, over two sessions' GPU time
+(30 minutes each, start-up included): the native link at all three budgets (8 prompts; at 50% the
+prompt 7 runs of `resident`, `on_demand`, `lru` and `cpu_compute` were lost when their shard hit its time
+limit, so those four policies have 7 prompts there), the 25% budget on the x8 link with 7 of 8 prompts
+(the eighth prompt's shard was cut by the time limit), and the 448-token prompt on both links.
+`bench --shard`, a run block's `prompt_indices` and `--merge` pick up from here: the missing shards add
+to `raw/` and this report is regenerated."""
 
 TARGET_NOTE = """Floors are BENCHMARK.md's physical floor: max(compute, (1 − hit rate) × routed bytes per token ÷ link
 rate), compute being the fastest `resident` step of the same workload. `spice` runs on the fast path
@@ -333,7 +342,9 @@ python -m spice_core bench --config docs/benchmarks/full-scale/headline/config-n
 python -m spice_core bench --config docs/benchmarks/full-scale/headline/config-x8-25.json --shard 0/2 --out raw/x8-25-s0
 python -m spice_core bench --config docs/benchmarks/full-scale/headline/config-x8-25.json --shard 1/2 --out raw/x8-25-s1
 python -m spice_core bench --config docs/benchmarks/full-scale/headline/config-long-and-native-10-50.json --shard 0/2 --out raw/ln-s0
-# still to run: config-long-and-native-10-50.json --shard 1/2, config-x8-10-50.json --shard 0/2 and 1/2
+python -m spice_core bench --config docs/benchmarks/full-scale/headline/config-long-and-native-10-50.json --shard 1/2 --out raw/ln-s1
+python -m spice_core bench --config docs/benchmarks/full-scale/headline/config-native-rest.json --out raw/native-rest
+# still to run: config-x8-10-50.json --shard 0/2 and 1/2
 # on the CPU
 python benchmarks/headline_quality.py --out docs/benchmarks/full-scale/headline/quality.json
 python benchmarks/headline_report.py
