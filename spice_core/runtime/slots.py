@@ -18,7 +18,7 @@ class SlotBuffer:
         self.layout = layout
         self.device = device
         self.n_slots = n_slots
-        self.buffer = torch.empty((n_slots, layout.numel), dtype=layout.dtype, device=device)
+        self.buffer = _allocate((n_slots, layout.numel), layout.dtype, device)
 
     @property
     def capacity_bytes(self) -> int:
@@ -31,3 +31,21 @@ class SlotBuffer:
     def fill_from(self, slot: int, host_flat: torch.Tensor) -> None:
         """Copy one expert's host buffer into a slot (non-blocking on CUDA: call on the copy stream)."""
         self.buffer[slot].copy_(host_flat, non_blocking=self.device.type == "cuda")
+
+
+def _allocate(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """One large buffer. On a GPU, a previous run's freed slots stay cached by PyTorch's allocator in
+    blocks that need not fit this request (at full scale the buffer is ~90 GiB): on out-of-memory,
+    hand the cache back to the driver once and try again."""
+    try:
+        return torch.empty(shape, dtype=dtype, device=device)
+    except torch.OutOfMemoryError:
+        if device.type != "cuda":
+            raise
+    torch.cuda.empty_cache()
+    try:
+        return torch.empty(shape, dtype=dtype, device=device)
+    except torch.OutOfMemoryError as err:
+        nbytes = shape[0] * shape[1] * dtype.itemsize
+        raise torch.OutOfMemoryError(f"the GPU cannot hold {shape[0]} expert slots ({nbytes / 1e9:.1f} GB) beside "
+                                     f"what is resident: lower the expert budget (cache_frac). {err}") from err
