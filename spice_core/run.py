@@ -115,7 +115,10 @@ class GenerationRun:
         rt.observers.extend(self.observers)
         rt.layer_observers.extend(self.layer_observers)
         with installed(lm, rt):
-            yield from self._decode(rt, notes)
+            try:
+                yield from self._decode(rt, notes)
+            finally:                  # finished, failed or cancelled: the run's GPU buffers go now
+                rt.executor.close()
 
     def _decode(self, rt: LayerRuntime, notes: list[str]):
         eng, s, lm = self.engine, self.settings, self.engine.lm

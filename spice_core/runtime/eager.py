@@ -111,6 +111,9 @@ class EagerExecutor:
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
+    def close(self) -> None:
+        """End of a run (the graphed executor releases its graphs here); nothing to release here."""
+
     def stepper(self) -> "EagerStepper":
         return EagerStepper(self.lm)
 

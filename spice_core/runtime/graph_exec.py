@@ -79,6 +79,15 @@ class GraphExecutor(EagerExecutor):
     def stepper(self) -> "GraphStepper":
         return GraphStepper(self)
 
+    def close(self) -> None:
+        """End of a run: drop the captured graphs and the runtime. The runtime and this executor refer to each
+        other, so without this the run's slot buffer (~23 GiB at full scale and 25%) waited for the cyclic
+        garbage collector, and a few runs in a row ran the GPU out of memory."""
+        if self.decoder is not None:
+            self.decoder.close()
+        self.decoder = None
+        self.runtime = None
+
 
 class GraphStepper:
     """Feeds the run one token at a time: the prompt first (eager prefill), then graph steps."""

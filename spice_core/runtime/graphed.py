@@ -422,6 +422,15 @@ class GraphedDecoder:
             log.info("pinned copies cannot be captured here (%s): the host issues them", err)
             return False
 
+    def close(self) -> None:
+        """Release the graphs, their memory pool's tensors and the slot buffer's views now (the decoder and its
+        hook refer to each other, so otherwise they wait for the cyclic garbage collector). Unusable after."""
+        self._graphs, self._pool = [], None
+        self._hook = self._on_layer = self._on_expert = None
+        self.buffer = self._gu = self._dn = self._staging = None
+        self.cache = self.logits = self._token_dev = None
+        self._route_src = self._extra_src = []
+
     @contextmanager
     def _hooked(self, mode: str | None):
         if mode is None:          # keep whatever runtime the experts modules have

@@ -6,6 +6,8 @@ in which slot is the planner's book (policy/residency.py); this class only moves
 """
 from __future__ import annotations
 
+import gc
+
 import torch
 
 from spice_core.memory.host_store import ExpertLayout
@@ -34,14 +36,16 @@ class SlotBuffer:
 
 
 def _allocate(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """One large buffer. On a GPU, a previous run's freed slots stay cached by PyTorch's allocator in
-    blocks that need not fit this request (at full scale the buffer is ~90 GiB): on out-of-memory,
-    hand the cache back to the driver once and try again."""
+    """One large buffer. On a GPU, a previous run's slots can still be held: by a reference cycle the
+    garbage collector has not reached yet (its runtime, graphs and observers refer to each other), or as
+    blocks PyTorch's allocator keeps cached that need not fit this request (at full scale the buffer is
+    ~90 GiB). On out-of-memory, collect that garbage, hand the cache back to the driver, and try once more."""
     try:
         return torch.empty(shape, dtype=dtype, device=device)
     except torch.OutOfMemoryError:
         if device.type != "cuda":
             raise
+    gc.collect()
     torch.cuda.empty_cache()
     try:
         return torch.empty(shape, dtype=dtype, device=device)

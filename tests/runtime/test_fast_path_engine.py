@@ -2,6 +2,9 @@
 `resident` on the same path, in all five families; what the fast path cannot run falls back to the
 eager executor with a note. On the CPU the graphed step runs op by op; on a GPU it replays CUDA graphs."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -76,3 +79,31 @@ def test_spice_approximates_with_lore_on_the_fast_path_and_says_its_cpu_lane_is_
     assert any("CPU lane runs on the eager executor only" in n for n in s.notes), s.notes
     assert any(n.startswith("fast path: decode steps") for n in s.notes), s.notes
     assert s.text.strip() and len(steps) == 12
+
+
+def test_a_finished_or_cancelled_run_frees_its_slot_buffer_at_once(graphed, monkeypatch):
+    """The decoder, its hook and the executor refer to each other; a run must not leave its expert cache
+    (23 GiB per run at full scale) to the cyclic garbage collector, or a few runs in a row fill the GPU."""
+    from spice_core.runtime import slots
+
+    made = []
+    init = slots.SlotBuffer.__init__
+
+    def recording_init(self, *a, **kw):
+        init(self, *a, **kw)
+        made.append(weakref.ref(self.buffer))
+
+    monkeypatch.setattr(slots.SlotBuffer, "__init__", recording_init)
+    eng = graphed["qwen2_moe"]
+    gc.disable()
+    try:
+        _tokens(eng, PROMPTS[0], "lru", n=4)
+        run = eng.start_ids(PROMPTS[1], RunSettings(policy="on_demand", cache_frac=0.3, max_new_tokens=8, cpu_lane=False))
+        steps = iter(run)
+        next(steps)
+        run.cancel()
+        list(steps)
+        del run, steps
+        assert len(made) == 2 and all(ref() is None for ref in made)
+    finally:
+        gc.enable()

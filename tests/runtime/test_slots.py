@@ -1,6 +1,6 @@
-"""SlotBuffer's allocation: a full-scale expert cache (~90 GiB) can fail on a GPU whose caching allocator
-still holds a previous run's freed slots in blocks of the wrong size; it hands the cache back once and
-retries, and says what to change when memory is really short. The allocator is driven through
+"""SlotBuffer's allocation: a full-scale expert cache (~90 GiB) can fail on a GPU while a previous run's
+slots wait for the cyclic garbage collector or sit in the caching allocator in blocks of the wrong size;
+it collects, hands the cache back once and retries, and says what to change when memory is really short. The allocator is driven through
 torch.empty; the CUDA calls are replaced by recorders (this machine has no GPU)."""
 import pytest
 import torch
@@ -14,7 +14,7 @@ def _layout():
 
 
 def _patch(monkeypatch, failures):
-    calls = {"empty": 0, "empty_cache": 0}
+    calls = {"empty": 0, "empty_cache": 0, "collect": 0}
     real_empty = torch.empty
 
     def empty(shape, dtype=None, device=None):
@@ -24,6 +24,7 @@ def _patch(monkeypatch, failures):
         return real_empty(shape, dtype=dtype)          # stands in for the GPU allocation
 
     monkeypatch.setattr(slots_mod.torch, "empty", empty)
+    monkeypatch.setattr(slots_mod.gc, "collect", lambda: calls.__setitem__("collect", calls["collect"] + 1))
     monkeypatch.setattr(slots_mod.torch.cuda, "empty_cache", lambda: calls.__setitem__("empty_cache", calls["empty_cache"] + 1))
     return calls
 
@@ -32,7 +33,7 @@ def test_one_out_of_memory_empties_the_cache_and_retries(monkeypatch):
     calls = _patch(monkeypatch, failures=1)
     buf = slots_mod.SlotBuffer(_layout(), 3, torch.device("cuda"))
     assert buf.buffer.shape == (3, _layout().numel)
-    assert calls == {"empty": 2, "empty_cache": 1}
+    assert calls == {"empty": 2, "empty_cache": 1, "collect": 1}
 
 
 def test_real_shortage_says_to_lower_the_budget(monkeypatch):
