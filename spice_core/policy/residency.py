@@ -71,6 +71,14 @@ class Residency:
         s.last_use_tick, s.use_count, s.prefetched = tick, s.use_count + 1, False
         self.lru_order.move_to_end(key)
 
+    def use(self, key: ExpertKey, tick: int) -> int:
+        """The layer reads ``key`` now: `touch` it and clear its busy mark. Returns its slot."""
+        slot = self.where[key]
+        s = self.state[slot]
+        s.last_use_tick, s.use_count, s.prefetched, s.busy = tick, s.use_count + 1, False, False
+        self.lru_order.move_to_end(key)
+        return slot
+
     def views(self, protected: set[ExpertKey]) -> Iterator[SlotView]:
         """Resident experts as SlotViews, least recently used first, produced lazily."""
         where, state = self.where, self.state

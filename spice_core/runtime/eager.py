@@ -78,6 +78,23 @@ class _Rows:
         return w[self.tok[a:b], self.pos[a:b], None]
 
 
+class _SlotIndex:
+    """Slot numbers as a long tensor for the CPU's gathered batch, written into a buffer kept per length: making
+    a tensor from a list (torch.tensor) cost ~10 µs a layer, more than the gather it feeds. CPU only: the
+    buffer is rewritten by the next call, after the synchronous gather that read it has finished."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[int, tuple[torch.Tensor, object]] = {}   # length -> (tensor, its numpy view)
+
+    def __call__(self, slots: list[int]) -> torch.Tensor:
+        buf = self._bufs.get(len(slots))
+        if buf is None:
+            t = torch.zeros(len(slots), dtype=torch.long)
+            buf = self._bufs[len(slots)] = (t, t.numpy())
+        buf[1][:] = slots
+        return buf[0]
+
+
 class EagerExecutor:
     name = "eager"
 
@@ -102,6 +119,9 @@ class EagerExecutor:
         # on CUDA each expert keeps its own kernels, bracketed by events for the measured clock.
         self.batched = not self.cuda
         self._batches: list = []        # the current layer's gathered batches (CPU): (ys [n,H], expert of each row)
+        self._slot_index = _SlotIndex()
+        # Each MoE layer's ExpertKeys, made once (the batched path names every expert to the clock).
+        self._keys = {layer: tuple(ExpertKey(layer, e) for e in range(lm.n_experts)) for layer in lm.moe_layers}
 
     # ------------------------------------------------------------------ set-up
     def load_static(self, placed: list[tuple[int, ExpertKey]]) -> None:
@@ -230,9 +250,10 @@ class EagerExecutor:
         `run_experts`, but the experts held in slots run as one gathered batch (`_flush`). A late copy may
         refill a slot an earlier expert of this layer reads, so the experts gathered so far run first."""
         clock, outs, pending, ready = self.clock, {}, [], self._ready
+        keys = self._keys.get(layer) or tuple(ExpertKey(layer, e) for e in range(self.lm.n_experts))
         self._batches = []
         for r in runs:
-            key = ExpertKey(layer, r.expert)
+            key = keys[r.expert]
             if r.outcome == APPROX:
                 outs[r.expert] = self.lore.apply(key, x)
                 clock.approx(key, 1, self.lore.rank)
@@ -258,7 +279,7 @@ class EagerExecutor:
             return
         routes = rows.routes
         pending.sort(key=lambda es: routes[es[0]][1][0])
-        ys = gathered_experts_forward(x, self.slots.buffer, torch.tensor([s for _, s in pending]), self.lm.layout,
+        ys = gathered_experts_forward(x, self.slots.buffer, self._slot_index([s for _, s in pending]), self.lm.layout,
                                       act)
         self._batches.append((ys, [e for e, _ in pending]))
         pending.clear()

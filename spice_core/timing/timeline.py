@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from spice_core.timing.costs import CostModel
-from spice_core.trace.events import TraceEvent
+from spice_core.trace.events import TraceEvent, events_from_rows
 from spice_core.types import ExpertKey
 
 
@@ -85,7 +85,7 @@ class ModeledTimeline:
     _cpu_free: list[float] = field(default_factory=list)
     _token: int = 0
     _token_start: float = 0.0
-    _events: list[TraceEvent] = field(default_factory=list)
+    _rows: list[tuple] = field(default_factory=list)   # the token's events as TraceEvent field tuples
     _host: float = 0.0            # the host's clock, when the profile models it (see `_launch`)
 
     def __post_init__(self) -> None:
@@ -117,8 +117,9 @@ class ModeledTimeline:
     # -- helpers
     def _emit(self, lane: str, kind: str, start: float, end: float, key: ExpertKey | None,
               nbytes: int = 0, detail: str = "") -> None:
-        layer, expert = (key.layer, key.expert) if key is not None else (-1, -1)
-        self._events.append(TraceEvent(self._token, layer, expert, lane, kind, start, end, nbytes, self.mode, detail))
+        """One event, kept as a tuple of TraceEvent's fields until `drain_events` builds the token's events."""
+        layer, expert = (key[0], key[1]) if key is not None else (-1, -1)
+        self._rows.append((self._token, layer, expert, lane, kind, start, end, nbytes, self.mode, detail))
 
     def _scaled_bytes(self, nbytes: int) -> int:
         return int(round(nbytes * self.costs.expert_bytes / max(1, self.native_expert_bytes)))
@@ -220,5 +221,5 @@ class ModeledTimeline:
         return self._copy_free
 
     def drain_events(self) -> list[TraceEvent]:
-        ev, self._events = self._events, []
-        return ev
+        rows, self._rows = self._rows, []
+        return events_from_rows(rows)

@@ -21,6 +21,9 @@ from spice_core.records import ExpertOutcome, PrefetchRecord
 from spice_core.types import ExpertKey
 
 HIT_INSTANTS = ("hit", "prefetch_hit")
+# ExpertOutcomes and ExpertKeys are immutable, so one pair per (layer, expert, outcome) serves every token of every
+# run (a model has layers x experts x 5 of them at most); making them per selection was a tenth of the recording.
+_OUTCOMES: dict[tuple[int, int, str], tuple[ExpertOutcome, ExpertKey]] = {}
 
 
 def instant_kind(outcome: str) -> str:
@@ -72,14 +75,17 @@ class Recorder:
 
     def layer_outcomes(self, layer: int, experts, outcomes: dict) -> None:
         """`outcome` for each of a layer's ``experts`` in order (``outcomes``: expert -> outcome), in one call."""
-        out, mark = self.token.outcomes, self.clock.mark
+        out, mark, interned = self.token.outcomes, self.clock.mark, _OUTCOMES
         for e in experts:
             o = outcomes[e]
-            out.append(ExpertOutcome(layer, e, o))
+            made = interned.get((layer, e, o))
+            if made is None:
+                made = interned[(layer, e, o)] = (ExpertOutcome(layer, e, o), ExpertKey(layer, e))
+            out.append(made[0])
             if o in HIT_INSTANTS:
-                mark(o, ExpertKey(layer, e))
+                mark(o, made[1])
             else:
-                mark("miss", ExpertKey(layer, e), detail=o)
+                mark("miss", made[1], detail=o)
 
     def copied(self, kind: str) -> None:
         self.token.bytes_copied += self.expert_bytes
