@@ -141,27 +141,38 @@ QWEN2_MOE = CardFamily(
     balance_loss="transformers' Qwen2-MoE computes one only with `output_router_logits`, which the config leaves off",
     prose="its prose continuations soon fall into loops",
     history="""\
-- Known limitation, and the planned second stage: the model does not follow story requests yet ({followed} of
-  {requests} below). Greedy replies tell nearly the same story whatever was asked (a busy girl, most often
-  Gina, and her toy car), and the teacher-forced probability of the requested object where a held-out chat
-  story first names it (`training.evaluate.object_copy_probability`) is {object_copy_probability:.3f}.
-  spice-mini could not copy the requested object after its first stage either ("Why two stages" in its card)
-  and learnt it in a second stage, continued from the first stage's weights with more chat stories and a
-  lower peak learning rate. The same second stage is planned for this model.""",
+- Why three stages: after stage 1 the model did not follow story requests (0 of 16 greedy replies named both
+  the requested kind of hero and the requested object; the teacher-forced probability of the requested object
+  where a held-out chat story first names it, `training.evaluate.object_copy_probability`, was 0.006), like
+  spice-mini after its first stage ("Why two stages" in its card). Stage 2, spice-mini's second-stage recipe
+  (from stage 1's weights, peak LR 0.001, 60% of stories chat-wrapped), raised that probability to 0.133 but
+  followed 1 of 16; stage 3 continued from stage 2's weights with 80% chat-wrapped stories and fresh story
+  seeds, and brought it to {object_copy_probability:.3f}, with {followed} of {requests} greedy replies below
+  following the request. (The stage-1 and stage-2 figures were measured right after each stage with the same
+  functions, `request_following` and `object_copy_probability`.)""",
     reproduce="""\
 `python -m training.corpus --out data/spice-mini --tokenizer assets/spice-mini/tokenizer.json`
-  (spice-mini's corpus and tokenizer);
+  (spice-mini's corpus and tokenizer); stage 1
   `python -m training.train --data data/spice-mini --out runs/qwen2-mini --config qwen2-mini --minutes 4.5
   --deadline-s 305 --batch 128 --seq 512 --lr 3e-3 --chat-fraction 0.5 --workers 10 --save-every-s 600`;
-  `python -m training.export --run runs/qwen2-mini --data data/spice-mini --out assets/spice-mini-qwen2`; then
-  `python -m training.model_card --model assets/spice-mini-qwen2`.""",
+  `python -m training.export --run runs/qwen2-mini --data data/spice-mini --out runs/q2-stage1`; stage 2
+  `python -m training.train --data data/spice-mini --out runs/q2s2 --config qwen2-mini --init-from runs/q2-stage1
+  --minutes 4.0 --deadline-s 270 --batch 128 --seq 512 --lr 1e-3 --warmup-steps 30 --chat-fraction 0.6
+  --story-seed-offset 10000000000 --seed 1 --workers 10`;
+  `python -m training.export --run runs/qwen2-mini --run runs/q2s2 --data data/spice-mini --out runs/q2-stage2`;
+  stage 3 `python -m training.train --data data/spice-mini --out runs/q2s3 --config qwen2-mini --init-from
+  runs/q2-stage2 --minutes 4.5 --deadline-s 300 --batch 128 --seq 512 --lr 1e-3 --warmup-steps 30
+  --chat-fraction 0.8 --story-seed-offset 20000000000 --seed 2 --workers 12`;
+  `python -m training.export --run runs/qwen2-mini --run runs/q2s2 --run runs/q2s3 --data data/spice-mini
+  --out assets/spice-mini-qwen2`; `python -m spice_core calibrate --model assets/spice-mini-qwen2 --threads 1
+  --lore-max-rank 4`; then `python -m training.model_card --model assets/spice-mini-qwen2`.""",
     limitations=(
-        """It does not follow "tell me a story about …" requests yet: every chat gets a story of its own choosing,
-  and greedy decoding tells nearly the same one each time (a second stage is planned, see Training).""",
-        """A story's names drift: the heroine introduced as Gina is Isla two sentences later, and helpers change
-  names mid-scene.""",
-        """Its Austen, Bible and Shakespeare continuations soon fall into loops ("the God of the God of …",
-  "[Enter PRIO.]" over and over).""",
+        """A story's names drift: the bear introduced as Olive is Meg a paragraph later, and a cat named Adam
+  remembers a sick friend also called Adam.""",
+        """Requests for a plot rather than a hero and an object ("a girl who is afraid of the dark") get a story of
+  its own choosing, and many replies share the same few plots.""",
+        """Its Austen, Bible and Shakespeare continuations soon fall into loops ("I am a king, and I am a king."
+  over and over).""",
     ),
 )
 

@@ -114,7 +114,7 @@ def _stage_line(i: int, st: dict) -> str:
     rows = st.get("rows_by_source", {})
     total = max(1, sum(rows.values()))
     mix = ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in rows.items())
-    start = "from random weights" if not st.get("init_from") else "from stage 1's weights"
+    start = "from random weights" if not st.get("init_from") else f"from stage {i - 1}'s weights"
     return (f"  - stage {i}, {start}: {st['tokens']:,} tokens in {st['step']:,} steps, {st['train_seconds']:.0f} s "
             f"({st.get('mean_tokens_per_s', 0):,} tokens/s), peak LR {st['lr']}, "
             f"{100 * st['chat_fraction']:.0f}% of stories chat-wrapped; rows drawn: {mix}.")

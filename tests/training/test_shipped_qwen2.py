@@ -1,7 +1,6 @@
 """The shipped Qwen2 miniature (assets/spice-mini-qwen2): Qwen2-57B-A14B's topology, size limits, loading
-with plain transformers, deterministic greedy output that matches its card, fluent stories. Its routing
-statistics: test_shipped_routing.py. Not checked: following a story request, which this model does not
-do yet (its card reports 0 of 16)."""
+with plain transformers, deterministic greedy output that matches its card, on-topic stories for story
+requests, fluent stories. Its routing statistics: test_shipped_routing.py."""
 import json
 import re
 
@@ -58,6 +57,21 @@ def test_greedy_output_is_deterministic_and_matches_the_card(qwen2_dir, qwen2_mo
             for _ in range(2)]
     assert runs[0] == runs[1]
     assert runs[0][:CARD_PREFIX_TOKENS] == ref["token_ids"][:CARD_PREFIX_TOKENS]
+    story = tokenizer.decode(runs[0])
+    assert "cat" in story and "ball" in story                 # the card's prompt asks for a cat and a ball
+
+
+@pytest.mark.parametrize("kind,obj", [("dog", "kite"), ("fox", "drum")])
+def test_a_story_request_gets_a_story_about_what_was_asked(qwen2_dir, qwen2_model, kind, obj):
+    """The app's example request and one more pair from the generator's lexicon, greedy."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(qwen2_dir))
+    enc = tokenizer.apply_chat_template([{"role": "user", "content": f"Tell me a story about a {kind} and a {obj}"}],
+                                       add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = qwen2_model.generate(**enc, max_new_tokens=48, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    story = tokenizer.decode(out[0, enc["input_ids"].shape[1]:]).lower()
+    assert kind in story and obj in story, story
 
 
 def test_held_out_stories_are_predicted_about_as_well_as_the_card_says(qwen2_dir, qwen2_model, qwen2_eval):
