@@ -344,7 +344,8 @@ python -m spice_core bench --config docs/benchmarks/full-scale/headline/config-x
 python -m spice_core bench --config docs/benchmarks/full-scale/headline/config-long-and-native-10-50.json --shard 0/2 --out raw/ln-s0
 python -m spice_core bench --config docs/benchmarks/full-scale/headline/config-long-and-native-10-50.json --shard 1/2 --out raw/ln-s1
 python -m spice_core bench --config docs/benchmarks/full-scale/headline/config-native-rest.json --out raw/native-rest
-# still to run: config-x8-10-50.json --shard 0/2 and 1/2
+# still to run: config-x8-10-50.json --shard K/4 --out raw/x8-1050-sK for K = 0..3 (2 prompts x 2 budgets x 10
+# policies each, about 8 minutes per shard on one GPU with the lift)
 # on the CPU
 python benchmarks/headline_quality.py --out docs/benchmarks/full-scale/headline/quality.json
 python benchmarks/headline_report.py
