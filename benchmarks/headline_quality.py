@@ -30,14 +30,45 @@ CASES = (("native", None, 0.25), ("pcie4x8", 13.0, 0.25), ("native", None, 0.10)
          ("native", None, 0.50), ("pcie4x8", 13.0, 0.50))
 
 
+def _cases(specs: list[str] | None) -> tuple:
+    """``["native:0.25", ...]`` as CASES rows (link, emulated GB/s or None, budget)."""
+    if not specs:
+        return CASES
+    known = {(link, budget): (link, gbps, budget) for link, gbps, budget in CASES}
+    out = []
+    for spec in specs:
+        link, _, budget = spec.partition(":")
+        try:
+            key = (link, float(budget))
+        except ValueError:
+            key = None
+        if key not in known:
+            raise ValueError(f"--cases {spec!r} is not one of {', '.join(f'{l}:{b}' for l, b in known)}")
+        out.append(known[key])
+    return tuple(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="model folder (default: the shipped miniature)")
     ap.add_argument("--max-tokens", type=int, default=1024)
     ap.add_argument("--n-prompts", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--tau-approx", type=float, default=SETTINGS["tau_approx"],
+                    help="LoRE's gate-weight threshold (default: the headline run's)")
+    ap.add_argument("--cases", nargs="+", default=None, metavar="LINK:BUDGET",
+                    help="only these settings, e.g. native:0.25 pcie4x8:0.25 (default: all six)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
+    try:
+        cases = _cases(args.cases)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if not 0.0 <= args.tau_approx <= 1.0:
+        print(f"error: --tau-approx {args.tau_approx} must be between 0 and 1", file=sys.stderr)
+        return 2
+    settings = dict(SETTINGS, tau_approx=args.tau_approx)
     torch.set_num_threads(1)
     from spice_core.api import RunSettings
     from spice_core.engine import SpiceEngine
@@ -45,11 +76,11 @@ def main(argv=None) -> int:
 
     base_engine = SpiceEngine.load(args.model, device="cpu", timing="modeled")
     data = eval_set(base_engine, max_tokens=args.max_tokens, n_prompts=args.n_prompts)
-    base = replace(RunSettings(), **SETTINGS)
+    base = replace(RunSettings(), **settings)
     t0 = time.time()
     ref = exact_reference(base_engine, data, args.new_tokens, base=base)
     rows = []
-    for link, gbps, budget in CASES:
+    for link, gbps, budget in cases:
         eng = SpiceEngine(base_engine.lm, timing="modeled", link_gbps=gbps)
         eng.artifacts = base_engine.artifacts
         rep = evaluate(eng, replace(base, policy="spice", cache_frac=budget), ref)
@@ -57,9 +88,9 @@ def main(argv=None) -> int:
         rows.append(row)
         print(json.dumps({k: row[k] for k in ("link", "budget_frac", "ppl_delta_pct", "mean_kl", "greedy_agreement",
                                                "approx_share")}), flush=True)
-    out = {"timing": "modeled (quality is measured; decisions replayed with the profile below)", "settings": SETTINGS,
+    out = {"timing": "modeled (quality is measured; decisions replayed with the profile below)", "settings": settings,
            "tokens": rows[0]["tokens"] if rows else 0, "source": data.source, "seconds": round(time.time() - t0, 1),
-           "command": "python benchmarks/headline_quality.py --out " + str(args.out), "rows": rows}
+           "command": "python benchmarks/headline_quality.py " + " ".join(argv if argv is not None else sys.argv[1:]), "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     return 0
