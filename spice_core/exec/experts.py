@@ -51,15 +51,7 @@ def combine_one_token(x: torch.Tensor, needed, routes: dict, outs: dict, batches
         return torch.zeros_like(x)
     K = top_k_weights.shape[-1]
     if len(batches) == 1 and not outs and len(batches[0][1]) == K:     # row j is top-k position j
-        terms = batches[0][0] * top_k_weights.view(K, 1)
-        if terms.dtype != x.dtype:
-            terms = terms.to(x.dtype)
-        rows = terms.unbind(0)
-        order = [routes[e][1][0] for e in needed]
-        acc = rows[order[0]]
-        for j in order[1:]:
-            acc = acc + rows[j]
-        return acc.view(1, -1)
+        return combine_batch(batches[0][0], top_k_weights, [routes[e][1][0] for e in needed], x.dtype)
     outs = dict(outs)
     for ys, experts in batches:
         outs.update(zip(experts, ys.unbind(0)))
@@ -69,6 +61,20 @@ def combine_one_token(x: torch.Tensor, needed, routes: dict, outs: dict, batches
         t = (outs[e].view(1, -1) * top_k_weights[:, p:p + 1]).to(x.dtype)
         acc = t if acc is None else acc + t
     return acc
+
+
+def combine_batch(ys: torch.Tensor, top_k_weights: torch.Tensor, order: list[int], dtype: torch.dtype) -> torch.Tensor:
+    """One token's routed output [1,H] from all K selections' outputs ys [K,H] (row j: top-k position j), with
+    the stock loop's rounding: one multiply by the router weights [1,K] in their dtype, a cast to ``dtype``,
+    then the rows added in ``order`` (the top-k positions in ascending expert order)."""
+    terms = ys * top_k_weights.view(-1, 1)
+    if terms.dtype != dtype:
+        terms = terms.to(dtype)
+    rows = terms.unbind(0)
+    acc = rows[order[0]]
+    for j in order[1:]:
+        acc = acc + rows[j]
+    return acc.view(1, -1)
 
 
 @contextmanager

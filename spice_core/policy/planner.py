@@ -228,6 +228,33 @@ class LayerPlanner:
             copies.append(order)
         return LayerPlan(layer, tuple(needed), routes, outcomes, cpu, tuple(copies), hits, misses_sel)
 
+    def plan_hits(self, layer: int, expert_ids: Sequence[int]) -> list[int] | None:
+        """Phases 1 and 3 at once for one token whose K selections (``expert_ids``, top-k order) are all plain
+        hits, in a policy that never prefetches: the slot of each selection, in the same order, with the book
+        kept exactly as `plan_layer` then `plan_experts` keep it (every outcome "hit", no copy, no miss). None,
+        with nothing changed, when any selection is not a plain hit: the caller plans the layer in phases."""
+        if self.spec.prefetches:        # its lookahead runs between the phases and must see the layer's busy marks
+            return None
+        keys, n_experts = self._keys[layer], self.n_experts
+        where, state = self.residency.where, self.residency.state
+        slots = []
+        for e in expert_ids:
+            if not 0 <= e < n_experts:
+                return None
+            slot = where.get(keys[e])
+            if slot is None or state[slot].prefetched:
+                return None
+            slots.append(slot)
+        if len(set(slots)) != len(slots):        # a repeated expert: the phases count it once
+            return None
+        self.global_pos = self.token * self.n_moe + self.moe_pos[layer]
+        self.tick += 1
+        self.miss_rate_ema = 0.8 * self.miss_rate_ema + 0.2 * (0 / max(1, len(slots)))
+        use, tick = self.residency.use, self.tick
+        for e in sorted(expert_ids):             # touched in ascending expert order, as plan_experts does
+            use(keys[e], tick)
+        return slots
+
     def _decide_misses(self, layer: int, misses: list[tuple[int, float, int]], queues: Queues) -> list[MissAction]:
         """One action per miss of this layer (policy/miss.py), each charged to its queue in turn."""
         spec, c = self.spec, self.costs

@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from spice_core.exec.experts import combine_one_token, expert_forward, gathered_experts_forward
+from spice_core.exec.experts import combine_batch, combine_one_token, expert_forward, gathered_experts_forward
 from spice_core.model.loader import cache_kwarg
 from spice_core.policy.planner import CopyOrder, ExpertRun, LayerPlan
 from spice_core.runtime.slots import SlotBuffer
@@ -271,6 +271,21 @@ class EagerExecutor:
                 ready.pop(r.slot, None)
         self._flush(pending, rows, x, act)
         return outs
+
+    def run_hits(self, layer: int, expert_ids: list[int], slots: list[int], x: torch.Tensor,
+                 top_k_weights: torch.Tensor, act: Callable) -> torch.Tensor:
+        """One token on the CPU (``batched``) whose K selections all hit (LayerPlanner.plan_hits): x [1,H] ->
+        [1,H]. What `start_layer`, `run_experts` and `finish_layer` do for such a layer, in one call: the clock
+        hears of each expert in ascending order, the K experts run as one gathered batch in top-k order, and
+        the combine adds them in ascending expert order."""
+        keys, clock, ready = self._keys[layer], self.clock, self._ready
+        order = sorted(range(len(expert_ids)), key=expert_ids.__getitem__)   # top-k positions, experts ascending
+        for p in order:
+            if slots[p] in ready:        # filled by a copy the clock has not seen waited for
+                self.wait_ready(slots[p])
+            clock.gpu_expert(keys[expert_ids[p]], 1)
+        ys = gathered_experts_forward(x, self.slots.buffer, self._slot_index(slots), self.lm.layout, act)
+        return combine_batch(ys, top_k_weights, order, x.dtype)
 
     def _flush(self, pending: list, rows: _Rows, x: torch.Tensor, act: Callable) -> None:
         """Run the (expert, slot) pairs gathered so far as one batch, in top-k position order (so that the

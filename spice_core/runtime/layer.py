@@ -38,6 +38,10 @@ class LayerRuntime:
             self._layers_before[layer] = tuple(range(prev + 1, layer + 1))
             prev = layer
         self._tail_layers = tuple(range(prev + 1, lm.n_layers))
+        # One token's all-hit layers in one planner call and one executor call (the CPU's batched executor, a
+        # policy without lookahead): the phases' objects (routes, outcomes, plan, runs) cost more than the math.
+        self._hit_path = getattr(executor, "batched", False) and hasattr(executor, "run_hits") \
+            and not planner.prefetching
         self.observers: list = []   # callables(layer, idx_rows, w_rows): the routing as read back ([T][K] lists)
         self.layer_observers: list = []   # callables(runtime, layer) after each MoE layer: accounting checks
 
@@ -94,6 +98,14 @@ class LayerRuntime:
         idx_rows, w_rows = ex.read_routing(top_k_index, top_k_weights)
         for obs in self.observers:
             obs(layer, idx_rows, w_rows)
+        if T == 1 and self._hit_path:
+            slots = planner.plan_hits(layer, idx_rows[0])
+            if slots is not None:
+                final = ex.run_hits(layer, idx_rows[0], slots, x, top_k_weights, act)
+                self.recorder.layer_hits(layer, sorted(idx_rows[0]))
+                for obs in self.layer_observers:
+                    obs(self, layer)
+                return final
 
         plan = planner.plan_layer(layer, idx_rows, w_rows, self._queues())
         self.recorder.layer_counts(plan.hits, plan.misses)

@@ -87,6 +87,17 @@ class Recorder:
             else:
                 mark("miss", made[1], detail=o)
 
+    def layer_hits(self, layer: int, experts) -> None:
+        """`layer_counts` and `layer_outcomes` of a layer whose ``experts`` (ascending) were all plain hits."""
+        self.token.hits += len(experts)
+        out, mark, interned = self.token.outcomes, self.clock.mark, _OUTCOMES
+        for e in experts:
+            made = interned.get((layer, e, "hit"))
+            if made is None:
+                made = interned[(layer, e, "hit")] = (ExpertOutcome(layer, e, "hit"), ExpertKey(layer, e))
+            out.append(made[0])
+            mark("hit", made[1])
+
     def copied(self, kind: str) -> None:
         self.token.bytes_copied += self.expert_bytes
         self.token.shape_bytes_copied += self.shape_expert_bytes

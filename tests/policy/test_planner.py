@@ -118,3 +118,50 @@ def test_late_copies_evict_experts_the_layer_already_ran_unless_its_experts_run_
     graphed = planner("lru", n_slots=2)
     with pytest.raises(AssertionError):
         step(graphed, 1, [[0], [1], [2]], batched=True)      # one CUDA-graph step cannot hold them all
+
+
+def _book(p):
+    res = p.residency
+    return (dict(res.where), list(res.lru_order), [(s.key, s.last_use_tick, s.use_count, s.prefetched, s.busy)
+                                                   for s in res.state], p.tick, p.miss_rate_ema, p.global_pos)
+
+
+@pytest.mark.parametrize("policy", ["lru", "resident", "cpu_compute", "on_demand"])
+def test_plan_hits_keeps_the_book_as_the_phases_do(policy):
+    """A token's all-hit layer planned in one call leaves the planner exactly as plan_layer + plan_experts do,
+    with the same slots; any other layer is refused with nothing changed."""
+    import random
+
+    rng = random.Random(0)
+    n_experts, top_k, layers = 8, 2, (1, 2, 3)
+    a = planner(policy, n_slots=10, top_k=top_k, n_experts=n_experts, layers=layers)
+    b = planner(policy, n_slots=10, top_k=top_k, n_experts=n_experts, layers=layers)
+    spec = get_spec(policy)
+    if spec.preload_all or spec.static_cache:
+        keys = [ExpertKey(layer, e) for e in range(n_experts) for layer in layers][:10]
+        assert a.place_static(keys) == b.place_static(keys)
+    fast = 0
+    for token in range(40):
+        a.begin_token(token)
+        b.begin_token(token)
+        for layer in layers:
+            ids = rng.sample(range(n_experts), top_k)
+            before = _book(a)
+            slots = a.plan_hits(layer, ids)
+            plan, runs = step(b, layer, [ids])
+            if slots is None:
+                assert _book(a) == before
+                step(a, layer, [ids])
+            else:
+                fast += 1
+                assert set(plan.outcomes.values()) == {"hit"}
+                assert slots == [next(r.slot for r in runs if r.expert == e) for e in ids]
+            assert _book(a) == _book(b)
+    assert fast > 0 or policy == "on_demand"
+
+
+def test_plan_hits_refuses_a_prefetching_policy():
+    p = planner("gate_prefetch", n_slots=4)
+    step(p, 1, [[0]])
+    step(p, 1, [[0]])                        # a plain hit now, but the lookahead needs the phases
+    assert p.plan_hits(1, [0]) is None

@@ -1,0 +1,38 @@
+"""The one-call path for a token's all-hit layers (LayerPlanner.plan_hits, EagerExecutor.run_hits) changes nothing
+a run reports: the same tokens, logits, outcomes and trace events as planning and running every layer in phases."""
+import pytest
+import torch
+
+from spice_core.api import RunSettings
+from spice_core.policy.planner import LayerPlanner
+
+PROMPT = [3, 14, 15, 9, 26, 5]
+
+
+def _run(eng, policy):
+    run = eng.start_ids(PROMPT, RunSettings(policy=policy, cache_frac=0.5, max_new_tokens=10))
+    logits = []
+    steps = []
+    for st in run:
+        steps.append(st)
+        logits.append(run.last_logits.clone())
+    return steps, logits, [e.as_dict() for e in eng.get_events(run.run_id)]
+
+
+@pytest.mark.parametrize("family", ["deepseek_v2", "qwen2_moe"])
+@pytest.mark.parametrize("policy", ["resident", "lru", "cpu_compute"])
+def test_hit_path_reports_what_the_phases_report(engines, monkeypatch, family, policy):
+    eng = engines[family]
+    calls = []
+    real = LayerPlanner.plan_hits
+    monkeypatch.setattr(LayerPlanner, "plan_hits", lambda self, layer, ids: calls.append(r := real(self, layer, ids)) or r)
+    fast_steps, fast_logits, fast_events = _run(eng, policy)
+    assert any(c is not None for c in calls)          # the hit path ran
+    monkeypatch.setattr(LayerPlanner, "plan_hits", lambda self, layer, ids: None)
+    steps, logits, events = _run(eng, policy)
+    assert [s.token_id for s in fast_steps] == [s.token_id for s in steps]
+    assert all(torch.equal(a, b) for a, b in zip(fast_logits, logits))
+    assert [s.outcomes for s in fast_steps] == [s.outcomes for s in steps]
+    assert [(s.hits, s.misses, s.step_ms, s.intervals) for s in fast_steps] == \
+        [(s.hits, s.misses, s.step_ms, s.intervals) for s in steps]
+    assert fast_events == events
