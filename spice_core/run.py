@@ -15,11 +15,12 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from spice_core.api import LIVE_FIELDS, LaneInterval, RunSettings, RunSummary, StepStats
+from spice_core.api import LIVE_FIELDS, RunSettings, RunSummary, StepStats
 from spice_core.errors import SpiceError
 from spice_core.exec.experts import installed
 from spice_core.generation import TextStreamer, sample_next
 from spice_core.policy.spec import get_spec
+from spice_core.records import lane_intervals
 from spice_core.runtime.graph_exec import cache_bucket
 from spice_core.runtime.layer import LayerRuntime
 
@@ -158,8 +159,7 @@ class GenerationRun:
             elif i == max_new - 1:
                 finish = "length"
             stall = sum(ev.dur_ms for ev in events if ev.kind == "stall" and ev.token == i)
-            intervals = tuple(LaneInterval(ev.lane, ev.kind, ev.start_ms, ev.end_ms, ev.layer, ev.expert)
-                              for ev in events if ev.end_ms > ev.start_ms)
+            intervals = lane_intervals(events)
             step = StepStats(index=i, token_id=tok, text="" if is_eos else delta, step_ms=step_ms, timing=timing,
                              hits=c.hits, misses=c.misses, bytes_copied=c.bytes_copied, stall_ms=stall,
                              shape_bytes_copied=c.shape_bytes_copied,
