@@ -15,14 +15,14 @@ evicted (all are busy/protected).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Iterable, Mapping, Protocol, Sequence
+from typing import Iterable, Mapping, NamedTuple, Protocol, Sequence
 
 from spice_core.types import ExpertKey
 
 
-@dataclass(frozen=True)
-class SlotView:
+class SlotView(NamedTuple):
+    """One resident expert as an eviction policy sees it (a named tuple: one is made per candidate looked at)."""
+
     key: ExpertKey
     last_use_tick: int
     use_count: int
