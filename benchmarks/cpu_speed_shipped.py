@@ -131,7 +131,9 @@ def main() -> None:
         f"| {r['dtype']} | `{r['experts']}` | {r['load_first_token_s']:.2f} | {r['load_first_token_cpu_s']:.2f} | "
         f"{r['tokens_per_s']:.1f} | {r['tokens_per_cpu_s']:.1f} | {r['import_s']:.2f} | "
         f"{', '.join(map(str, r['tokens_per_s_all']))} |" for r in rows)
-    report = f"""# Shipped model (assets/spice-mini) on the CPU, plain transformers
+    model_rel = os.path.relpath(os.path.abspath(args.model), ROOT)
+    top_k = json.loads((Path(args.model) / "config.json").read_text()).get("num_experts_per_tok", "the")
+    report = f"""# Shipped model ({model_rel}) on the CPU, plain transformers
 
 Command (from the repository root):
 
@@ -156,7 +158,7 @@ would give, while wall-clock numbers include the time other processes held the c
 {table}
 
 The checkpoint is stored in bf16; `float32` rows load it with `dtype=torch.float32`. The experts kernel
-is transformers' `experts_implementation`: `grouped_mm` (its default), `batched_mm` (gathers the 6 chosen
+is transformers' `experts_implementation`: `grouped_mm` (its default), `batched_mm` (gathers the {top_k} chosen
 experts' weights and runs one batched matmul: the fewest operations per decoded token) or `eager` (its
 per-expert loop); pass it as `from_pretrained(..., experts_implementation="batched_mm")`.
 
