@@ -1,6 +1,8 @@
 """The per-token builders of trace events and lane intervals make objects equal to their classes' own."""
 import dataclasses
 
+import pytest
+
 from spice_core.records import LaneInterval, lane_intervals
 from spice_core.trace.events import TraceEvent, events_from_rows
 
@@ -17,6 +19,9 @@ def test_events_from_rows_equal_the_constructor():
     assert [hash(e) for e in built] == [hash(e) for e in want]
     assert [e.as_dict() for e in built] == [e.as_dict() for e in want]
     assert [dataclasses.astuple(e) for e in built] == list(ROWS)
+    assert all(type(e) is TraceEvent for e in built)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built[0].kind = "stall"
 
 
 def test_lane_intervals_keep_the_busy_intervals_equal_to_the_constructor():
