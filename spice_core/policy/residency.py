@@ -51,7 +51,10 @@ class Residency:
         s = self.state[slot]
         assert s.key is None, "evict before assigning"
         assert key not in self.where, f"{key} is already resident"
-        self._free.remove(slot)
+        if self._free and self._free[-1] == slot:     # the usual case: the slot free_slot() offered
+            self._free.pop()
+        else:
+            self._free.remove(slot)
         s.key, s.last_use_tick, s.use_count, s.prefetched, s.busy = key, tick, 0, prefetched, False
         self.where[key] = slot
         self.lru_order[key] = None
