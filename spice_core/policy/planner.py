@@ -250,7 +250,7 @@ class LayerPlanner:
             return None
         self.global_pos = self.token * self.n_moe + self.moe_pos[layer]
         self.tick += 1
-        self.miss_rate_ema = 0.8 * self.miss_rate_ema + 0.2 * (0 / max(1, len(slots)))
+        self.miss_rate_ema *= 0.8             # plan_layer's update with no miss
         use, tick = self.residency.use, self.tick
         for e in sorted(expert_ids):             # touched in ascending expert order, as plan_experts does
             use(keys[e], tick)

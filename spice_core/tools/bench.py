@@ -239,7 +239,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
     # max_new_tokens, long_prompt, repetitions, host_aware; "variant" labels its records), all on the
     # one model built above.
     blocks = []
-    for b in cfg.get("runs") or [{}]:
+    for i_block, b in enumerate(cfg.get("runs") or [{}]):
         pols = b.get("policies", policies)
         n_p = int(b.get("n_prompts", len(prompts)))
         wl = [w for w in workloads if w[0] == "prompts"][:n_p]
@@ -247,7 +247,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
             wanted = set(b["prompt_indices"])
             missing = sorted(wanted - {w[1] for w in wl})
             if missing:
-                raise ConfigError(f"runs[] \"prompt_indices\" {missing} are beyond the {len(wl)} prompts this "
+                raise ConfigError(f"runs[{i_block}] \"prompt_indices\" {missing} are beyond the {len(wl)} prompts this "
                                   "block has: raise \"prompts\" or \"n_prompts\"")
             wl = [w for w in wl if w[1] in wanted]
         if b.get("long_prompt", True):
