@@ -86,6 +86,17 @@ def _send(page, text: str) -> None:
     _type(page, "#spice-msg textarea", text, "Enter")
 
 
+# Records the first reply's text length each time the chat changes (into window.spiceReplyLengths).
+_RECORD_REPLY_LENGTHS_JS = """() => {
+  window.spiceReplyLengths = [];
+  const chat = document.querySelector('#spice-chat');
+  new MutationObserver(() => {
+    const row = chat.querySelector('.bot-row');
+    if (row) window.spiceReplyLengths.push(row.innerText.length);
+  }).observe(chat, {subtree: true, childList: true, characterData: true});
+}"""
+
+
 def _chat_text(page) -> str:
     return page.locator("#spice-chat").inner_text()
 
@@ -166,14 +177,15 @@ def test_every_page_with_the_shipped_model(browser, shipped_app):
     page.locator("#spice-msg textarea").wait_for(state="visible")
     page.get_by_text("Timing model and generation").click()
     page.locator("#ctl-max-new input[type=number]").wait_for(state="visible")
-    _type(page, "#ctl-max-new input[type=number]", "48", "Tab")
+    _type(page, "#ctl-max-new input[type=number]", "96", "Tab")
+    # The page itself records the reply's length at every change: polling from here can miss a fast
+    # reply whole while the browser is busy drawing the panels (it did on a fast CI machine).
+    page.evaluate(_RECORD_REPLY_LENGTHS_JS)
     _send(page, "Tell me a short story about a lighthouse keeper.")
-    bot = page.locator("#spice-chat .bot-row").first
-    bot.wait_for(state="visible", timeout=60_000)
-    lengths = []
-    assert _wait(lambda: lengths.append(len(bot.inner_text())) or len({n for n in lengths if n > 2}) >= 2, 60), \
-        f"the reply did not stream: {lengths[-5:]}"
+    page.locator("#spice-chat .bot-row").first.wait_for(state="visible", timeout=60_000)
     assert _wait(lambda: "Run " in _chat_text(page), 120), "the reply never finished"
+    lengths = page.evaluate("() => window.spiceReplyLengths")
+    assert len({n for n in lengths if n > 2}) >= 3, f"the reply did not stream: lengths seen {lengths[:12]}"
     page.get_by_text("Timing model and generation").click()      # fold it again for the screenshot
     page.wait_for_timeout(1000)
     page.screenshot(path=str(shots / "chat.png"), full_page=True)
