@@ -22,8 +22,9 @@ drains), an action out; no tensors, no clocks. The rules, in order:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import Enum
+from typing import NamedTuple
 
 
 class MissAction(str, Enum):
@@ -67,28 +68,39 @@ class MissOptions:
 
 def decide_miss(router_weight: float, costs: MissCosts, opts: MissOptions) -> MissAction:
     """One miss. ``router_weight``: the largest weight any token of this step gives the expert."""
-    inflight = costs.inflight_arrival_ms
-    if inflight is not None and inflight <= costs.now_ms:
+    return _decide(router_weight, costs.now_ms, costs.copy_free_at_ms, costs.copy_ms, costs.cpu_free_at_ms,
+                   costs.cpu_ms, costs.inflight_arrival_ms, costs.gpu_ms, costs.copy_value_ms,
+                   opts.can_approx, opts.tau_approx, opts.can_copy, opts.can_cpu)
+
+
+def _decide(router_weight: float, now_ms: float, copy_free_at_ms: float, copy_ms: float, cpu_free_at_ms: float,
+            cpu_ms: float, inflight: float | None, gpu_ms: float, copy_value_ms: float, can_approx: bool,
+            tau_approx: float, can_copy: bool, can_cpu: bool) -> MissAction:
+    """`decide_miss` on plain numbers (`plan_misses` decides a few misses per layer per token, and building
+    MissCosts for each cost more than the decision)."""
+    if inflight is not None and inflight <= now_ms:
         return MissAction.WAIT_PREFETCH
-    if opts.can_approx and router_weight < opts.tau_approx:
+    if can_approx and router_weight < tau_approx:
         return MissAction.APPROX
-    # Exact options, in tie-breaking order.
-    options: list[tuple[float, MissAction]] = []
+    # Exact options, in tie-breaking order: the first that finishes soonest wins.
+    best, best_ms = None, 0.0
     if inflight is not None:
-        options.append((inflight + costs.gpu_ms, MissAction.WAIT_PREFETCH))
-    if opts.can_copy:
-        options.append((costs.copy_done_ms() - costs.copy_value_ms, MissAction.COPY))
-    if opts.can_cpu:
-        options.append((costs.cpu_done_ms(), MissAction.CPU))
-    if not options:
+        best, best_ms = MissAction.WAIT_PREFETCH, inflight + gpu_ms
+    if can_copy:
+        t = (max(now_ms, copy_free_at_ms) + copy_ms + gpu_ms) - copy_value_ms
+        if best is None or t < best_ms:
+            best, best_ms = MissAction.COPY, t
+    if can_cpu:
+        t = max(now_ms, cpu_free_at_ms) + cpu_ms
+        if best is None or t < best_ms:
+            best, best_ms = MissAction.CPU, t
+    if best is None:
         raise ValueError("no exact miss path enabled (copy and CPU lane both off, nothing in flight)")
-    best_ms = min(t for t, _ in options)
-    return next(a for t, a in options if t == best_ms)
+    return best
 
 
-@dataclass(frozen=True)
-class MissRequest:
-    """One missed expert of a layer, as `plan_misses` sees it."""
+class MissRequest(NamedTuple):
+    """One missed expert of a layer, as `plan_misses` sees it (a named tuple: made per miss per layer)."""
 
     router_weight: float
     copy_ms: float
@@ -116,17 +128,18 @@ def plan_misses(requests: list[MissRequest], queues: QueueState, opts: MissOptio
     later misses see the backlog earlier ones created (5 misses do not all pick the one lane
     that was free for the first). Mutates ``queues``; returns one action per request."""
     actions = []
+    free = queues.cpu_free_at_ms
+    lanes = range(len(free))
+    can_approx, tau, can_cpu = opts.can_approx, opts.tau_approx, opts.can_cpu
     for req in requests:
-        w = min(range(len(queues.cpu_free_at_ms)), key=lambda i: queues.cpu_free_at_ms[i])
-        costs = MissCosts(now_ms=queues.now_ms, copy_free_at_ms=queues.copy_free_at_ms, copy_ms=req.copy_ms,
-                          cpu_free_at_ms=queues.cpu_free_at_ms[w], cpu_ms=req.cpu_ms,
-                          inflight_arrival_ms=req.inflight_arrival_ms, gpu_ms=req.gpu_ms,
-                          copy_value_ms=req.copy_value_ms)
-        req_opts = opts if req.inflight_arrival_ms is None else replace(opts, can_copy=False)
-        action = decide_miss(req.router_weight, costs, req_opts)
+        w = min(lanes, key=free.__getitem__) if len(free) > 1 else 0
+        now = queues.now_ms
+        inflight = req.inflight_arrival_ms
+        action = _decide(req.router_weight, now, queues.copy_free_at_ms, req.copy_ms, free[w], req.cpu_ms, inflight,
+                         req.gpu_ms, req.copy_value_ms, can_approx, tau, opts.can_copy and inflight is None, can_cpu)
         if action == MissAction.COPY:
-            queues.copy_free_at_ms = max(queues.now_ms, queues.copy_free_at_ms) + req.copy_ms
+            queues.copy_free_at_ms = max(now, queues.copy_free_at_ms) + req.copy_ms
         elif action == MissAction.CPU:
-            queues.cpu_free_at_ms[w] = costs.cpu_done_ms()
+            free[w] = max(now, free[w]) + req.cpu_ms
         actions.append(action)
     return actions

@@ -138,6 +138,7 @@ class LayerPlanner:
         self._copy_ms = costs.copy_ms()
         self._layer_ms = costs.gpu_layer_ms() + top_k * costs.gpu_expert_ms()
         self._plan_ms = costs.profile.host_plan_us / 1e3
+        self._expert_ms: dict[int, tuple[float, float]] = {}   # n_tokens -> (CPU lane, GPU) ms of one expert
         # Each MoE layer's ExpertKeys, made once: a layer's plan looks up a dozen or more of them.
         self._keys = {layer: tuple(ExpertKey(layer, e) for e in range(n_experts)) for layer in moe_layers}
 
@@ -266,12 +267,14 @@ class LayerPlanner:
         # A copied expert stays cached: credit it with the transfer a later use saves (recent hit rate).
         copy_value = (1.0 - self.miss_rate_ema) * self._copy_ms if spec.keep_misses else 0.0
         reqs = []
+        keys, inflight, expert_ms = self._keys[layer], self.inflight, self._expert_ms
         for e, weight, n_tokens in misses:
-            inf = self.inflight.get(self._keys[layer][e])   # only experts whose prefetch is still in flight
-            reqs.append(MissRequest(router_weight=weight, copy_ms=self._copy_ms, cpu_ms=c.cpu_expert_ms(n_tokens),
-                                    gpu_ms=c.gpu_expert_ms(n_tokens),
-                                    inflight_arrival_ms=inf.arrival_ms if inf is not None else None,
-                                    copy_value_ms=copy_value))
+            inf = inflight.get(keys[e])   # only experts whose prefetch is still in flight
+            ms = expert_ms.get(n_tokens)
+            if ms is None:
+                ms = expert_ms[n_tokens] = (c.cpu_expert_ms(n_tokens), c.gpu_expert_ms(n_tokens))
+            reqs.append(MissRequest(weight, self._copy_ms, ms[0], ms[1],
+                                    inf.arrival_ms if inf is not None else None, copy_value))
         # CPU-lane tasks are collected within their layer, so the lane is idle when a layer starts.
         q = QueueState(now_ms=queues.now_ms, copy_free_at_ms=queues.copy_free_at_ms)
         opts = MissOptions(tau_approx=self.tau_approx, can_approx=spec.use_lore and self.can_approx,
@@ -339,17 +342,16 @@ class LayerPlanner:
         hm = h_min(self.miss_rate_ema * self.top_k, c.expert_bytes, c.profile.h2d_pinned_gbps * 1e6, layer_ms)
         res = self.residency
         plan = plan_lookahead(
-            predictions, is_resident_or_inflight=res.where.__contains__,     # = res.__contains__, one call less
+            predictions, is_resident_or_inflight=res.where,     # its keys: resident or in flight (= res.__contains__)
             tau_prefetch=self.tau_prefetch, max_lookahead=self.max_lookahead, now_ms=queues.now_ms,
             copy_free_at_ms=queues.copy_free_at_ms, copy_ms=self._copy_ms, layer_ms=layer_ms,
             top_k=self.top_k, max_items=max(0, res.n_slots - self.top_k), h_min_value=hm,
             issue_ms=c.profile.host_copy_us / 1e3 if self.host_aware else 0.0)
         if len(self.next_use_abs) > 4 * res.n_slots + 256:
             self.next_use_abs = {k: v for k, v in self.next_use_abs.items() if v >= self.global_pos}
-        for key, d in plan.next_use.items():
-            cur = self.next_use_abs.get(key)
-            if cur is None or cur < self.global_pos or self.global_pos + d < cur:
-                self.next_use_abs[key] = self.global_pos + d
+        pos, get = self.global_pos, self.next_use_abs.get
+        self.next_use_abs.update({key: pos + d for key, d in plan.next_use.items()
+                                  if (cur := get(key)) is None or cur < pos or pos + d < cur})
         depth, reason = plan.depth, plan.stop_reason
         orders = []
         for item in plan.items:
