@@ -117,6 +117,21 @@ def test_predict_matches_the_batched_evaluation_path(lm, traces, trained):
     assert torch.allclose(got, conf[0], atol=2e-3)   # float16 heads vs float32 evaluation
 
 
+def test_half_heads_run_in_float32_on_the_cpu_and_agree_with_the_half_matmul(lm, traces, trained):
+    """On the CPU the half weights are widened once (a half matmul costs ~3x a float32 one there); the
+    logits are the widened weights' float32 product, within half rounding of the half matmul, and the
+    budget keeps charging half weights."""
+    draft, _ = trained
+    assert draft.weight.dtype == torch.float16 and draft._host32 is not None
+    x = traces.hidden[1, 3:4].float()
+    got = draft.head_logits(lm.moe_layers[1], x)
+    w, b = draft.weight[1], draft.bias[1]
+    assert torch.equal(got, torch.addmm(b.float()[None], x, w.float().t()).view(-1))
+    half = torch.addmm(b[None], x.half(), w.t()).float().view(-1)
+    assert torch.allclose(got, half, rtol=2e-3, atol=2e-3)
+    assert draft.nbytes == (draft.weight.numel() + draft.bias.numel()) * 2
+
+
 def test_predict_returns_every_trained_distance_whatever_the_prefetch_bound(lm, traces, trained):
     """max_lookahead bounds prefetching (in the planner); farther predictions still inform eviction."""
     draft, _ = trained
