@@ -133,6 +133,15 @@ class LayerRuntime:
             clock.layer(l_, 1, dense=l_ != layer)
         for obs in self.observers:
             obs(layer, [expert_ids], [weights])
+        if not planner.prefetching:       # an all-hit layer: one planner call, no plan objects (`plan_hits`)
+            slots = planner.plan_hits(layer, expert_ids)
+            if slots is not None:
+                for p in sorted(range(len(expert_ids)), key=expert_ids.__getitem__):   # as plan_experts orders them
+                    ex.wait_ready(slots[p])
+                self.recorder.layer_hits(layer, sorted(expert_ids))
+                for obs in self.layer_observers:
+                    obs(self, layer)
+                return slots
         plan = planner.plan_layer(layer, [expert_ids], [weights], self._queues())
         self.recorder.layer_counts(plan.hits, plan.misses)
         for order in plan.copies:

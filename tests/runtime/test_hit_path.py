@@ -36,3 +36,26 @@ def test_hit_path_reports_what_the_phases_report(engines, monkeypatch, family, p
     assert [(s.hits, s.misses, s.step_ms, s.intervals) for s in fast_steps] == \
         [(s.hits, s.misses, s.step_ms, s.intervals) for s in steps]
     assert fast_events == events
+
+
+@pytest.mark.parametrize("policy", ["resident", "lru"])
+def test_the_fast_paths_host_step_takes_the_hit_path_and_reports_the_same(engines, monkeypatch, policy):
+    """The graphed executor's per-layer host step (LayerRuntime.decide_layer), run op by op on the CPU."""
+    from spice_core.engine import SpiceEngine
+
+    base = engines["qwen2_moe"]
+    eng = SpiceEngine(base.lm, executor="graphed", timing=base.timing)
+    calls = []
+    real = LayerPlanner.plan_hits
+    monkeypatch.setattr(LayerPlanner, "plan_hits", lambda self, layer, ids: calls.append(r := real(self, layer, ids)) or r)
+    fast_steps, fast_logits, fast_events = _run(eng, policy)
+    assert any(c is not None for c in calls)          # the hit path ran
+    assert any("fast path" in n for n in eng.list_runs()[0].notes)
+    monkeypatch.setattr(LayerPlanner, "plan_hits", lambda self, layer, ids: None)
+    steps, logits, events = _run(eng, policy)
+    assert [s.token_id for s in fast_steps] == [s.token_id for s in steps]
+    assert all(torch.equal(a, b) for a, b in zip(fast_logits, logits))
+    assert [s.outcomes for s in fast_steps] == [s.outcomes for s in steps]
+    assert [(s.hits, s.misses, s.step_ms, s.intervals) for s in fast_steps] == \
+        [(s.hits, s.misses, s.step_ms, s.intervals) for s in steps]
+    assert fast_events == events
