@@ -43,9 +43,10 @@ from spice_core.runtime.layer import LayerRuntime  # noqa: E402
 
 # Engine sections timed per MoE layer: the whole layer (eager: run_layer; graphed: the host step between
 # segments, decide_layer), the lookahead, the planner's two phases,
-# the routing readback, and copy issue (demand and prefetch).
+# the one-call planner of all-hit layers (plan_hits), the routing readback, and copy issue (demand and prefetch).
 SECTIONS = {"run_layer": LayerRuntime, "decide_layer": LayerRuntime, "_prefetch": LayerRuntime, "plan_layer": LayerPlanner,
-            "plan_experts": LayerPlanner, "read_routing": EagerExecutor, "issue": EagerExecutor}
+            "plan_experts": LayerPlanner, "plan_hits": LayerPlanner, "read_routing": EagerExecutor,
+            "issue": EagerExecutor}
 
 
 def _instrument(totals: dict, counts: collections.Counter) -> None:

@@ -158,8 +158,7 @@ def plan_lookahead(
     """See the module docstring. ``predictions`` may come in any order; one per distance.
     ``is_resident_or_inflight``: a predicate, or any container of the keys resident or in flight (a
     membership test costs less than a call, and this asks a few hundred times a layer)."""
-    on_way = is_resident_or_inflight if hasattr(is_resident_or_inflight, "__contains__") \
-        else _Contains(is_resident_or_inflight)
+    on_way = _Contains(is_resident_or_inflight) if callable(is_resident_or_inflight) else is_resident_or_inflight
     k = max(top_k, 1)
     queue_end = max(now_ms, copy_free_at_ms)
     next_use: dict[ExpertKey, int] = {}
@@ -189,7 +188,7 @@ def plan_lookahead(
         if d > max_lookahead:
             collecting = False
             continue
-        if not confident:
+        if n_conf == 0:
             loop_reason, collecting = "confidence", False
             continue
         last_d = d

@@ -109,8 +109,9 @@ def load_draft(path: Path, lm, fingerprint: dict | None = None) -> DraftPredicto
     if not ok:
         raise ArtifactError(f"{path.name} has tensor shapes {tuple(w.shape)}/{tuple(b.shape)}/{tuple(c.shape)} that do "
                             f"not fit {lm.name} ({n} MoE layers, {lm.n_experts} experts, hidden {lm.layout.hidden}): {fix}")
-    # Half precision on a GPU or for a half-precision checkpoint (also when the CPU computes it in float32:
-    # the heads, their budget and their predictions stay those of the checkpoint).
+    # Half precision on a GPU or for a half-precision checkpoint (also when the CPU computes the model in
+    # float32: the heads and their budget stay those of the checkpoint; on the CPU they multiply in float32 from
+    # the half weights, without rounding their logits to half, see DraftPredictor).
     stored = lm.offload_dtype or lm.layout.dtype
     dtype = torch.float16 if lm.device.type == "cuda" or stored in (torch.float16, torch.bfloat16) else torch.float32
     return DraftPredictor(tuple(lm.moe_layers), w, b, c, lm.top_k, device=lm.device, dtype=dtype)

@@ -123,12 +123,17 @@ def test_half_heads_run_in_float32_on_the_cpu_and_agree_with_the_half_matmul(lm,
     budget keeps charging half weights."""
     draft, _ = trained
     assert draft.weight.dtype == torch.float16 and draft._host32 is not None
-    x = traces.hidden[1, 3:4].float()
+    x = traces.hidden[1, 3:4].float() * (1 + 1e-4)           # float32 values that half cannot hold
+    assert not torch.equal(x, x.half().float())
     got = draft.head_logits(lm.moe_layers[1], x)
     w, b = draft.weight[1], draft.bias[1]
-    assert torch.equal(got, torch.addmm(b.float()[None], x, w.float().t()).view(-1))
+    assert torch.equal(got, torch.addmm(b.float()[None], x.half().float(), w.float().t()).view(-1))
     half = torch.addmm(b[None], x.half(), w.t()).float().view(-1)
     assert torch.allclose(got, half, rtol=2e-3, atol=2e-3)
+    # predict (launch, then the confidences) runs the same heads
+    preds = draft.predict(lm.moe_layers[1], x, runtime(4))
+    conf = draft._confidence_np(1, got.numpy().reshape(draft.distances, draft.n_experts))
+    assert [list(p.probs) for p in preds] == conf.tolist()
     assert draft.nbytes == (draft.weight.numel() + draft.bias.numel()) * 2
 
 

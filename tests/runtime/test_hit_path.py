@@ -43,16 +43,32 @@ def test_the_fast_paths_host_step_takes_the_hit_path_and_reports_the_same(engine
     """The graphed executor's per-layer host step (LayerRuntime.decide_layer), run op by op on the CPU."""
     from spice_core.engine import SpiceEngine
 
+    from spice_core.runtime.graph_exec import GraphExecutor
+    from spice_core.runtime.layer import LayerRuntime
+
     base = engines["qwen2_moe"]
     eng = SpiceEngine(base.lm, executor="graphed", timing=base.timing)
-    calls = []
+    calls, waits, observed = [], [], []
     real = LayerPlanner.plan_hits
     monkeypatch.setattr(LayerPlanner, "plan_hits", lambda self, layer, ids: calls.append(r := real(self, layer, ids)) or r)
+    real_wait = GraphExecutor.wait_ready   # on a GPU a missing or reordered wait is a race: compare the calls
+    monkeypatch.setattr(GraphExecutor, "wait_ready", lambda self, slot: waits.append(slot) or real_wait(self, slot))
+    real_init = LayerRuntime.__init__
+
+    def observed_init(self, *a, **kw):
+        real_init(self, *a, **kw)
+        self.layer_observers.append(lambda rt, layer: observed.append(layer))
+
+    monkeypatch.setattr(LayerRuntime, "__init__", observed_init)
     fast_steps, fast_logits, fast_events = _run(eng, policy)
     assert any(c is not None for c in calls)          # the hit path ran
-    assert any("fast path" in n for n in eng.list_runs()[0].notes)
+    assert any(n.startswith("fast path:") for n in eng.list_runs()[0].notes)
+    fast_waits, fast_observed = list(waits), list(observed)
+    waits.clear()
+    observed.clear()
     monkeypatch.setattr(LayerPlanner, "plan_hits", lambda self, layer, ids: None)
     steps, logits, events = _run(eng, policy)
+    assert fast_waits == waits and fast_observed == observed and observed
     assert [s.token_id for s in fast_steps] == [s.token_id for s in steps]
     assert all(torch.equal(a, b) for a, b in zip(fast_logits, logits))
     assert [s.outcomes for s in fast_steps] == [s.outcomes for s in steps]
