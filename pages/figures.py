@@ -480,5 +480,6 @@ def panels_delta(live: LiveRun, tag: str, seq: int) -> str:
     for name in ("prefetch", "gantt"):
         fig = panel_figure(name, live)
         panels[name] = {"meta": f"{tag}:{name}", "data": fig["data"],
-                        "layout": {k: fig["layout"][k] for k in ("xaxis", "yaxis", "annotations") if k in fig["layout"]}}
+                        "layout": {k: fig["layout"][k] for k in ("height", "xaxis", "yaxis", "annotations")
+                                   if k in fig["layout"]}}
     return json.dumps({"seq": seq, "panels": panels}, separators=(",", ":"), allow_nan=False)

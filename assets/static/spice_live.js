@@ -25,6 +25,10 @@
       const layout = { ...gd.layout };
       for (const [k, v] of Object.entries(p.layout || {})) layout[k] = (v && typeof v === "object" && !Array.isArray(v))
         ? { ...(gd.layout[k] || {}), ...v } : v;
+      // Gradio draws plots responsive (the SVG fills the plot's div) and autosized; its resize clears the
+      // figure's height, and a redraw then measured a div that took its height from the SVG: 0, and the panel
+      // vanished. The div gets the figure's height, so the SVG has one to fill.
+      if (typeof layout.height === "number") gd.style.height = `${layout.height}px`;
       Plotly.react(gd, p.data, layout, gd._context);
     }
     return true;

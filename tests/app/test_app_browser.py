@@ -97,6 +97,20 @@ _RECORD_REPLY_LENGTHS_JS = """() => {
 }"""
 
 
+# Every 100 ms, the drawn height of each live panel once its reply's figure is up (into window.spicePanelHeights).
+_RECORD_PANEL_HEIGHTS_JS = """() => {
+  window.spicePanelHeights = {};
+  setInterval(() => {
+    for (const name of ['gantt', 'prefetch', 'heatmap']) {
+      const gd = document.querySelector(`#spice-${name} .js-plotly-plot`);
+      if (!gd || !gd.layout || !gd.layout.meta) continue;      // the placeholder, before the reply's figure
+      (window.spicePanelHeights[name] = window.spicePanelHeights[name] || [])
+        .push(Math.round(gd.getBoundingClientRect().height));
+    }
+  }, 100);
+}"""
+
+
 def _chat_text(page) -> str:
     return page.locator("#spice-chat").inner_text()
 
@@ -115,6 +129,7 @@ def test_a_person_chats_tunes_stops_and_recovers(browser, fake_app):
     page.get_by_text("Timing model and generation").click()
     page.locator("#ctl-max-new input[type=number]").wait_for(state="visible")
     _type(page, "#ctl-max-new input[type=number]", "512", "Tab")   # the most it allows; stopped below
+    page.evaluate(_RECORD_PANEL_HEIGHTS_JS)
     _send(page, "Tell me a story about a lighthouse keeper.")
     bot = page.locator("#spice-chat .bot-row").first
     bot.wait_for(state="visible", timeout=60_000)
@@ -130,6 +145,17 @@ def test_a_person_chats_tunes_stops_and_recovers(browser, fake_app):
     assert _wait(lambda: "changed tau_prefetch" in stats.inner_text(), 90), stats.inner_text()
     assert page.locator("#spice-heatmap .js-plotly-plot").count() > 0
     assert page.locator("#spice-gantt .js-plotly-plot").count() > 0
+
+    # 2b. the window is resized mid-reply: the panels keep updating and stay drawn (a resize used to clear
+    # their height, and the next update collapsed them to 0 px)
+    page.set_viewport_size({"width": 1180, "height": 1000})
+    page.wait_for_timeout(2500)
+    page.set_viewport_size({"width": 1440, "height": 1000})
+    page.wait_for_timeout(2500)
+    heights = page.evaluate("() => window.spicePanelHeights")
+    for name in ("gantt", "prefetch"):
+        seen = heights.get(name, [])
+        assert len(seen) > 20 and min(seen[-40:]) > 100, f"the {name} panel collapsed after a resize: {seen[-40:]}"
 
     # 3. a second message while the reply streams: a note, and the text stays in the box
     box = page.locator("#spice-msg textarea")
@@ -181,6 +207,7 @@ def test_every_page_with_the_shipped_model(browser, shipped_app):
     # The page itself records the reply's length at every change: polling from here can miss a fast
     # reply whole while the browser is busy drawing the panels (it did on a fast CI machine).
     page.evaluate(_RECORD_REPLY_LENGTHS_JS)
+    page.evaluate(_RECORD_PANEL_HEIGHTS_JS)
     _send(page, "Tell me a short story about a lighthouse keeper.")
     page.locator("#spice-chat .bot-row").first.wait_for(state="visible", timeout=60_000)
     assert _wait(lambda: "Run " in _chat_text(page), 120), "the reply never finished"
@@ -188,6 +215,11 @@ def test_every_page_with_the_shipped_model(browser, shipped_app):
     assert len({n for n in lengths if n > 2}) >= 3, f"the reply did not stream: lengths seen {lengths[:12]}"
     page.get_by_text("Timing model and generation").click()      # fold it again for the screenshot
     page.wait_for_timeout(1000)
+    # The live panels stayed drawn while they updated and after the reply (they used to collapse to 0 px).
+    heights = page.evaluate("() => window.spicePanelHeights")
+    for name in ("gantt", "prefetch", "heatmap"):
+        seen = heights.get(name, [])
+        assert len(seen) > 5 and min(seen) > 100, f"the {name} panel collapsed while updating: {seen[-20:]}"
     page.screenshot(path=str(shots / "chat.png"), full_page=True)
 
     # trace explorer: a run is picked, its timeline drawn, the Chrome trace downloads
