@@ -3,7 +3,8 @@
 The benchmark table is read from the Markdown files under ``docs/benchmarks/`` each time the page
 opens (so a new benchmark shows without a restart): the newest file by the latest ISO date it
 mentions (its modification time when it mentions none; ties go to the most recently written),
-its first table and the heading above it, with the file's path as the source.
+its first table (or the first after a ``<!-- about: table -->`` line, for a file whose newest results
+come after older ones) and the heading above it, with the file's path as the source.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ HEADLINE_RESULTS = Path("full-scale/headline/results.json")     # under the benc
 HEADLINE_BUDGET = 0.25
 HEADLINE_POLICIES = ("on_demand", "lru", "spice_prefetch", "spice", "oracle_prefetch", "resident")
 DATE = re.compile(r"\b(20\d\d-[01]\d-[0-3]\d)\b")
+ABOUT_MARKER = "<!-- about: table -->"      # in a benchmark file: the table About shows is the first below
 SEPARATOR = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")   # a table's |---|:--:| row
 
 ABOUT = """
@@ -80,14 +82,16 @@ def _file_date(path: Path, text: str) -> str:
 
 
 def first_table(text: str) -> tuple[str, str]:
-    """(nearest heading above, table) of the first Markdown table in ``text``; ("", "") if none."""
+    """(nearest heading above, table) of the first Markdown table in ``text``, or of the first after an
+    ABOUT_MARKER line when there is one; ("", "") if none."""
     lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip() == ABOUT_MARKER), 0)
     heading = ""
     for i, line in enumerate(lines):
         if line.startswith("#"):
             heading = line.lstrip("#").strip()
         is_sep = i + 1 < len(lines) and SEPARATOR.match(lines[i + 1])
-        if line.strip().startswith("|") and is_sep:
+        if i >= start and line.strip().startswith("|") and is_sep:
             j = i
             while j < len(lines) and lines[j].strip().startswith("|"):
                 j += 1
