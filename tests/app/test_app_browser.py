@@ -153,7 +153,7 @@ def test_a_person_chats_tunes_stops_and_recovers(browser, fake_app):
     page.set_viewport_size({"width": 1440, "height": 1000})
     page.wait_for_timeout(2500)
     heights = page.evaluate("() => window.spicePanelHeights")
-    for name in ("gantt", "prefetch"):
+    for name in ("gantt", "prefetch", "heatmap"):
         seen = heights.get(name, [])
         assert len(seen) > 20 and min(seen[-40:]) > 100, f"the {name} panel collapsed after a resize: {seen[-40:]}"
 
