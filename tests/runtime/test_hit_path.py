@@ -19,6 +19,17 @@ def _run(eng, policy):
     return steps, logits, [e.as_dict() for e in eng.get_events(run.run_id)]
 
 
+def _assert_same_report(fast_steps, fast_logits, fast_events, steps, logits, events) -> None:
+    """Two runs of one prompt (with and without the hit path) report the same tokens, logits, outcomes, step
+    stats and trace events."""
+    assert [s.token_id for s in fast_steps] == [s.token_id for s in steps]
+    assert all(torch.equal(a, b) for a, b in zip(fast_logits, logits))
+    assert [s.outcomes for s in fast_steps] == [s.outcomes for s in steps]
+    assert [(s.hits, s.misses, s.step_ms, s.intervals) for s in fast_steps] == \
+        [(s.hits, s.misses, s.step_ms, s.intervals) for s in steps]
+    assert fast_events == events
+
+
 @pytest.mark.parametrize("family", ["deepseek_v2", "qwen2_moe"])
 @pytest.mark.parametrize("policy", ["resident", "lru", "cpu_compute"])
 def test_hit_path_reports_what_the_phases_report(engines, monkeypatch, family, policy):
@@ -29,13 +40,7 @@ def test_hit_path_reports_what_the_phases_report(engines, monkeypatch, family, p
     fast_steps, fast_logits, fast_events = _run(eng, policy)
     assert any(c is not None for c in calls)          # the hit path ran
     monkeypatch.setattr(LayerPlanner, "plan_hits", lambda self, layer, ids: None)
-    steps, logits, events = _run(eng, policy)
-    assert [s.token_id for s in fast_steps] == [s.token_id for s in steps]
-    assert all(torch.equal(a, b) for a, b in zip(fast_logits, logits))
-    assert [s.outcomes for s in fast_steps] == [s.outcomes for s in steps]
-    assert [(s.hits, s.misses, s.step_ms, s.intervals) for s in fast_steps] == \
-        [(s.hits, s.misses, s.step_ms, s.intervals) for s in steps]
-    assert fast_events == events
+    _assert_same_report(fast_steps, fast_logits, fast_events, *_run(eng, policy))
 
 
 @pytest.mark.parametrize("policy", ["resident", "lru"])
@@ -67,11 +72,6 @@ def test_the_fast_paths_host_step_takes_the_hit_path_and_reports_the_same(engine
     waits.clear()
     observed.clear()
     monkeypatch.setattr(LayerPlanner, "plan_hits", lambda self, layer, ids: None)
-    steps, logits, events = _run(eng, policy)
+    slow = _run(eng, policy)
     assert fast_waits == waits and fast_observed == observed and observed
-    assert [s.token_id for s in fast_steps] == [s.token_id for s in steps]
-    assert all(torch.equal(a, b) for a, b in zip(fast_logits, logits))
-    assert [s.outcomes for s in fast_steps] == [s.outcomes for s in steps]
-    assert [(s.hits, s.misses, s.step_ms, s.intervals) for s in fast_steps] == \
-        [(s.hits, s.misses, s.step_ms, s.intervals) for s in steps]
-    assert fast_events == events
+    _assert_same_report(fast_steps, fast_logits, fast_events, *slow)
