@@ -82,20 +82,28 @@ def _file_date(path: Path, text: str) -> str:
 
 
 def first_table(text: str) -> tuple[str, str]:
-    """(nearest heading above, table) of the first Markdown table in ``text``, or of the first after an
-    ABOUT_MARKER line when there is one; ("", "") if none."""
+    """(heading, table) of the first Markdown table in ``text``, or of the first after an ABOUT_MARKER line
+    when there is one; ("", "") if none. The heading is the nearest one above the table, after the top-level
+    heading it sits under when that is another ("Round 3 — Results")."""
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.strip() == ABOUT_MARKER), 0)
-    heading = ""
+    top = heading = ""
+    in_code = False
     for i, line in enumerate(lines):
+        if line.lstrip().startswith("```"):
+            in_code = not in_code
+        if in_code:
+            continue            # a shell comment in a code block is not a heading
         if line.startswith("#"):
             heading = line.lstrip("#").strip()
+            if line.startswith("# "):
+                top = heading
         is_sep = i + 1 < len(lines) and SEPARATOR.match(lines[i + 1])
         if i >= start and line.strip().startswith("|") and is_sep:
             j = i
             while j < len(lines) and lines[j].strip().startswith("|"):
                 j += 1
-            return heading, "\n".join(lines[i:j])
+            return (f"{top} — {heading}" if top and top != heading else heading), "\n".join(lines[i:j])
     return "", ""
 
 

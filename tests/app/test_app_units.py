@@ -239,9 +239,10 @@ def test_about_finds_the_newest_benchmark_table(tmp_path):
     assert [t.path.name for t in tables] == ["new.md", "old.md"]
     assert tables[0].heading == "Results" and tables[0].table == "| x |\n|:--|\n| 9 |"
     assert first_table("nothing") == ("", "")
-    rounds = ("# Round 1\n| old |\n|---|\n| 1 |\n# Round 2\n## Results\n<!-- about: table -->\n"
+    rounds = ("# Round 1\n| old |\n|---|\n| 1 |\n# Round 2\n```bash\n# a comment, not a heading\n```\n"
+              "## Results\n<!-- about: table -->\n"
               "| new |\n|---|\n| 2 |\n\n| later |\n|---|\n| 3 |\n")
-    assert first_table(rounds) == ("Results", "| new |\n|---|\n| 2 |")
+    assert first_table(rounds) == ("Round 2 — Results", "| new |\n|---|\n| 2 |")
 
 
 def test_fmt_bytes_uses_decimal_units():
