@@ -40,8 +40,9 @@ class LayerRuntime:
         self._tail_layers = tuple(range(prev + 1, lm.n_layers))
         # One token's all-hit layers in one planner call and one executor call (the CPU's batched executor, a
         # policy without lookahead): the phases' objects (routes, outcomes, plan, runs) cost more than the math.
-        self._hit_path = getattr(executor, "batched", False) and hasattr(executor, "run_hits") \
-            and not planner.prefetching
+        # The fast path's host step takes the same planner call for any policy without lookahead.
+        self._decide_hits = not planner.prefetching
+        self._hit_path = getattr(executor, "batched", False) and hasattr(executor, "run_hits") and self._decide_hits
         self.observers: list = []   # callables(layer, idx_rows, w_rows): the routing as read back ([T][K] lists)
         self.layer_observers: list = []   # callables(runtime, layer) after each MoE layer: accounting checks
 
@@ -102,9 +103,7 @@ class LayerRuntime:
             slots = planner.plan_hits(layer, idx_rows[0])
             if slots is not None:
                 final = ex.run_hits(layer, idx_rows[0], slots, x, top_k_weights, act)
-                self.recorder.layer_hits(layer, sorted(idx_rows[0]))
-                for obs in self.layer_observers:
-                    obs(self, layer)
+                self._hits_done(layer, idx_rows[0])
                 return final
 
         plan = planner.plan_layer(layer, idx_rows, w_rows, self._queues())
@@ -133,14 +132,12 @@ class LayerRuntime:
             clock.layer(l_, 1, dense=l_ != layer)
         for obs in self.observers:
             obs(layer, [expert_ids], [weights])
-        if not planner.prefetching:       # an all-hit layer: one planner call, no plan objects (`plan_hits`)
+        if self._decide_hits:       # an all-hit layer: one planner call, no plan objects (`plan_hits`)
             slots = planner.plan_hits(layer, expert_ids)
             if slots is not None:
                 for p in sorted(range(len(expert_ids)), key=expert_ids.__getitem__):   # as plan_experts orders them
                     ex.wait_ready(slots[p])
-                self.recorder.layer_hits(layer, sorted(expert_ids))
-                for obs in self.layer_observers:
-                    obs(self, layer)
+                self._hits_done(layer, expert_ids)
                 return slots
         plan = planner.plan_layer(layer, [expert_ids], [weights], self._queues())
         self.recorder.layer_counts(plan.hits, plan.misses)
@@ -167,6 +164,12 @@ class LayerRuntime:
         for obs in self.layer_observers:
             obs(self, layer)
         return [slot_of[e] for e in expert_ids]
+
+    def _hits_done(self, layer: int, expert_ids) -> None:
+        """What the phases record of a layer whose selections were all plain hits, and its observers."""
+        self.recorder.layer_hits(layer, sorted(expert_ids))
+        for obs in self.layer_observers:
+            obs(self, layer)
 
     def _prefetch(self, layer: int, predict) -> None:
         planner = self.planner
