@@ -46,9 +46,16 @@ def chat_text(page) -> str:
     return page.evaluate("() => (document.querySelector('#spice-chat') || {}).innerText || ''")
 
 
+BOT_MESSAGES = "document.querySelectorAll('#spice-chat .bot-row, #spice-chat .message.bot')"
+
+
+def bot_messages(page) -> int:
+    return page.evaluate(f"() => {BOT_MESSAGES}.length")
+
+
 def reply_text(page) -> str:
-    return page.evaluate("""() => { const b = document.querySelectorAll('#spice-chat .bot-row, #spice-chat .message.bot');
-        return b.length ? b[b.length - 1].innerText.replace('▍', '').trim() : ''; }""")
+    return page.evaluate(f"""() => {{ const b = {BOT_MESSAGES};
+        return b.length ? b[b.length - 1].innerText.replace('▍', '').trim() : ''; }}""")
 
 
 def tokens_shown(page) -> int:
@@ -82,11 +89,15 @@ def one_reply(page, *, panels: bool, stop_after_s: float | None = None, timeout_
     page.fill("#spice-msg textarea", PROMPT)
     notes_before = chat_text(page).count("tokens · TPOT")
     stopped_before = chat_text(page).count("Stopped after")
+    bots_before = bot_messages(page)
     t0 = time.perf_counter()
     page.press("#spice-msg textarea", "Enter")
     first = None
+    # The first token is on screen when this reply's own message has text: the previous reply's text is
+    # still there when no "New chat" came between, and Stop shows before the server has taken the message
+    # (the same update that adds the reply empties the box, so a key probed before it would be wiped).
     while time.perf_counter() - t0 < timeout_s:
-        if page.locator("#spice-stop").is_visible() and reply_text(page):
+        if page.locator("#spice-stop").is_visible() and bot_messages(page) > bots_before and reply_text(page):
             first = time.perf_counter()
             break
         time.sleep(0.02)
