@@ -106,12 +106,8 @@ def one_reply(page, *, panels: bool, stop_after_s: float | None = None, timeout_
     lags, stop_s, probe = [], None, 0
     done = lambda: chat_text(page).count("tokens · TPOT") > notes_before   # noqa: E731
     while not done() and time.perf_counter() - first < timeout_s:
-        if stop_after_s is not None and stop_s is None and time.perf_counter() - first >= stop_after_s:
-            t = time.perf_counter()
-            page.click("#spice-stop", timeout=30_000)
-            while chat_text(page).count("Stopped after") <= stopped_before:
-                time.sleep(0.02)
-            stop_s = time.perf_counter() - t
+        if stop_after_s is not None and time.perf_counter() - first >= stop_after_s:
+            stop_s = press_stop(page, stopped_before, notes_before, timeout_s)
             break
         ch = "abcdefghij"[probe % 10]
         probe += 1
@@ -126,6 +122,31 @@ def one_reply(page, *, panels: bool, stop_after_s: float | None = None, timeout_
     return {"first_token_s": first - t0, "tokens": n, "streamed_tps": (n - 1) / (end - first) if n > 1 else 0.0,
             "lag_max_s": max(lags) if lags else 0.0, "lag_median_s": statistics.median(lags) if lags else 0.0,
             "stop_s": stop_s}
+
+
+def press_stop(page, stopped_before: int, notes_before: int, timeout_s: float) -> float | None:
+    """Click Stop and wait for the "Stopped" note: seconds from the click, or None when the reply ended first."""
+    def outcome() -> str | None:          # one reading of the chat: a stop adds both notes in the same update
+        chat = chat_text(page)
+        if chat.count("Stopped after") > stopped_before:
+            return "stopped"
+        return "ended" if chat.count("tokens · TPOT") > notes_before else None
+
+    t = time.perf_counter()
+    stop = page.locator("#spice-stop")
+    if outcome() or not stop.is_visible():
+        return None
+    try:
+        stop.click(timeout=5_000)
+    except Exception:                   # Stop went away between the check and the click: the reply ended
+        if outcome():
+            return None
+        raise
+    while (seen := outcome()) is None:
+        if time.perf_counter() - t > timeout_s:
+            raise RuntimeError(f"no \"Stopped\" note {timeout_s:.0f} s after Stop was pressed")
+        time.sleep(0.02)
+    return time.perf_counter() - t if seen == "stopped" else None
 
 
 def run(tokens: int, repeats: int) -> dict:

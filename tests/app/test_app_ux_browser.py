@@ -58,10 +58,12 @@ def test_streaming_with_panels_on_stays_responsive_and_fast(browser, app_server,
     page.screenshot(path=str(shots / "chat.png"))
     text = bench.chat_text(page)
     assert "dog" in text.lower() or "kite" in text.lower(), "the story example stays on topic"
+    bench.set_max_tokens(page, 512)         # a reply long enough to still be streaming when Stop is pressed
     stopped = bench.one_reply(page, panels=True, stop_after_s=1.5)
     # The precise targets (lag < 1 s, rate >= 80%) are measured by the benchmark; here robust bounds.
     assert on["lag_max_s"] < 3.0 and on["lag_median_s"] < 1.0, on
-    assert stopped["stop_s"] is not None and stopped["stop_s"] < 5.0, stopped
+    assert stopped["stop_s"] is not None, f"the reply ended before Stop was pressed: {stopped}"
+    assert stopped["stop_s"] < 5.0, stopped
     assert on["streamed_tps"] >= 0.6 * off["streamed_tps"], (on, off)
 
 
