@@ -87,6 +87,16 @@ class FreeSlider(gr.Slider):
         return payload
 
 
+class FreeNumber(gr.Number):
+    """A number box that passes any value through, for the handler to bring into range and say so
+    (Gradio's own minimum/maximum check raises before the handler runs and blanks its outputs)."""
+
+    is_template = True   # render with Gradio's number box
+
+    def preprocess(self, payload):
+        return payload
+
+
 class FreeDropdown(gr.Dropdown):
     """A dropdown that passes unknown values through for `RunSettings` to refuse by name."""
 

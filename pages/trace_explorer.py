@@ -24,12 +24,14 @@ import pandas as pd
 from spice_core.errors import SpiceError
 from spice_core import api as metrics   # the one definition of every metric (trace.metrics)
 from pages import figures
-from pages.common import AppContext, FreeDropdown, as_plot, fmt_bytes, spice_error_text
+from pages.common import AppContext, FreeDropdown, FreeNumber, as_plot, fmt_bytes, spice_error_text
 from pages.owners import esc, owner_of, valid_run_id
 
 log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW_TOKENS = 16
+MAX_WINDOW_TOKENS = 4096
+MAX_FIRST_TOKEN = 10**9
 LAYER_COLUMNS = ["layer", "selections", "hit %", "prefetched hit %", "approx %", "CPU %", "copied %",
                  "prefetches", "wasted prefetches", "MB copied / token (timed shape)", "stall ms / token"]
 
@@ -92,6 +94,21 @@ def per_token_series(events) -> tuple[list[int], list[float], list[float], list[
 
 COMPARE_COLUMNS = ["layer", "hit % (first)", "hit % (second)", "MB / token (first)", "MB / token (second)",
                    "stall ms / token (first)", "stall ms / token (second)"]
+
+
+def window_bounds(first, count) -> tuple[int, int]:
+    """(first token, tokens shown) of the timeline from what was typed: whole numbers within range; an
+    empty or unreadable box gets its default."""
+    def whole(value, default: int, low: int, high: int) -> int:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            return default
+        if number != number:                  # NaN
+            return default
+        return int(round(max(low, min(high, number))))
+
+    return whole(first, 0, 0, MAX_FIRST_TOKEN), whole(count, DEFAULT_WINDOW_TOKENS, 1, MAX_WINDOW_TOKENS)
 
 
 def compare_frame(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
@@ -197,9 +214,10 @@ class TraceExplorer:
         self.overview = gr.Plot(as_plot(figures.empty_figure("pick a run")), label="Per token: time, stall, copies",
                                 elem_id="trace-overview")
         with gr.Row(equal_height=True):
-            self.first = gr.Number(0, precision=0, minimum=0, label="From token", scale=1, elem_id="trace-first")
-            self.count = gr.Number(DEFAULT_WINDOW_TOKENS, precision=0, minimum=1, maximum=4096, label="Tokens shown",
-                                   scale=1, elem_id="trace-count")
+            # Any number is taken and brought into range (the boxes then show the window drawn).
+            self.first = FreeNumber(0, precision=0, label="From token", scale=1, elem_id="trace-first")
+            self.count = FreeNumber(DEFAULT_WINDOW_TOKENS, precision=0, label=f"Tokens shown (1–{MAX_WINDOW_TOKENS:,})",
+                                    scale=1, elem_id="trace-count")
         self.timeline = gr.Plot(as_plot(figures.empty_figure("pick a run")), label="Timeline: one row per lane",
                                 elem_id="trace-timeline")
         self.table = gr.Dataframe(pd.DataFrame(columns=LAYER_COLUMNS), label="Per-layer statistics",
@@ -227,7 +245,8 @@ class TraceExplorer:
               outputs=compare_out, api_name="compare")
         self.run.change(self.show, inputs=[self.run, self.first, self.count], outputs=shown, api_name="trace_run")
         gr.on([self.first.submit, self.count.submit, self.first.blur, self.count.blur], self.window,
-              inputs=[self.run, self.first, self.count], outputs=[self.timeline], api_visibility="private")
+              inputs=[self.run, self.first, self.count], outputs=[self.timeline, self.first, self.count],
+              api_visibility="private")
         # Exports are written when asked for, one kind at a time, outside the engine's group (they only
         # read a finished run); at most two at once so that exports cannot starve the server.
         for button, kind in zip(buttons, ("chrome", "chrome_gz", "tensorboard", "csv")):
@@ -334,13 +353,16 @@ class TraceExplorer:
                 gr.update(value=bool(entry and entry.shared), interactive=mine), on, on, on, on)
 
     def window(self, run_id, first, count, request: gr.Request = None):
+        """The timeline for the tokens asked for; the boxes show the window drawn (an out-of-range or
+        unreadable number is brought to the nearest one that can be drawn)."""
+        first, count = window_bounds(first, count)
         if not run_id:
-            return gr.skip()
+            return gr.skip(), first, count
         try:
             events = self.ctx.engine.get_events(self._allowed(run_id, request))
         except SpiceError:
-            return gr.skip()
-        return as_plot(self._timeline(events, first, count))
+            return gr.skip(), first, count
+        return as_plot(self._timeline(events, first, count)), first, count
 
     def set_shared(self, run_id, shared, request: gr.Request = None) -> str:
         clean = valid_run_id(run_id)
@@ -353,11 +375,7 @@ class TraceExplorer:
 
     @staticmethod
     def _timeline(events, first, count):
-        try:
-            first = max(0, min(10**9, int(float(first or 0))))
-            count = max(1, min(4096, int(float(count or DEFAULT_WINDOW_TOKENS))))
-        except (TypeError, ValueError, OverflowError):
-            first, count = 0, DEFAULT_WINDOW_TOKENS
+        first, count = window_bounds(first, count)
         window = [e for e in events if first <= e.token < first + count]
         return figures.lane_gantt(window, uirevision=f"timeline-{first}-{count}",
                                   empty_hint=f"no intervals for tokens {first}–{first + count - 1}")

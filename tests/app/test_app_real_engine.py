@@ -96,3 +96,17 @@ def test_real_engine_run_compares_downloads_gzipped_and_sits_beside_its_baseline
     assert "lru" in html and "spice_prefetch" in html and "TPOT median" in html
     assert [row[0] for row in table["data"]] == list(real.ctx.info.moe_layers)
     c.close()
+
+
+def test_trace_timeline_takes_any_window_a_visitor_types(real):
+    """Out-of-range "From token" / "Tokens shown" draw the nearest window instead of an error box."""
+    c = Client(real.url, verbose=False)
+    out = c.predict(*chat_inputs("tell me a story about the owl", max_new_tokens=8, policy="lru", cache_frac=0.5),
+                    api_name="/chat")
+    run_id = next(n for n in last_notes(out[1]) if n.startswith("Run ")).split()[1]
+    whole = _plot(c.predict(run_id, 0, 4096, api_name="/trace_run")[3])
+    for first, count in ((-5, 16), (0, 100000), (0, 0), (None, None)):
+        timeline = _plot(c.predict(run_id, first, count, api_name="/trace_run")[3])
+        assert any(t["type"] == "bar" for t in timeline["data"]), (first, count, timeline["layout"].get("title"))
+    assert _plot(c.predict(run_id, 0, 100000, api_name="/trace_run")[3])["data"] == whole["data"]
+    c.close()

@@ -279,3 +279,14 @@ def test_about_headline_matches_the_committed_results():
     for r in json.loads(path.read_text()):
         if r.get("workload") == "prompts" and r.get("budget_frac") == 0.25 and r["policy"] in ("spice", "lru"):
             assert f"{r['tpot_ms_median']:.1f} ms" in text
+
+
+def test_trace_window_bounds_bring_any_typed_number_into_range():
+    from pages.trace_explorer import DEFAULT_WINDOW_TOKENS, MAX_WINDOW_TOKENS, window_bounds
+
+    assert window_bounds(-5, 16) == (0, 16)
+    assert window_bounds(3.6, 0) == (4, 1)
+    assert window_bounds(12, 10**9) == (12, MAX_WINDOW_TOKENS)
+    assert window_bounds(None, "") == (0, DEFAULT_WINDOW_TOKENS)
+    assert window_bounds("x", float("nan")) == (0, DEFAULT_WINDOW_TOKENS)
+    assert window_bounds(float("inf"), float("-inf"))[1] == 1
