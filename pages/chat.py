@@ -27,8 +27,9 @@ from spice_core.api import RunSettings, identical_prefix_share
 from spice_core.errors import PromptError, SpiceError
 from pages import figures, models
 from pages import chat_text as text
-from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, FreeDropdown, FreeSlider, as_plot,
-                          default_settings, policy_choices, settings_from_values, shape_choices, spice_error_text)
+from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, ChatHistory, FreeDropdown, FreeSlider,
+                          as_plot, default_settings, policy_choices, settings_from_values, shape_choices,
+                          spice_error_text)
 from pages.live import LiveRun
 from pages.messages import (clean_message, content_text, drop_oldest_exchanges, engine_turns, is_app_note,
                             keep_newest, n_exchanges, normalize_history, note, problem_with)
@@ -111,7 +112,7 @@ class ChatPage:
         self.banner = gr.Markdown(self._banner(d), elem_id="spice-banner", elem_classes=["spice-banner"])
         with gr.Row(equal_height=False):
             with gr.Column(scale=5, min_width=380):
-                self.chatbot = gr.Chatbot(
+                self.chatbot = ChatHistory(
                     label=f"Chat with {info.model_name}", height=430, elem_id="spice-chat", buttons=["copy"],
                     editable="user",
                     placeholder=f"**{info.model_name} writes short stories.** Ask for one (“Tell me a story "

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import gradio as gr
+from gradio.components.chatbot import ChatbotDataMessages
 from gradio.components.plot import PlotData
+from pydantic import model_validator
 
 from spice_core.api import EngineInfo, EngineLike, RunSettings, own_shape
 from spice_core.errors import ConfigError, SpiceError
@@ -95,6 +97,34 @@ class FreeNumber(gr.Number):
 
     def preprocess(self, payload):
         return payload
+
+
+class _Messages(ChatbotDataMessages):
+    """Chat history as Gradio takes it, where a message's content may also be a plain string (API clients
+    write it so) or one part: both become the list of parts the browser sends."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _content_as_parts(cls, data):
+        if not isinstance(data, list):
+            return data
+        return [{**m, "content": _as_parts(m["content"])} if isinstance(m, dict) and "content" in m else m
+                for m in data]
+
+
+def _as_parts(content):
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if isinstance(content, dict):
+        return [content]
+    return content
+
+
+class ChatHistory(gr.Chatbot):
+    """Gradio's chatbot, whose API also takes a history with plain-string contents."""
+
+    is_template = True   # render with Gradio's chatbot
+    data_model = _Messages
 
 
 class FreeDropdown(gr.Dropdown):

@@ -110,3 +110,19 @@ def test_trace_timeline_takes_any_window_a_visitor_types(real):
         assert any(t["type"] == "bar" for t in timeline["data"]), (first, count, timeline["layout"].get("title"))
     assert _plot(c.predict(run_id, 0, 100000, api_name="/trace_run")[3])["data"] == whole["data"]
     c.close()
+
+
+def test_api_chat_takes_a_history_written_as_plain_strings(real):
+    """API clients write a message's content as a string (the usual chat format): the app takes it as the
+    browser's list of parts, and the model sees the same conversation either way."""
+    c = Client(real.url, verbose=False)
+    plain = [{"role": "user", "content": "Tell me a story."}, {"role": "assistant", "content": "Once upon a time"}]
+    parts = [{"role": m["role"], "content": [{"type": "text", "text": m["content"]}]} for m in plain]
+    replies = []
+    for history in (plain, parts):
+        out = c.predict(*chat_inputs("Go on.", history, max_new_tokens=6, policy="lru", cache_frac=0.5),
+                        api_name="/chat")
+        assert [content(m) for m in out[1][:2]] == ["Tell me a story.", "Once upon a time"], out[1][:2]
+        replies.append([content(m) for m in out[1] if m["role"] == "assistant" and not m.get("metadata")][-1])
+    assert replies[0] == replies[1]
+    c.close()
