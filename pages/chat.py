@@ -47,6 +47,9 @@ BASE_DELAY_S = 0.6          # the panels' figures go out one by one, this far ap
 STATS_INTERVAL_S = 1.0      # the numbers row at most once a second
 TEXT_INTERVAL_S = 0.2       # the reply's text at most 5 times a second (tokens keep their own pace)
 PANELS = ("heatmap", "prefetch", "gantt")   # in output order
+PLACEHOLDERS = {"heatmap": "send a message to see which experts each token uses",   # before a reply's figures
+                "prefetch": "prefetches appear here while a reply streams",
+                "gantt": "lane activity appears here while a reply streams"}
 TAKE_TIMEOUT_S = 0.1        # how long the chat loop waits for the next token before checking notices
 CURSOR = " ▍"
 # The shipped model writes short stories (it was trained on stories); prompts it can answer.
@@ -129,12 +132,12 @@ class ChatPage:
                     self.new_chat = gr.Button("New chat", size="sm", scale=0, min_width=100, elem_id="spice-new")
             with gr.Column(scale=6, min_width=420):
                 self.stats = gr.HTML(text.stats_html(None, d, self.info), elem_id="spice-stats")
-                self.gantt = gr.Plot(as_plot(figures.empty_figure("lane activity appears here while a reply streams")),
+                self.gantt = gr.Plot(as_plot(figures.empty_figure(PLACEHOLDERS["gantt"])),
                                      label="Lanes: GPU, copy stream, CPU workers (last 2 tokens)",
                                      elem_id="spice-gantt")
-        self.heatmap = gr.Plot(as_plot(figures.empty_figure("send a message to see which experts each token uses")),
+        self.heatmap = gr.Plot(as_plot(figures.empty_figure(PLACEHOLDERS["heatmap"])),
                                label="Experts per layer: this token, and all tokens so far", elem_id="spice-heatmap")
-        self.prefetch = gr.Plot(as_plot(figures.empty_figure("prefetches appear here while a reply streams")),
+        self.prefetch = gr.Plot(as_plot(figures.empty_figure(PLACEHOLDERS["prefetch"])),
                                 label="Prefetch timeline and lookahead", elem_id="spice-prefetch")
         # Panel changes for the browser (JSON); rendered but hidden: its change event runs spice_live.js.
         self.live_delta = gr.Textbox("", visible="hidden", elem_id="spice-live-delta", show_label=False,
@@ -291,10 +294,16 @@ class ChatPage:
             session.stream.cancel("stop")
         session.notices.clear()
         session.last_view = {}
-        return ("", [], text.stats_html(None, session.settings or self.defaults, self.info),
-                as_plot(figures.empty_figure("send a message to see which experts each token uses")),
-                as_plot(figures.empty_figure("prefetches appear here while a reply streams")),
-                as_plot(figures.empty_figure("lane activity appears here while a reply streams")), "")
+        return self._emptied(session, clear_text=True)
+
+    def _emptied(self, session: ChatSession, clear_text: bool = False) -> tuple:
+        """The page after New chat: an empty chat, the numbers row for the next message, the panels' placeholders
+        (as on a fresh page). A reply that sees New chat ends on it (leaving what was typed since): its outputs
+        already under way could reach the browser after New chat's own and bring the old reply back (they did,
+        about once in ten New chats mid-reply)."""
+        stats = text.stats_html(None, session.settings or self.defaults, self.info)
+        return ("" if clear_text else gr.skip(), [], stats,
+                *(as_plot(figures.empty_figure(PLACEHOLDERS[name])) for name in PANELS), "")
 
     @staticmethod
     def restore(saved):
@@ -410,6 +419,7 @@ class ChatPage:
                 steps, ended = stream.take(TAKE_TIMEOUT_S)
                 if session.epoch != epoch:                  # "New chat" was pressed: stop writing here
                     stream.cancel("stop")
+                    yield self._emptied(session)
                     return
                 for step in steps:
                     live.add(step)
@@ -453,7 +463,7 @@ class ChatPage:
                 session.stream = None
         base_drawn = bool(base_due) and not any(base_due)
         yield from self._finish(history, reply_at, live, stream, settings, session, turns, check_exact,
-                                first_wall, live_panels, base_drawn, tag, seq)
+                                first_wall, live_panels, base_drawn, tag, seq, epoch)
 
     # Without asking the tokenizer, history beyond this many characters per context token cannot fit
     # (a byte-level BPE token of the shipped tokenizer covers far fewer): dropped up front, in one pass.
@@ -498,7 +508,7 @@ class ChatPage:
         return stream, chosen["turns"], dropped + chosen.get("k", 0)
 
     def _finish(self, history, reply_at, live, stream, settings, session, turns, check_exact, first_wall,
-                live_panels=False, base_drawn=False, tag="", seq=0):
+                live_panels=False, base_drawn=False, tag="", seq=0, epoch=0):
         skip = gr.skip()
         summary = stream.summary()
         session.last_run_id = stream.run_id
@@ -533,6 +543,9 @@ class ChatPage:
                                        agreement=("checking…", "re-running with exact settings"))
             yield skip, history, checking, skip, skip, skip, skip
             agreement = self._check_exact(turns, stream.settings, live, session)
+            if session.epoch != epoch:      # "New chat" during the check
+                yield self._emptied(session)
+                return
         if summary is not None and live.n_tokens:
             history.append(note(text.run_title(summary, live), text.run_body(summary, stream)))
         final = text.stats_html(live, stream.settings, self.info, stream=stream, summary=summary, wall_tps=tps,

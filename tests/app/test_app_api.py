@@ -8,6 +8,7 @@ import threading
 import time
 import zipfile
 
+import gradio as gr
 import httpx
 import pytest
 from gradio_client import Client
@@ -289,6 +290,31 @@ def test_busy_note_reaches_the_streaming_chat(served):
         history = out[1] if isinstance(out[1], list) else history
     notes = [m["metadata"]["title"] for m in history if m.get("metadata")]
     assert sum(n.startswith("⚠ Still answering your previous message") for n in notes) == 1, notes
+
+
+@pytest.mark.parametrize("when", ["mid-reply", "during the exact check"])
+def test_new_chat_while_a_reply_runs_ends_that_reply_on_the_emptied_page(served, when):
+    """Regression: after New chat mid-reply the old conversation (and a panel's figure) came back about once in
+    ten: the reply's outputs already under way reached the browser after New chat's own. The reply's last output
+    is now the emptied page, so it wins whatever the order (and the textbox keeps what was typed since)."""
+    from pages.chat import ChatPage, ChatSession
+    page = ChatPage(served.ctx)
+    session = ChatSession()
+    if when == "mid-reply":
+        gen = page.chat("a story", [], *settings_inputs(max_new_tokens=200), True, False, session)
+        now = lambda out: isinstance(out[1], list) and len(_assistant_text(out[1])) > 20   # noqa: E731
+    else:                                   # a lossy reply, checked against exact settings once it ends
+        gen = page.chat("a story", [], *settings_inputs(max_new_tokens=8, tau_approx=0.3), True, True, session)
+        now = lambda out: "checking…" in str(out[2])                                       # noqa: E731
+    assert any(now(out) for out in gen), f"the reply ended before New chat could be pressed {when}"
+    emptied = page.clear(session)
+    rest = list(gen)
+    assert rest, "the reply stopped without a last word: what it sent before New chat could land after it"
+    last = rest[-1]
+    assert last[1] == [] and last[2:] == emptied[2:], last
+    assert last[0] == gr.skip() and emptied[0] == ""
+    assert session.last_view == {}, "the numbers row would show the cleared reply again"
+    assert served.wait_idle(10)
 
 
 def test_closed_connection_mid_reply_frees_the_engine(served):
