@@ -29,7 +29,7 @@ from pages import figures, models
 from pages import chat_text as text
 from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, ChatHistory, FreeDropdown, FreeSlider,
                           as_plot, default_settings, policy_choices, settings_from_values, shape_choices,
-                          spice_error_text)
+                          shape_info, spice_error_text)
 from pages.live import LiveRun
 from pages.messages import (clean_message, content_text, drop_oldest_exchanges, engine_turns, is_app_note,
                             keep_newest, n_exchanges, normalize_history, note, problem_with)
@@ -170,10 +170,10 @@ class ChatPage:
                 self.cpu_lane = gr.Checkbox(value=d.cpu_lane, label="CPU lane", info="compute some misses on the CPU",
                                             min_width=100, elem_id="ctl-cpu")
         with gr.Accordion("Timing model and generation", open=False):
-            with gr.Row():
-                self.profile = FreeDropdown(list(info.profiles), value=d.profile, label="Hardware profile",
-                                            elem_id="ctl-profile")
-                self.shape = FreeDropdown(shape_choices(info), value=d.shape, label="Model shape", elem_id="ctl-shape")
+            self.profile = FreeDropdown(list(info.profiles), value=d.profile, label="Hardware profile",
+                                        elem_id="ctl-profile")
+            self.shape = FreeDropdown(shape_choices(info), value=d.shape, label="Model shape", info=shape_info(info),
+                                      elem_id="ctl-shape")
             self.max_new_tokens = FreeSlider(1, 512, value=d.max_new_tokens, step=1, label="Max new tokens",
                                              elem_id="ctl-max-new")
             self.temperature = FreeSlider(0.0, 2.0, value=d.temperature, step=0.05, label="Temperature",

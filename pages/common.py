@@ -54,20 +54,30 @@ def policy_choices(info: EngineInfo) -> list[tuple[str, str]]:
 
 def shape_choices(info: EngineInfo) -> list[tuple[str, str]]:
     """(label, shape) per shape, saying whose routing its modeled times come from: the model's own shape (the
-    real model it is a miniature of) times that real model's layout; any other shape only puts its sizes on
-    this model's routing, so it is labelled "sizes only" rather than hidden (it is the only way to see, say,
-    Qwen2-sized copies where no Qwen2 miniature is installed)."""
+    real model it is a miniature of) times that real model's sizes and layout; any other shape only puts its
+    sizes on this model's routing, so it is labelled "sizes only" rather than hidden (it is the only way to see,
+    say, Qwen2-sized copies where no Qwen2 miniature is installed). Labels stay short enough to be read whole
+    in the menu, in the chat's side bar and on a phone; `shape_info` says the rest under the menu."""
     own = own_shape(info)
     out = []
     for shape in info.shapes:
         if shape == "native":
-            label = f"native · {info.model_name}'s own sizes"
+            label = "native · own sizes"
         elif shape == own:
-            label = f"{shape} · {info.model_name} routes as it does"
+            label = f"{shape} · full model"
         else:
-            label = f"{shape} · sizes only, on {info.model_name}'s routing"
+            label = f"{shape} · sizes only"
         out.append((label, shape))
     return out
+
+
+def shape_info(info: EngineInfo) -> str:
+    """The line under the shape menu: what its labels mean for this model."""
+    sizes_only = f"“sizes only”: that model's sizes on {info.model_name}'s routing"
+    own = own_shape(info)
+    if own not in info.shapes:
+        return sizes_only
+    return f"“full model”: {own}, which {info.model_name} is a miniature of, routing and all; {sizes_only}"
 
 
 def as_plot(figure: dict) -> PlotData:

@@ -29,7 +29,7 @@ from spice_core.api import EXACT_POLICIES, RunSettings
 from spice_core.errors import ConfigError, SpiceError
 from pages import figures, models
 from pages.common import (ENGINE_GROUP, AppContext, FreeDropdown, FreeSlider, as_plot, default_settings,
-                          shape_choices, spice_error_text)
+                          shape_choices, shape_info, spice_error_text)
 from pages.limits import bounded_number
 from spice_core.api import identical_prefix_share
 from pages.owners import esc, owner_of
@@ -120,9 +120,11 @@ class SweepPage:
                     self.max_new_tokens = FreeSlider(self.limits.sweep_min_tokens, self.limits.sweep_max_tokens,
                                                      value=d.max_new_tokens, step=1,
                                                      label="Tokens per run", elem_id="sweep-tokens")
-                with gr.Row():
-                    self.profile = FreeDropdown(list(info.profiles), value=d.profile, label="Hardware profile")
-                    self.shape = FreeDropdown(shape_choices(info), value=d.shape, label="Model shape")
+                # Each menu gets the column's full width: side by side, a shape's label was cut off.
+                self.profile = FreeDropdown(list(info.profiles), value=d.profile, label="Hardware profile",
+                                            elem_id="sweep-profile")
+                self.shape = FreeDropdown(shape_choices(info), value=d.shape, label="Model shape",
+                                          info=shape_info(info), elem_id="sweep-shape")
         with gr.Row():
             self.run_btn = gr.Button("Run sweep", variant="primary", elem_id="sweep-run")
             self.stop_btn = gr.Button("Stop", variant="stop", elem_id="sweep-stop")

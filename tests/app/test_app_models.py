@@ -68,10 +68,12 @@ def test_the_shape_menu_says_whose_routing_each_shape_times(two):
     tiny, qwen2 = _component(two.demo, "ctl-shape", 0), _component(two.demo, "ctl-shape", 1)
     assert qwen2["value"] == "qwen2-57b-a14b"
     labels = dict((v, label) for label, v in qwen2["choices"])
-    assert labels["qwen2-57b-a14b"] == "qwen2-57b-a14b · spice-mini-qwen2 routes as it does"
-    assert labels["deepseek-v2-lite"] == "deepseek-v2-lite · sizes only, on spice-mini-qwen2's routing"
-    assert labels["native"] == "native · spice-mini-qwen2's own sizes"
-    assert all("sizes" in label for label, _ in tiny["choices"])
+    assert labels["qwen2-57b-a14b"] == "qwen2-57b-a14b · full model"
+    assert labels["deepseek-v2-lite"] == "deepseek-v2-lite · sizes only"
+    assert labels["native"] == "native · own sizes"
+    assert qwen2["info"] == ("“full model”: qwen2-57b-a14b, which spice-mini-qwen2 is a miniature of, routing and "
+                             "all; “sizes only”: that model's sizes on spice-mini-qwen2's routing")
+    assert all("sizes" in label for label, _ in tiny["choices"]) and "full model" not in tiny["info"]
 
 
 def test_about_says_which_routing_each_shapes_times_come_from(two):
