@@ -5,10 +5,12 @@ Two flows:
   message and watch it stream, move a slider mid-reply and see the numbers panel say it applied,
   send a second message mid-reply (a note; the text stays in the box), stop the reply, send an
   empty message, close a tab mid-reply and chat at once from a new tab;
-- with the shipped model (``assets/spice-mini/``; the fake when it is absent): a reply, then every
-  page: the trace explorer with its Chrome-trace download, a small sweep, About. This flow saves a
-  screenshot of every page into a temporary folder, or into ``SPICE_SCREENSHOTS_DIR``:
-  ``python scripts/screenshots.py`` refreshes the committed ``docs/screenshots/`` that way.
+- with the shipped model (``assets/spice-mini/``; the fake when it is absent): a long reply with the
+  window resized while its panels update, Stop, New chat, a story, then every page: the trace explorer
+  with its Chrome-trace download, a small sweep (its shape menu read whole on a desktop and a phone),
+  About. This flow saves a screenshot of every page into a temporary folder, or into
+  ``SPICE_SCREENSHOTS_DIR``: ``python scripts/screenshots.py`` refreshes the committed
+  ``docs/screenshots/`` that way.
 """
 from __future__ import annotations
 
@@ -97,10 +99,11 @@ _RECORD_REPLY_LENGTHS_JS = """() => {
 }"""
 
 
-# Every 100 ms, the drawn height of each live panel once its reply's figure is up (into window.spicePanelHeights).
+# Every 100 ms, the drawn height of each live panel once its reply's figure is up (into window.spicePanelHeights;
+# a second call starts the record afresh).
 _RECORD_PANEL_HEIGHTS_JS = """() => {
   window.spicePanelHeights = {};
-  setInterval(() => {
+  window.spiceRecording = window.spiceRecording || setInterval(() => {
     for (const name of ['gantt', 'prefetch', 'heatmap']) {
       const gd = document.querySelector(`#spice-${name} .js-plotly-plot`);
       if (!gd || !gd.layout || !gd.layout.meta) continue;      // the placeholder, before the reply's figure
@@ -111,8 +114,45 @@ _RECORD_PANEL_HEIGHTS_JS = """() => {
 }"""
 
 
+# The drawn height of each panel's placeholder (null where a reply's figure is up, or nothing is drawn yet).
+_PLACEHOLDER_HEIGHTS_JS = """() => Object.fromEntries(['gantt', 'prefetch', 'heatmap'].map(name => {
+  const gd = document.querySelector(`#spice-${name} .js-plotly-plot`);
+  return [name, gd && !(gd.layout && gd.layout.meta) ? Math.round(gd.getBoundingClientRect().height) : null];
+}))"""
+
+# Whether every panel was updated in place (assets/static/spice_live.js) after the page's clock read `t` ms.
+_UPDATED_SINCE_JS = """(t) => ['gantt', 'prefetch', 'heatmap'].every(name => {
+  const panel = ((window.__spiceLive || {}).panels || {})[name];
+  return !!panel && panel.lastEnd > t;
+})"""
+
+# Whether a dropdown's whole label is in sight: it neither scrolls in its box nor runs under the menu's arrow.
+_LABEL_IN_SIGHT_JS = """(selector) => {
+  const input = document.querySelector(`${selector} input`), arrow = document.querySelector(`${selector} .icon-wrap`);
+  const style = getComputedStyle(input), box = input.getBoundingClientRect();
+  const pen = document.createElement('canvas').getContext('2d');
+  pen.font = style.font;
+  const room = (arrow ? arrow.getBoundingClientRect().left : box.right) - box.left - parseFloat(style.paddingLeft);
+  const width = pen.measureText(input.value).width;
+  return {label: input.value, width: Math.ceil(width), room: Math.floor(room),
+          whole: input.scrollWidth <= input.clientWidth && width <= room};
+}"""
+
+
 def _chat_text(page) -> str:
     return page.locator("#spice-chat").inner_text()
+
+
+def _assert_panels_stayed_drawn(page, when: str, samples: int = 5) -> None:
+    heights = page.evaluate("() => window.spicePanelHeights")
+    for name in ("gantt", "prefetch", "heatmap"):
+        seen = heights.get(name, [])
+        assert len(seen) > samples and min(seen) > 100, f"the {name} panel collapsed {when}: {seen[-40:]}"
+
+
+def _assert_label_in_sight(page, selector: str) -> None:
+    shown = page.evaluate(_LABEL_IN_SIGHT_JS, selector)
+    assert shown["whole"], f"{selector} cuts its label off at {page.viewport_size['width']} px: {shown}"
 
 
 def test_a_person_chats_tunes_stops_and_recovers(browser, fake_app):
@@ -203,6 +243,33 @@ def test_every_page_with_the_shipped_model(browser, shipped_app):
     page.locator("#spice-msg textarea").wait_for(state="visible")
     page.get_by_text("Timing model and generation").click()
     page.locator("#ctl-max-new input[type=number]").wait_for(state="visible")
+    assert _wait(lambda: all(page.evaluate(_PLACEHOLDER_HEIGHTS_JS).values()), 60), "the panels were never drawn"
+    fresh = page.evaluate(_PLACEHOLDER_HEIGHTS_JS)
+
+    # A long reply, the window resized while its panels update in place: they stay drawn (the update after a
+    # resize drew the lane chart and the prefetch timeline 0 px high). The model counts on for ~480 tokens, so
+    # it still streams after both resizes whatever the machine's speed; then Stop.
+    _type(page, "#ctl-max-new input[type=number]", "512", "Tab")
+    page.evaluate(_RECORD_PANEL_HEIGHTS_JS)
+    sent_at = page.evaluate("() => performance.now()")
+    _send(page, "1, 2, 3, 4, 5, 6, 7, 8,")
+    assert _wait(lambda: page.evaluate(_UPDATED_SINCE_JS, sent_at), 120), "the panels were never updated in place"
+    for width in (1180, 1440):
+        resized_at = page.evaluate("() => performance.now()")
+        page.set_viewport_size({"width": width, "height": 1000})
+        assert _wait(lambda: page.evaluate(_UPDATED_SINCE_JS, resized_at), 60), \
+            f"the panels got no update after the window was resized to {width} px"
+    _click(page, "#spice-stop")
+    assert _wait(lambda: "Run " in _chat_text(page), 60), "the reply never ended"
+    _assert_panels_stayed_drawn(page, "after a resize")
+
+    # New chat: an empty chat, and the panels' placeholders as a fresh page draws them
+    _click(page, "#spice-new")
+    rows = page.locator("#spice-chat .message-row")
+    assert _wait(lambda: rows.count() == 0 and page.evaluate(_PLACEHOLDER_HEIGHTS_JS) == fresh, 30), \
+        f"after New chat: {rows.count()} messages, panels {page.evaluate(_PLACEHOLDER_HEIGHTS_JS)} (fresh: {fresh})"
+
+    # A story, as a first visitor asks for one
     _type(page, "#ctl-max-new input[type=number]", "96", "Tab")
     # The page itself records the reply's length at every change: polling from here can miss a fast
     # reply whole while the browser is busy drawing the panels (it did on a fast CI machine).
@@ -216,10 +283,7 @@ def test_every_page_with_the_shipped_model(browser, shipped_app):
     page.get_by_text("Timing model and generation").click()      # fold it again for the screenshot
     page.wait_for_timeout(1000)
     # The live panels stayed drawn while they updated and after the reply (they used to collapse to 0 px).
-    heights = page.evaluate("() => window.spicePanelHeights")
-    for name in ("gantt", "prefetch", "heatmap"):
-        seen = heights.get(name, [])
-        assert len(seen) > 5 and min(seen) > 100, f"the {name} panel collapsed while updating: {seen[-20:]}"
+    _assert_panels_stayed_drawn(page, "while updating")
     page.screenshot(path=str(shots / "chat.png"), full_page=True)
 
     # trace explorer: a run is picked, its timeline drawn, the Chrome trace downloads
@@ -242,6 +306,8 @@ def test_every_page_with_the_shipped_model(browser, shipped_app):
     # sweep: a small grid, progress, then the Pareto plot
     page.locator("a.nav-button, nav a", has_text="Sweep").first.click()
     page.wait_for_url("**/sweep**")
+    page.locator("#sweep-shape input").wait_for(state="visible")
+    _assert_label_in_sight(page, "#sweep-shape")            # it was cut off, beside the hardware profile
     page.locator("#sweep-prompts textarea").fill("Once upon a time\nThe best way to learn is")
     page.locator("#sweep-policies label", has_text="spice_prefetch").click()      # untick: lru and spice stay
     page.locator("#sweep-tp input, #sweep-tp textarea").first.fill("0.2, 0.6")
@@ -256,6 +322,10 @@ def test_every_page_with_the_shipped_model(browser, shipped_app):
     page.locator("#sweep-pareto .js-plotly-plot").wait_for(timeout=60_000)
     page.wait_for_timeout(300)
     page.screenshot(path=str(shots / "sweep.png"), full_page=True)
+    page.set_viewport_size({"width": 390, "height": 844})   # a phone
+    _wait(lambda: page.evaluate(_LABEL_IN_SIGHT_JS, "#sweep-shape")["whole"], 10)     # while the layout settles
+    _assert_label_in_sight(page, "#sweep-shape")
+    page.set_viewport_size({"width": 1440, "height": 1000})
 
     # about
     page.locator("a.nav-button, nav a", has_text="About").first.click()
