@@ -235,7 +235,9 @@ class ChatPage:
     def _after_reply(self, event) -> None:
         """When a reply (or a clear) ends: Send comes back, and the browser keeps the conversation."""
         event.then(None, js=BUSY_OFF_JS, queue=False, api_visibility="private", show_progress="hidden")
-        event.then(None, inputs=[self.chatbot], outputs=[self.saved], js="(h) => h", queue=False,
+        # A js function's returned array is its list of outputs: the history goes in one (a bare `h` kept
+        # only its first message, so a reload showed an empty chat).
+        event.then(None, inputs=[self.chatbot], outputs=[self.saved], js="(h) => [h]", queue=False,
                    api_visibility="private", show_progress="hidden")
 
     # --- handlers ------------------------------------------------------------------------

@@ -1,0 +1,93 @@
+"""The conversation outlives a reload and a visit to another page, in a real browser on the real engine.
+
+The page keeps the chat in the browser's storage after every reply (and every New chat); a reload, or
+About and back, must show it again, and the next message must carry it to the model.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from app_helpers import ROOT, serve
+from fake_engine import FakeEngine
+
+pytestmark = pytest.mark.browser
+
+SHIPPED = ROOT / "assets" / "spice-mini"
+ASK = "Tell me a story about a fox."
+
+
+@pytest.fixture
+def app_server():
+    if (SHIPPED / "config.json").exists():
+        from spice_core.engine import SpiceEngine
+        served = serve(SpiceEngine.load(None, device="cpu"))
+    else:
+        served = serve(FakeEngine(token_delay_s=0.02))
+    yield served
+    served.demo.close()
+    served.ctx.exports.cleanup()
+
+
+def _chat(page) -> str:
+    return page.evaluate("() => (document.querySelector('#spice-chat') || {}).innerText || ''")
+
+
+def _replies(page) -> list[str]:
+    """The model's replies on screen (the app's own notes left out)."""
+    return page.evaluate("""() => [...document.querySelectorAll('#spice-chat .message.bot')]
+        .map(m => m.innerText.trim()).filter(t => t && !t.startsWith('Run ') && !/^[ℹ⚠■]/.test(t))""")
+
+
+def _wait_for(page, condition_js: str, timeout_s: float = 60.0) -> None:
+    page.wait_for_function(condition_js, timeout=timeout_s * 1000, polling=100)
+
+
+def _open(page, url: str) -> None:
+    page.goto(url, wait_until="load")
+    page.locator("#spice-msg textarea").wait_for(state="visible")
+
+
+def _send(page, text: str, runs_before: int) -> None:
+    page.fill("#spice-msg textarea", text)
+    page.press("#spice-msg textarea", "Enter")
+    _wait_for(page, f"() => (document.querySelector('#spice-chat').innerText.match(/Run \\S+ ·/g) || []).length"
+                    f" > {runs_before}", 120)
+
+
+def test_the_conversation_survives_a_reload_and_another_page(browser, app_server):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.set_default_timeout(60_000)
+    page = context.new_page()
+    _open(page, app_server.url)
+    page.get_by_text("Timing model and generation").click()
+    page.fill("#ctl-max-new input[type=number]", "16")
+    page.press("#ctl-max-new input[type=number]", "Tab")
+    _send(page, ASK, 0)
+    reply = _replies(page)
+    assert len(reply) == 1, _chat(page)
+    time.sleep(0.5)                 # the save follows the reply's last update
+
+    for where in ("reload", "about and back"):
+        if where == "reload":
+            page.reload(wait_until="load")
+        else:
+            page.goto(app_server.url + "about", wait_until="load")
+            page.get_by_text("What SPICE does").wait_for()
+            page.goto(app_server.url, wait_until="load")
+        page.locator("#spice-msg textarea").wait_for(state="visible")
+        try:
+            _wait_for(page, f"() => document.querySelector('#spice-chat').innerText.includes({ASK!r})", 20)
+        except Exception:  # noqa: BLE001 - the assertion below says what was on screen
+            pass
+        assert ASK in _chat(page), f"after {where}, the chat lost the conversation: {_chat(page)[:300]!r}"
+        assert _replies(page) == reply, f"after {where}: {_replies(page)} != {reply}"
+
+    # The restored conversation is what the next message carries: the chat the server sends back is built
+    # from the history the browser sent, so both exchanges on screen mean the first one reached the model.
+    _send(page, "And then?", 1)
+    text = _chat(page)
+    assert text.index(ASK) < text.index("And then?"), text[:400]
+    assert len(_replies(page)) == 2, text[:600]
+    context.close()
