@@ -27,9 +27,9 @@ from spice_core.api import RunSettings, identical_prefix_share
 from spice_core.errors import PromptError, SpiceError
 from pages import figures, models
 from pages import chat_text as text
-from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, ChatHistory, FreeDropdown, FreeSlider,
-                          as_plot, default_settings, policy_choices, settings_from_values, shape_choices,
-                          shape_info, spice_error_text)
+from pages.chat_controls import ChatControls
+from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, ChatHistory, as_plot,
+                          default_settings, refused_controls, settings_from_values, spice_error_text)
 from pages.live import LiveRun
 from pages.messages import (clean_message, content_text, drop_oldest_exchanges, engine_turns, is_app_note,
                             keep_newest, n_exchanges, normalize_history, note, problem_with)
@@ -111,7 +111,7 @@ class ChatPage:
         self.saved = gr.BrowserState([], storage_key="spice-chat-v1" + self.ctx.key)   # one per model
         with gr.Sidebar(label="Settings", open=True, width=330, elem_id="spice-controls"):
             models.picker(self.ctx.models, info.model_name, "chat")
-            self._build_controls(d)
+            self.ctl = ChatControls(info, d, self.ctx.limits)
         self.banner = gr.Markdown(self._banner(d), elem_id="spice-banner", elem_classes=["spice-banner"])
         with gr.Row(equal_height=False):
             with gr.Column(scale=5, min_width=380):
@@ -144,55 +144,14 @@ class ChatPage:
                                      container=False, interactive=False)
         self._wire()
 
-    def _build_controls(self, d: RunSettings) -> None:
-        info = self.info
-        lore_ranks = tuple(getattr(info, "lore_ranks", ()) or LORE_RANKS)
-        with gr.Group():
-            self.policy = FreeDropdown(policy_choices(info), value=d.policy, label="Policy",
-                                       info="baselines, and SPICE with parts switched off", elem_id="ctl-policy")
-            self.cache_frac = FreeSlider(0.0, 1.0, value=d.cache_frac, step=0.05, label="GPU cache size",
-                                         info="share of all routed experts that fit on the GPU",
-                                         elem_id="ctl-cache")
-            self.tau_prefetch = FreeSlider(0.0, 1.0, value=d.tau_prefetch, step=0.05, label="τ_prefetch",
-                                           info="prefetch an expert when the draft is at least this confident",
-                                           elem_id="ctl-tau-prefetch")
-            # Approximation only pays below ~0.1 (docs/benchmarks/speed-quality.md); a 0-1 scale in
-            # steps of 0.05 left one useful stop.
-            self.tau_approx = FreeSlider(0.0, 0.2, value=d.tau_approx, step=0.005, label="τ_approx",
-                                         info="approximate misses that matter less than this (0 = always exact; "
-                                              "useful range 0–0.1)", elem_id="ctl-tau-approx")
-            self.max_lookahead = FreeSlider(1, 16, value=d.max_lookahead, step=1, label="Max lookahead (layers)",
-                                            elem_id="ctl-lookahead")
-            with gr.Row():
-                self.lore_rank = FreeDropdown(list(lore_ranks), value=d.lore_rank if d.lore_rank in lore_ranks
-                                              else lore_ranks[-1], label="LoRE rank", min_width=100,
-                                              elem_id="ctl-lore")
-                self.cpu_lane = gr.Checkbox(value=d.cpu_lane, label="CPU lane", info="compute some misses on the CPU",
-                                            min_width=100, elem_id="ctl-cpu")
-        with gr.Accordion("Timing model and generation", open=False):
-            self.profile = FreeDropdown(list(info.profiles), value=d.profile, label="Hardware profile",
-                                        elem_id="ctl-profile")
-            self.shape = FreeDropdown(shape_choices(info), value=d.shape, label="Model shape", info=shape_info(info),
-                                      elem_id="ctl-shape")
-            self.max_new_tokens = FreeSlider(1, 512, value=d.max_new_tokens, step=1, label="Max new tokens",
-                                             elem_id="ctl-max-new")
-            self.temperature = FreeSlider(0.0, 2.0, value=d.temperature, step=0.05, label="Temperature",
-                                          info="0 = greedy", elem_id="ctl-temperature")
-            self.live_panels = gr.Checkbox(value=True, label="Update the panels while a reply streams",
-                                           elem_id="ctl-live")
-            self.check_exact = gr.Checkbox(value=False, label="Measure greedy agreement with exact settings after "
-                                           "each lossy reply (generates it once more)", elem_id="ctl-check")
-        self.settings_note = gr.Markdown(text.settings_hint(), elem_id="spice-settings-note",
-                                         elem_classes=["spice-note"])
-
     @property
     def controls(self) -> list:
-        return [self.policy, self.cache_frac, self.tau_prefetch, self.tau_approx, self.max_lookahead,
-                self.lore_rank, self.cpu_lane, self.profile, self.shape, self.max_new_tokens, self.temperature]
+        return self.ctl.values
 
     def _wire(self) -> None:
         outputs = [self.msg, self.chatbot, self.stats, self.heatmap, self.prefetch, self.gantt, self.live_delta]
-        chat_inputs = [self.msg, self.chatbot, *self.controls, self.live_panels, self.check_exact, self.session]
+        chat_inputs = [self.msg, self.chatbot, *self.controls, self.ctl.live_panels, self.ctl.check_exact,
+                       self.session]
         triggers = [self.msg.submit, self.send.click]
         # Listed first and browser-only: Stop replaces Send at once, before the first token arrives.
         gr.on(triggers, None, js=BUSY_ON_JS, queue=False, api_visibility="private", show_progress="hidden")
@@ -214,11 +173,15 @@ class ChatPage:
             self._after_reply(again.then(self.chat_event, inputs=chat_inputs, outputs=outputs,
                                          concurrency_id=ENGINE_GROUP, concurrency_limit=1, show_progress="minimal",
                                          show_progress_on=[self.chatbot], api_visibility="private"))
-        self.stop.click(self.stop_reply, inputs=[self.session], outputs=[self.settings_note], queue=False,
+        self.stop.click(self.stop_reply, inputs=[self.session], outputs=[self.ctl.note], queue=False,
                         api_name="stop" + self.ctx.key, show_progress="hidden")
         gr.on([c.change for c in self.controls], self.on_settings, inputs=[*self.controls, self.session],
-              outputs=[self.settings_note, self.banner, self.stats], queue=False, api_name="settings" + self.ctx.key,
+              outputs=[self.ctl.note, self.banner, self.stats], queue=False, api_name="settings" + self.ctx.key,
               show_progress="hidden")
+        # A refused value leaves its control at once, back to the value in use: a browser would otherwise keep
+        # it in the box and later clamp it to the slider's end and apply that without a word.
+        gr.on([c.change for c in self.controls], self.put_back_refused, inputs=[*self.controls, self.session],
+              outputs=self.controls, queue=False, api_visibility="private", show_progress="hidden")
         # "New chat" and the chat's own 🗑 do the same thing: stop the reply, clear chat and panels.
         for event, name in ((self.new_chat.click, "new_chat" + self.ctx.key), (self.chatbot.clear, None)):
             cleared = event(self.clear, inputs=[self.session], outputs=outputs, queue=False, show_progress="hidden",
@@ -266,6 +229,8 @@ class ChatPage:
         except SpiceError as exc:
             return f"⚠ Not applied: {spice_error_text(exc)}", gr.skip(), gr.skip()
         previous = session.settings or self.defaults
+        if settings == previous:    # e.g. a refused value put back: its note stays
+            return gr.skip(), gr.skip(), gr.skip()
         session.settings = settings
         banner = self._banner(settings) if (settings.profile, settings.shape) != (previous.profile, previous.shape) \
             else gr.skip()
@@ -289,6 +254,13 @@ class ChatPage:
             parts.append(f"**{', '.join(later)}** applies from your next message (if the engine cannot change "
                          f"it mid-reply).")
         return " ".join(parts) or text.settings_hint(), banner, gr.skip()
+
+    def put_back_refused(self, *args):
+        """The value in use for each control whose value `on_settings` refuses; the others untouched."""
+        *values, session = args
+        refused = refused_controls(self.info, dict(zip(SETTING_FIELDS, values)), self.ctx.limits)
+        applied = session.settings or self.defaults
+        return tuple(getattr(applied, f) if f in refused else gr.skip() for f in SETTING_FIELDS)
 
     def clear(self, session: ChatSession):
         session.epoch += 1

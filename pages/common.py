@@ -159,6 +159,13 @@ FIELD_CONTROLS = {"policy": "Policy", "cache_frac": "GPU cache size", "tau_prefe
                   "max_new_tokens": "Max new tokens", "temperature": "Temperature"}
 
 
+# The chat's sliders: (minimum, maximum, step). A slider's range is the range its setting takes in the app
+# and its API (a browser holds no value outside it: a typed one would later be clamped without a word).
+# Max new tokens: 1 to the app's limit (pages/limits.py).
+SLIDER_RANGES = {"cache_frac": (0.0, 1.0, 0.05), "tau_prefetch": (0.0, 1.0, 0.05), "tau_approx": (0.0, 0.2, 0.005),
+                 "max_lookahead": (1, 16, 1), "temperature": (0.0, 2.0, 0.05)}
+
+
 def settings_from_values(info: EngineInfo, values: dict, limits: Limits | None = None) -> RunSettings:
     """RunSettings from control values (UI or API) within the UI's limits; ConfigError naming the control."""
     try:
@@ -167,10 +174,34 @@ def settings_from_values(info: EngineInfo, values: dict, limits: Limits | None =
         text = str(exc)
         field_name = next((f for f in SETTING_FIELDS if text.startswith(f)), "")
         raise ConfigError(f"{FIELD_CONTROLS[field_name]}: {text}" if field_name else text) from None
+    for name, (low, high, _step) in SLIDER_RANGES.items():
+        value = getattr(settings, name)
+        if not low <= value <= high:
+            raise ConfigError(f"{FIELD_CONTROLS[name]}: {name}={value:g} is outside the slider's range: use a value "
+                              f"in [{low:g}, {high:g}]")
     cap = (limits or Limits()).chat_max_new_tokens
     if settings.max_new_tokens > cap:
         raise ConfigError(f"Max new tokens: {settings.max_new_tokens} is more than this app allows; use 1 to {cap}")
     return settings
+
+
+def refused_controls(info: EngineInfo, values: dict, limits: Limits | None = None) -> list[str]:
+    """The settings whose values `settings_from_values` refuses, each tried alone in otherwise applied
+    settings: what the page puts back to its applied value."""
+    try:
+        settings_from_values(info, values, limits)
+        return []
+    except ConfigError:
+        pass
+    base = default_settings(info)
+    out = []
+    for name in SETTING_FIELDS:
+        try:
+            settings_from_values(info, {f: getattr(base, f) for f in SETTING_FIELDS} | {name: values.get(name)},
+                                 limits)
+        except ConfigError:
+            out.append(name)
+    return out
 
 
 def _settings_from_values(info: EngineInfo, values: dict) -> RunSettings:

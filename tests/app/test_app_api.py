@@ -180,6 +180,10 @@ BAD_SETTINGS = [
     (dict(temperature="hot"), "temperature='hot' is not a number"),
     (dict(profile="my-laptop"), "profile='my-laptop' is unknown"),
     (dict(lore_rank=0), "lore_rank=0 is out of range"),
+    # Within the setting's range but beyond its slider: a browser could not hold it, the API does not take it.
+    (dict(tau_approx=0.9), "τ_approx: tau_approx=0.9 is outside the slider's range: use a value in [0, 0.2]"),
+    (dict(temperature=9.0), "Temperature: temperature=9 is outside the slider's range"),
+    (dict(max_lookahead=40), "max_lookahead=40 is outside the slider's range"),
 ]
 
 
@@ -304,7 +308,7 @@ def test_new_chat_while_a_reply_runs_ends_that_reply_on_the_emptied_page(served,
         gen = page.chat("a story", [], *settings_inputs(max_new_tokens=200), True, False, session)
         now = lambda out: isinstance(out[1], list) and len(_assistant_text(out[1])) > 20   # noqa: E731
     else:                                   # a lossy reply, checked against exact settings once it ends
-        gen = page.chat("a story", [], *settings_inputs(max_new_tokens=8, tau_approx=0.3), True, True, session)
+        gen = page.chat("a story", [], *settings_inputs(max_new_tokens=8, tau_approx=0.1), True, True, session)
         now = lambda out: "checking…" in str(out[2])                                       # noqa: E731
     assert any(now(out) for out in gen), f"the reply ended before New chat could be pressed {when}"
     emptied = page.clear(session)
@@ -448,7 +452,7 @@ def test_settings_defaults_match_the_run_settings_contract():
 
 def test_lossy_reply_is_checked_against_exact_settings_when_asked(served, client):
     before = len(served.engine.generations)
-    out = client.predict(*chat_inputs("check me", max_new_tokens=20, tau_approx=0.6, check_exact=True),
+    out = client.predict(*chat_inputs("check me", max_new_tokens=20, tau_approx=0.15, check_exact=True),
                          api_name="/chat")
     assert len(served.engine.generations) == before + 2, "the exact re-run did not happen"
     exact = served.engine.generations[-1]
