@@ -77,7 +77,11 @@ def _chat_page(ctx: AppContext) -> chat.ChatPage:
     """One model's chat page, with the line that says what the shared engine is busy with."""
     page = chat.build(ctx)
     engine_status = gr.Markdown("", elem_id="engine-status", elem_classes=["spice-note"])
-    gr.Timer(STATUS_INTERVAL_S).tick(lambda: busy_text(ctx), outputs=[engine_status], queue=False,
+
+    def status(request: gr.Request) -> str:
+        return busy_text(ctx, request)
+
+    gr.Timer(STATUS_INTERVAL_S).tick(status, outputs=[engine_status], queue=False,
                                      api_name="engine_status" + ctx.key, show_progress="hidden")
     return page
 
@@ -97,9 +101,10 @@ def load_engines(model: str | None, device: str | None) -> list:
     return [SpiceEngine.load(m.folder, device=device) for m in present]
 
 
-def busy_text(ctx: AppContext) -> str:
-    """What a visitor waits for while the one engine works for someone else ("" when idle)."""
-    doing = ctx.runner.describe()
+def busy_text(ctx: AppContext, request: gr.Request | None = None) -> str:
+    """What a visitor waits for while the one engine works for someone else ("" when idle or when it works
+    for this page: its chat replies are owned by its session)."""
+    doing = ctx.runner.describe(request.session_hash if request is not None else None)
     if not doing:
         return ""
     return (f"⏳ **The engine is busy** with a {doing}. It serves one generation at a time for all "

@@ -259,10 +259,11 @@ class EngineRunner:
             stream.start()
             return stream
 
-    def describe(self) -> str:
-        """What the engine is doing now, for visitors who wait ("" when idle)."""
+    def describe(self, for_owner: str | None = None) -> str:
+        """What the engine is doing now, for visitors who wait ("" when idle, or when it works for
+        ``for_owner``: a visitor is not told to wait for their own reply)."""
         stream = self.active
-        if stream is None:
+        if stream is None or (for_owner is not None and stream.owner == for_owner):
             return ""
         return f"{stream.kind}: {stream.progress_text()}"
 

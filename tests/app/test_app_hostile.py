@@ -158,15 +158,20 @@ def test_an_abandoned_sweep_stops_between_tokens_and_starts_no_further_run():
     assert engine.generations[0].summary().finish_reason == "cancelled"
 
 
-def test_waiting_visitors_are_told_what_the_engine_is_busy_with(served):
+def test_waiting_visitors_are_told_what_the_engine_is_busy_with_and_its_owner_is_not(served):
     import app
     assert app.busy_text(served.ctx) == ""
     c = Client(served.url, verbose=False)
     try:
         job = c.submit(*chat_inputs("keep going", max_new_tokens=300), api_name="/chat")
         assert wait_for(lambda: served.ctx.runner.active is not None, 5)
-        text = c.predict(api_name="/engine_status")
+        other = Client(served.url, verbose=False)
+        try:
+            text = other.predict(api_name="/engine_status")
+        finally:
+            other.close()
         assert "busy" in text and "chat reply" in text and "of at most 300" in text
+        assert c.predict(api_name="/engine_status") == "", "the visitor whose reply it is was told to wait for it"
         c.predict(api_name="/stop")
         job.result(timeout=10)
     finally:
