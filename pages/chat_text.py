@@ -104,10 +104,12 @@ TIPS = {
     "tokens/s": "1000 / TPOT in the run's timing mode; 'streamed' is what reached this page per second.",
     "hit rate": "Share of the experts the tokens routed to that were already on the GPU (resident or prefetched). "
                 "Green ≥ 80%, amber ≥ 50%.",
-    "copied": "Bytes copied from host memory to the GPU per token (on demand and prefetch).",
+    "copied": "Bytes copied from host memory to the GPU per token (on demand and prefetch), at this model's own "
+              "sizes; the trace explorer also gives them at the timed shape's.",
     "stall": "Time per token the GPU waited for an expert to arrive. Green below 10% of TPOT, amber below 40%.",
-    "lookahead": "How many layers ahead the draft's predictions were prefetched (mean over layers and tokens), "
-                 "and why the lookahead stopped there most often.",
+    "lookahead": "How many layers ahead every confident prediction was prefetched in time (mean over layers and "
+                 "tokens), and why the lookahead stopped there most often. The likeliest experts are still copied "
+                 "beyond it, even late: a depth of 0 with prefetches issued means copies outlast a layer.",
     "prefetches": "Prefetch copies issued this reply, and how many no layer used (wasted copy bandwidth).",
     "greedy agreement": "Share of the exact run's greedy tokens this reply reproduced before the first "
                         "difference. Green ≥ 95%, amber ≥ 80%.",
@@ -170,7 +172,7 @@ def stats_html(live: LiveRun | None, settings: RunSettings, info: EngineInfo, *,
             ("TPOT", f"{live.tpot_ms:.2f} ms", f"median, {timing}", ""),
             ("tokens/s", f"{live.tokens_per_s:.1f}", f"{timing}; streamed {wall_tps:.1f}/s", ""),
             ("hit rate", f"{100 * live.hit_rate:.0f}%", "resident + prefetched", _level(live.hit_rate, 0.8, 0.5)),
-            ("copied", fmt_bytes(live.bytes_per_token), "per token", ""),
+            ("copied", fmt_bytes(live.bytes_per_token), "per token, own sizes", ""),
             ("stall", f"{live.stall_ms_per_token:.2f} ms", f"per token ({100 * stall_share:.0f}% of TPOT)",
              _level(stall_share, 0.1, 0.4, higher_is_better=False)),
             ("lookahead", f"{live.mean_lookahead:.1f} of {settings.max_lookahead}", stop, ""),
