@@ -12,6 +12,13 @@ Conventions (FACTS.md): no figure titles (the gr.Plot label names the chart; a t
 user's zoom survives live updates. Colours are discrete and shared by every page, each with a
 legend entry.
 
+Every chart must also read on a phone, where gr.Plot is about 330 px wide (desktop: 500–950 px), and
+the server cannot know which: text placed in the figure is sized for the phone. Subtitles and notes
+are short or broken onto lines of at most `LINE_CHARS` characters (`_wrap`); the top margin grows
+with a subtitle's lines, because the gr.Plot label covers the figure's top-left corner. A legend under
+a chart sits at the figure's bottom edge (`_bottom_legend`): the rows it needs on a phone come out of
+the plot area as a whole, never out of the gap between an axis and the text below it.
+
 This module knows nothing of Gradio or of how the data was produced.
 """
 from __future__ import annotations
@@ -79,14 +86,58 @@ def _layout(height: int, uirevision: str, **kw) -> dict:
     return layout
 
 
+# Text in a figure is 12 px: about 6.5 px a character, so a line of LINE_CHARS fits a 360 px phone's
+# plot (about 250 px between the axis labels and the edge).
+LINE_CHARS = 36
+LINE_PX = 15                     # one more line of 12 px text in a subtitle
+LABEL_PX = 30                    # the gr.Plot label over the figure's top-left corner, and a gap
+
+
+def _greedy_lines(words: list[str], width: int) -> list[str]:
+    lines: list[str] = []
+    for word in words:
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines
+
+
+def _wrap(text: str, width: int = LINE_CHARS) -> str:
+    """``text`` on as few lines of at most ``width`` characters as it needs, broken at spaces with "<br>".
+
+    The lines are balanced ("lane activity appears here" / "while a reply streams", not a long line and
+    an orphan word); a word longer than ``width`` keeps a line of its own.
+    """
+    words = text.split()
+    if len(text) <= width or len(words) < 2:
+        return text
+    n_lines = len(_greedy_lines(words, width))
+    for narrower in range(-(-len(text) // n_lines), width):
+        lines = _greedy_lines(words, narrower)
+        if len(lines) == n_lines:
+            return "<br>".join(lines)
+    return "<br>".join(_greedy_lines(words, width))
+
+
+def _lines(text: str) -> int:
+    return text.count("<br>") + 1
+
+
 def _note(text: str, x: float = 0.5, y: float = 0.5, xref: str = "paper", yref: str = "paper", **kw) -> dict:
-    return {"text": text, "showarrow": False, "x": x, "y": y, "xref": xref, "yref": yref,
+    return {"text": _wrap(text), "showarrow": False, "x": x, "y": y, "xref": xref, "yref": yref,
             "font": {"size": 12, "color": MUTED}, **kw}
 
 
 def _subtitle(text: str, x: float, y: float = 1.0, xanchor: str = "left") -> dict:
+    """Text over a plot's top edge, left-aligned; ``text`` carries its own "<br>"s (see `_wrap`)."""
     return {"text": text, "showarrow": False, "x": x, "y": y, "xref": "paper", "yref": "paper",
-            "xanchor": xanchor, "yanchor": "bottom", "font": {"size": 12, "color": INK}}
+            "xanchor": xanchor, "yanchor": "bottom", "align": "left", "font": {"size": 12, "color": INK}}
+
+
+def _top_px(lines: int) -> int:
+    """The top margin that fits ``lines`` of subtitle under the gr.Plot label."""
+    return LABEL_PX + LINE_PX * max(lines, 1)
 
 
 def empty_figure(message: str, height: int = 260) -> Figure:
@@ -95,9 +146,16 @@ def empty_figure(message: str, height: int = 260) -> Figure:
                                           annotations=[_note(message)])}
 
 
-def _bottom_legend(y: float) -> dict:
-    """A horizontal legend under the x-axis title (``y`` in plot-area fractions, negative)."""
-    return {"orientation": "h", "yanchor": "top", "y": y, "x": 0, "font": {"size": 11}, "bgcolor": TRANSPARENT}
+def _bottom_legend() -> dict:
+    """A horizontal legend along the figure's bottom edge, under the x-axis title.
+
+    Anchored to the figure (``yref="container"``), Plotly reserves the legend's height as bottom margin
+    and lays the axes out above it. Anchored to the plot area instead, a legend that wraps onto more
+    rows on a phone squeezed the plot while its offset (a fraction of the plot) shrank, and it rode up
+    over the x-axis title.
+    """
+    return {"orientation": "h", "yref": "container", "yanchor": "bottom", "y": 0, "x": 0, "xanchor": "left",
+            "font": {"size": 11}, "bgcolor": TRANSPARENT}
 
 
 def _legend_square(name: str, colour: str) -> dict:
@@ -117,8 +175,13 @@ def _discrete_scale() -> list:
 SHORT_OUTCOMES = ("", "hit", "prefetched", "approx", "CPU", "copied")     # by heatmap code (CATEGORIES order)
 
 
+HEATMAP_TITLE_LINES = 2         # the top margin fits this many lines of `heatmap_titles`
+
+
 def heatmap_titles(live: LiveRun) -> list[str]:
-    return [f"token {max(live.n_tokens - 1, 0)}", f"all {live.n_tokens} tokens: most frequent outcome"]
+    """The two grids' subtitles. Each grid is half the chart, about 130 px (19 characters) on a phone;
+    a live refresh changes only their text (not the margin), so their line count never changes."""
+    return [f"token {max(live.n_tokens - 1, 0)}", f"all {live.n_tokens} tokens:<br>usual outcome"]
 
 
 def heatmap_delta(live: LiveRun) -> dict:
@@ -161,11 +224,12 @@ def outcome_heatmap(live: LiveRun, *, counts: bool = True, meta: str = "") -> Fi
     data += [_legend_square(OUTCOME_LABELS[c], OUTCOME_COLOURS[c]) for c in CATEGORIES]
     plot_px = max(120, min(420, 16 * len(rows)))
     titles = heatmap_titles(live)
+    top_px = _top_px(HEATMAP_TITLE_LINES)
     # No dtick on the expert axes: Plotly then spaces ticks by the axis' width, so they do not collide
     # on a phone.
     layout = _layout(
-        plot_px + 170, "heatmap", margin={"l": 46, "r": 12, "t": 44, "b": 126},
-        legend=_bottom_legend(-74 / plot_px),
+        plot_px + 126 + top_px, "heatmap", margin={"l": 46, "r": 12, "t": top_px, "b": 40},
+        legend=_bottom_legend(),
         xaxis=_axis(domain=[0, 0.485], title={"text": "expert", "standoff": 2}, showgrid=False, zeroline=False),
         xaxis2=_axis(domain=[0.515, 1], title={"text": "expert", "standoff": 2}, anchor="y", showgrid=False,
                      zeroline=False),
@@ -181,6 +245,17 @@ def _prefetch_status(p: PrefetchRecord) -> str:
     if p.needed_ms is None:
         return "wasted"
     return "on time" if p.arrived_ms <= p.needed_ms + 1e-9 else "late"
+
+
+PREFETCH_SUBTITLE = "prefetches of the last tokens:<br>copy issued → arrived, | = needed"
+# Two plots stacked in one plot area: the gap between them holds the upper plot's tick labels and
+# x-axis title and the lower one's subtitle, about 55 px. The plot area is what the figure's height
+# leaves after the margins and the legend (one row on a desktop, three on a phone, about 20 px each),
+# so the gap's fraction is sized for the phone's smaller plot area: 0.24 of about 270 px. The legend's
+# short names are what fit it in two columns there.
+PREFETCH_HEIGHT_PX = 470
+PREFETCH_UPPER_FROM = 0.54       # the upper plot's domain starts here (plot-area fractions)
+PREFETCH_LOWER = (0.0, 0.3)      # the lower plot's domain
 
 
 def prefetch_timeline(live: LiveRun, *, meta: str = "") -> Figure:
@@ -207,18 +282,18 @@ def prefetch_timeline(live: LiveRun, *, meta: str = "") -> Figure:
         g = groups.get(status)
         if g:
             data.append({"type": "bar", "orientation": "h", "base": g["base"], "x": g["x"], "y": g["y"],
-                         "name": f"prefetch copy: {status}", "marker": {"color": PREFETCH_COLOURS[status]},
+                         "name": status, "marker": {"color": PREFETCH_COLOURS[status]},
                          "hovertext": g["text"], "hoverinfo": "text", "width": 0.55, "opacity": 0.85,
                          "xaxis": "x", "yaxis": "y"})
     if needed["x"]:
         data.append({"type": "scatter", "mode": "markers", "x": needed["x"], "y": needed["y"],
-                     "name": "needed by its layer", "hovertext": needed["text"], "hoverinfo": "text",
+                     "name": "needed", "hovertext": needed["text"], "hoverinfo": "text",
                      "marker": {"symbol": "line-ns-open", "size": 13, "color": MID, "line": {"width": 2}},
                      "xaxis": "x", "yaxis": "y"})
     tokens = list(range(len(live.lookahead)))
     hit_pct = [None if h != h else round(100 * h, 1) for h in live.hit_rate_per_step]   # NaN -> gap
     data.append({"type": "scatter", "mode": "lines+markers", "x": tokens, "y": live.lookahead,
-                 "name": "lookahead depth (layers)", "line": {"color": OKABE_ITO["blue"], "shape": "hv"},
+                 "name": "lookahead", "line": {"color": OKABE_ITO["blue"], "shape": "hv"},
                  "marker": {"size": 4}, "xaxis": "x2", "yaxis": "y2"})
     data.append({"type": "scatter", "mode": "lines", "x": tokens, "y": hit_pct, "name": "hit rate %",
                  "line": {"color": OKABE_ITO["green"], "dash": "dot"}, "xaxis": "x2", "yaxis": "y3"})
@@ -231,20 +306,20 @@ def prefetch_timeline(live: LiveRun, *, meta: str = "") -> Figure:
         hi = max(max(p.arrived_ms, p.needed_ms or p.arrived_ms) for p in used)
         pad = 0.03 * max(hi - lo, 1e-3)
         x_range = [lo - pad, hi + pad]
-    annotations = [_subtitle("prefetches of the last tokens: copy issued → arrived, | = needed", 0, 1.0),
-                   _subtitle("per token", 0, 0.3)]
+    annotations = [_subtitle(PREFETCH_SUBTITLE, 0, 1.0), _subtitle("per token", 0, PREFETCH_LOWER[1])]
     if not groups:
-        annotations.append(_note("no prefetches yet (baselines never prefetch)", 0.5, 0.72))
+        annotations.append(_note("no prefetches yet (baselines never prefetch)", 0.5, 0.78))
+    top_px = _top_px(_lines(PREFETCH_SUBTITLE))
     layout = _layout(
-        450, "prefetch", barmode="overlay", margin={"l": 50, "r": 46, "t": 44, "b": 96},
-        legend=_bottom_legend(-0.16),
+        PREFETCH_HEIGHT_PX, "prefetch", barmode="overlay", margin={"l": 50, "r": 46, "t": top_px, "b": 40},
+        legend=_bottom_legend(),
         xaxis=_axis(domain=[0, 1], anchor="y", title={"text": "ms from the start of the run", "standoff": 4},
                     **({"range": x_range} if x_range else {})),
-        yaxis=_axis(domain=[0.47, 1], anchor="x", type="category", categoryorder="array",
+        yaxis=_axis(domain=[PREFETCH_UPPER_FROM, 1], anchor="x", type="category", categoryorder="array",
                     categoryarray=[f"L{layer}" for layer in live.layers],
                     range=[len(live.layers) - 0.5, -0.5], dtick=-(-len(live.layers) // 9)),
         xaxis2=_axis(domain=[0, 1], anchor="y2", title={"text": "token", "standoff": 4}),
-        yaxis2=_axis(domain=[0, 0.3], anchor="x2", title={"text": "depth"}, rangemode="tozero"),
+        yaxis2=_axis(domain=list(PREFETCH_LOWER), anchor="x2", title={"text": "depth"}, rangemode="tozero"),
         yaxis3=_axis(overlaying="y2", side="right", anchor="x2", range=[0, 105], title={"text": "hit %"},
                      showgrid=False),
         annotations=annotations)
@@ -326,7 +401,7 @@ def lane_gantt(intervals: Iterable, *, uirevision: str = "gantt", max_bars: int 
 
     Accepts anything with lane / kind / start_ms / end_ms / layer / expert (LaneInterval, TraceEvent).
     Back-to-back intervals of one kind on one lane are drawn as one bar (hover lists what it holds).
-    The x-range is clipped to `run_span`; how many prefetch copies ran past it is said under the chart,
+    The x-range is clipped to `run_span`; how many prefetch copies ran past it is said over the chart,
     with ``note`` (e.g. how many prefetches were wasted).
     """
     intervals = list(intervals)
@@ -359,21 +434,25 @@ def lane_gantt(intervals: Iterable, *, uirevision: str = "gantt", max_bars: int 
                      "marker": {"color": KIND_COLOURS.get(kind, "#7f8c99"), "line": {"width": 0}},
                      "width": 0.9 if kind == "token" else 0.7})
     order = lane_order(lanes)
-    said = []
+    said = []                   # over the chart, each on a line of its own (two on a phone's width)
     if past_end:
-        said.append(f"{past_end} prefetch cop{'y' if past_end == 1 else 'ies'} ran past the last token (cut off)")
+        one = past_end == 1
+        said.append(f"{past_end:,} prefetch cop{'y' if one else 'ies'} ran past the last token<br>"
+                    f"and {'is' if one else 'are'} cut off")
     if note:
-        said.append(note)
+        said.append(_wrap(note))
     if truncated:
-        said.append(f"{truncated:,} more bars not drawn: narrow the token range")
-    annotations = [_subtitle(" · ".join(said), 0, 1.0)] if said else []
+        said.append(_wrap(f"{truncated:,} more bars not drawn: narrow the token range"))
+    subtitle = "<br>".join(said)
+    annotations = [_subtitle(subtitle, 0, 1.0)] if said else []
+    top_px = _top_px(_lines(subtitle))
     x_axis = _axis(title={"text": "ms from the start of the run", "standoff": 4})
     if span is not None and past_end:
         pad = 0.02 * max(span[1] - span[0], 1e-3)
         x_axis["range"] = [span[0] - pad, span[1] + pad]
-    plot_px = 34 * len(order) + 16
-    layout = _layout(max(300, 190 + 34 * len(order)), uirevision, barmode="overlay", bargap=0.2,
-                     margin={"l": 50, "r": 12, "t": 44, "b": 130}, legend=_bottom_legend(-64 / plot_px),
+    # A subtitle's extra lines make the figure taller, not the lanes thinner.
+    layout = _layout(max(300, 190 + 34 * len(order)) + top_px - 44, uirevision, barmode="overlay", bargap=0.2,
+                     margin={"l": 50, "r": 12, "t": top_px, "b": 40}, legend=_bottom_legend(),
                      xaxis=x_axis,
                      yaxis=_axis(type="category", categoryorder="array", categoryarray=order, autorange="reversed"),
                      annotations=annotations)
@@ -396,7 +475,9 @@ def token_overview(index: Sequence[int], step_ms: Sequence[float], stall_ms: Seq
         {"type": "scatter", "mode": "lines", "x": index, "y": [round(m, 3) for m in mb_copied], "name": "MB copied",
          "line": {"color": OKABE_ITO["blue"]}, "yaxis": "y2"},
     ]
-    layout = _layout(300, "overview", barmode="stack", margin={"l": 56, "r": 56, "t": 36, "b": 40},
+    # The legend goes under the chart: over it, on a phone, its rows ran into the gr.Plot label.
+    layout = _layout(330, "overview", barmode="stack", margin={"l": 56, "r": 56, "t": 36, "b": 40},
+                     legend=_bottom_legend(),
                      xaxis=_axis(title={"text": "token (0 includes the prefill)"}),
                      yaxis=_axis(title={"text": f"ms per token ({timing})"}),
                      yaxis2=_axis(overlaying="y", side="right", title={"text": "MB copied"}, showgrid=False,
@@ -477,9 +558,10 @@ def panel_figure(name: str, live: LiveRun, meta: str = "", live_view: bool = Fal
 def panels_delta(live: LiveRun, tag: str, seq: int) -> str:
     """The chat panels' changes since their figures were sent (JSON for assets/static/spice_live.js)."""
     panels = {"heatmap": {"meta": f"{tag}:heatmap", **heatmap_delta(live)}}
+    # The margin follows the lane chart's subtitle, whose line count changes while a reply streams.
+    keys = ("height", "margin", "xaxis", "yaxis", "annotations")
     for name in ("prefetch", "gantt"):
         fig = panel_figure(name, live)
         panels[name] = {"meta": f"{tag}:{name}", "data": fig["data"],
-                        "layout": {k: fig["layout"][k] for k in ("height", "xaxis", "yaxis", "annotations")
-                                   if k in fig["layout"]}}
+                        "layout": {k: fig["layout"][k] for k in keys if k in fig["layout"]}}
     return json.dumps({"seq": seq, "panels": panels}, separators=(",", ":"), allow_nan=False)
