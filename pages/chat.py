@@ -187,6 +187,12 @@ class ChatPage:
             cleared = event(self.clear, inputs=[self.session], outputs=outputs, queue=False, show_progress="hidden",
                             **({"api_name": name} if name else {"api_visibility": "private"}))
             self._after_reply(cleared)
+        # The browser also keeps the conversation at every change while a reply streams, so a reload mid-reply
+        # keeps the message and what came of the reply (`restore`). Never an empty chat here: the page's first,
+        # empty chat would overwrite the kept one before `restore` reads it (a clear saves in `_after_reply`).
+        self.chatbot.change(None, inputs=[self.chatbot, self.saved], outputs=[self.saved],
+                            js="(h, kept) => [h && h.length ? h : kept]", queue=False, api_visibility="private",
+                            show_progress="hidden")
         self.live_delta.change(None, inputs=[self.live_delta], outputs=None, js=LIVE_JS, queue=False,
                                api_visibility="private", show_progress="hidden")
         root = gr.context.Context.root_block
@@ -196,10 +202,9 @@ class ChatPage:
                       api_visibility="private", show_progress="hidden")
 
     def _after_reply(self, event) -> None:
-        """When a reply (or a clear) ends: Send comes back, and the browser keeps the conversation."""
+        """When a reply (or a clear) ends: Send comes back, and the browser keeps the conversation (an empty one
+        after a clear). A js function's returned array is its list of outputs: the history goes in one."""
         event.then(None, js=BUSY_OFF_JS, queue=False, api_visibility="private", show_progress="hidden")
-        # A js function's returned array is its list of outputs: the history goes in one (a bare `h` kept
-        # only its first message, so a reload showed an empty chat).
         event.then(None, inputs=[self.chatbot], outputs=[self.saved], js="(h) => [h]", queue=False,
                    api_visibility="private", show_progress="hidden")
 
@@ -281,9 +286,19 @@ class ChatPage:
 
     @staticmethod
     def restore(saved):
-        """The conversation this browser kept (a reload or another page must not lose it)."""
+        """The conversation this browser kept (a reload or another page must not lose it). A reply that was
+        streaming when the page went away ended there (the engine stops a reply nobody reads): it keeps its
+        text, without the cursor, and a note says so."""
         history = normalize_history(saved)
-        return history if history else gr.skip()
+        if not history:
+            return gr.skip()
+        last = history[-1]
+        if last["role"] == "assistant" and not is_app_note(last) and last["content"].endswith(CURSOR.strip()):
+            last["content"] = last["content"].rstrip()[:-1].rstrip()
+            if not last["content"]:
+                history.pop()
+            history.append(note("■ This reply ended when the page was left while it streamed"))
+        return history
 
     @staticmethod
     def _cut_at_last_user(history, session: ChatSession, index: int | None = None):

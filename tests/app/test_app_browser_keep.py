@@ -1,7 +1,8 @@
 """The conversation outlives a reload and a visit to another page, in a real browser on the real engine.
 
-The page keeps the chat in the browser's storage after every reply (and every New chat); a reload, or
-About and back, must show it again, and the next message must carry it to the model.
+The page keeps the chat in the browser's storage as it changes (and an empty one after New chat); a reload,
+or About and back, must show it again, and the next message must carry it to the model. A reload mid-reply
+keeps the message and the reply so far, with a note that it ended there.
 """
 from __future__ import annotations
 
@@ -90,4 +91,41 @@ def test_the_conversation_survives_a_reload_and_another_page(browser, app_server
     text = _chat(page)
     assert text.index(ASK) < text.index("And then?"), text[:400]
     assert len(_replies(page)) == 2, text[:600]
+
+    # New chat empties what the browser keeps too.
+    page.click("#spice-new")
+    _wait_for(page, f"() => !document.querySelector('#spice-chat').innerText.includes({ASK!r})", 20)
+    page.wait_for_timeout(500)
+    page.reload(wait_until="load")
+    page.locator("#spice-msg textarea").wait_for(state="visible")
+    page.wait_for_timeout(2000)              # restore runs on load: give it the time it took above
+    assert ASK not in _chat(page), "New chat's empty conversation was not kept: a reload brought the old one back"
+    context.close()
+
+
+def test_a_reload_mid_reply_keeps_the_message_and_the_reply_so_far(browser, app_server):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.set_default_timeout(60_000)
+    page = context.new_page()
+    _open(page, app_server.url)
+    page.get_by_text("Timing model and generation").click()
+    page.fill("#ctl-max-new input[type=number]", "512")
+    page.press("#ctl-max-new input[type=number]", "Tab")
+    ask = "1, 2, 3, 4, 5, 6, 7, 8,"            # the shipped model counts on for hundreds of tokens
+    page.fill("#spice-msg textarea", ask)
+    page.press("#spice-msg textarea", "Enter")
+    _wait_for(page, "() => { const b = document.querySelectorAll('#spice-chat .message.bot');"
+                    " return b.length && b[b.length - 1].innerText.replace('▍', '').trim().length > 12; }", 120)
+    page.reload(wait_until="load")
+    page.locator("#spice-msg textarea").wait_for(state="visible")
+    _wait_for(page, "() => document.querySelector('#spice-chat').innerText.includes('ended when the page was left')",
+              30)
+    text = _chat(page)
+    assert ask in text and "▍" not in text, text[:400]
+    reply = _replies(page)
+    assert len(reply) == 1 and len(reply[0]) > 12, (reply, text[:400])
+    # The engine let go of the reply nobody reads, and the restored conversation goes on.
+    assert app_server.ctx.runner.wait_idle(30)
+    _send(page, "Go on.", 0)
+    assert len(_replies(page)) == 2, _chat(page)[:600]
     context.close()
