@@ -57,6 +57,30 @@ def shipped_app(tmp_path):
     served.ctx.exports.cleanup()
 
 
+# The numbers row's values that do not fit their card on one line: [text, lines, overflow px].
+_BROKEN_STAT_VALUES_JS = """() => [...document.querySelectorAll('#spice-stats .card .v')].map(v => {
+  const lh = parseFloat(getComputedStyle(v).lineHeight) || v.getBoundingClientRect().height;
+  return [v.innerText, Math.round(v.getBoundingClientRect().height / lh), v.scrollWidth - v.clientWidth];
+}).filter(([_, lines, over]) => lines > 1 || over > 1)"""
+
+# Words of the trace table's headers drawn over two lines (a Range over one word gives one rectangle per line).
+_WORDS_SPLIT_IN_HEADERS_JS = """() => {
+  const out = [];
+  for (const th of document.querySelectorAll('#trace-table th')) {
+    const walker = document.createTreeWalker(th, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      const re = /\S+/g; let m;
+      while ((m = re.exec(node.textContent))) {
+        const r = document.createRange(); r.setStart(node, m.index); r.setEnd(node, m.index + m[0].length);
+        const tops = new Set([...r.getClientRects()].filter(b => b.width > 0).map(b => Math.round(b.top)));
+        if (tops.size > 1) out.push(m[0]);
+      }
+    }
+  }
+  return out;
+}"""
+
+
 def _wait(predicate, timeout_s=10.0, interval_s=0.05):
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
@@ -284,6 +308,9 @@ def test_every_page_with_the_shipped_model(browser, shipped_app):
     page.wait_for_timeout(1000)
     # The live panels stayed drawn while they updated and after the reply (they used to collapse to 0 px).
     _assert_panels_stayed_drawn(page, "while updating")
+    # Every number in the numbers row reads on one line, whole (a value broke in two at this width).
+    broken = page.evaluate(_BROKEN_STAT_VALUES_JS)
+    assert not broken, f"numbers broken over lines or cut: {broken}"
     page.screenshot(path=str(shots / "chat.png"), full_page=True)
 
     # trace explorer: a run is picked, its timeline drawn, the Chrome trace downloads
@@ -300,6 +327,10 @@ def test_every_page_with_the_shipped_model(browser, shipped_app):
         link.click()
     trace = json.loads(Path(info.value.path()).read_text())
     assert trace["traceEvents"] and info.value.suggested_filename.endswith(".json")
+    # The per-layer table's headers wrap between words, never inside one ("laye|r", "selection|s").
+    page.locator("#trace-table th").first.wait_for()
+    split = page.evaluate(_WORDS_SPLIT_IN_HEADERS_JS)
+    assert not split, f"header words broken across lines: {split}"
     page.wait_for_timeout(300)
     page.screenshot(path=str(shots / "trace-explorer.png"), full_page=True)
 
