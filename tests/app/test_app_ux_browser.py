@@ -67,47 +67,41 @@ def test_streaming_with_panels_on_stays_responsive_and_fast(browser, app_server,
     assert on["streamed_tps"] >= 0.6 * off["streamed_tps"], (on, off)
 
 
-def test_phone_first_load_shows_chat_and_examples(browser, shots):
-    served = serve(FakeEngine(token_delay_s=0.01))
-    try:
-        page = browser.new_page(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
-        page.goto(served.url, wait_until="load")
-        page.wait_for_selector("#spice-msg textarea")
-        assert page.wait_for_function("() => { const s = document.querySelector('#spice-controls')"
-                                      ".closest('.sidebar'); return s && !s.classList.contains('open'); }",
-                                      timeout=30_000)
-        page.get_by_text("Tell me a story about a dog and a kite.").click(timeout=30_000)
-        # The example fills the box through the app's event queue: wait for it (a loaded machine is slow).
-        assert page.wait_for_function("() => document.querySelector('#spice-msg textarea').value === "
-                                      "'Tell me a story about a dog and a kite.'", timeout=20_000)
-        page.screenshot(path=str(shots / "phone.png"))
-    finally:
-        served.demo.close()
+def test_phone_first_load_shows_chat_and_examples(browser, app_server, shots):
+    # The shipped model (the fake without it): this picture is the README's.
+    page = browser.new_page(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    page.goto(app_server.url, wait_until="load")
+    page.wait_for_selector("#spice-msg textarea")
+    assert page.wait_for_function("() => { const s = document.querySelector('#spice-controls')"
+                                  ".closest('.sidebar'); return s && !s.classList.contains('open'); }",
+                                  timeout=30_000)
+    page.get_by_text("Tell me a story about a dog and a kite.").click(timeout=30_000)
+    # The example fills the box through the app's event queue: wait for it (a loaded machine is slow).
+    assert page.wait_for_function("() => document.querySelector('#spice-msg textarea').value === "
+                                  "'Tell me a story about a dog and a kite.'", timeout=20_000)
+    page.screenshot(path=str(shots / "phone.png"))
 
 
-def test_dark_mode_draws_dark_plots(browser, shots):
-    served = serve(FakeEngine(token_delay_s=0.01))
-    try:
-        page = browser.new_page(viewport={"width": 1400, "height": 1000}, color_scheme="dark")
-        page.goto(served.url + "?__theme=dark", wait_until="load")
-        page.wait_for_selector("#spice-msg textarea")
-        page.fill("#spice-msg textarea", "Tell me a story about a cat.")
-        page.press("#spice-msg textarea", "Enter")
-        page.wait_for_function("() => (document.querySelector('#spice-chat') || {}).innerText.includes('TPOT')",
-                               timeout=60_000)
-        time.sleep(1.0)
-        colours = page.evaluate("""() => {
-            const gd = document.querySelector('#spice-gantt .js-plotly-plot');
-            const tick = gd && gd.querySelector('.xtick text');
-            const bg = getComputedStyle(document.body).backgroundColor;
-            return {paper: gd && gd.layout.paper_bgcolor, tick: tick && getComputedStyle(tick).fill, bg};
-        }""")
-        assert colours["paper"].replace(" ", "") == "rgba(0,0,0,0)", colours         # the page's dark background shows through
+def test_dark_mode_draws_dark_plots(browser, app_server, shots):
+    # The shipped model (the fake without it): this picture is the README's.
+    page = browser.new_page(viewport={"width": 1400, "height": 1000}, color_scheme="dark")
+    page.goto(app_server.url + "?__theme=dark", wait_until="load")
+    page.wait_for_selector("#spice-msg textarea")
+    page.fill("#spice-msg textarea", "Tell me a story about a cat.")
+    page.press("#spice-msg textarea", "Enter")
+    page.wait_for_function("() => (document.querySelector('#spice-chat') || {}).innerText.includes('TPOT')",
+                           timeout=60_000)
+    time.sleep(1.0)
+    colours = page.evaluate("""() => {
+        const gd = document.querySelector('#spice-gantt .js-plotly-plot');
+        const tick = gd && gd.querySelector('.xtick text');
+        const bg = getComputedStyle(document.body).backgroundColor;
+        return {paper: gd && gd.layout.paper_bgcolor, tick: tick && getComputedStyle(tick).fill, bg};
+    }""")
+    assert colours["paper"].replace(" ", "") == "rgba(0,0,0,0)", colours         # the page's dark background shows through
 
-        def brightness(css):
-            nums = [float(x) for x in css[css.index("(") + 1:css.index(")")].split(",")[:3]]
-            return sum(nums) / 3
-        assert brightness(colours["bg"]) < 80 and brightness(colours["tick"]) > 150, colours
-        page.screenshot(path=str(shots / "dark.png"))
-    finally:
-        served.demo.close()
+    def brightness(css):
+        nums = [float(x) for x in css[css.index("(") + 1:css.index(")")].split(",")[:3]]
+        return sum(nums) / 3
+    assert brightness(colours["bg"]) < 80 and brightness(colours["tick"]) > 150, colours
+    page.screenshot(path=str(shots / "dark.png"))
