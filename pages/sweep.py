@@ -38,6 +38,9 @@ from pages.runner import RunStream
 log = logging.getLogger(__name__)
 
 STATUS_INTERVAL_S = 1.0       # a progress line at most once a second while a run streams
+# Stop replaces "Run sweep" while a sweep runs (CSS on body.spice-sweeping), as Stop replaces Send in the chat.
+SWEEPING_ON_JS = "() => { document.body.classList.add('spice-sweeping'); return []; }"
+SWEEPING_OFF_JS = "() => { document.body.classList.remove('spice-sweeping'); return []; }"
 PREFETCHING = ("gate_prefetch", "spice_prefetch", "oracle_prefetch", "spice", "spice_no_lore", "spice_no_cpu")
 DEFAULT_POLICIES = ("lru", "spice_prefetch", "spice")
 DEFAULT_PROMPTS = ("Once upon a time there was a little robot who",
@@ -137,11 +140,14 @@ class SweepPage:
         self.table = gr.Dataframe(pd.DataFrame(columns=TABLE_COLUMNS), label="All settings", interactive=False,
                                   elem_id="sweep-table")
         outputs = [self.status, self.pareto, self.bars, self.table]
-        self.run_btn.click(self.run, inputs=[self.prompts, self.policies, self.tau_prefetch, self.tau_approx,
-                                             self.cache_frac, self.max_new_tokens, self.profile, self.shape,
-                                             self.session],
-                           outputs=outputs, api_name="sweep" + self.ctx.key, concurrency_id=ENGINE_GROUP,
-                           concurrency_limit=1)
+        # Listed first and browser-only: Stop shows at once, before the queue starts the sweep.
+        self.run_btn.click(None, js=SWEEPING_ON_JS, queue=False, api_visibility="private", show_progress="hidden")
+        ran = self.run_btn.click(self.run, inputs=[self.prompts, self.policies, self.tau_prefetch, self.tau_approx,
+                                                   self.cache_frac, self.max_new_tokens, self.profile, self.shape,
+                                                   self.session],
+                                 outputs=outputs, api_name="sweep" + self.ctx.key, concurrency_id=ENGINE_GROUP,
+                                 concurrency_limit=1)
+        ran.then(None, js=SWEEPING_OFF_JS, queue=False, api_visibility="private", show_progress="hidden")
         self.stop_btn.click(self.stop, inputs=[self.session], outputs=[self.status], queue=False,
                             api_name="sweep_stop" + self.ctx.key)
         gr.on(None, self.on_load, outputs=outputs, queue=False, api_visibility="private")

@@ -81,6 +81,16 @@ _WORDS_SPLIT_IN_HEADERS_JS = """() => {
 }"""
 
 
+# Which of the sweep's buttons shows ("run" / "stop"), recorded at each change of the page's classes.
+_RECORD_SWEEP_BUTTONS_JS = """() => {
+  window.spiceSweepButtons = [];
+  const seen = () => ['run', 'stop'].filter(b => {
+    const el = document.querySelector('#sweep-' + b); return el && el.offsetParent !== null; }).join('+');
+  new MutationObserver(() => window.spiceSweepButtons.push(seen()))
+    .observe(document.body, {attributes: true, attributeFilter: ['class']});
+}"""
+
+
 def _wait(predicate, timeout_s=10.0, interval_s=0.05):
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
@@ -346,10 +356,16 @@ def test_every_page_with_the_shipped_model(browser, shipped_app):
     tokens = page.locator("#sweep-tokens input[type=number]")
     tokens.fill("8")
     tokens.press("Tab")
+    # Stop shows only while the sweep runs, in the place of "Run sweep" (the page records what it showed).
+    assert not page.locator("#sweep-stop").is_visible(), "Stop showed with no sweep running"
+    page.evaluate(_RECORD_SWEEP_BUTTONS_JS)
     page.locator("#sweep-run").click()
     status = page.locator("#sweep-status")
     assert _wait(lambda: status.inner_text().startswith(("Done", "⚠")), 120), status.inner_text()
     assert status.inner_text().startswith("Done"), status.inner_text()
+    assert _wait(lambda: page.locator("#sweep-run").is_visible() and not page.locator("#sweep-stop").is_visible(),
+                 10), "Run sweep did not come back after the sweep"
+    assert "stop" in page.evaluate("() => window.spiceSweepButtons"), "Stop never showed while the sweep ran"
     page.locator("#sweep-pareto .js-plotly-plot").wait_for(timeout=60_000)
     page.wait_for_timeout(300)
     page.screenshot(path=str(shots / "sweep.png"), full_page=True)
