@@ -27,9 +27,9 @@ from spice_core.api import RunSettings, identical_prefix_share
 from spice_core.errors import PromptError, SpiceError
 from pages import figures, models
 from pages import chat_text as text
-from pages.chat_controls import ChatControls
+from pages.chat_controls import KEYS_JS, ChatControls
 from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, ChatHistory, as_plot,
-                          default_settings, refused_controls, settings_from_values, spice_error_text)
+                          default_settings, settings_from_values, spice_error_text)
 from pages.live import LiveRun
 from pages.messages import (clean_message, content_text, drop_oldest_exchanges, engine_turns, is_app_note,
                             keep_newest, n_exchanges, normalize_history, note, problem_with)
@@ -175,13 +175,9 @@ class ChatPage:
                                          show_progress_on=[self.chatbot], api_visibility="private"))
         self.stop.click(self.stop_reply, inputs=[self.session], outputs=[self.ctl.note], queue=False,
                         api_name="stop" + self.ctx.key, show_progress="hidden")
-        gr.on([c.change for c in self.controls], self.on_settings, inputs=[*self.controls, self.session],
+        gr.on(self.ctl.applied_on, self.on_settings, inputs=[*self.controls, self.session],
               outputs=[self.ctl.note, self.banner, self.stats], queue=False, api_name="settings" + self.ctx.key,
               show_progress="hidden")
-        # A refused value leaves its control at once, back to the value in use: a browser would otherwise keep
-        # it in the box and later clamp it to the slider's end and apply that without a word.
-        gr.on([c.change for c in self.controls], self.put_back_refused, inputs=[*self.controls, self.session],
-              outputs=self.controls, queue=False, api_visibility="private", show_progress="hidden")
         # "New chat" and the chat's own 🗑 do the same thing: stop the reply, clear chat and panels.
         for event, name in ((self.new_chat.click, "new_chat" + self.ctx.key), (self.chatbot.clear, None)):
             cleared = event(self.clear, inputs=[self.session], outputs=outputs, queue=False, show_progress="hidden",
@@ -198,6 +194,7 @@ class ChatPage:
         root = gr.context.Context.root_block
         if root is not None:
             root.load(None, js=NARROW_JS, queue=False, api_visibility="private", show_progress="hidden")
+            root.load(None, js=KEYS_JS, queue=False, api_visibility="private", show_progress="hidden")
             root.load(self.restore, inputs=[self.saved], outputs=[self.chatbot], queue=False,
                       api_visibility="private", show_progress="hidden")
 
@@ -234,7 +231,7 @@ class ChatPage:
         except SpiceError as exc:
             return f"⚠ Not applied: {spice_error_text(exc)}", gr.skip(), gr.skip()
         previous = session.settings or self.defaults
-        if settings == previous:    # e.g. a refused value put back: its note stays
+        if settings == previous:    # nothing new (e.g. a slider let go where it was): the note stays
             return gr.skip(), gr.skip(), gr.skip()
         session.settings = settings
         banner = self._banner(settings) if (settings.profile, settings.shape) != (previous.profile, previous.shape) \
@@ -259,13 +256,6 @@ class ChatPage:
             parts.append(f"**{', '.join(later)}** applies from your next message (if the engine cannot change "
                          f"it mid-reply).")
         return " ".join(parts) or text.settings_hint(), banner, gr.skip()
-
-    def put_back_refused(self, *args):
-        """The value in use for each control whose value `on_settings` refuses; the others untouched."""
-        *values, session = args
-        refused = refused_controls(self.info, dict(zip(SETTING_FIELDS, values)), self.ctx.limits)
-        applied = session.settings or self.defaults
-        return tuple(getattr(applied, f) if f in refused else gr.skip() for f in SETTING_FIELDS)
 
     def clear(self, session: ChatSession):
         session.epoch += 1

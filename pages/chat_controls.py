@@ -11,6 +11,26 @@ from pages.common import (LORE_RANKS, SLIDER_RANGES, FreeDropdown, FreeSlider, p
 from pages.limits import Limits
 
 
+# A slider's value applies on its `release`, which Gradio sends when the range is let go (pointerup) or the
+# number box is left (blur). From the keyboard: Enter in the box, or an arrow / Page / Home / End key on the
+# range, sends the same (installed once per page).
+KEYS_JS = """() => {
+  if (window.spiceSliderKeys) return [];
+  window.spiceSliderKeys = true;
+  const RANGE_KEYS = ['ArrowLeft', 'ArrowRight', 'ArrowUp', 'ArrowDown', 'PageUp', 'PageDown', 'Home', 'End'];
+  const release = (el) => el.dispatchEvent(new PointerEvent('pointerup', {bubbles: true}));
+  document.addEventListener('keydown', (e) => {
+    const t = e.target;
+    if (e.key === 'Enter' && t.matches && t.matches('#spice-controls input[type=number]')) release(t);
+  }, true);
+  document.addEventListener('keyup', (e) => {
+    const t = e.target;
+    if (RANGE_KEYS.includes(e.key) && t.matches && t.matches('#spice-controls input[type=range]')) release(t);
+  }, true);
+  return [];
+}"""
+
+
 def _slider(name: str) -> dict:
     low, high, step = SLIDER_RANGES[name]
     return {"minimum": low, "maximum": high, "step": step}
@@ -57,6 +77,13 @@ class ChatControls:
             self.check_exact = gr.Checkbox(value=False, label="Measure greedy agreement with exact settings after "
                                            "each lossy reply (generates it once more)", elem_id="ctl-check")
         self.note = gr.Markdown(text.settings_hint(), elem_id="spice-settings-note", elem_classes=["spice-note"])
+
+    @property
+    def applied_on(self) -> list:
+        """The events that apply a control's value: a slider's when it is let go or its box is left (or Enter,
+        or an arrow key: `KEYS_JS`), never at each key typed into its box (a "1" on the way to "1.5" was
+        applied); the others' when they change."""
+        return [c.release if isinstance(c, gr.Slider) else c.change for c in self.values]
 
     @property
     def values(self) -> list:

@@ -160,66 +160,46 @@ FIELD_CONTROLS = {"policy": "Policy", "cache_frac": "GPU cache size", "tau_prefe
 
 
 # The chat's sliders: (minimum, maximum, step). A slider's range is the range its setting takes in the app
-# and its API (a browser holds no value outside it: a typed one would later be clamped without a word).
+# and its API: a browser clamps a number typed beyond it to the slider's end when its box is left.
 # Max new tokens: 1 to the app's limit (pages/limits.py).
 SLIDER_RANGES = {"cache_frac": (0.0, 1.0, 0.05), "tau_prefetch": (0.0, 1.0, 0.05), "tau_approx": (0.0, 0.2, 0.005),
                  "max_lookahead": (1, 16, 1), "temperature": (0.0, 2.0, 0.05)}
 
 
 def settings_from_values(info: EngineInfo, values: dict, limits: Limits | None = None) -> RunSettings:
-    """RunSettings from control values (UI or API) within the UI's limits; ConfigError naming the control."""
+    """RunSettings from control values (UI or API) within the UI's ranges (the sliders', and the app's cap on
+    new tokens); ConfigError naming the control and the range it takes."""
+    ranges = SLIDER_RANGES | {"max_new_tokens": (1, (limits or Limits()).chat_max_new_tokens, 1)}
     try:
-        settings = _settings_from_values(info, values)
+        return _settings_from_values(info, values, ranges)
     except ConfigError as exc:
         text = str(exc)
         field_name = next((f for f in SETTING_FIELDS if text.startswith(f)), "")
         raise ConfigError(f"{FIELD_CONTROLS[field_name]}: {text}" if field_name else text) from None
-    for name, (low, high, _step) in SLIDER_RANGES.items():
-        value = getattr(settings, name)
-        if not low <= value <= high:
-            raise ConfigError(f"{FIELD_CONTROLS[name]}: {name}={value:g} is outside the slider's range: use a value "
-                              f"in [{low:g}, {high:g}]")
-    cap = (limits or Limits()).chat_max_new_tokens
-    if settings.max_new_tokens > cap:
-        raise ConfigError(f"Max new tokens: {settings.max_new_tokens} is more than this app allows; use 1 to {cap}")
-    return settings
 
 
-def refused_controls(info: EngineInfo, values: dict, limits: Limits | None = None) -> list[str]:
-    """The settings whose values `settings_from_values` refuses, each tried alone in otherwise applied
-    settings: what the page puts back to its applied value."""
-    try:
-        settings_from_values(info, values, limits)
-        return []
-    except ConfigError:
-        pass
-    base = default_settings(info)
-    out = []
-    for name in SETTING_FIELDS:
-        try:
-            settings_from_values(info, {f: getattr(base, f) for f in SETTING_FIELDS} | {name: values.get(name)},
-                                 limits)
-        except ConfigError:
-            out.append(name)
-    return out
-
-
-def _settings_from_values(info: EngineInfo, values: dict) -> RunSettings:
+def _settings_from_values(info: EngineInfo, values: dict, ranges: dict) -> RunSettings:
     kw = {}
     for name in SETTING_FIELDS:
         value = values.get(name)
         if value is None:
             raise ConfigError(f"{name} is missing: set a value")
+        low, high, _step = ranges.get(name, (None, None, None))
         if name in _INT_FIELDS:
+            span = f" in [{low}, {high}]" if low is not None else ""
             if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-                raise ConfigError(f"{name}={value!r} is not a number: use an integer")
+                raise ConfigError(f"{name}={value!r} is not a number: use an integer{span}")
             try:
                 number = float(value)
             except (ValueError, OverflowError):
-                raise ConfigError(f"{name}={str(value)[:20]!r} is not a number: use an integer") from None
+                raise ConfigError(f"{name}={str(value)[:20]!r} is not a number: use an integer{span}") from None
             if number != number or abs(number) == float("inf"):
-                raise ConfigError(f"{name}={str(value)[:20]} is out of range: use an integer")
-            value = int(number) if number.is_integer() else number
+                raise ConfigError(f"{name}={str(value)[:20]} is out of range: use an integer{span}")
+            if not number.is_integer():
+                raise ConfigError(f"{name}={number:g} is not a whole number: use an integer{span}")
+            value = int(number)
+            if low is not None and not low <= value <= high:
+                raise ConfigError(f"{name}={value} is out of range: use an integer{span}")
         elif name in _FLOAT_FIELDS:
             try:
                 value = float(value)
@@ -227,6 +207,8 @@ def _settings_from_values(info: EngineInfo, values: dict) -> RunSettings:
                 raise ConfigError(f"{name}={value!r} is not a number") from None
             if value != value:
                 raise ConfigError(f"{name} is NaN: use a number")
+            if low is not None and not low <= value <= high:
+                raise ConfigError(f"{name}={value!r} is out of range: use a value in [{low:g}, {high:g}]")
         elif name == "cpu_lane":
             if not isinstance(value, bool):
                 raise ConfigError(f"cpu_lane={value!r} must be true or false")

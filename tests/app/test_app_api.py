@@ -175,15 +175,18 @@ BAD_SETTINGS = [
     (dict(cache_frac=5.0), "cache_frac=5.0 is out of range"),
     (dict(tau_prefetch=-0.5), "tau_prefetch=-0.5 is out of range"),
     (dict(policy="turbo"), "policy='turbo' is unknown"),
-    (dict(max_lookahead=2.5), "max_lookahead=2.5 is out of range"),
+    (dict(max_lookahead=2.5), "max_lookahead=2.5 is not a whole number: use an integer in [1, 16]"),
     (dict(max_new_tokens=100_000), "max_new_tokens=100000 is out of range"),
     (dict(temperature="hot"), "temperature='hot' is not a number"),
     (dict(profile="my-laptop"), "profile='my-laptop' is unknown"),
     (dict(lore_rank=0), "lore_rank=0 is out of range"),
-    # Within the setting's range but beyond its slider: a browser could not hold it, the API does not take it.
-    (dict(tau_approx=0.9), "τ_approx: tau_approx=0.9 is outside the slider's range: use a value in [0, 0.2]"),
-    (dict(temperature=9.0), "Temperature: temperature=9 is outside the slider's range"),
-    (dict(max_lookahead=40), "max_lookahead=40 is outside the slider's range"),
+    # Within the engine's range but beyond the slider's: a browser could not hold it, the API does not take it,
+    # and the note names the slider's range.
+    (dict(tau_approx=0.9), "τ_approx: tau_approx=0.9 is out of range: use a value in [0, 0.2]"),
+    (dict(temperature=9.0), "Temperature: temperature=9.0 is out of range: use a value in [0, 2]"),
+    (dict(max_lookahead=40), "max_lookahead=40 is out of range: use an integer in [1, 16]"),
+    (dict(max_lookahead=0), "max_lookahead=0 is out of range: use an integer in [1, 16]"),
+    (dict(max_new_tokens=0), "max_new_tokens=0 is out of range: use an integer in [1, 512]"),
 ]
 
 
