@@ -118,16 +118,25 @@ class _Messages(ChatbotDataMessages):
     def _content_as_parts(cls, data):
         if not isinstance(data, list):
             return data
-        return [{**m, "content": _as_parts(m["content"])} if isinstance(m, dict) and "content" in m else m
-                for m in data]
+        out = []
+        for m in data:
+            if isinstance(m, (list, tuple)) and len(m) == 2:        # the older [user, assistant] pairs
+                out += [{"role": r, "content": _as_parts(c)} for r, c in zip(("user", "assistant"), m) if c]
+            elif isinstance(m, dict) and isinstance(m.get("role"), str):
+                out.append({**m, "content": _as_parts(m.get("content"))})
+        return out             # anything else is not a message: left out, as the chat leaves it out
 
 
-def _as_parts(content):
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}]
+def _as_parts(content) -> list:
+    if content is None:
+        return []
+    if isinstance(content, (str, int, float)):
+        return [{"type": "text", "text": str(content)}]
     if isinstance(content, dict):
         return [content]
-    return content
+    if isinstance(content, (list, tuple)):
+        return [{"type": "text", "text": c} if isinstance(c, str) else c for c in content]
+    return []
 
 
 class ChatHistory(gr.Chatbot):

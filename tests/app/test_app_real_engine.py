@@ -126,3 +126,15 @@ def test_api_chat_takes_a_history_written_as_plain_strings(real):
         replies.append([content(m) for m in out[1] if m["role"] == "assistant" and not m.get("metadata")][-1])
     assert replies[0] == replies[1]
     c.close()
+
+
+def test_api_chat_takes_odd_histories_without_an_error(real):
+    """Pairs of the older tuple format, a message without content, a non-message: the chat answers (the pairs
+    become messages, the rest is left out) instead of raising before the handler."""
+    c = Client(real.url, verbose=False)
+    for history in ([["Tell me a story.", "Once upon a time"]], [{"role": "user", "content": None}],
+                    [{"role": "user", "content": ["Tell me a story."]}], [42, "hello", {"content": "x"}]):
+        out = c.predict(*chat_inputs("Go on.", history, max_new_tokens=4, policy="lru", cache_frac=0.5),
+                        api_name="/chat")
+        assert any(n.startswith("Run ") for n in last_notes(out[1])), (history, out[1])
+    c.close()
