@@ -55,6 +55,22 @@ def serve(engine: FakeEngine, **kwargs) -> Served:
     return Served(demo, ctx, engine, demo.local_url)
 
 
+SHIPPED = ROOT / "assets" / "spice-mini"
+
+
+def serve_shipped(fake_delay_s: float = 0.02) -> Served:
+    """The app on the shipped model (the real engine), or on the fake engine where the model is absent."""
+    if (SHIPPED / "config.json").exists():
+        from spice_core.engine import SpiceEngine
+        return serve(SpiceEngine.load(None, device="cpu"))
+    return serve(FakeEngine(token_delay_s=fake_delay_s))
+
+
+def close(served: Served) -> None:
+    served.demo.close()
+    served.ctx.exports.cleanup()
+
+
 def last_notes(history) -> list[str]:
     """Titles and texts of the app's notes in a chat history returned by the API."""
     out = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app_helpers import ARGS, CHROMIUM, serve
+from app_helpers import ARGS, CHROMIUM, close, serve, serve_shipped
 from fake_engine import FakeEngine
 
 
@@ -34,3 +34,11 @@ def browser():
         b = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
         yield b
         b.close()
+
+
+@pytest.fixture
+def shipped_served():
+    """The app on the shipped model (the fake engine where it is absent), for one test."""
+    s = serve_shipped()
+    yield s
+    close(s)

@@ -21,12 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from app_helpers import ROOT, serve
+from app_helpers import serve, serve_shipped
 from fake_engine import FakeEngine
 
 pytestmark = pytest.mark.browser
-
-SHIPPED = ROOT / "assets" / "spice-mini"
 
 
 def _context(browser):
@@ -45,11 +43,7 @@ def fake_app():
 
 @pytest.fixture
 def shipped_app(tmp_path):
-    if (SHIPPED / "config.json").exists():
-        from spice_core.engine import SpiceEngine
-        served = serve(SpiceEngine.load(None, device="cpu"))
-    else:
-        served = serve(FakeEngine(token_delay_s=0.02))
+    served = serve_shipped()
     shots = Path(os.environ.get("SPICE_SCREENSHOTS_DIR") or tmp_path)     # scripts/screenshots.py sets it
     shots.mkdir(parents=True, exist_ok=True)
     yield served, shots

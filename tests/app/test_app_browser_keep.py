@@ -10,25 +10,9 @@ import time
 
 import pytest
 
-from app_helpers import ROOT, serve
-from fake_engine import FakeEngine
-
 pytestmark = pytest.mark.browser
 
-SHIPPED = ROOT / "assets" / "spice-mini"
 ASK = "Tell me a story about a fox."
-
-
-@pytest.fixture
-def app_server():
-    if (SHIPPED / "config.json").exists():
-        from spice_core.engine import SpiceEngine
-        served = serve(SpiceEngine.load(None, device="cpu"))
-    else:
-        served = serve(FakeEngine(token_delay_s=0.02))
-    yield served
-    served.demo.close()
-    served.ctx.exports.cleanup()
 
 
 def _chat(page) -> str:
@@ -50,6 +34,18 @@ def _open(page, url: str) -> None:
     page.locator("#spice-msg textarea").wait_for(state="visible")
 
 
+def _new_page(browser, url: str, max_new_tokens: int):
+    """A fresh browser context on the chat page, replies capped at ``max_new_tokens``."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.set_default_timeout(60_000)
+    page = context.new_page()
+    _open(page, url)
+    page.get_by_text("Timing model and generation").click()
+    page.fill("#ctl-max-new input[type=number]", str(max_new_tokens))
+    page.press("#ctl-max-new input[type=number]", "Tab")
+    return context, page
+
+
 def _send(page, text: str, runs_before: int) -> None:
     page.fill("#spice-msg textarea", text)
     page.press("#spice-msg textarea", "Enter")
@@ -57,14 +53,8 @@ def _send(page, text: str, runs_before: int) -> None:
                     f" > {runs_before}", 120)
 
 
-def test_the_conversation_survives_a_reload_and_another_page(browser, app_server):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    context.set_default_timeout(60_000)
-    page = context.new_page()
-    _open(page, app_server.url)
-    page.get_by_text("Timing model and generation").click()
-    page.fill("#ctl-max-new input[type=number]", "16")
-    page.press("#ctl-max-new input[type=number]", "Tab")
+def test_the_conversation_survives_a_reload_and_another_page(browser, shipped_served):
+    context, page = _new_page(browser, shipped_served.url, max_new_tokens=16)
     _send(page, ASK, 0)
     reply = _replies(page)
     assert len(reply) == 1, _chat(page)
@@ -74,9 +64,9 @@ def test_the_conversation_survives_a_reload_and_another_page(browser, app_server
         if where == "reload":
             page.reload(wait_until="load")
         else:
-            page.goto(app_server.url + "about", wait_until="load")
+            page.goto(shipped_served.url + "about", wait_until="load")
             page.get_by_text("What SPICE does").wait_for()
-            page.goto(app_server.url, wait_until="load")
+            page.goto(shipped_served.url, wait_until="load")
         page.locator("#spice-msg textarea").wait_for(state="visible")
         try:
             _wait_for(page, f"() => document.querySelector('#spice-chat').innerText.includes({ASK!r})", 20)
@@ -103,14 +93,8 @@ def test_the_conversation_survives_a_reload_and_another_page(browser, app_server
     context.close()
 
 
-def test_a_reload_mid_reply_keeps_the_message_and_the_reply_so_far(browser, app_server):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    context.set_default_timeout(60_000)
-    page = context.new_page()
-    _open(page, app_server.url)
-    page.get_by_text("Timing model and generation").click()
-    page.fill("#ctl-max-new input[type=number]", "512")
-    page.press("#ctl-max-new input[type=number]", "Tab")
+def test_a_reload_mid_reply_keeps_the_message_and_the_reply_so_far(browser, shipped_served):
+    context, page = _new_page(browser, shipped_served.url, max_new_tokens=512)
     ask = "1, 2, 3, 4, 5, 6, 7, 8,"            # the shipped model counts on for hundreds of tokens
     page.fill("#spice-msg textarea", ask)
     page.press("#spice-msg textarea", "Enter")
@@ -125,7 +109,7 @@ def test_a_reload_mid_reply_keeps_the_message_and_the_reply_so_far(browser, app_
     reply = _replies(page)
     assert len(reply) == 1 and len(reply[0]) > 12, (reply, text[:400])
     # The engine let go of the reply nobody reads, and the restored conversation goes on.
-    assert app_server.ctx.runner.wait_idle(30)
+    assert shipped_served.ctx.runner.wait_idle(30)
     _send(page, "Go on.", 0)
     assert len(_replies(page)) == 2, _chat(page)[:600]
     context.close()

@@ -9,24 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from app_helpers import ROOT, serve
-from fake_engine import FakeEngine
-
 pytestmark = pytest.mark.browser
-
-SHIPPED = ROOT / "assets" / "spice-mini"
-
-
-@pytest.fixture
-def app_server():
-    if (SHIPPED / "config.json").exists():
-        from spice_core.engine import SpiceEngine
-        served = serve(SpiceEngine.load(None, device="cpu"))
-    else:
-        served = serve(FakeEngine(token_delay_s=0.02))
-    yield served
-    served.demo.close()
-    served.ctx.exports.cleanup()
 
 
 def _box(page, elem_id: str):
@@ -65,10 +48,10 @@ def _head_has(page, text: str) -> None:
     _until(page, f"() => document.querySelector('#spice-stats').innerText.includes({text!r})")
 
 
-def test_typed_values_apply_when_done_and_out_of_range_ones_are_refused(browser, app_server):
+def test_typed_values_apply_when_done_and_out_of_range_ones_are_refused(browser, shipped_served):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.set_default_timeout(60_000)
-    page.goto(app_server.url, wait_until="load")
+    page.goto(shipped_served.url, wait_until="load")
     page.locator("#spice-msg textarea").wait_for(state="visible")
     assert _box(page, "ctl-cache").input_value() == "0.25"
 

@@ -12,12 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from app_helpers import ROOT, serve
-from fake_engine import FakeEngine
+from app_helpers import ROOT, close, serve_shipped
 
 pytestmark = pytest.mark.browser
-
-SHIPPED = ROOT / "assets" / "spice-mini"
 
 
 def _bench():
@@ -36,13 +33,9 @@ def shots(tmp_path):
 
 @pytest.fixture
 def app_server():
-    if (SHIPPED / "config.json").exists():
-        from spice_core.engine import SpiceEngine
-        served = serve(SpiceEngine.load(None, device="cpu"))
-    else:
-        served = serve(FakeEngine(token_delay_s=0.08))
+    served = serve_shipped(fake_delay_s=0.08)
     yield served
-    served.demo.close()
+    close(served)
 
 
 def test_streaming_with_panels_on_stays_responsive_and_fast(browser, app_server, shots):
