@@ -485,15 +485,22 @@ def _parse_shard(text: str | None) -> tuple[int, int]:
 def _merge(dirs: list[Path], out: Path) -> list[dict]:
     from spice_core.tools.bench_records import merge_records
 
-    records = []
+    records, sources = [], []
+    seen: dict[Path, Path] = {}
     for d in dirs:
         path = d / "results.json"
         if not path.is_file():
             path = d / "results.partial.json"
         if not path.is_file():
             raise ConfigError(f"--merge {d}: no results.json or results.partial.json there: run the shard first")
-        records += load_results(path, "--merge")
-    merged = merge_records(records)
+        real = path.resolve()
+        if real in seen:
+            raise ConfigError(f"--merge {d}: given twice (as {seen[real].parent} too): give each shard once")
+        seen[real] = path
+        shard = load_results(path, "--merge")
+        records += shard
+        sources += [str(path)] * len(shard)
+    merged = merge_records(records, sources)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(merged, indent=1, default=float))
     timing = merged[0]["timing"] if merged else "measured"

@@ -7,12 +7,16 @@ separate processes (``bench --shard K/N``, say one per GPU) can then be merged e
 (``bench --merge DIR [DIR ...]``): medians and percentiles are recomputed from all steps, not
 averaged from the shards'.
 
-Pure: dicts in, dicts out.
+Pure: dicts in, dicts out (or a ConfigError for records that are not parts of one run).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 import statistics
+
+from spice_core.errors import ConfigError
 
 # What identifies one configuration: records that share it are runs of the same thing.
 KEY_FIELDS = ("model", "timing", "link", "budget_frac", "policy", "workload", "variant")
@@ -90,12 +94,65 @@ def _combine(a: dict, b: dict) -> dict:
     }
 
 
-def merge_records(records: list[dict]) -> list[dict]:
+# What one bench config fixes for all its records: shards that differ in any of these are not parts of
+# one run, and blending them would invent medians nobody measured. (The transformers reference record
+# has no profile or shape: a missing value is not a difference.)
+RUN_FIELDS = ("model", "timing", "profile", "shape", "provenance")
+# What the records of one configuration must agree on besides their key (the floor's inputs, the lift
+# check, whether the policy is exact).
+RECORD_FIELDS = ("routed_bytes_per_token", "link_gbps", "lift_check", "ppl_delta_pct")
+
+
+def provenance(cfg: dict, prompt_ids: list[list[int]], code_digest: str) -> dict:
+    """What makes shards parts of one run, as digests a record can carry (``"provenance"``): the config
+    without its run blocks (a block may name the prompts a resumed run still lacks), every prompt's ids
+    (before sharding), and the engine's code. `merge_records` refuses records whose provenance differs."""
+    def digest(obj) -> str:
+        return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    fixed = {k: v for k, v in cfg.items() if k not in ("runs", "comment")}
+    return {"config": digest(fixed), "prompts": digest(prompt_ids), "code": code_digest}
+
+
+def _show(value) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _refuse_mixed_runs(records: list[dict], sources: list[str]) -> None:
+    for field in RUN_FIELDS:
+        seen: dict[str, str] = {}
+        for r, src in zip(records, sources):
+            if r.get(field) is not None:
+                seen.setdefault(_show(r[field]), src)
+        if len(seen) > 1:
+            (a, src_a), (b, src_b) = list(seen.items())[:2]
+            raise ConfigError(f"--merge: the shards are not parts of one run: {field} is {a} in {src_a} but {b} in "
+                              f"{src_b}: merge only shards of one config, model, prompt set and code")
+
+
+def merge_records(records: list[dict], sources: list[str] | None = None) -> list[dict]:
     """One record per configuration, its raw data combined and its metrics derived again.
-    Records without raw data (e.g. the transformers reference) are kept once, as they are."""
+    Records without raw data (e.g. the transformers reference) are kept once, as they are.
+
+    Refuses (ConfigError) what would not be an exact recombination: records of different runs
+    (`RUN_FIELDS`), records of one configuration that disagree on `RECORD_FIELDS`, and the same
+    runs twice (equal step and first-token times: a shard given twice). ``sources`` names where
+    each record came from, for those messages."""
+    sources = list(sources) if sources is not None else [f"record {i}" for i in range(len(records))]
+    _refuse_mixed_runs(records, sources)
+    _refuse_repeated_shards(records, sources)
     merged: dict[tuple, dict] = {}
-    for r in records:
+    parts: dict[tuple, list[tuple[dict, str]]] = {}
+    for r, src in zip(records, sources):
         key = tuple(r.get(k) for k in KEY_FIELDS)
+        for earlier, earlier_src in parts.get(key, []):
+            for field in RECORD_FIELDS:
+                if earlier.get(field) != r.get(field):
+                    raise ConfigError(f"--merge: {src} and {earlier_src} differ in {field} ({_show(earlier.get(field))}"
+                                      f" vs {_show(r.get(field))}) for {r.get('policy')} at budget "
+                                      f"{r.get('budget_frac')}: merge only shards of one config")
+        parts.setdefault(key, []).append((r, src))
         if key not in merged:
             merged[key] = dict(r)
         elif "raw" in r and "raw" in merged[key]:
@@ -105,6 +162,23 @@ def merge_records(records: list[dict]) -> list[dict]:
             m.update(derive(m["raw"]))     # also a lone record: what derive reports may have grown since
     add_floors(list(merged.values()))
     return list(merged.values())
+
+
+def _refuse_repeated_shards(records: list[dict], sources: list[str]) -> None:
+    """Two sources whose records hold the same runs (equal raw data for every configuration both have):
+    the same shard twice, which would count every step twice. Different prompts never time, hit and
+    copy alike in every configuration, so a real pair of shards always differs somewhere."""
+    by_source: dict[str, dict[tuple, dict]] = {}
+    for r, src in zip(records, sources):
+        if "raw" in r:
+            by_source.setdefault(src, {})[tuple(r.get(k) for k in KEY_FIELDS)] = r["raw"]
+    names = list(by_source)
+    for i, a in enumerate(names):
+        for b in names[:i]:
+            common = by_source[a].keys() & by_source[b].keys()
+            if common and all(by_source[a][k] == by_source[b][k] for k in common):
+                raise ConfigError(f"--merge: {a} holds the same runs as {b} (the same shard twice would count "
+                                  "every step twice): give each shard once")
 
 
 def add_floors(records: list[dict]) -> None:

@@ -1,0 +1,93 @@
+"""`bench --merge` recombines shards of one run exactly, and refuses anything else (issue 26, defect 7:
+two shards of different configs were blended into new medians, and one shard given twice doubled
+every step count)."""
+import json
+import shutil
+
+import pytest
+
+from spice_core.errors import ConfigError
+from spice_core.tools.bench_records import derive, merge_records, provenance
+from spice_core.tools.cli import main
+
+
+def record(steps, *, policy="lru", **over):
+    raw = {"step_ms": list(steps), "ttft_ms": [1.0], "selections": 4 * len(steps), "hits": len(steps), "bytes": 0,
+           "stall_ms": 0.0, "miss_split": {"copy": 1}, "wasted_prefetch_bytes": 0, "agreements": [],
+           "gpu_peak_bytes": 0, "n_runs": 1}
+    rec = {"model": "m", "timing": "modeled", "profile": "h200-pcie5x16", "shape": "deepseek-v2-lite",
+           "link": "native", "budget_frac": 0.25, "policy": policy, "workload": "prompts", "variant": "",
+           "routed_bytes_per_token": 1000, "link_gbps": 25.0, "ppl_delta_pct": 0.0, "raw": raw, **derive(raw)}
+    rec.update(over)
+    return rec
+
+
+def shard(tmp_path, name, records):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "results.json").write_text(json.dumps(records))
+    return d
+
+
+def merge(capsys, tmp_path, *dirs):
+    code = main(["bench", "--merge", *map(str, dirs), "--out", str(tmp_path / "merged")])
+    err = capsys.readouterr().err
+    return code, err
+
+
+def test_shards_of_one_run_still_merge(capsys, tmp_path):
+    a = shard(tmp_path, "s0", [record([10.0, 11.0]), record([5.0], policy="resident")])
+    b = shard(tmp_path, "s1", [record([12.0, 13.0]), record([5.0, 5.0], policy="resident")])
+    code, err = merge(capsys, tmp_path, a, b)
+    assert code == 0, err
+    merged = {r["policy"]: r for r in json.loads((tmp_path / "merged" / "results.json").read_text())}
+    assert merged["lru"]["n_decode_tokens"] == 4 and merged["lru"]["tpot_ms_median"] == 11.5
+
+
+@pytest.mark.parametrize("field,value", [("profile", "h100-pcie5x16"), ("model", "other"), ("timing", "measured"),
+                                         ("shape", "qwen2-57b-a14b")])
+def test_shards_of_different_runs_are_refused(capsys, tmp_path, field, value):
+    """Regression: 10.39 ms and 5.42 ms shards of different configs became a 7.91 ms median."""
+    a = shard(tmp_path, "s0", [record([10.39] * 3)])
+    b = shard(tmp_path, "s1", [record([5.42] * 3, **{field: value})])
+    code, err = merge(capsys, tmp_path, a, b)
+    assert code == 2 and "Traceback" not in err
+    assert field in err and "s0" in err and "s1" in err and "not parts of one run" in err
+    assert not (tmp_path / "merged" / "results.json").exists()
+
+
+def test_records_of_one_configuration_that_disagree_on_the_floor_inputs_are_refused(capsys, tmp_path):
+    a = shard(tmp_path, "s0", [record([10.0])])
+    b = shard(tmp_path, "s1", [record([11.0], routed_bytes_per_token=2000)])
+    code, err = merge(capsys, tmp_path, a, b)
+    assert code == 2 and "routed_bytes_per_token" in err
+
+
+def test_the_same_shard_twice_is_refused(capsys, tmp_path):
+    """Regression: the same shard given twice doubled every step count."""
+    a = shard(tmp_path, "s0", [record([10.0, 12.0]), record([5.0], policy="resident")])
+    code, err = merge(capsys, tmp_path, a, a)
+    assert code == 2 and "given twice" in err
+    copy = tmp_path / "copy"
+    shutil.copytree(a, copy)
+    code, err = merge(capsys, tmp_path, a, copy)
+    assert code == 2 and "same runs" in err and "give each shard once" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_provenance_tells_configs_prompts_and_code_apart_but_not_run_blocks():
+    cfg = {"model": "m", "policies": ["lru"], "max_new_tokens": 64}
+    base = provenance(cfg, [[1, 2, 3]], "code1")
+    assert provenance({**cfg, "runs": [{"prompt_indices": [6]}], "comment": "resume"}, [[1, 2, 3]], "code1") == base
+    assert provenance({**cfg, "max_new_tokens": 32}, [[1, 2, 3]], "code1")["config"] != base["config"]
+    assert provenance(cfg, [[1, 2, 4]], "code1")["prompts"] != base["prompts"]
+    assert provenance(cfg, [[1, 2, 3]], "code2") != base
+
+
+def test_records_whose_provenance_differs_are_refused():
+    cfg = {"model": "m", "max_new_tokens": 64}
+    a = record([10.0], provenance=provenance(cfg, [[1]], "c"))
+    b = record([11.0], provenance=provenance({**cfg, "max_new_tokens": 16}, [[1]], "c"))
+    with pytest.raises(ConfigError, match="provenance"):
+        merge_records([a, b])
+    assert merge_records([a, record([11.0], provenance=a["provenance"])])[0]["n_decode_tokens"] == 2
