@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 
 from training.checkpoint_check import verify_checkpoint
 
@@ -36,27 +35,27 @@ def _greedy(model, tokenizer, prompt, n):
     return enc["input_ids"][0].tolist(), out[0, enc["input_ids"].shape[1]:].tolist()
 
 
-# bf16 matmuls round differently on different CPUs (AVX2, AVX-512, AMX kernels), so a long greedy
-# continuation may part from the card's (recorded on one machine) after a few dozen tokens; the
-# first ones are far from any near-tie and must match everywhere.
-CARD_PREFIX_TOKENS = 16
-
-
-def test_greedy_output_is_deterministic_and_matches_the_card(shipped_model, shipped_tokenizer, shipped_eval):
+def test_greedy_output_is_deterministic_and_the_cards_is_a_greedy_path(shipped_model, shipped_tokenizer, shipped_eval,
+                                                                       greedy_up_to_ties):
+    """Two runs here agree; each, and the card's tokens (recorded on another CPU, whose bf16 kernels
+    may break a near-tie the other way), are greedy choices of these weights up to bf16 ties."""
     ref = shipped_eval["greedy_reference"]
-    _, first = _greedy(shipped_model, shipped_tokenizer, ref["prompt"], ref["max_new_tokens"])
+    prompt, first = _greedy(shipped_model, shipped_tokenizer, ref["prompt"], ref["max_new_tokens"])
     _, second = _greedy(shipped_model, shipped_tokenizer, ref["prompt"], ref["max_new_tokens"])
     assert first == second
-    assert first[:CARD_PREFIX_TOKENS] == ref["token_ids"][:CARD_PREFIX_TOKENS]
-    story = shipped_tokenizer.decode(first)
-    assert "cat" in story and "ball" in story
+    greedy_up_to_ties(shipped_model, prompt, first)
+    greedy_up_to_ties(shipped_model, prompt, ref["token_ids"])
+    for tokens in (first, ref["token_ids"]):
+        story = shipped_tokenizer.decode(tokens)
+        assert "cat" in story and "ball" in story, story
 
 
-def test_engine_loads_the_shipped_model_and_matches_transformers_up_to_ties(shipped_dir, shipped_eval, shipped_model):
+def test_engine_loads_the_shipped_model_and_matches_transformers_up_to_ties(shipped_dir, shipped_eval, shipped_model,
+                                                                            greedy_up_to_ties):
     """bf16 logits tie often on this model (the generator draws adjectives uniformly, so several
-    continuations are equally likely): two correct compute paths may break a tie differently. So the
-    engine must match transformers token for token until the first difference, and there the token it
-    chose must be tied (within bf16 resolution) with transformers' choice."""
+    continuations are equally likely): two correct compute paths may break a tie differently, and then
+    go on from different tokens. So every token the engine chooses must be transformers' greedy choice
+    after the engine's own tokens before it (on the same weights, in this process), up to a bf16 tie."""
     engine_mod = pytest.importorskip("spice_core.engine")
     from spice_core.api import RunSettings
     from spice_core.tools.quality import greedy_tokens
@@ -68,10 +67,5 @@ def test_engine_loads_the_shipped_model_and_matches_transformers_up_to_ties(ship
                                           return_dict=True)["input_ids"])
     engine = engine_mod.SpiceEngine.load(shipped_dir, device="cpu")
     tokens = greedy_tokens(engine, prompt, RunSettings(policy="resident"), ref["max_new_tokens"])
-    first = next((i for i, (a, b) in enumerate(zip(tokens, ref["token_ids"])) if a != b), None)
-    if first is None:
-        assert tokens == ref["token_ids"]
-        return
-    with torch.inference_mode():
-        logits = shipped_model(input_ids=torch.tensor([prompt + tokens[:first]])).logits[0, -1].float()
-    assert logits.max() - logits[tokens[first]] <= 0.13, (first, tokens[first], ref["token_ids"][first])
+    assert len(tokens) == ref["max_new_tokens"]
+    greedy_up_to_ties(shipped_model, prompt, tokens)

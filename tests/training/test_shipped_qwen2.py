@@ -5,16 +5,11 @@ import json
 import re
 
 import pytest
-import torch
 
 from training import lexicon
 from training.checkpoint_check import verify_checkpoint
 from training.corpus import validation_stories
 from training.evaluate import continuation, mean_loss, story_token_stream, windows
-
-# bf16 matmuls round differently on different CPUs, so only the first tokens must match the card's.
-CARD_PREFIX_TOKENS = 16
-
 
 def test_topology_matches_qwen2_57b_a14b(qwen2_dir):
     cfg = json.loads((qwen2_dir / "config.json").read_text())
@@ -45,20 +40,29 @@ def test_loads_with_plain_transformers_as_its_own_family(qwen2_model, qwen2_eval
     assert sum(p.numel() for p in qwen2_model.parameters()) == qwen2_eval["parameters"]
 
 
-def test_greedy_output_is_deterministic_and_matches_the_card(qwen2_dir, qwen2_model, qwen2_eval):
+def test_greedy_output_is_deterministic_and_the_cards_is_a_greedy_path(qwen2_dir, qwen2_model, qwen2_eval,
+                                                                       greedy_up_to_ties):
+    """Regression: the card's tokens were compared with this CPU's, and an AMD EPYC breaks the tie at
+    token 8 the other way (a Xeon recorded the card). Now: two runs here agree, each of them and the
+    card's tokens are greedy choices of these weights up to bf16 ties, and the story is what the card
+    says it is about."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(qwen2_dir))
     ref = qwen2_eval["greedy_reference"]
     enc = tokenizer.apply_chat_template([{"role": "user", "content": ref["prompt"]}], add_generation_prompt=True,
                                         return_tensors="pt", return_dict=True)
+    prompt = enc["input_ids"][0].tolist()
     runs = [qwen2_model.generate(**enc, max_new_tokens=ref["max_new_tokens"], do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id)[0, enc["input_ids"].shape[1]:].tolist()
+                                 pad_token_id=tokenizer.pad_token_id)[0, len(prompt):].tolist()
             for _ in range(2)]
     assert runs[0] == runs[1]
-    assert runs[0][:CARD_PREFIX_TOKENS] == ref["token_ids"][:CARD_PREFIX_TOKENS]
-    story = tokenizer.decode(runs[0])
-    assert "cat" in story and "ball" in story                 # the card's prompt asks for a cat and a ball
+    greedy_up_to_ties(qwen2_model, prompt, runs[0])
+    greedy_up_to_ties(qwen2_model, prompt, ref["token_ids"])
+    assert len(ref["token_ids"]) == ref["max_new_tokens"]
+    for tokens in (runs[0], ref["token_ids"]):
+        story = tokenizer.decode(tokens)
+        assert "cat" in story and "ball" in story, story      # the card's prompt asks for a cat and a ball
 
 
 @pytest.mark.parametrize("kind,obj", [("dog", "kite"), ("fox", "drum")])
