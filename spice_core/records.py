@@ -83,6 +83,8 @@ class StepStats:
                                    # timing), the native bytes (measured); trace events carry these
     lookahead_stops: tuple[str, ...] = ()   # why each MoE layer's lookahead stopped ("confidence", "time",
                                             # "bound", "cache", "cost"; policy/prefetch.py); () without prefetching
+    device_ms: float = 0.0         # measured runs: the clock's window of this step (start sync to the last
+                                   # segment's end), without the bookkeeping that step_ms includes
 
 
 @dataclass(frozen=True)

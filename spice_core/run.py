@@ -10,6 +10,7 @@ Holds the engine's one-generation lock while it is iterated; settings changes ar
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field, replace
 
@@ -134,6 +135,8 @@ class GenerationRun:
         finish = ""
         steps = self.record.steps
         timing = eng.machine.run_timing(self._modeled)
+        wall = time.perf_counter
+        t_resume = wall()             # when the engine resumed work after the previous token's delivery
         for i in range(max_new):
             if self._cancel.is_set():
                 finish = "cancelled"
@@ -160,7 +163,13 @@ class GenerationRun:
                 finish = "length"
             stall = sum(ev.dur_ms for ev in events if ev.kind == "stall" and ev.token == i)
             intervals = lane_intervals(events)
-            step = StepStats(index=i, token_id=tok, text="" if is_eos else delta, step_ms=step_ms, timing=timing,
+            # Measured TPOT is what the reader waits: the engine's wall time from resuming after the last token's
+            # delivery to this one's, bookkeeping included (the clock's own window, device_ms, ends before the
+            # events are resolved, the trace recorded and the text streamed). The consumer's time between
+            # tokens is its own. Modeled runs keep the timing model's step.
+            engine_ms = (wall() - t_resume) * 1e3
+            step = StepStats(index=i, token_id=tok, text="" if is_eos else delta,
+                             step_ms=engine_ms if timing == "measured" else step_ms, device_ms=step_ms, timing=timing,
                              hits=c.hits, misses=c.misses, bytes_copied=c.bytes_copied, stall_ms=stall,
                              shape_bytes_copied=c.shape_bytes_copied,
                              lookahead_depth=(sum(c.depths) / len(c.depths)) if c.depths else 0.0,
@@ -169,6 +178,7 @@ class GenerationRun:
                              lookahead_stops=tuple(c.stop_reasons))
             steps.append(step)
             yield step
+            t_resume = wall()
             if finish:
                 break
             cur = [tok]
@@ -177,7 +187,8 @@ class GenerationRun:
         self.record.notes = notes
         self.record.totals = dict(rt.totals, cache_slots=rt.slots.n_slots,
                                   cache_capacity_bytes=rt.slots.n_slots * lm.expert_bytes,
-                                  expert_bytes=lm.expert_bytes, routed_bytes=eng.routed_bytes)
+                                  expert_bytes=lm.expert_bytes, routed_bytes=eng.routed_bytes,
+                                  **host_step_totals(rt.executor))
         self._finish(streamer, finish, notes)
 
     def _finish(self, streamer: TextStreamer, finish: str, notes: list[str]) -> None:
@@ -193,6 +204,17 @@ class GenerationRun:
             finish_reason=finish)
         if self._register:
             eng._register(self.record)
+
+
+def host_step_totals(executor) -> dict:
+    """The fast path's host time per MoE layer (µs): ``host_critical_us`` between a segment's end and the next
+    launch (the GPU idle), ``host_overlap_us`` planned while a launched segment runs (the lookahead). Empty
+    for the eager executor, whose host time is not split this way."""
+    dec = getattr(executor, "decoder", None)
+    if dec is None or not dec.host_layers:
+        return {}
+    return {"host_layers": dec.host_layers, "host_critical_us": dec.host_s * 1e6 / dec.host_layers,
+            "host_overlap_us": dec.overlap_s * 1e6 / dec.host_layers}
 
 
 def _eos_ids(lm) -> set[int]:

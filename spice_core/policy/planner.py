@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, Sequence
+from typing import AbstractSet, NamedTuple, Protocol, Sequence
 
 from spice_core.policy.cache import EVICTION_POLICIES, FarthestNextUseEviction
 from spice_core.policy.miss import MissAction, MissOptions, MissRequest, QueueState, plan_misses
@@ -333,8 +333,11 @@ class LayerPlanner:
         return order
 
     # ------------------------------------------------------------------ phase 2: the lookahead
-    def plan_prefetch(self, layer: int, predictions: Sequence[LayerPrediction] | None, queues: Queues) -> PrefetchOrders:
-        """``predictions`` None: the plan was skipped because it does not pay (stop reason "cost")."""
+    def plan_prefetch(self, layer: int, predictions: Sequence[LayerPrediction] | None, queues: Queues, *,
+                      protected: AbstractSet[ExpertKey] = frozenset()) -> PrefetchOrders:
+        """``predictions`` None: the plan was skipped because it does not pay (stop reason "cost").
+        ``protected``: experts no prefetch may evict besides the busy ones (those a launched CUDA-graph
+        segment still reads while this plan runs after it)."""
         if predictions is None:
             return PrefetchOrders((), 0, "cost", -1.0)
         c = self.costs
@@ -355,9 +358,9 @@ class LayerPlanner:
         depth, reason = plan.depth, plan.stop_reason
         orders = []
         for item in plan.items:
-            order = self._acquire(item.key, "prefetch", set(), incoming_distance=item.distance,
+            order = self._acquire(item.key, "prefetch", protected, incoming_distance=item.distance,
                                   distance=item.distance, confidence=item.confidence,
-                                  planned_arrival_ms=item.arrival_ms)   # busy slots are protected
+                                  planned_arrival_ms=item.arrival_ms)   # busy slots are protected too
             if order is None:
                 reason = "cache"
                 depth = min(depth, item.distance - 1)
@@ -371,7 +374,7 @@ class LayerPlanner:
                                                     order.confidence)
 
     # ------------------------------------------------------------------ slots
-    def _acquire(self, key: ExpertKey, kind: str, protected: set[ExpertKey], incoming_distance: float | None = None,
+    def _acquire(self, key: ExpertKey, kind: str, protected: AbstractSet[ExpertKey], incoming_distance: float | None = None,
                  **extra) -> CopyOrder | None:
         """A slot for ``key``, evicting if needed, assigned in the book. ``incoming_distance`` None: a demand
         miss (needed now), anything not busy may go; a prefetch for distance d only evicts experts

@@ -2,8 +2,10 @@
 
     prefill (T>1) ─► EagerExecutor's path (the engine's LayerRuntime.run_layer), into the decoder's StaticCache
     decode step  ─► GraphedDecoder.step: per MoE layer, after its segment's routing (and draft logits) land
-                    in pinned memory ─► LayerRuntime.decide_layer ─► planner ─► copies on the copy stream,
-                    waits for what the layer needs ─► slot of each selection ─► the next segment runs them
+                    in pinned memory ─► LayerRuntime.decide_layer ─► planner ─► demand copies on the copy
+                    stream, waits for what the layer needs ─► slot of each selection ─► the next segment is
+                    launched ─► LayerRuntime.run_deferred: the lookahead plans and issues its prefetches while
+                    that segment runs (the layer's experts protected from eviction meanwhile)
 
 The same planner decides as on the eager path, and copies, slots and the copy stream are the eager
 executor's (this class extends it). What the graphs cannot do yet falls back to the eager executor
@@ -107,5 +109,5 @@ class GraphStepper:
             self._started = True
             dec.prefill(ids, own_experts=False)
             return dec.prefill_logits
-        dec.step(ids[-1], self.ex.on_layer)
+        dec.step(ids[-1], self.ex.on_layer, self.ex.runtime.run_deferred)
         return dec.last_logits

@@ -34,9 +34,11 @@ import torch
 from torch.nn import functional as F
 
 from spice_core.errors import ConfigError, SpiceError
+from spice_core.exec import slot_kernels
 from spice_core.exec.experts import expert_forward, gathered_experts_forward, installed
 from spice_core.model.loader import cache_kwarg
-from spice_core.runtime.graphed_plan import PLAN_ROWS, plan_rows
+from spice_core.runtime.graphed_plan import (APPROX, BY_SLOT, EXPERT, INV, KIND, PERM, PLAN_ROWS, SLOT, VALID,
+                                             plan_rows)
 from spice_core.types import ExpertKey
 
 log = logging.getLogger(__name__)
@@ -44,7 +46,13 @@ log = logging.getLogger(__name__)
 OnLayer = Callable[[int, list, list], Sequence[int]]   # (layer, expert ids, weights) -> slot per selection
 OnExpert = Callable[[int, int], int]                   # prefill: (layer, expert) -> slot holding it
 PreExperts = Callable[[int, torch.Tensor], torch.Tensor]   # (layer, x [1,H]) -> [n] float32, read back per layer
-KERNELS = ("gather", "grouped")
+AfterReplay = Callable[[], None]                       # host work that may overlap the segment just launched
+KERNELS = ("slots", "gather", "grouped")
+
+
+def default_kernel(device: torch.device) -> str:
+    """The slot-indexed Triton step on CUDA where Triton is installed, else the gather (the CPU's path)."""
+    return "slots" if device.type == "cuda" and slot_kernels.available() else "gather"
 
 
 class GraphCaptureError(SpiceError):
@@ -64,13 +72,14 @@ class _Hook:
 class GraphedDecoder:
     """Decode steps (T=1) of a LoadedModel as one CUDA-graph segment per MoE layer, cut at the experts call.
 
-    ``slots_buffer`` [n_slots, numel] holds experts in ``lm.layout``'s flat layout. ``kernel``: "gather"
-    (index_select the K experts' weights into scratch, then bmm) or "grouped" (grouped_mm straight over
-    the slot views, no weight copy). ``use_graphs=False`` runs the same step op by op (CPU, reference).
+    ``slots_buffer`` [n_slots, numel] holds experts in ``lm.layout``'s flat layout. ``kernel``: "slots"
+    (two Triton kernels reading each selection straight from its slot, exec/slot_kernels.py; the default on
+    CUDA), "gather" (index_select the K experts' weights into scratch, then bmm; the CPU's) or "grouped"
+    (grouped_mm over the slot views). ``use_graphs=False`` runs the same step op by op (CPU, reference).
     """
 
     def __init__(self, lm, slots_buffer: torch.Tensor, copy_stream, max_cache_len: int, *,
-                 kernel: str = "gather", use_graphs: bool | None = None, wait_for_copies: bool = True,
+                 kernel: str | None = None, use_graphs: bool | None = None, wait_for_copies: bool = True,
                  pre_experts: PreExperts | None = None, extra_numel: int = 0, lore=None) -> None:
         """``wait_for_copies`` False: the caller makes `stream` wait for the copies a step needs (inside
         on_layer), so prefetches for later layers keep flowing behind the next segments.
@@ -80,6 +89,7 @@ class GraphedDecoder:
         marks approximate take its surrogate (plus α·shared expert) instead of a slot's expert."""
         from transformers import StaticCache
 
+        kernel = kernel or default_kernel(torch.device(lm.device))
         if kernel not in KERNELS:
             raise ConfigError(f"kernel {kernel!r} is unknown: use one of {', '.join(KERNELS)}")
         self.lm, self.model, self.kernel = lm, lm.model, kernel
@@ -103,6 +113,8 @@ class GraphedDecoder:
         H, I, numel = lay.hidden, lay.intermediate, lay.numel
         assert slots_buffer.shape[1:] == (numel,) and slots_buffer.is_contiguous(), slots_buffer.shape
         self.buffer, self.n_slots = slots_buffer, int(slots_buffer.shape[0])
+        if kernel == "slots" and not slot_kernels.available():
+            raise ConfigError("kernel 'slots' needs Triton (pip install triton) and a CUDA device: use kernel='gather'")
         if kernel == "grouped" and self.n_slots > 1024:
             raise ConfigError(f"kernel 'grouped' handles at most 1024 slots (a grouped_mm limit), not {self.n_slots}: "
                               "use kernel='gather'")
@@ -138,7 +150,9 @@ class GraphedDecoder:
         self._route_src: list = [None] * M     # (top_k_index, top_k_weights) of each layer, pool memory
         self._token_dev, self.logits = None, None
         self._pos_host, self._next_token = 0, None
-        self.host_s, self.host_layers = 0.0, 0   # host time between segments (after the wait, to the replay)
+        self.host_s, self.host_layers = 0.0, 0   # host time between segments (after the wait, to the replay): GPU idle
+        self.overlap_s = 0.0                     # host time after a replay, while its segment runs (after_replay)
+        self._after_replay: AfterReplay | None = None
         self.capture_s = 0.0
         self.in_graph_copies = False
         self._graphs: list = []
@@ -178,15 +192,18 @@ class GraphedDecoder:
         self._pos_host, self._next_token = T, token
         return token
 
-    def step(self, token: int, on_layer: OnLayer) -> int:
+    def step(self, token: int, on_layer: OnLayer, after_replay: AfterReplay | None = None) -> int:
         """One decode step at the next position; returns the greedy next token. For each MoE layer l in
         order, once its routing sits in pinned memory: on_layer(l, expert_ids, weights) -> the slot of each
-        selection (routed selections only, in top-k order). Copies the callback issues on copy_stream are
-        awaited by the compute stream before the next segment; any slot may be overwritten inside the
-        callback (every earlier segment has finished when it runs)."""
+        selection (routed selections only, in top-k order); then the next segment is launched and
+        ``after_replay()`` runs while it executes (host work that need not delay it, e.g. the lookahead).
+        With ``wait_for_copies`` the compute stream waits for every copy the callbacks issued; without it
+        the callback makes it wait for what the layer reads. Inside on_layer every earlier segment has
+        finished; inside after_replay the segment just launched may still read layer l's slots, so
+        after_replay must not overwrite them (the planner keeps them protected)."""
         if self._pos_host + 1 > self.max_cache_len:
             raise ConfigError(f"the sequence reached max_cache_len {self.max_cache_len}: raise it")
-        self._on_layer = on_layer
+        self._on_layer, self._after_replay = on_layer, after_replay
         if not self.use_graphs:
             with self._on_stream(), self._hooked("eager"), torch.no_grad():
                 if token != self._next_token:
@@ -212,6 +229,8 @@ class GraphedDecoder:
                 self.ids.fill_(token)
             for i, layer in enumerate(self.lm.moe_layers):
                 self._graphs[i].replay()
+                if i > 0:
+                    self._run_after_replay()
                 if not self.in_graph_copies:
                     self._readback(i, *self._route_src[i])
                     if self._extra_src[i] is not None:
@@ -228,12 +247,19 @@ class GraphedDecoder:
                     s.wait_event(self._copies_done)
                 self.host_s += clock() - t0
             self._graphs[-1].replay()
+            self._run_after_replay()
             if not self.in_graph_copies:
                 self.token_host.copy_(self._token_dev.view(1), non_blocking=True)
             self._events[-1].record(s)
             self._events[-1].synchronize()
         self.host_layers += len(self.lm.moe_layers)
         return int(self._token_np[0])
+
+    def _run_after_replay(self) -> None:
+        if self._after_replay is not None:
+            t0 = time.perf_counter()
+            self._after_replay()
+            self.overlap_s += time.perf_counter() - t0
 
     # ------------------------------------------------------------------ the step body (captured or eager)
     def _body(self) -> torch.Tensor:
@@ -280,6 +306,9 @@ class GraphedDecoder:
             self.plan_dev[i].copy_(self.plan_host[i], non_blocking=self._pin)
             if self.copy_stream is not None and self.wait_for_copies:
                 torch.cuda.current_stream().wait_stream(self.copy_stream)
+            out = self._experts(i, x, top_k_weights, act)
+            self._run_after_replay()       # as after a replay: the experts are queued, the host plans on
+            return out
         return self._experts(i, x, top_k_weights, act)
 
     def _readback(self, i: int, top_k_index, top_k_weights) -> None:
@@ -299,17 +328,23 @@ class GraphedDecoder:
         """x [1,H] -> [1,H]: layer i's K selections from their slots, combined in ascending expert order."""
         K, H = self.k, x.shape[-1]
         plan = self.plan_dev[i]
-        slot_e, perm, valid = plan[0], plan[1], plan[2]
+        slot_e, perm, valid = plan[SLOT], plan[PERM], plan[VALID]
+        if self.kernel == "slots" and slot_kernels.is_silu(act):
+            y_ext = self._lore_out(i, x, plan[EXPERT], act).to(x.dtype) if self.lore is not None else None
+            h = torch.empty((K, self.lm.layout.intermediate), dtype=x.dtype, device=x.device)
+            out = torch.empty((1, H), dtype=x.dtype, device=x.device)
+            return slot_kernels.slot_experts_forward(x.view(1, H), self.buffer, slot_e, plan[KIND], perm,
+                                                     top_k_weights.view(-1), y_ext, self.lm.layout, h, out)
         w = top_k_weights.view(-1).index_select(0, perm).view(K, 1)       # router dtype
-        if self.kernel == "gather":
+        if self.kernel != "grouped":
             y = gathered_experts_forward(x, self.buffer, slot_e, self.lm.layout, act)   # [K,H]
         else:
-            offs = torch.searchsorted(plan[3], self._slot_ids, right=True).to(torch.int32)   # group ends
+            offs = torch.searchsorted(plan[BY_SLOT], self._slot_ids, right=True).to(torch.int32)   # group ends
             gate, up = F.grouped_mm(x.expand(K, H).contiguous(), self._gu.transpose(1, 2), offs=offs).chunk(2, -1)
             y = F.grouped_mm((act(gate) * up).contiguous(), self._dn.transpose(1, 2), offs=offs)
-            y = y.index_select(0, plan[4])                                   # slot order -> expert order
+            y = y.index_select(0, plan[INV])                                 # slot order -> expert order
         if self.lore is not None:
-            y = torch.where(plan[5].view(K, 1) != 0, self._lore_out(i, x, plan[6], act).to(y.dtype), y)
+            y = torch.where(plan[APPROX].view(K, 1) != 0, self._lore_out(i, x, plan[EXPERT], act).to(y.dtype), y)
         p = torch.where(valid.view(K, 1) != 0, (y * w).to(x.dtype), 0.0)
         acc = p[0]
         for k in range(1, K):   # bf16 adds in ascending expert order, as the stock loop

@@ -11,6 +11,10 @@ ints, K = the model's top-k):
     4 inv      for each selection (expert order) its row in slot order
     5 approx   1 for a selection approximated by its LoRE surrogate (its slot is a dummy 0)
     6 expert   the expert id of each selection (indexes the LoRE factors; invalid: 0)
+    7 kind     what the slot kernel does with it: KIND_NONE (dropped), KIND_GPU (reads its slot),
+               KIND_EXT (its output is given: LoRE; reads no slot)
+
+Rows are read by name (SLOT, PERM, … below), never by a bare index.
 
 Ascending expert order is the stock loop's combine order, so every slot assignment of the
 same experts combines identically (the bitwise invariant of exact policies).
@@ -21,8 +25,10 @@ from collections import OrderedDict
 
 from spice_core.types import ExpertKey
 
-PLAN_ROWS = 7
+SLOT, PERM, VALID, BY_SLOT, INV, APPROX, EXPERT, KIND = range(8)
+PLAN_ROWS = 8
 APPROX_SLOT = -1        # what on_layer returns for a selection the LoRE branch approximates
+KIND_NONE, KIND_GPU, KIND_EXT = 0, 1, 2     # the slot kernel's kinds (exec/slot_kernels.py)
 
 
 def plan_rows(expert_ids: list[int], slots: list[int], n_experts: int, n_slots: int) -> list[list[int]]:
@@ -46,7 +52,8 @@ def plan_rows(expert_ids: list[int], slots: list[int], n_experts: int, n_slots: 
     inv = [0] * k_all
     for row, j in enumerate(by_slot):
         inv[j] = row
-    return [slot_e, order, valid, [sort_key[j] for j in by_slot], inv, approx, expert]
+    kind = [KIND_EXT if a else KIND_GPU if v else KIND_NONE for v, a in zip(valid, approx)]
+    return [slot_e, order, valid, [sort_key[j] for j in by_slot], inv, approx, expert, kind]
 
 
 class LruSlotMap:

@@ -43,6 +43,7 @@ class LayerRuntime:
         # The fast path's host step takes the same planner call for any policy without lookahead.
         self._decide_hits = not planner.prefetching
         self._hit_path = getattr(executor, "batched", False) and hasattr(executor, "run_hits") and self._decide_hits
+        self._deferred = None        # the graphed step's lookahead, planned after the next segment's launch
         self.observers: list = []   # callables(layer, idx_rows, w_rows): the routing as read back ([T][K] lists)
         self.layer_observers: list = []   # callables(runtime, layer) after each MoE layer: accounting checks
 
@@ -123,10 +124,11 @@ class LayerRuntime:
 
     def decide_layer(self, layer: int, expert_ids: list[int], weights: list[float], draft_logits=None) -> list[int]:
         """The graphed executor's per-layer host step (T=1): the layer's routing has been read back and
-        every earlier segment has finished. Plans the layer, issues its copies and the lookahead's, makes
-        the compute stream wait for what this layer needs, and returns the slot of each selection (the
-        next segment runs the experts from them). The lookahead is planned before the experts are
-        placed, while they are busy, so no prefetch can evict an expert the next segment reads."""
+        every earlier segment has finished. Plans the layer, issues its demand copies, makes the compute
+        stream wait for what this layer needs, and returns the slot of each selection (the next segment
+        runs the experts from them). The lookahead is left for `run_deferred`, which the decoder calls once
+        that segment is launched, so the GPU need not wait for it: until then this layer's experts stay
+        protected from eviction (the segment reads their slots while the lookahead plans)."""
         clock, planner, ex = self.clock, self.planner, self.executor
         for l_ in self._layers_before[layer]:
             clock.layer(l_, 1, dense=l_ != layer)
@@ -143,11 +145,6 @@ class LayerRuntime:
         self.recorder.layer_counts(plan.hits, plan.misses)
         for order in plan.copies:
             ex.issue(order)
-        if planner.prefetching and self.predictor is not None:
-            if draft_logits is not None:
-                self._prefetch(layer, lambda: self.predictor.predictions_from_logits(layer, draft_logits))
-            else:
-                self._prefetch(layer, lambda: self.predictor.predict(layer, None, self.ctx))
         slot_of = {}
         for r in planner.plan_experts(plan, batched=True):
             key = (layer, r.expert)
@@ -163,7 +160,27 @@ class LayerRuntime:
         self.recorder.layer_outcomes(layer, plan.needed, plan.outcomes)
         for obs in self.layer_observers:
             obs(self, layer)
+        if planner.prefetching and self.predictor is not None:
+            keys = self.lm_keys(layer, plan.needed)
+            if draft_logits is not None:
+                predict = lambda: self.predictor.predictions_from_logits(layer, draft_logits)   # noqa: E731
+            else:
+                predict = lambda: self.predictor.predict(layer, None, self.ctx)   # noqa: E731
+            self._deferred = (layer, predict, keys)
         return [slot_of[e] for e in expert_ids]
+
+    @staticmethod
+    def lm_keys(layer: int, experts) -> frozenset:
+        return frozenset(ExpertKey(layer, e) for e in experts)
+
+    def run_deferred(self) -> None:
+        """The lookahead `decide_layer` left, planned now (the decoder has launched the segment that reads the
+        layer's experts: their slots stay protected). Nothing when none is pending. ``draft_logits`` is read
+        here, before the next token's segment overwrites it (FASTPATH H5)."""
+        job, self._deferred = self._deferred, None
+        if job is not None:
+            layer, predict, protected = job
+            self._prefetch(layer, predict, protected)
 
     def _hits_done(self, layer: int, expert_ids) -> None:
         """What the phases record of a layer whose selections were all plain hits, and its observers."""
@@ -171,7 +188,8 @@ class LayerRuntime:
         for obs in self.layer_observers:
             obs(self, layer)
 
-    def _prefetch(self, layer: int, predict) -> None:
+    def _prefetch(self, layer: int, predict, protected: frozenset = frozenset()) -> None:
+        """``protected``: experts a launched segment still reads, which no prefetch may evict."""
         planner = self.planner
         if not planner.plan_pays():
             if hasattr(self.predictor, "discard"):
@@ -180,7 +198,7 @@ class LayerRuntime:
         else:
             preds = predict()
             self.clock.plan(layer)
-            orders = planner.plan_prefetch(layer, preds, self._queues())
+            orders = planner.plan_prefetch(layer, preds, self._queues(), protected=protected)
         for order in orders.copies:
             handle = self.executor.issue(order)
             planner.prefetch_issued(order, layer, self.clock.now_ms(), handle.end_ms)

@@ -41,6 +41,11 @@ def raw_from_runs(runs) -> dict:
         "agreements": [a for _, a, _, _ in runs if a is not None],
         "gpu_peak_bytes": max((t.get("gpu_peak_bytes", 0) for _, _, t, _ in runs), default=0),
         "n_runs": len(runs),
+        # the fast path's host step (run.host_step_totals): sums over MoE layers, so shards merge exactly
+        "host_layers": sum(t.get("host_layers", 0) for _, _, t, _ in runs),
+        "host_critical_us_sum": sum(t.get("host_critical_us", 0.0) * t.get("host_layers", 0) for _, _, t, _ in runs),
+        "host_overlap_us_sum": sum(t.get("host_overlap_us", 0.0) * t.get("host_layers", 0) for _, _, t, _ in runs),
+        "device_ms": [st.device_ms for st in decode],
     }
 
 
@@ -77,7 +82,15 @@ def derive(raw: dict) -> dict:
         "greedy_agreement": statistics.mean(raw["agreements"]) if raw["agreements"] else None,
         "gpu_peak_mb": raw["gpu_peak_bytes"] / 1e6 or None,
         "n_runs": raw["n_runs"], "n_decode_tokens": n,
+        "host_us_per_layer": _per_layer(raw, "host_critical_us_sum"),
+        "host_overlap_us_per_layer": _per_layer(raw, "host_overlap_us_sum"),
+        "device_ms_median": statistics.median(raw["device_ms"]) if raw.get("device_ms") else None,
     }
+
+
+def _per_layer(raw: dict, field: str) -> float | None:
+    layers = raw.get("host_layers", 0)
+    return raw.get(field, 0.0) / layers if layers else None
 
 
 def _combine(a: dict, b: dict) -> dict:
@@ -91,6 +104,8 @@ def _combine(a: dict, b: dict) -> dict:
         "agreements": a["agreements"] + b["agreements"],
         "gpu_peak_bytes": max(a["gpu_peak_bytes"], b["gpu_peak_bytes"]),
         "n_runs": a["n_runs"] + b["n_runs"],
+        **{f: a.get(f, 0) + b.get(f, 0) for f in ("host_layers", "host_critical_us_sum", "host_overlap_us_sum")},
+        "device_ms": a.get("device_ms", []) + b.get("device_ms", []),
     }
 
 

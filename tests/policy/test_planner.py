@@ -165,3 +165,20 @@ def test_plan_hits_refuses_a_prefetching_policy():
     step(p, 1, [[0]])
     step(p, 1, [[0]])                        # a plain hit now, but the lookahead needs the phases
     assert p.plan_hits(1, [0]) is None
+
+
+def test_a_lookahead_planned_after_the_layer_was_placed_never_evicts_what_it_is_told_a_segment_reads():
+    """The fast path plans layer 1's lookahead after its experts are placed (no longer busy) and their segment is
+    launched: those experts are passed as ``protected``, and a prefetch takes another victim or none at all."""
+    p = planner("spice_prefetch", n_slots=2, tau_prefetch=0.5, max_lookahead=2)
+    step(p, 1, [[0]], batched=True)
+    step(p, 2, [[1]], batched=True)            # full: (1,0) then (2,1), neither busy any more
+    pred = [LayerPrediction(2, 1, (0.0, 0.0, 0.0, 0.9))]   # layer 1 of the next token wants expert 3
+    unprotected = p.plan_prefetch(2, pred, NOW)
+    assert [o.evicted for o in unprotected.copies] == [ExpertKey(1, 0)]   # what the hazard would do
+    q = planner("spice_prefetch", n_slots=2, tau_prefetch=0.5, max_lookahead=2)
+    step(q, 1, [[0]], batched=True)
+    step(q, 2, [[1]], batched=True)
+    guarded = q.plan_prefetch(2, pred, NOW, protected=frozenset({ExpertKey(2, 1), ExpertKey(1, 0)}))
+    assert guarded.copies == () and guarded.stop_reason == "cache"
+    assert ExpertKey(1, 0) in q.residency and ExpertKey(2, 1) in q.residency

@@ -107,3 +107,4 @@ def test_a_finished_or_cancelled_run_frees_its_slot_buffer_at_once(graphed, monk
         assert len(made) == 2 and all(ref() is None for ref in made)
     finally:
         gc.enable()
+

@@ -6,7 +6,7 @@ import torch
 
 from tiny_models import FAMILIES, build_tiny
 
-from spice_core.runtime.graphed_plan import LruSlotMap, plan_rows
+from spice_core.runtime.graphed_plan import KIND_EXT, KIND_GPU, KIND_NONE, LruSlotMap, plan_rows
 from spice_core.types import ExpertKey
 
 PROMPT = [5, 17, 33, 2, 9, 41, 7]
@@ -122,8 +122,14 @@ def test_decoder_refuses_unknown_kernel_and_a_cache_below_top_k(tiny_dirs):
 
 def test_plan_rows_mark_lore_approximations_with_a_dummy_slot_and_the_expert_id():
     from spice_core.runtime.graphed_plan import APPROX_SLOT
-    slot_e, perm, valid, by_slot, inv, approx, expert = plan_rows([7, 2, 5], [10, APPROX_SLOT, 20], n_experts=8,
-                                                                  n_slots=40)
+    slot_e, perm, valid, by_slot, inv, approx, expert, kind = plan_rows([7, 2, 5], [10, APPROX_SLOT, 20],
+                                                                        n_experts=8, n_slots=40)
     assert perm == [1, 2, 0] and approx == [1, 0, 0] and expert == [2, 5, 7]
     assert slot_e == [0, 20, 10] and valid == [1, 1, 1]
     assert by_slot == [10, 20, 40]            # the approximated selection is kept out of the grouped GEMM
+    assert kind == [KIND_EXT, KIND_GPU, KIND_GPU]   # the slot kernel reads no slot for it (FASTPATH H2)
+
+
+def test_plan_rows_give_dropped_selections_the_kind_that_reads_nothing():
+    *_, kind = plan_rows([3, 8, 1], [4, 6], n_experts=8, n_slots=9)
+    assert kind == [KIND_GPU, KIND_GPU, KIND_NONE]
