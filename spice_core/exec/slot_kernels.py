@@ -120,16 +120,19 @@ def _kernels():
 
 def slot_experts_forward(x: torch.Tensor, buffer: torch.Tensor, slot: torch.Tensor, kind: torch.Tensor,
                          perm: torch.Tensor, weights: torch.Tensor, y_ext: torch.Tensor | None, layout,
-                         h_scratch: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+                         h_scratch: torch.Tensor, out: torch.Tensor, tiles: tuple[int, int, int, int] | None = None
+                         ) -> torch.Tensor:
     """One token's routed output. x [1,H]; buffer [n_slots, numel]; slot/kind/perm [K] (ascending expert
     order); weights [K] the router's (top-k order); y_ext [K,H] outputs of EXT selections (None: there are
-    none); h_scratch [K,I] and out [1,H] in x's dtype, written here. Capturable (two launches)."""
+    none); h_scratch [K,I] and out [1,H] in x's dtype, written here. Capturable (two launches). ``tiles``:
+    (up rows, up cols, down rows, down cols), for tuning (benchmarks/slot_kernel.py)."""
     moe_up, moe_down = _kernels()
     K, H, I_, numel = slot.shape[0], layout.hidden, layout.intermediate, layout.numel
-    moe_up[(K, -(-I_ // UP_ROWS))](x, buffer, slot, kind, h_scratch, numel, H=H, I=I_, BR=UP_ROWS, BC=UP_COLS)
+    ur, uc, dr, dc = tiles or (UP_ROWS, UP_COLS, DOWN_ROWS, DOWN_COLS)
+    moe_up[(K, -(-I_ // ur))](x, buffer, slot, kind, h_scratch, numel, H=H, I=I_, BR=ur, BC=uc)
     ext = y_ext if y_ext is not None else out        # never read when no selection is EXT
-    moe_down[(-(-H // DOWN_ROWS),)](h_scratch, buffer, slot, kind, perm, weights.reshape(-1), ext, out, numel,
-                                    2 * I_ * H, H=H, I=I_, K=K, BR=DOWN_ROWS, BC=DOWN_COLS)
+    moe_down[(-(-H // dr),)](h_scratch, buffer, slot, kind, perm, weights.reshape(-1), ext, out, numel,
+                             2 * I_ * H, H=H, I=I_, K=K, BR=dr, BC=dc)
     return out
 
 
