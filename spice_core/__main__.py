@@ -1,5 +1,24 @@
+import atexit
+import os
 import sys
 
-from spice_core.tools.cli import main
 
-sys.exit(main())
+def _exit(code: int) -> None:
+    if code == 130:
+        # Interrupted. A Ctrl-C that lands while a C extension runs Python code (torch's import does) leaves
+        # Python about to re-kill itself with SIGINT as it exits (status -2, as if nothing had caught it), so
+        # finish here: run the exit handlers, flush, and exit with the 130 that shells expect.
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+try:
+    from spice_core.tools.cli import main
+except KeyboardInterrupt:       # Ctrl-C while the tools are still importing
+    print("interrupted", file=sys.stderr)
+    _exit(130)
+
+_exit(main())

@@ -137,9 +137,13 @@ def _checkpoint_keys(path: Path, files: list[Path]) -> set[str]:
     index = path / "model.safetensors.index.json"
     if index.exists():
         try:
-            wanted = set(json.loads(index.read_text())["weight_map"].values())
-        except (json.JSONDecodeError, KeyError) as e:
-            raise ModelLoadError(f"{index.name} in {path} is unreadable ({e}): re-save the checkpoint") from e
+            weight_map = json.loads(index.read_bytes().decode("utf-8"))["weight_map"]
+        except (UnicodeDecodeError, ValueError, RecursionError, KeyError, TypeError) as e:
+            raise ModelLoadError(f"{index.name} in {path} is unreadable ({str(e)[:200]}): re-save the checkpoint") from e
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) and v for v in weight_map.values()):
+            raise ModelLoadError(f"{index.name} in {path}: \"weight_map\" is not an object of tensor names to shard "
+                                 "file names: re-save the checkpoint")
+        wanted = set(weight_map.values())
         missing = sorted(w for w in wanted if not (path / w).exists())
         if missing:
             raise ModelLoadError(f"checkpoint shard {missing[0]} is missing from {path}: restore it or re-save the checkpoint")

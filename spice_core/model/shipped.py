@@ -57,7 +57,10 @@ def model_argument(text, flag: str = "--model"):
     if text is None:
         return None
     s = str(text).strip()
-    if not s or Path(s).expanduser().exists() or "/" in s or "\\" in s or s.startswith((".", "~")):
+    if not s:       # an empty value (a variable that was not set) must not quietly mean the default model
+        raise ConfigError(f"{flag} is empty: pass a shipped model's name ({', '.join(NAMES)}), a checkpoint folder "
+                          f"or a hub id, or leave {flag} out for the default")
+    if Path(s).expanduser().exists() or "/" in s or "\\" in s or s.startswith((".", "~")):
         return text
     model = shipped(s)
     if model is None:

@@ -127,10 +127,21 @@ def utf8_text_file(text: str) -> Path:
     return p
 
 
+def utf8_text(text: str) -> str:
+    """Text typed on the command line, refused when it is not valid UTF-8 (Python hands invalid bytes on
+    as lone surrogates, which a tokenizer or a print then fails on)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(f"{text[:20]!r} is not valid UTF-8 text: check the terminal's or the "
+                                         "script's encoding") from None
+    return text
+
+
 def nonempty_text(text: str) -> str:
     if not text:
         raise argparse.ArgumentTypeError("the value is empty")
-    return text
+    return utf8_text(text)
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

@@ -11,7 +11,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 
 from spice_core.tools.args import SpiceArgumentParser, log_level
 from spice_core.errors import SpiceError
@@ -47,12 +50,45 @@ def _one_line(e: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-    except SpiceError as e:
-        print(f"error: {_one_line(e)}", file=sys.stderr)
-        return 2
+        return _main(argv)
+    except KeyboardInterrupt as e:      # Ctrl-C at any point, start-up (imports, parsing) included
+        return interrupted(e)
+
+
+def interrupted(e: BaseException | None = None) -> int:
+    """Ctrl-C: one line (what was left undone, when the command says) and the shell's exit status 130."""
+    detail = _one_line(e) if e is not None and str(e) else ""
+    print(f"interrupted{': ' + detail if detail else ''}", file=sys.stderr)
+    return 130
+
+
+@contextmanager
+def _interrupt_deferred():
+    """Hold a Ctrl-C back while the commands import: torch's C++ start-up runs Python code, and a
+    KeyboardInterrupt raised inside it aborts the process ("terminate called ... KeyboardInterrupt").
+    Yields a list that holds the signal if one came; outside the main thread nothing is changed."""
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _main(argv: list[str] | None) -> int:
+    with _interrupt_deferred() as interrupt:
+        try:
+            parser = build_parser()
+            args = parser.parse_args(argv)
+        except SpiceError as e:
+            print(f"error: {_one_line(e)}", file=sys.stderr)
+            return 2
+    if interrupt:
+        return interrupted()
     logging.basicConfig(level=getattr(logging, args.log_level), format="%(levelname)s %(name)s: %(message)s")
     if not getattr(args, "func", None):
         parser.print_help()
@@ -68,6 +104,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot read or write{where}: {e.strerror or e}: check the path, its permissions "
               "and free space", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130

@@ -3,15 +3,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import shutil
 import sys
 from pathlib import Path
 
 from spice_core.tools import args as ca
 from spice_core.api import MAX_NEW_TOKENS_LIMIT, POLICIES, RunSettings, own_shape
-from spice_core.errors import ConfigError
+from spice_core.errors import ConfigError, SpiceError
 from spice_core.model.shipped import NAMES, model_argument
 from spice_core.user_files import check_writable_dir
 
+MAX_MODELED_STEP_MS = 86_400_000.0   # a modeled token slower than a day comes from a profile's absurd numbers
 DEFAULTS = RunSettings()          # the one set of defaults the app and the API use too
 MODEL_HELP = (f"a shipped model's name ({', '.join(NAMES)}), a checkpoint folder or a hub id "
               f"(default: the shipped {NAMES[0]})")
@@ -96,7 +99,7 @@ def _cuda() -> bool:
 def add_cli(sub) -> None:
     p = sub.add_parser("generate", help="generate text for one prompt and print a summary")
     add_engine_args(p)
-    p.add_argument("--prompt", required=True)
+    p.add_argument("--prompt", type=ca.utf8_text, required=True)
     form = p.add_mutually_exclusive_group()
     form.add_argument("--chat", action="store_true",
                       help="wrap the prompt with the tokenizer's chat template (the default when it has one)")
@@ -125,18 +128,21 @@ def run(args) -> int:
         gen = engine.start_chat([{"role": "user", "content": args.prompt}], s)
     else:
         gen = engine.start_prompt(args.prompt, s)
+    steps = []
     for step in gen:
+        steps.append(step)
         if not args.json:
             sys.stdout.write(step.text)
             sys.stdout.flush()
+    if not args.json:
+        print()                     # ends the streamed text's line, before a summary or an error
     summ = gen.summary()
+    check_times(steps, summ.timing, args)
     if args.trace_dir is not None:
-        args.trace_dir.mkdir(parents=True, exist_ok=True)
-        engine.export_chrome_trace(gen.run_id, args.trace_dir)
-        engine.export_tensorboard_zip(gen.run_id, args.trace_dir)
-        engine.export_csv(gen.run_id, args.trace_dir)
+        export_traces(engine, gen.run_id, args.trace_dir)
     rec = engine.get_record(gen.run_id)
-    note = shape_note(summ.timing, summ.shape, engine.info())
+    notes = [n for n in (shape_note(summ.timing, summ.shape, engine.info()),
+                         context_note(summ, args.max_new_tokens, engine.info().max_context_tokens)) if n]
     if args.json:
         steps = engine.get_steps(gen.run_id)
         obj = {
@@ -149,7 +155,7 @@ def run(args) -> int:
                 "shape": summ.shape, "policy": summ.policy, "miss_split": summ.miss_split,
                 "hit_rate_per_layer": {str(k): v for k, v in summ.hit_rate_per_layer.items()},
                 "tokens_per_s": summ.tokens_per_s, "finish_reason": summ.finish_reason,
-                "notes": list(summ.notes) + ([note] if note else []),
+                "notes": list(summ.notes) + notes,
                 "wasted_prefetch_bytes": rec.totals.get("wasted_prefetch_bytes", 0),
                 "cpu_fallbacks": rec.totals.get("cpu_fallbacks", 0),
                 "cache_slots": rec.totals.get("cache_slots"),
@@ -162,14 +168,53 @@ def run(args) -> int:
         }
         print(json.dumps(obj, allow_nan=False, default=lambda o: None))
     else:
-        print()
         print(format_summary(summ))
-        if note:
+        for note in notes:
             print(f"note: {note}")
         t = rec.totals
         print(f"GPU expert cache: {t.get('cache_slots')} slots = {t.get('cache_capacity_bytes', 0) / 1e6:.2f} MB "
               f"of {t.get('routed_bytes', 0) / 1e6:.2f} MB routed experts (native sizes)")
     return 0
+
+
+def check_times(steps, timing: str, args) -> None:
+    """Modeled times that are infinite, NaN or zero come from a hardware profile whose numbers are finite but
+    absurd (a rate of 1e-308 TFLOP/s): refuse them rather than print "TPOT 0.000 ms" or fail in JSON."""
+    if timing != "modeled" or not steps:
+        return
+    times = [st.step_ms for st in steps]
+    if all(math.isfinite(t) and 0 < t < MAX_MODELED_STEP_MS for t in times):
+        return
+    source = f"--hw-profile {args.hw_profile}" if getattr(args, "hw_profile", None) else f"--profile {args.profile}"
+    raise ConfigError(f"{source}: its numbers make modeled step times infinite, NaN, zero or "
+                      "longer than a day (e.g. a rate near 0 or near the largest float): use measured values (python -m spice_core calibrate-hw)")
+
+
+def context_note(summ, asked_tokens: int, context_tokens: int) -> str:
+    """Why a run ended before ``asked_tokens`` when the model's context, not --max-new-tokens, was the limit."""
+    if summ.finish_reason != "length" or summ.n_tokens >= asked_tokens or not context_tokens:
+        return ""
+    return (f"stopped at the model's context of {context_tokens} tokens: the prompt took "
+            f"{context_tokens - summ.n_tokens}, so {summ.n_tokens} of the {asked_tokens} new tokens asked for fit")
+
+
+def export_traces(engine, run_id: str, out_dir: Path) -> None:
+    """The run's Chrome trace, TensorBoard run and CSV, all or none: an interrupted or failed export removes
+    what it wrote (spice-<run id>*) and says so, so a partial set is never left looking complete."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        engine.export_chrome_trace(run_id, out_dir)
+        engine.export_tensorboard_zip(run_id, out_dir)
+        engine.export_csv(run_id, out_dir)
+    except (KeyboardInterrupt, OSError, SpiceError) as e:
+        for p in out_dir.glob(f"spice-{run_id}*"):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        what = f"the trace export to {out_dir} was incomplete, so its files (spice-{run_id}*) were removed"
+        if isinstance(e, KeyboardInterrupt):
+            raise KeyboardInterrupt(what) from None
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ConfigError(f"--trace-dir {out_dir}: writing failed ({reason}): {what}; check free space and "
+                          "permissions") from e
 
 
 def shape_note(timing: str, shape: str, info) -> str:

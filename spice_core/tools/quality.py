@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from spice_core.api import RunSettings, first_divergence, matching_tokens
+from spice_core.api import DEFAULT_LORE_RANK, RunSettings, first_divergence, matching_tokens
 from spice_core.exec.experts import installed
 from spice_core.errors import ConfigError
 
@@ -281,6 +281,9 @@ def run_cli(args) -> int:
     if settings.tau_approx > 0 and settings.policy in ("spice", "spice_no_cpu"):
         lore = engine.artifacts.lore if engine.artifacts is not None else None
         if lore is not None:
+            if settings.lore_rank == DEFAULT_LORE_RANK and lore.max_rank < DEFAULT_LORE_RANK:
+                # The default means "up to 16", as in generate: smaller factors (the shipped model's) are used whole.
+                settings = replace(settings, lore_rank=lore.max_rank)
             lore.with_rank(settings.lore_rank)          # a bad --lore-rank fails before the long work
     data = eval_set(engine, text_file=args.text, prompts_file=args.prompts, max_tokens=args.max_tokens,
                     window=args.window, n_prompts=args.n_prompts)

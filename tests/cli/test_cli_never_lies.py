@@ -1,0 +1,169 @@
+"""The command line never lies and never dumps a traceback (issue 26, defects 8 and 12): a checkpoint index
+of the wrong shape, text that is not UTF-8, a hardware profile whose finite numbers make times 0 or inf,
+Ctrl-C at start-up or mid-export, an empty --model, quality's defaults on the shipped model, a run cut
+short by the model's context. These load the tiny checkpoint (milliseconds), not the shipped model,
+except where the shipped model's own artifacts are the point."""
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spice_core.tools.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+GOOD_PROFILE = {"name": "p", "h2d_pinned_gbps": 25.0, "h2d_pageable_gbps": 10.0, "d2h_gbps": 25.0,
+                "copy_latency_us": 5.0, "gpu_mem_gbps": 1000.0, "gpu_tflops": 100.0, "gpu_kernel_us": 5.0,
+                "gpu_kernels_per_expert": 4, "gpu_kernels_per_layer": 12, "cpu_mem_gbps": 50.0, "cpu_gflops": 500.0,
+                "cpu_threads": 8, "cpu_task_us": 30.0, "host_step_us": 100.0}
+
+
+def run_cli(capsys, argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line(code, err, *needles, rc=2):
+    assert code == rc, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
+def copy_model(tiny_model, tmp_path, **config):
+    d = tmp_path / "m"
+    shutil.copytree(tiny_model, d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, **config}))
+    return d
+
+
+@pytest.mark.parametrize("weight_map", [[1, 2], "model.safetensors", {"a": 3}, None])
+def test_a_checkpoint_index_whose_weight_map_is_not_an_object_is_one_line(capsys, tmp_path, tiny_model, weight_map):
+    """Regression: `"weight_map": [1, 2]` was an AttributeError traceback."""
+    d = copy_model(tiny_model, tmp_path)
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    code, _, err = run_cli(capsys, ["generate", "--model", d, "--prompt", "hi", "--max-new-tokens", "1"])
+    one_line(code, err, "model.safetensors.index.json", "re-save")
+
+
+@pytest.mark.parametrize("flag", ["--prompt", "--stop"])
+def test_text_that_is_not_utf8_is_refused_as_parsed(capsys, tiny_model, no_long_work, flag):
+    """Regression: invalid UTF-8 in --prompt (Python passes it on as a lone surrogate) was a traceback."""
+    argv = ["generate", "--model", tiny_model, "--prompt", "hi", flag, "ok \udcff"]
+    code, _, err = run_cli(capsys, argv)
+    one_line(code, err, flag, "UTF-8")
+
+
+def test_invalid_utf8_bytes_on_the_real_command_line_are_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "spice_core", "generate", "--prompt", b"caf\xe9 \xff"],
+                       cwd=REPO, capture_output=True, timeout=120)
+    err = r.stderr.decode("utf-8", "replace")
+    assert r.returncode == 2 and "Traceback" not in err and "UTF-8" in err, err
+
+
+def test_an_empty_model_is_refused_not_taken_for_the_default(capsys, no_long_work):
+    """Regression: `--model ""` silently loaded the default shipped model."""
+    for command in (["generate", "--prompt", "hi"], ["quality"], ["calibrate"], ["lift"]):
+        code, _, err = run_cli(capsys, [*command, "--model", ""])
+        one_line(code, err, "--model", "empty")
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+@pytest.mark.parametrize("patch", [{"gpu_tflops": 1e-308}, {"h2d_pinned_gbps": 1e-308, "h2d_pageable_gbps": 1e-308}])
+def test_a_profile_whose_numbers_make_times_infinite_is_refused(capsys, tmp_path, tiny_model, as_json, patch):
+    """Regression: gpu_tflops 1e-308 was a JSON traceback with --json and "TPOT 0.000 ms" without."""
+    hw = tmp_path / "hw.json"
+    hw.write_text(json.dumps({**GOOD_PROFILE, **patch}))
+    argv = ["generate", "--model", tiny_model, "--prompt", "hi", "--max-new-tokens", "3", "--hw-profile", hw,
+            "--cache-frac", "0.3", *(["--json"] if as_json else [])]
+    code, out, err = run_cli(capsys, argv)
+    one_line(code, err, "--hw-profile", "infinite, NaN, zero or longer than a day")
+    assert "TPOT" not in out
+
+
+def test_a_sane_profile_still_gives_finite_times(capsys, tmp_path, tiny_model):
+    hw = tmp_path / "hw.json"
+    hw.write_text(json.dumps(GOOD_PROFILE))
+    code, out, err = run_cli(capsys, ["generate", "--model", tiny_model, "--prompt", "hi", "--max-new-tokens", "3",
+                                      "--hw-profile", hw, "--json"])
+    assert code == 0, err
+    assert json.loads(out)["summary"]["tpot_ms"] > 0
+
+
+def test_a_run_cut_short_by_the_context_says_so(capsys, tmp_path, tiny_model):
+    """Regression: --max-new-tokens 4096 on a short-context model stopped without a note."""
+    d = copy_model(tiny_model, tmp_path, max_position_embeddings=12)
+    code, out, err = run_cli(capsys, ["generate", "--model", d, "--prompt", "the dog", "--raw",
+                                      "--max-new-tokens", "4096"])
+    assert code == 0, err
+    assert "note: stopped at the model's context of 12 tokens" in out
+    assert "of the 4096 new tokens asked for fit" in out
+    code, out, err = run_cli(capsys, ["generate", "--model", d, "--prompt", "the dog", "--raw",
+                                      "--max-new-tokens", "4096", "--json"])
+    assert any("context of 12 tokens" in n for n in json.loads(out)["summary"]["notes"])
+    code, out, err = run_cli(capsys, ["generate", "--model", d, "--prompt", "the dog", "--raw", "--max-new-tokens", "3"])
+    assert "context" not in out
+
+
+@pytest.mark.parametrize("failure", [KeyboardInterrupt, OSError])
+def test_an_interrupted_export_leaves_no_partial_set_and_says_so(capsys, tmp_path, tiny_model, monkeypatch, failure):
+    """Regression: Ctrl-C (or a full disk) during --trace-dir left two of three files, unannounced."""
+    from spice_core.engine import SpiceEngine
+
+    def fail(self, run_id, out_dir):
+        (Path(out_dir) / f"spice-{run_id}-per-token.csv").write_text("index,half")
+        raise failure(28, "No space left on device") if failure is OSError else failure()
+
+    monkeypatch.setattr(SpiceEngine, "export_csv", fail)
+    out_dir = tmp_path / "traces"
+    code, _, err = run_cli(capsys, ["generate", "--model", tiny_model, "--prompt", "hi", "--max-new-tokens", "2",
+                                    "--trace-dir", out_dir])
+    one_line(code, err, "incomplete", "removed", rc=130 if failure is KeyboardInterrupt else 2)
+    assert err.startswith("interrupted: " if failure is KeyboardInterrupt else "error: --trace-dir")
+    assert list(out_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("delay_s", [0.3, 1.0])
+def test_ctrl_c_during_start_up_is_one_line_and_exit_130(delay_s):
+    """Regression: Ctrl-C while the tools imported was a KeyboardInterrupt traceback and exit -2."""
+    p = subprocess.Popen([sys.executable, "-m", "spice_core", "generate", "--prompt", "hi"], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay_s)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted"), err
+
+
+def test_quality_defaults_work_on_the_shipped_model(capsys, monkeypatch):
+    """Regression: quality's default --lore-rank 16 failed on the shipped model ("above ... 4"); the default
+    means "up to the factors' rank", as in generate. The long work is replaced by a sentinel."""
+    import spice_core.tools.quality as quality
+
+    class Reached(Exception):
+        pass
+
+    seen = {}
+
+    def stop(engine, settings, *a, **k):
+        seen["rank"] = settings
+        raise Reached
+
+    monkeypatch.setattr(quality, "eval_set", lambda *a, **k: None)
+    monkeypatch.setattr(quality, "exact_reference", lambda engine, data, n, base: base)
+    monkeypatch.setattr(quality, "evaluate", stop)
+    with pytest.raises(Reached):
+        main(["quality", "--model", "spice-mini", "--tau-approx", "0.3", "--device", "cpu"])
+    assert capsys.readouterr().err == ""
+    assert 1 <= seen["rank"].lore_rank <= 16
+    code, _, err = run_cli(capsys, ["quality", "--model", "spice-mini", "--tau-approx", "0.3", "--lore-rank", "15",
+                                    "--device", "cpu"])
+    one_line(code, err, "--lore-rank")
