@@ -87,6 +87,7 @@ class DraftPredictor:
         self._pos = {layer: p for p, layer in enumerate(self.moe_layers)}
         self._host_buf: torch.Tensor | None = None      # pinned landing buffer of the heads' readback
         self._launched = None                           # (layer, (logits, ready event)) from `launch`
+        self._calib_dev: torch.Tensor | None = None     # calib on the device, for `head_readback`
 
     # ------------------------------------------------------------------ memory
     @property
@@ -196,6 +197,31 @@ class DraftPredictor:
         n = len(self.moe_layers)
         layers = self.moe_layers
         return [LayerPrediction(d + 1, layers[(p + d + 1) % n], conf[d], order[d]) for d in range(depth)]
+
+    def head_readback(self, layer: int, x_last: torch.Tensor) -> torch.Tensor:
+        """x_last [1,H] -> what the graphed executor reads back per layer, [2*D*E] float32 on x's device: every
+        head's confidence (`confidence`), then the experts by descending confidence, ties by index (ids as
+        floats, exact below 2^24). Captured into the layer's segment: the device ranks the 8 x 64 predictions,
+        so the host step only parses them (`predictions_from_readback`; numpy took ~85 µs a layer)."""
+        p = self._pos[layer]
+        D, E = self.distances, self.n_experts
+        if self._calib_dev is None or self._calib_dev.device != x_last.device:
+            self._calib_dev = self.calib.to(x_last.device)      # made in the eager warm-up, before any capture
+        logq = torch.log_softmax(self._logits(p, x_last).view(D, E), dim=-1)
+        kth = torch.topk(logq, min(self.top_k, E), dim=-1).values[:, -1:]
+        c = self._calib_dev[p, :D]
+        conf = torch.sigmoid(c[:, 0:1] * logq + c[:, 1:2] * (logq - kth) + c[:, 2:3])
+        order = torch.sort(conf, dim=-1, descending=True, stable=True).indices
+        return torch.cat([conf.reshape(-1), order.reshape(-1).to(torch.float32)])
+
+    def predictions_from_readback(self, layer: int, arr: np.ndarray) -> list[LayerPrediction]:
+        """`head_readback`'s numbers of ``layer`` (host, [2*D*E] float32) -> one LayerPrediction per distance."""
+        p = self._pos[layer]
+        D, E = self.distances, self.n_experts
+        conf = arr[: D * E].reshape(D, E).tolist()
+        order = arr[D * E: 2 * D * E].reshape(D, E).astype(np.int64).tolist()
+        n, layers = len(self.moe_layers), self.moe_layers
+        return [LayerPrediction(d + 1, layers[(p + d + 1) % n], conf[d], order[d]) for d in range(D)]
 
     @torch.no_grad()
     def predict_batch(self, p: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -174,12 +174,11 @@ class EagerExecutor:
                 cs.wait_event(free)
             torch.cuda.set_stream(cs)          # cheaper than the torch.cuda.stream() context
             try:
-                start = self.clock.stamp(cs)
                 self.slots.fill_from(slot, self.lm.host.flat(key))
                 if self.pace_extra_ms_per_byte > 0:
                     # Emulate a slower link: keep the copy stream busy for the missing transfer time.
                     torch.cuda._sleep(int(nbytes * self.pace_extra_ms_per_byte * self.sleep_cycles_per_ms))
-                handle = self.clock.copy(key, nbytes, order.kind, start, cs)
+                handle = self.clock.copy(key, nbytes, order.kind, None, cs)     # its start follows from the stream
             finally:
                 torch.cuda.set_stream(self.compute_stream)
         self._ready[slot] = handle

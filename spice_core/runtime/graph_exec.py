@@ -62,7 +62,7 @@ class GraphExecutor(EagerExecutor):
         """Capture the decode step (raises GraphCaptureError when it cannot) and take the runtime's decisions."""
         pre = extra = None
         if self.draft is not None:
-            pre, extra = self.draft.head_logits, self.draft.distances * self.draft.n_experts
+            pre, extra = self.draft.head_readback, 2 * self.draft.distances * self.draft.n_experts
         self.decoder = GraphedDecoder(self.lm, self.slots.buffer, self.copy_stream, self.max_cache_len,
                                       use_graphs=self.use_graphs, wait_for_copies=False, pre_experts=pre,
                                       extra_numel=extra or 0, lore=self.lore)

@@ -163,7 +163,7 @@ class LayerRuntime:
         if planner.prefetching and self.predictor is not None:
             keys = self.lm_keys(layer, plan.needed)
             if draft_logits is not None:
-                predict = lambda: self.predictor.predictions_from_logits(layer, draft_logits)   # noqa: E731
+                predict = lambda: self.predictor.predictions_from_readback(layer, draft_logits)   # noqa: E731
             else:
                 predict = lambda: self.predictor.predict(layer, None, self.ctx)   # noqa: E731
             self._deferred = (layer, predict, keys)

@@ -9,7 +9,11 @@ plus the host timestamp, so GPU, copy and CPU intervals share one axis (error: t
 event's launch latency, a few µs).
 
 Events are resolved at `end_token` (one synchronize per token, which batch-1 decoding
-needs anyway to read the sampled token).
+needs anyway to read the sampled token). Host cost per event matters (each record and each
+resolution costs a few µs, and a token has hundreds): a copy records only its end, since the
+copy stream runs its copies in order (a copy starts when the previous one ends, or when the host
+issued it if the stream was idle: `_resolve_copy_start`), and host instants (`mark`) are trace
+events at once, with nothing to resolve.
 
 Host cost: every stream is passed explicitly. `torch.cuda.current_stream()` and the
 `torch.cuda.stream()` context look the device up through `torch.cuda.is_available()`,
@@ -95,9 +99,10 @@ class MeasuredTimeline:
         self._last_mark = end
 
     def copy(self, key: ExpertKey, nbytes: int, kind: str, start: object = None, stream=None) -> OpHandle:
-        """A copy the executor just queued on ``stream`` (the copy stream), from ``start``."""
+        """A copy the executor just queued on ``stream`` (the copy stream). ``start`` None: it starts when the
+        copy before it on that stream ends, or now if that one has already ended (see the module docstring)."""
         end = self._event(stream)
-        self._add(_Pending("copy", kind, key, start, end, nbytes))
+        self._add(_Pending("copy", kind, key, start if start is not None else -self._host_ms(), end, nbytes))
         self._copy_pred_ms = max(self._copy_pred_ms, self._host_ms()) + self.est_copy_ms
         return OpHandle(key, "copy", kind, end_ms=self._copy_pred_ms, native=end)
 
@@ -139,7 +144,8 @@ class MeasuredTimeline:
 
     def mark(self, kind: str, key: ExpertKey | None, nbytes: int = 0, detail: str = "", lane: str = "gpu") -> None:
         t = self._host_ms()
-        self._add(_Pending(lane, kind, key, t, t, nbytes, detail))
+        layer, expert = (key.layer, key.expert) if key is not None else (-1, -1)
+        self._events.append(TraceEvent(self._token, layer, expert, lane, kind, t, t, nbytes, self.mode, detail))
 
     def _add(self, p: _Pending) -> None:
         p.token, p.e0, p.t0_ms = self._token, self._e0, self._t0_host_ms
@@ -164,7 +170,11 @@ class MeasuredTimeline:
             if not self._done(p.end):
                 keep.append(p)
                 continue
-            s, e = self._resolve(p, p.start), self._resolve(p, p.end)
+            e = self._resolve(p, p.end)
+            if p.lane == "copy" and isinstance(p.start, float) and p.start <= 0.0:   # issued at -start, host ms
+                s = min(e, max(-p.start, self._copy_free_ms))
+            else:
+                s = self._resolve(p, p.start)
             layer, expert = (p.key.layer, p.key.expert) if p.key is not None else (-1, -1)
             self._events.append(TraceEvent(p.token, layer, expert, p.lane, p.kind, s, max(s, e), p.nbytes, self.mode, p.detail))
             if p.lane == "copy":

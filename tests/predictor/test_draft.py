@@ -175,3 +175,22 @@ def test_training_config_bad_values():
         DraftTrainConfig(eval_frac=1.0)
     with pytest.raises(ConfigError, match="epochs"):
         DraftTrainConfig(epochs=0)
+
+
+def test_the_device_ranked_readback_gives_the_predictions_the_host_computes_from_logits(lm, traces, trained):
+    """The graphed executor reads back confidences and their ranking (`head_readback`, captured into the segment)
+    instead of raw logits: the same predictions as `predictions_from_logits`, to float rounding."""
+    draft, _ = trained
+    layer = lm.moe_layers[2]
+    for t in (3, 7, 11):
+        x = traces.hidden[2, t:t + 1].float()
+        ref = draft.predictions_from_logits(layer, draft.head_logits(layer, x).numpy())
+        got = draft.predictions_from_readback(layer, draft.head_readback(layer, x).numpy())
+        assert [(p.distance, p.layer) for p in got] == [(p.distance, p.layer) for p in ref]
+        for g, r in zip(got, ref):
+            assert torch.allclose(torch.tensor(g.probs), torch.tensor(r.probs), atol=1e-5)
+            assert sorted(g.order) == list(range(draft.n_experts))
+            probs = torch.tensor(r.probs)
+            assert all(probs[a] >= probs[b] - 1e-5 for a, b in zip(g.order, g.order[1:]))   # descending
+            assert g.order[:6] == list(r.order[:6]) or torch.allclose(probs[g.order[:6]], probs[list(r.order[:6])],
+                                                                      atol=1e-5)
