@@ -17,11 +17,12 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import gradio as gr
 
-from pages import about, chat, sweep, trace_explorer
+from pages import about, chat, guard, sweep, trace_explorer
 from pages.common import AppContext
 from pages.models import EngineSet, model_pages
 from pages.owners import OWNER_JS
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parent
 CSS_PATH = ROOT / "assets" / "static" / "spice.css"
 QUEUE_MAX_SIZE = 16       # waiting events across all sessions; beyond it the browser says the app is busy
 DELETE_CACHE = (600, 3600)  # every 10 min, Gradio deletes files it cached (downloads, uploads) older than 1 h
-MAX_FILE_SIZE = "2mb"     # uploads: the app takes none, so any upload is refused beyond this
+MAX_FILE_SIZE = "2mb"     # uploads: the app takes none (pages/guard.py refuses the route); a second guard
 STATUS_INTERVAL_S = 2.0   # how often a page says what the engine is busy with
 
 
@@ -44,7 +45,7 @@ def build_app(engine=None, *, max_queue: int = QUEUE_MAX_SIZE, orphan_after_s: f
     from spice_core.trace.tensorboard import warm_profiler_template
     warm_profiler_template()      # torch.profiler is process-wide: record its template before any generation runs
     ctx = AppContext.create(engines[0] if len(engines) == 1 else EngineSet(engines), orphan_after_s=orphan_after_s,
-                            export_root=export_root)
+                            export_root=export_root or default_export_root())
     atexit.register(ctx.exports.cleanup)
     pages = model_pages([e.info() for e in engines])
     if len(engines) > 1:
@@ -70,6 +71,7 @@ def build_app(engine=None, *, max_queue: int = QUEUE_MAX_SIZE, orphan_after_s: f
     with demo.route("About", "/about"):
         about.build(ctx, ROOT / "docs" / "benchmarks", ROOT)
     demo.queue(default_concurrency_limit=1, max_size=max_queue)
+    guard.install(demo)             # each visitor's share of that queue (pages/guard.py)
     return demo, ctx
 
 
@@ -111,11 +113,31 @@ def busy_text(ctx: AppContext, request: gr.Request | None = None) -> str:
             f"visitors; a message you send now waits for it (the queue shows your place).")
 
 
+def default_export_root() -> Path:
+    """A fresh folder for the exports inside Gradio's own file folder: Gradio then serves them where they
+    are instead of copying each download into a folder of its own (copies that no budget counted and no
+    shutdown removed)."""
+    from gradio.utils import get_upload_folder
+
+    base = Path(get_upload_folder())
+    base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="spice-exports-", dir=base))
+
+
 def install_sigterm_cleanup(ctx: AppContext) -> None:
-    """On SIGTERM (how Spaces and containers stop an app) remove the exports, then exit normally."""
+    """On SIGTERM (how Spaces and containers stop an app): stop the running generation between tokens, remove
+    the exports, exit 0. The exit skips the interpreter's teardown, which killed a generation thread inside
+    torch ("terminate called without an active exception", a C++ abort)."""
     def handler(signum, frame):
+        stream = ctx.runner.active
+        if stream is not None:
+            stream.cancel("closed")
+            stream.join(5.0)
         ctx.exports.cleanup()
-        sys.exit(0)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
     signal.signal(signal.SIGTERM, handler)
 
@@ -126,8 +148,11 @@ def build_demo(engine=None, **kwargs) -> gr.Blocks:
 
 def launch_kwargs() -> dict:
     """Styling for `launch()` (Gradio 6 takes theme and CSS there, not in Blocks)."""
+    from starlette.middleware import Middleware
+
     return {"theme": gr.themes.Default(primary_hue="blue", neutral_hue="slate"), "css": CSS_PATH.read_text(),
-            "head": OWNER_JS, "max_file_size": MAX_FILE_SIZE}
+            "head": OWNER_JS, "max_file_size": MAX_FILE_SIZE,
+            "app_kwargs": {"middleware": [Middleware(guard.RequestGuard)]}}   # size limit, no uploads, headers
 
 
 def main() -> None:

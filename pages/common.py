@@ -347,6 +347,14 @@ class ExportStore:
         except OSError:
             pass
 
+    def drop_run(self, run_id: str) -> None:
+        """Remove every export of one run (its download links stop working; the next request writes it again)."""
+        with self._lock:
+            for key in [k for k in self._paths if k[0] == run_id]:
+                self._drop(key)
+        if valid_run_id(run_id):
+            shutil.rmtree(self._root / self.folder_name(run_id), ignore_errors=True)
+
     def cleanup(self) -> None:
         shutil.rmtree(self._root, ignore_errors=True)
 

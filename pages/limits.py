@@ -39,3 +39,13 @@ def bounded_number(value, control: str, lo: float, hi: float, *, integer: bool =
             raise ConfigError(f"{control}={number:g} must be a whole number from {lo:g} to {hi:g}")
         return int(number)
     return number
+
+
+def strict_bool(value, control: str) -> bool:
+    """True or False from a UI or API value: a checkbox sends a boolean; an API client may send "true" or
+    "false". Anything else is refused by name (``bool("false")`` is True: never cast)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ConfigError(f"{control}: {str(value)[:20]!r} is not true or false")

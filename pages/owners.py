@@ -54,14 +54,20 @@ def owner_of(request) -> str:
     """The visitor behind an event: the browser's token, else the event's session, else "" (unknown)."""
     if request is None:
         return ""
+    browser = browser_owner(request)
+    if browser:
+        return browser
+    session = getattr(request, "session_hash", None) or ""
+    return f"session:{session}" if session else ""
+
+
+def browser_owner(request) -> str:
+    """"browser:<token>" when the request carries a well-formed owner cookie, else ""."""
     try:
         token = (request.cookies or {}).get(OWNER_COOKIE, "")
     except AttributeError:
         token = ""
-    if isinstance(token, str) and _TOKEN.match(token):
-        return "browser:" + token
-    session = getattr(request, "session_hash", None) or ""
-    return f"session:{session}" if session else ""
+    return "browser:" + token if isinstance(token, str) and _TOKEN.match(token) else ""
 
 
 def valid_run_id(run_id) -> str:

