@@ -113,6 +113,16 @@ class _Messages(ChatbotDataMessages):
     """Chat history as Gradio takes it, where a message's content may also be a plain string (API clients
     write it so) or one part: both become the list of parts the browser sends."""
 
+    @classmethod
+    def model_validate(cls, obj, *args, **kwargs):
+        # Gradio validates the history before any handler runs; pydantic's error about a history that is not
+        # a list reached the client as a blank {"error": null}. A gr.Error raised here (outside pydantic, which
+        # would wrap it) reaches the client with its text.
+        if obj is not None and not isinstance(obj, (list, cls)) and not (isinstance(obj, dict) and "root" in obj):
+            raise gr.Error(f"History: a {type(obj).__name__} is not a list of messages: send a list of "
+                           '{"role": ..., "content": ...} objects, or [] for none', print_exception=False)
+        return super().model_validate(obj, *args, **kwargs)
+
     @model_validator(mode="before")
     @classmethod
     def _content_as_parts(cls, data):
@@ -197,7 +207,7 @@ def _settings_from_values(info: EngineInfo, values: dict, ranges: dict) -> RunSe
         if name in _INT_FIELDS:
             span = f" in [{low}, {high}]" if low is not None else ""
             if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-                raise ConfigError(f"{name}={value!r} is not a number: use an integer{span}")
+                raise ConfigError(f"{name}={_short(value)} is not a number: use an integer{span}")
             try:
                 number = float(value)
             except (ValueError, OverflowError):
@@ -210,19 +220,21 @@ def _settings_from_values(info: EngineInfo, values: dict, ranges: dict) -> RunSe
             if low is not None and not low <= value <= high:
                 raise ConfigError(f"{name}={value} is out of range: use an integer{span}")
         elif name in _FLOAT_FIELDS:
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise ConfigError(f"{name}={_short(value)} is not a number")
             try:
                 value = float(value)
-            except (TypeError, ValueError):
-                raise ConfigError(f"{name}={value!r} is not a number") from None
+            except (ValueError, OverflowError):     # OverflowError: an integer like 10**400 sent by an API client
+                raise ConfigError(f"{name}={_short(value)} is not a number") from None
             if value != value:
                 raise ConfigError(f"{name} is NaN: use a number")
             if low is not None and not low <= value <= high:
                 raise ConfigError(f"{name}={value!r} is out of range: use a value in [{low:g}, {high:g}]")
         elif name == "cpu_lane":
             if not isinstance(value, bool):
-                raise ConfigError(f"cpu_lane={value!r} must be true or false")
+                raise ConfigError(f"cpu_lane={_short(value)} must be true or false")
         elif not isinstance(value, str):
-            raise ConfigError(f"{name}={value!r} must be one of the listed names")
+            raise ConfigError(f"{name}={_short(value)} must be one of the listed names")
         kw[name] = value
     if kw["profile"] not in info.profiles:
         raise ConfigError(f"profile={kw['profile']!r} is unknown: choose one of {', '.join(info.profiles)}")
@@ -231,6 +243,12 @@ def _settings_from_values(info: EngineInfo, values: dict, ranges: dict) -> RunSe
     if kw["policy"] not in info.policies:
         raise ConfigError(f"policy={kw['policy']!r} is unknown: choose one of {', '.join(info.policies)}")
     return RunSettings(**kw)
+
+
+def _short(value) -> str:
+    """A visitor's value as a note quotes it: at most 20 characters (it may be megabytes of anything)."""
+    text = repr(value)
+    return text if len(text) <= 20 else text[:17] + "..."
 
 
 def default_settings(info: EngineInfo) -> RunSettings:

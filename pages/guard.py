@@ -152,6 +152,11 @@ class FairQueue:
         fn = self._fn(body)
         if fn is None:          # Gradio's push would fail with a KeyError traceback in the log
             return False, "No such endpoint.", "error"
+        data = getattr(body, "data", None)
+        if isinstance(data, list) and len(data) < len(fn.inputs):
+            # Gradio would refuse it later, logging every value sent ("Received inputs: ...").
+            return False, f"This endpoint takes {len(fn.inputs)} inputs and {len(data)} came: see the API page.", \
+                "error"
         if self.max_size is not None and fn.queue:
             waiting = sum(1 for e in self._events(running=False) if getattr(e.fn, "queue", True))
             if waiting + sum(self._joining.values()) >= self.max_size:

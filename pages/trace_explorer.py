@@ -390,12 +390,13 @@ class TraceExplorer:
 
     def export(self, run_id, kind, request: gr.Request = None):
         if not run_id:
-            raise gr.Error("Run: pick a run first.")
+            raise gr.Error("Run: pick a run first.", print_exception=False)
         try:
             kind = (kind or "chrome").strip() if isinstance(kind, str) else kind
             return str(self.ctx.exports.get(self._allowed(run_id, request), kind))
         except SpiceError as exc:
-            raise gr.Error(esc(spice_error_text(exc))) from None
+            log.info("export refused")      # one line, no values (a refused export is a visitor's mistake)
+            raise gr.Error(esc(spice_error_text(exc)), print_exception=False) from None
 
     def _export_handler(self, kind: str):
         def handler(run_id, request: gr.Request = None):

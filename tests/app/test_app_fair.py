@@ -267,3 +267,39 @@ def test_sigterm_mid_reply_stops_cleanly_and_leaves_no_files(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+# --- defect 10: named errors, quiet logs ---------------------------------------------------------------------
+@pytest.mark.parametrize("history", ["not a list", {"role": "user"}, 5])
+def test_a_history_that_is_not_a_list_gets_a_named_error_not_a_blank_one(client, history):
+    """Regression: Gradio answered {"error": null}."""
+    with pytest.raises(AppError, match="History: a .* is not a list of messages"):
+        client.predict("hi", history, *chat_inputs("x")[2:], api_name="/chat")
+
+
+@pytest.mark.parametrize("field,control", [("cache_frac", "GPU cache size"), ("tau_prefetch", "τ_prefetch"),
+                                           ("max_new_tokens", "Max new tokens")])
+def test_a_huge_integer_gets_the_named_note_quoted_short(client, field, control):
+    """Regression: 10**400 for a float setting was an OverflowError and a blank error."""
+    from app_helpers import last_notes
+
+    out = client.predict(*chat_inputs("hi", **{field: 10**400}), api_name="/chat")
+    notes = " ".join(last_notes(out[1]))
+    assert "is not a number" in notes and "0" * 30 not in notes, notes
+
+
+def test_refused_requests_log_one_line_each_and_nothing_visitors_sent(served, capfd):
+    """Regression: each refused export logged a ~28-line traceback, and Gradio logged the inputs a malformed
+    call sent ("Received inputs: [...]"), against "nothing is logged of what visitors type"."""
+    c = Client(served.url, verbose=False)
+    try:
+        for _ in range(3):
+            with pytest.raises(AppError, match="not yours"):
+                c.predict("run-9999", "csv", api_name="/export")
+        fn = chat_fn_index(served.demo)
+        r = join(served.url, fn, ["my-secret-words"], session="few")
+        assert r.status_code == 400 and "inputs" in r.text
+    finally:
+        c.close()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "my-secret-words" not in err and "Received inputs" not in err, err[-3000:]
