@@ -512,8 +512,13 @@ class ChatPage:
             trimmed = text.trim_to_sentence(live.text)
             if trimmed != live.text:
                 history[reply_at] = {"role": "assistant", "content": trimmed}
-                history.append(note(f"ℹ Reached the {live.n_tokens}-token limit: the reply ends at its last full "
-                                    f"sentence (raise “Max new tokens” for longer stories)"))
+                if live.n_tokens < stream.settings.max_new_tokens:     # the model's context, not the slider, ended it
+                    history.append(note(f"ℹ Reached the model's context ({self.info.max_context_tokens:,} tokens): "
+                                        "the reply ends at its last full sentence (a New chat or a shorter message "
+                                        "leaves more room)"))
+                else:
+                    history.append(note(f"ℹ Reached the {live.n_tokens}-token limit: the reply ends at its last full "
+                                        f"sentence (raise “Max new tokens” for longer stories)"))
         tps = text.wall_tps(live, first_wall)
         # From every setting the reply ran with: a τ_approx raised mid-reply makes it lossy.
         agreement = text.agreement_line(settings, check_exact, stream.changes)
@@ -521,7 +526,7 @@ class ChatPage:
             checking = text.stats_html(live, stream.settings, self.info, stream=stream, summary=summary, wall_tps=tps,
                                        agreement=("checking…", "re-running with exact settings"))
             yield skip, history, checking, skip, skip, skip, skip
-            agreement = self._check_exact(turns, stream.settings, live, session)
+            agreement = self._check_exact(turns, stream.settings, live, session, stream.owner)
             if session.epoch != epoch:      # "New chat" during the check
                 yield self._emptied(session)
                 return
@@ -538,15 +543,19 @@ class ChatPage:
         else:
             yield (skip, history, final, *self._panels(live), "")
 
-    def _check_exact(self, turns, settings: RunSettings, live: LiveRun, session: ChatSession) -> tuple[str, str]:
+    def _check_exact(self, turns, settings: RunSettings, live: LiveRun, session: ChatSession,
+                     reply_owner: str = "") -> tuple[str, str]:
         """Generate the same reply with exact settings and compare greedy tokens: (value, detail)."""
         exact = replace(settings, tau_approx=0.0, max_new_tokens=max(1, live.n_tokens))
-        owner = f"exact-check-{id(session)}"
+        # The reply's owner and the session's stream: Stop, New chat and a closed tab (unload) end the check as
+        # they end a reply (it had an owner of its own, so nothing could stop it and the next visitor waited).
+        owner = reply_owner or f"exact-check-{id(session)}"
         try:
             stream = self.ctx.runner.start(owner, exact, lambda: self.ctx.engine.start_chat(turns, exact),
                                            kind="exact check")
         except SpiceError as exc:
             return "not measured", spice_error_text(exc)
+        session.stream = stream
         self.ctx.label_run(stream.run_id, f"exact check of {session.last_run_id}", session.owner)
         ids: list[int] = []
         while True:
@@ -554,8 +563,13 @@ class ChatPage:
             ids += [s.token_id for s in steps]
             if ended:
                 break
+        if session.stream is stream:
+            session.stream = None
         if stream.error:
             return "not measured", stream.error
+        if stream.cancel_reason:
+            return "not measured", ("stopped before the exact re-run ended" if stream.cancel_reason == "stop"
+                                    else f"the exact re-run was stopped: {CANCEL_REASONS.get(stream.cancel_reason, '')}")
         score = identical_prefix_share(ids, live.token_ids)
         same = round(score * len(ids))
         return f"{100 * score:.0f}%", f"measured: first {same} of {len(ids)} tokens identical"

@@ -303,3 +303,54 @@ def test_refused_requests_log_one_line_each_and_nothing_visitors_sent(served, ca
         c.close()
     err = capfd.readouterr().err
     assert "Traceback" not in err and "my-secret-words" not in err and "Received inputs" not in err, err[-3000:]
+
+
+# --- defect 6: the exact-agreement check stops like a reply --------------------------------------------------
+@pytest.mark.parametrize("how", ["stop", "unload"])
+def test_the_exact_agreement_check_stops_on_stop_and_on_unload(how):
+    """Regression: after a lossy reply with "measure greedy agreement" on, Stop answered "Nothing is generating
+    right now" and closing the tab did not end the exact re-run (the next visitor waited 13 s)."""
+    s = serve(FakeEngine(token_delay_s=0.03))
+    c = Client(s.url, verbose=False)
+    try:
+        job = c.submit(*chat_inputs("check me", max_new_tokens=120, tau_approx=0.15, check_exact=True),
+                       api_name="/chat")
+        assert wait_for(lambda: s.ctx.runner.active is not None and s.ctx.runner.active.kind == "exact check", 30)
+        t0 = time.monotonic()
+        if how == "stop":
+            assert "Stopping" in c.predict(api_name="/stop")
+        else:                     # what the page's unload handler does for a closed tab
+            assert s.ctx.runner.cancel_owner(c.session_hash, "closed")
+        assert s.wait_idle(2.0) and time.monotonic() - t0 < 2.0
+        out = job.result(timeout=30)
+        assert "not measured" in out[2] and "first 120 of 120" not in out[2]
+    finally:
+        c.close()
+        close(s)
+
+
+# --- defect 12: the context, not the slider, ended the reply ---------------------------------------------------
+def test_a_reply_cut_by_the_context_says_so_not_raise_max_new_tokens():
+    """Regression: a 512-token request on a 512-context model said "Reached the 485-token limit … raise Max new
+    tokens"."""
+    from app_helpers import last_notes
+
+    from dataclasses import replace
+
+    class ShortContext(FakeEngine):
+        """Caps a reply at the context left after the prompt, as the real engine does (run.py)."""
+
+        def start_prompt(self, prompt, settings):
+            room = self.max_context_tokens - (len(prompt) // 4 + 1)
+            return super().start_prompt(prompt, replace(settings, max_new_tokens=max(1, min(settings.max_new_tokens,
+                                                                                             room))))
+
+    s = serve(ShortContext(token_delay_s=0, max_context_tokens=120))
+    c = Client(s.url, verbose=False)
+    try:
+        out = c.predict(*chat_inputs("tell me a long story", max_new_tokens=200), api_name="/chat")
+        notes = " ".join(last_notes(out[1]))
+        assert "Reached the model's context (120 tokens)" in notes and "raise “Max new tokens”" not in notes, notes
+    finally:
+        c.close()
+        close(s)
