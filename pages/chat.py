@@ -1,7 +1,12 @@
 """Main page: chat with the offloaded model, tune SPICE, and watch what it does per token.
 
-    controls ──change──► on_settings ──► session.settings ──► running stream (from its next token)
-    Send / Enter ──► chat (generator, engine group) ──► runner.start ──► pump thread ──► StepStats
+    slider done with ──► #spice-setting-req (every request, numbered) ──┐
+    menu / checkbox ──change──────────────────────────────────────────┤
+                                                                      ▼
+                      pages.chat_settings: each field's new requests, in order ──► session.settings
+                                                                      └──► running stream (next token)
+    Send / Enter ──► chat_browser: the requests it carries, then session.settings (never the boxes)
+                 ──► chat (generator, engine group) ──► runner.start ──► pump thread ──► StepStats
                           │ first token: the three panel figures, once (gr.Plot)   (pages.runner)
                           │ every ≤ 0.2 s: chat text; every 1 s: numbers row
                           │ every 1 s: panel *changes* (JSON) ──► browser restyles the drawn figures
@@ -17,6 +22,7 @@ streams; the chat event joins the engine's concurrency group.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,14 +33,15 @@ from spice_core.api import RunSettings, identical_prefix_share
 from spice_core.errors import PromptError, SpiceError
 from pages import figures, models
 from pages import chat_text as text
-from pages.chat_controls import KEYS_JS, ChatControls
+from pages import chat_settings
+from pages.chat_controls import SETTINGS_JS, ChatControls
 from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, ChatHistory, as_plot,
                           default_settings, settings_from_values, spice_error_text)
 from pages.live import LiveRun
 from pages.messages import (clean_message, content_text, drop_oldest_exchanges, engine_turns, is_app_note,
                             keep_newest, n_exchanges, normalize_history, note, problem_with)
 from pages.owners import owner_of
-from pages.runner import CANCEL_REASONS, LIVE_FIELDS, RunStream
+from pages.runner import CANCEL_REASONS, RunStream
 
 log = logging.getLogger(__name__)
 
@@ -86,13 +93,14 @@ class ChatSession:
     last_run_id: str = ""
     last_view: dict = field(default_factory=dict)       # the numbers row of the last reply (re-drawn on settings)
     owner: str = ""                                     # who the runs belong to (pages.owners)
+    requests: chat_settings.Requests = field(default_factory=chat_settings.Requests)   # the browser's, applied
 
     def streaming(self) -> bool:
         return self.stream is not None and not self.stream.done
 
 
-class ChatPage:
-    """Builds the main page's components and owns their handlers."""
+class ChatPage(chat_settings.SettingsEvents):
+    """Builds the main page's components and owns their handlers (the settings' in SettingsEvents)."""
 
     def __init__(self, ctx: AppContext) -> None:
         self.ctx = ctx
@@ -102,6 +110,7 @@ class ChatPage:
         if defaults.lore_rank not in ranks:       # the row must say what the control shows
             defaults = replace(defaults, lore_rank=ranks[-1])
         self.defaults = defaults
+        self._settings_lock = threading.Lock()     # a Send and a settings event may apply the same requests
 
     # --- layout --------------------------------------------------------------------------
     def build(self) -> None:
@@ -150,15 +159,24 @@ class ChatPage:
 
     def _wire(self) -> None:
         outputs = [self.msg, self.chatbot, self.stats, self.heatmap, self.prefetch, self.gantt, self.live_delta]
-        chat_inputs = [self.msg, self.chatbot, *self.controls, self.ctl.live_panels, self.ctl.check_exact,
+        # The browser's Send uses the settings applied (with the requests it carries); the API names them all.
+        chat_inputs = [self.msg, self.chatbot, self.ctl.requests, self.ctl.live_panels, self.ctl.check_exact,
                        self.session]
+        api_inputs = [self.msg, self.chatbot, *self.controls, self.ctl.live_panels, self.ctl.check_exact, self.session]
         triggers = [self.msg.submit, self.send.click]
         # Listed first and browser-only: Stop replaces Send at once, before the first token arrives.
         gr.on(triggers, None, js=BUSY_ON_JS, queue=False, api_visibility="private", show_progress="hidden")
-        sent = gr.on(triggers, self.chat_event, inputs=chat_inputs, outputs=outputs, api_name="chat" + self.ctx.key,
+        sent = gr.on(triggers, self.chat_browser, inputs=chat_inputs, outputs=outputs, api_visibility="private",
                      concurrency_id=ENGINE_GROUP, concurrency_limit=1, show_progress="minimal",
                      show_progress_on=[self.chatbot])
         self._after_reply(sent)
+        # The API's endpoints hang on buttons nobody sees (an API call names every setting).
+        api_chat, api_settings = gr.Button(visible=False), gr.Button(visible=False)
+        api_chat.click(self.chat_event, inputs=api_inputs, outputs=outputs, api_name="chat" + self.ctx.key,
+                       concurrency_id=ENGINE_GROUP, concurrency_limit=1, show_progress="hidden")
+        api_settings.click(self.settings_event, inputs=[*self.controls, self.session],
+                           outputs=[self.ctl.note, self.banner, self.stats], queue=False,
+                           api_name="settings" + self.ctx.key, show_progress="hidden")
         # The browser runs a trigger's listeners in order, waiting for each. While a reply streams it skips
         # the chat listener (trigger mode "once") and runs this one at once, which says why nothing happens;
         # on a first send it runs after the reply, finds nothing streaming and does nothing. Listed after
@@ -170,14 +188,20 @@ class ChatPage:
             again = event(handler, inputs=[self.chatbot, self.session], outputs=[self.msg, self.chatbot],
                           queue=False, api_visibility="private", show_progress="hidden")
             again = again.success(None, js=BUSY_ON_JS, queue=False, api_visibility="private")
-            self._after_reply(again.then(self.chat_event, inputs=chat_inputs, outputs=outputs,
+            self._after_reply(again.then(self.chat_browser, inputs=chat_inputs, outputs=outputs,
                                          concurrency_id=ENGINE_GROUP, concurrency_limit=1, show_progress="minimal",
                                          show_progress_on=[self.chatbot], api_visibility="private"))
         self.stop.click(self.stop_reply, inputs=[self.session], outputs=[self.ctl.note], queue=False,
                         api_name="stop" + self.ctx.key, show_progress="hidden")
-        gr.on(self.ctl.applied_on, self.on_settings, inputs=[*self.controls, self.session],
-              outputs=[self.ctl.note, self.banner, self.stats], queue=False, api_name="settings" + self.ctx.key,
-              show_progress="hidden")
+        # Each control applies alone: a slider's requests (SETTINGS_JS), a menu or checkbox when it changes.
+        sliders = list(self.ctl.sliders.values())
+        self.ctl.requests.change(self.on_requests, inputs=[self.ctl.requests, self.session],
+                                outputs=[self.ctl.note, self.banner, self.stats, *sliders], queue=False,
+                                trigger_mode="multiple", api_visibility="private", show_progress="hidden")
+        for name, control in self.ctl.others.items():
+            control.change(self._on_control(name), inputs=[control, self.session],
+                           outputs=[self.ctl.note, self.banner, self.stats], queue=False,
+                           api_visibility="private", show_progress="hidden")
         # "New chat" and the chat's own 🗑 do the same thing: stop the reply, clear chat and panels.
         for event, name in ((self.new_chat.click, "new_chat" + self.ctx.key), (self.chatbot.clear, None)):
             cleared = event(self.clear, inputs=[self.session], outputs=outputs, queue=False, show_progress="hidden",
@@ -194,7 +218,7 @@ class ChatPage:
         root = gr.context.Context.root_block
         if root is not None:
             root.load(None, js=NARROW_JS, queue=False, api_visibility="private", show_progress="hidden")
-            root.load(None, js=KEYS_JS, queue=False, api_visibility="private", show_progress="hidden")
+            root.load(None, js=SETTINGS_JS, queue=False, api_visibility="private", show_progress="hidden")
             root.load(self.restore, inputs=[self.saved], outputs=[self.chatbot], queue=False,
                       api_visibility="private", show_progress="hidden")
 
@@ -224,38 +248,9 @@ class ChatPage:
             return "Stopping after the current token…"
         return "Nothing is generating right now."
 
-    def on_settings(self, *args):
-        *values, session = args
-        try:
-            settings = settings_from_values(self.info, dict(zip(SETTING_FIELDS, values)), self.ctx.limits)
-        except SpiceError as exc:
-            return f"⚠ Not applied: {spice_error_text(exc)}", gr.skip(), gr.skip()
-        previous = session.settings or self.defaults
-        if settings == previous:    # nothing new (e.g. a slider let go where it was): the note stays
-            return gr.skip(), gr.skip(), gr.skip()
-        session.settings = settings
-        banner = self._banner(settings) if (settings.profile, settings.shape) != (previous.profile, previous.shape) \
-            else gr.skip()
-        if not session.streaming():     # the numbers row says what the next message will use
-            view = session.last_view
-            stats = text.stats_html(view.get("live"), view.get("settings", settings), self.info,
-                                    stream=view.get("stream"), summary=view.get("summary"),
-                                    wall_tps=view.get("wall_tps", 0.0), agreement=view.get("agreement"),
-                                    next_settings=settings)
-            return text.settings_hint(), banner, stats
-        stream = session.stream
-        changed = [f for f in RunSettings.__dataclass_fields__ if getattr(settings, f) != getattr(stream.settings, f)]
-        stream.request_settings(settings)
-        live = [f for f in changed if f in LIVE_FIELDS]
-        later = [f for f in changed if f not in LIVE_FIELDS]
-        parts = []
-        if live:
-            parts.append(f"**{', '.join(live)}** sent to the running reply: the engine applies "
-                         f"{'it' if len(live) == 1 else 'them'} from the next token.")
-        if later:
-            parts.append(f"**{', '.join(later)}** applies from your next message (if the engine cannot change "
-                         f"it mid-reply).")
-        return " ".join(parts) or text.settings_hint(), banner, gr.skip()
+    @staticmethod
+    def new_session() -> ChatSession:
+        return ChatSession()
 
     def clear(self, session: ChatSession):
         session.epoch += 1
@@ -326,6 +321,18 @@ class ChatPage:
         yield from self.chat(message, history, policy, cache_frac, tau_prefetch, tau_approx, max_lookahead,
                              lore_rank, cpu_lane, profile, shape, max_new_tokens, temperature, live_panels,
                              check_exact, session, request=request)
+
+    def chat_browser(self, message, history, requests, live_panels, check_exact, session, request: gr.Request = None):
+        """Send in the browser: the reply uses the settings applied, after the slider requests this Send carries
+        (a box finished by the click on Send counts), never what the boxes show."""
+        if isinstance(session, ChatSession):
+            with self._settings_lock:
+                self._take_requests(requests, session)
+            applied = session.settings or self.defaults
+        else:
+            applied = self.defaults
+        values = [getattr(applied, f) for f in SETTING_FIELDS]
+        yield from self.chat(message, history, *values, live_panels, check_exact, session, request=request)
 
     def chat(self, message, history, *args, request: gr.Request = None):
         """Stream one reply. Yields (textbox, chat, stats, heatmap, prefetch timeline, lane chart)."""

@@ -2,33 +2,69 @@
 under them. The sliders' ranges are the app's ranges (pages/common.SLIDER_RANGES)."""
 from __future__ import annotations
 
+import json
+
 import gradio as gr
 
 from spice_core.api import EngineInfo, RunSettings
 from pages import chat_text as text
-from pages.common import (LORE_RANKS, SLIDER_RANGES, FreeDropdown, FreeSlider, policy_choices, shape_choices,
-                          shape_info)
+from pages.common import (LORE_RANKS, SETTING_FIELDS, SLIDER_RANGES, FreeDropdown, FreeSlider, policy_choices,
+                          shape_choices, shape_info)
 from pages.limits import Limits
 
 
-# A slider's value applies on its `release`, which Gradio sends when the range is let go (pointerup) or the
-# number box is left (blur). From the keyboard: Enter in the box, or an arrow / Page / Home / End key on the
-# range, sends the same (installed once per page).
-KEYS_JS = """() => {
-  if (window.spiceSliderKeys) return [];
-  window.spiceSliderKeys = true;
+# Which settings field each slider's elem_id holds (the browser's requests name fields).
+SLIDER_IDS = {"ctl-cache": "cache_frac", "ctl-tau-prefetch": "tau_prefetch", "ctl-tau-approx": "tau_approx",
+              "ctl-lookahead": "max_lookahead", "ctl-max-new": "max_new_tokens", "ctl-temperature": "temperature"}
+
+# A slider's value is requested when its number box is done with (Enter, or the box is left) or when the range
+# is let go, moved with an arrow / Page / Home / End key, or reset (↺); never at a key typed into the box and
+# never when the box is clicked into. Gradio's own `release` did not do: a click into the box sent one, and
+# Gradio read the controls' values late enough to catch the key typed next ("1" on the way to "1.5" applied);
+# leaving the box sent one and then clamped the box to the range's end, which the next event read and applied.
+# So the browser reads the value itself, at that moment (a capture listener runs before Gradio's clamp), and
+# writes every request so far, each with its sequence number, into one hidden box (#spice-setting-req). The
+# server applies each field's requests once, in order (pages.chat.apply_requests); the chat's Send carries
+# the same box, so a value finished by the click on Send applies to that message. Installed once per page.
+SETTINGS_JS = """() => {
+  if (window.spiceSettingsJs) return [];
+  window.spiceSettingsJs = true;
+  const IDS = %s;
   const RANGE_KEYS = ['ArrowLeft', 'ArrowRight', 'ArrowUp', 'ArrowDown', 'PageUp', 'PageDown', 'Home', 'End'];
-  const release = (el) => el.dispatchEvent(new PointerEvent('pointerup', {bubbles: true}));
+  const requests = {};
+  let seq = 0;
+  const slider = (el) => {
+    const holder = el && el.closest ? el.closest('[id^="ctl-"]') : null;
+    return holder && IDS[holder.id] ? holder : null;
+  };
+  const send = (holder, raw) => {
+    const field = IDS[holder.id];
+    requests[field] = {v: raw, seq: ++seq};
+    const box = document.querySelector('#spice-setting-req textarea, #spice-setting-req input');
+    if (!box) return;
+    const proto = Object.getPrototypeOf(box);
+    Object.getOwnPropertyDescriptor(proto, 'value').set.call(box, JSON.stringify(requests));
+    box.dispatchEvent(new Event('input', {bubbles: true}));
+  };
+  const number = (t) => t && t.matches && t.matches('#spice-controls input[type=number]') && slider(t);
+  const range = (t) => t && t.matches && t.matches('#spice-controls input[type=range]') && slider(t);
   document.addEventListener('keydown', (e) => {
-    const t = e.target;
-    if (e.key === 'Enter' && t.matches && t.matches('#spice-controls input[type=number]')) release(t);
+    if (e.key === 'Enter' && number(e.target)) send(slider(e.target), e.target.value);
+  }, true);
+  document.addEventListener('blur', (e) => { if (number(e.target)) send(slider(e.target), e.target.value); }, true);
+  document.addEventListener('pointerup', (e) => {
+    if (range(e.target)) { const t = e.target; setTimeout(() => send(slider(t), t.value), 0); }
   }, true);
   document.addEventListener('keyup', (e) => {
-    const t = e.target;
-    if (RANGE_KEYS.includes(e.key) && t.matches && t.matches('#spice-controls input[type=range]')) release(t);
+    if (RANGE_KEYS.includes(e.key) && range(e.target)) send(slider(e.target), e.target.value);
+  }, true);
+  document.addEventListener('click', (e) => {
+    const reset = e.target && e.target.closest && e.target.closest('#spice-controls .reset-button');
+    const holder = reset && slider(reset);
+    if (holder) setTimeout(() => send(holder, holder.querySelector('input[type=number]').value), 0);
   }, true);
   return [];
-}"""
+}""" % (json.dumps(SLIDER_IDS),)
 
 
 def _slider(name: str) -> dict:
@@ -77,13 +113,21 @@ class ChatControls:
             self.check_exact = gr.Checkbox(value=False, label="Measure greedy agreement with exact settings after "
                                            "each lossy reply (generates it once more)", elem_id="ctl-check")
         self.note = gr.Markdown(text.settings_hint(), elem_id="spice-settings-note", elem_classes=["spice-note"])
+        # The browser's slider requests (SETTINGS_JS writes them; never typed into).
+        self.requests = gr.Textbox("", visible="hidden", elem_id="spice-setting-req", show_label=False,
+                                   container=False)
 
     @property
-    def applied_on(self) -> list:
-        """The events that apply a control's value: a slider's when it is let go or its box is left (or Enter,
-        or an arrow key: `KEYS_JS`), never at each key typed into its box (a "1" on the way to "1.5" was
-        applied); the others' when they change."""
-        return [c.release if isinstance(c, gr.Slider) else c.change for c in self.values]
+    def sliders(self) -> dict:
+        """field -> slider, for the ones whose values the browser requests (SETTINGS_JS)."""
+        by_id = {c.elem_id: c for c in self.values}
+        return {field: by_id[elem_id] for elem_id, field in SLIDER_IDS.items()}
+
+    @property
+    def others(self) -> dict:
+        """field -> control, for the ones that apply when they change (menus and checkboxes)."""
+        sliders = set(self.sliders)
+        return {f: c for f, c in zip(SETTING_FIELDS, self.values) if f not in sliders}
 
     @property
     def values(self) -> list:
