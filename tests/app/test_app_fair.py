@@ -102,7 +102,9 @@ def test_trace_views_answer_while_the_queue_is_full(tmp_path):
         t0 = time.monotonic()
         view = alice.predict(run_id, 0, 16, api_name="/trace_run")
         assert view[0] == "" and time.monotonic() - t0 < 5
-        assert run_id in str(alice.predict(run_id, None, 0, 16, api_name="/compare")) or True
+        t0 = time.monotonic()
+        alice.predict(None, api_name="/runs")
+        assert time.monotonic() - t0 < 5
         alice.close()
     finally:
         s.ctx.runner.active and s.ctx.runner.active.cancel("stop")
@@ -310,10 +312,10 @@ def test_refused_requests_log_one_line_each_and_nothing_visitors_sent(served, ca
 def test_the_exact_agreement_check_stops_on_stop_and_on_unload(how):
     """Regression: after a lossy reply with "measure greedy agreement" on, Stop answered "Nothing is generating
     right now" and closing the tab did not end the exact re-run (the next visitor waited 13 s)."""
-    s = serve(FakeEngine(token_delay_s=0.03))
+    s = serve(FakeEngine(token_delay_s=0.02))
     c = Client(s.url, verbose=False)
     try:
-        job = c.submit(*chat_inputs("check me", max_new_tokens=120, tau_approx=0.15, check_exact=True),
+        job = c.submit(*chat_inputs("check me", max_new_tokens=60, tau_approx=0.15, check_exact=True),
                        api_name="/chat")
         assert wait_for(lambda: s.ctx.runner.active is not None and s.ctx.runner.active.kind == "exact check", 30)
         t0 = time.monotonic()
@@ -323,7 +325,7 @@ def test_the_exact_agreement_check_stops_on_stop_and_on_unload(how):
             assert s.ctx.runner.cancel_owner(c.session_hash, "closed")
         assert s.wait_idle(2.0) and time.monotonic() - t0 < 2.0
         out = job.result(timeout=30)
-        assert "not measured" in out[2] and "first 120 of 120" not in out[2]
+        assert "not measured" in out[2] and "60 of 60" not in out[2]
     finally:
         c.close()
         close(s)
