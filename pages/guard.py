@@ -25,7 +25,7 @@ from pages.owners import browser_owner
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 512 * 1024      # the largest legitimate body (a 200-message history, 2,048 characters each, as JSON)
-PER_VISITOR = 2                  # events one visitor may have waiting or running at once
+PER_VISITOR = 3                  # events one visitor may have waiting or running at once (a reply, a sweep, an export)
 # Gradio's page needs inline scripts and styles (its config, the owner token) and eval (plotly); data and blob
 # URLs for images; nothing from other origins. Hugging Face shows a Space in an iframe on huggingface.co.
 CONTENT_SECURITY_POLICY = (
