@@ -34,7 +34,7 @@ from spice_core.policy.cache import cache_slots_for_budget
 from spice_core.policy.planner import LayerPlanner
 from spice_core.policy.spec import get_spec
 from spice_core.runtime.eager import EagerExecutor
-from spice_core.runtime.graph_exec import CPU_LANE_OFF_NOTE, GraphExecutor, fast_path_refusal
+from spice_core.runtime.graph_exec import GraphExecutor, fast_path_refusal
 from spice_core.runtime.graphed import GraphCaptureError
 from spice_core.runtime.layer import LayerRuntime
 from spice_core.run import EngineBusyError, GenerationRun, RunRecord
@@ -398,10 +398,6 @@ class SpiceEngine:
             notes.append(f"CPU lane unavailable ({self._cpu_lane_error}): exact misses are copied")
         if fast and self.machine.run_timing(modeled) == "measured":
             costs = self._costs(s, fast=True)       # the fast path's GPU and host costs decide
-        if fast:
-            if spec.miss_mode == "orchestrate" and can_cpu:
-                notes.append(CPU_LANE_OFF_NOTE)
-            can_cpu = False
         planner = LayerPlanner(spec, n_slots=n_slots, n_experts=lm.n_experts, top_k=lm.top_k, moe_layers=lm.moe_layers,
                                costs=costs, tau_prefetch=s.tau_prefetch, tau_approx=s.tau_approx if lore else 0.0,
                                max_lookahead=s.max_lookahead, can_approx=lore is not None,
@@ -409,12 +405,12 @@ class SpiceEngine:
         clock = self._timeline(costs, modeled)
         recorder = Recorder(clock, lm.expert_bytes, costs.expert_bytes if clock.mode == "modeled" else None)
         measured = clock.mode == "measured"
-        kw = dict(copy_stream=getattr(clock, "copy_stream", None), cpu_lane=None if fast else cpu_lane,
-                  lore=lore, modeled_cpu=modeled_cpu and not fast, **(self._link_pacing() if measured else {}))
+        kw = dict(copy_stream=getattr(clock, "copy_stream", None), cpu_lane=cpu_lane,
+                  lore=lore, modeled_cpu=modeled_cpu, **(self._link_pacing() if measured else {}))
         if fast:
             executor = GraphExecutor(lm, n_slots, clock, recorder, max_cache_len=max_cache_len,
                                      draft=predictor if spec.predictor == "draft" else None,
-                                     use_graphs=lm.device.type == "cuda", **kw)
+                                     use_graphs=lm.device.type == "cuda", cpu_rows=can_cpu, **kw)
         else:
             executor = EagerExecutor(lm, n_slots, clock, recorder, **kw)
         if spec.preload_all:

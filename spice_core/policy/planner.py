@@ -326,11 +326,18 @@ class LayerPlanner:
             runs.append(ExpertRun(e, outcome, slot, late, used, drop))
         return tuple(runs)
 
-    def plan_fallback(self, key: ExpertKey) -> CopyOrder:
-        """A CPU-lane task failed: copy the expert in after all (exact)."""
+    def plan_fallback(self, key: ExpertKey, *, hold: bool = False) -> CopyOrder:
+        """A CPU-lane task failed: copy the expert in after all (exact). ``hold``: the layer's experts are still
+        busy (the fast path falls back before it places them): keep this one busy too, until `release_fallback`."""
         order = self._acquire(key, "copy", {key})
         assert order is not None, "cache smaller than one expert"
+        if hold:
+            self.residency.book(key).busy = True
         return order
+
+    def release_fallback(self, key: ExpertKey) -> None:
+        """The layer that fell back to copying ``key`` has been placed: it is an ordinary cached expert again."""
+        self.residency.use(key, self.tick)
 
     # ------------------------------------------------------------------ phase 2: the lookahead
     def plan_prefetch(self, layer: int, predictions: Sequence[LayerPrediction] | None, queues: Queues, *,

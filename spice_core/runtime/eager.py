@@ -313,14 +313,30 @@ class EagerExecutor:
         return final
 
     # ------------------------------------------------------------------ CPU lane
-    def _submit_cpu(self, key: ExpertKey, xs: torch.Tensor, n: int, act):
+    def _submit_cpu(self, key: ExpertKey, xs: torch.Tensor, n: int, act, out_device=None):
+        """``out_device``: where the output lands (default: this executor's device)."""
         gate_up, down = self.lm.host.weights(key)
         if self.cpu_lane is None:   # modeled on this machine: compute here, time it as the CPU lane
-            out = expert_forward(xs, gate_up, down, act)
+            out = expert_forward(xs.to(gate_up.dtype), gate_up, down, act)
             return self.clock.cpu_expert(key, n), out
-        lane = self.cpu_lane.submit(xs, gate_up, down, act, self.device,
+        lane = self.cpu_lane.submit(xs, gate_up, down, act, self.device if out_device is None else out_device,
                                     stream=self.compute_stream if xs.device.type == "cuda" else None)
         return self.clock.cpu_expert(key, n), lane
+
+    def _collect_cpu_host(self, key: ExpertKey, handle) -> torch.Tensor | None:
+        """A CPU job's output, timed for the clock; None (counted as a fallback) when the job failed."""
+        op, native = handle
+        if isinstance(native, torch.Tensor):
+            self.clock.cpu_collected(op)
+            return native
+        try:
+            w0 = time.perf_counter()
+            out, worker, t0, t1 = native.result()
+            self.clock.cpu_collected(op, (worker, t0, t1, w0, time.perf_counter()))
+            return out
+        except Exception as err:  # noqa: BLE001 - any worker failure falls back to an exact copy
+            self.recorder.cpu_fallback(key, err)
+            return None
 
     def _collect_cpu(self, key: ExpertKey, handle, xs: torch.Tensor, act, fallback) -> torch.Tensor:
         op, native = handle

@@ -9,11 +9,19 @@
 
 The same planner decides as on the eager path, and copies, slots and the copy stream are the eager
 executor's (this class extends it). What the graphs cannot do yet falls back to the eager executor
-with a note (the engine decides, see `fast_path_refusal`): the CPU lane (cpu_compute) and
-predictors that need the hidden state outside the captured segment (the gate predictor); an
-orchestrating policy (spice) runs here with its CPU lane off, and says so. LoRE approximation is a
-branch of the captured expert step (GraphedDecoder._lore_out). On the
-CPU the decoder runs the same step op by op (`use_graphs=False`), which is how it is tested there.
+with a note (the engine decides, see `fast_path_refusal`): predictors that need the hidden state
+outside the captured segment (the gate predictor). LoRE approximation is a branch of the captured
+expert step (GraphedDecoder._lore_out).
+
+The CPU lane inside the step (design A of the fast-path review): each segment reads its layer's
+hidden state back with the routing; the host step submits the layer's CPU experts first (`submit_cpu`:
+the lane computes them from the pinned slab), issues the demand copies, then joins them
+(`join_cpu`) and writes their outputs into the decoder's pinned CPU rows, which the next segment's
+captured H2D uploads with the plan row. The join comes before that segment's launch, so a job that
+failed or ran past the lane's timeout is copied in instead, exactly, before anything reads it: the
+worker returns its output to the driver and never writes a row itself, so a late worker cannot
+race the upload. On the CPU the decoder runs the same step op by op (`use_graphs=False`), which is how
+it is tested there.
 
 Timing: one GPU-lane interval per segment (the layer's dense part plus the previous layer's
 experts), copy intervals per expert, and stall intervals where the compute stream waits for a copy.
@@ -26,19 +34,15 @@ import torch
 
 from spice_core.runtime.eager import EagerExecutor
 from spice_core.runtime.graphed import GraphedDecoder
+from spice_core.runtime.graphed_plan import CPU_SLOT, selection_rows
+from spice_core.types import ExpertKey
 
 
 def fast_path_refusal(spec, *, has_draft: bool) -> str:
     """Why this run cannot use the graphed executor ("" when it can)."""
-    if spec.miss_mode == "cpu":
-        return "the CPU lane (cpu_compute) runs on the eager executor only"
     if spec.predictor == "gate" or (spec.predictor == "draft" and not has_draft):
         return "the gate predictor reads hidden states the CUDA graphs keep: it runs on the eager executor only"
     return ""
-
-
-CPU_LANE_OFF_NOTE = ("fast path: the CPU lane runs on the eager executor only, so exact misses are copied or "
-                     "wait for their prefetch (run with the eager executor to use the CPU lane)")
 
 
 def cache_bucket(n_tokens: int, max_context: int, step: int = 64) -> int:
@@ -51,9 +55,11 @@ class GraphExecutor(EagerExecutor):
     name = "graphed"
 
     def __init__(self, lm, n_slots: int, clock, recorder, *, max_cache_len: int, draft=None,
-                 use_graphs: bool | None = None, **kw) -> None:
+                 use_graphs: bool | None = None, cpu_rows: bool = False, **kw) -> None:
+        """``cpu_rows``: the planner may send exact misses to the CPU lane (the decoder then reads each layer's
+        hidden state back and uploads the lane's outputs with the plan row)."""
         super().__init__(lm, n_slots, clock, recorder, **kw)
-        self.max_cache_len, self.draft, self.use_graphs = max_cache_len, draft, use_graphs
+        self.max_cache_len, self.draft, self.use_graphs, self.cpu_rows = max_cache_len, draft, use_graphs, cpu_rows
         self.decoder: GraphedDecoder | None = None
         self.runtime = None
         self._moe_pos = {layer: i for i, layer in enumerate(lm.moe_layers)}
@@ -65,7 +71,7 @@ class GraphExecutor(EagerExecutor):
             pre, extra = self.draft.head_readback, 2 * self.draft.distances * self.draft.n_experts
         self.decoder = GraphedDecoder(self.lm, self.slots.buffer, self.copy_stream, self.max_cache_len,
                                       use_graphs=self.use_graphs, wait_for_copies=False, pre_experts=pre,
-                                      extra_numel=extra or 0, lore=self.lore)
+                                      extra_numel=extra or 0, lore=self.lore, cpu_rows=self.cpu_rows)
         self.runtime = runtime
         if self.cuda:
             self.compute_stream = self.decoder.stream
@@ -77,6 +83,35 @@ class GraphExecutor(EagerExecutor):
     def on_layer(self, layer: int, expert_ids: list[int], weights: list[float]) -> list[int]:
         draft_logits = self.decoder.extra_np[self._moe_pos[layer]] if self.draft is not None else None
         return self.runtime.decide_layer(layer, expert_ids, weights, draft_logits)
+
+    # ------------------------------------------------------------------ the CPU lane, inside the step
+    def submit_cpu(self, layer: int, experts) -> dict:
+        """Start layer ``layer``'s CPU experts (ascending ids) from the host slab, on the hidden state the segment
+        read back (``decoder.x_host``; its D2H landed before the host step). Returns expert -> job."""
+        x = self.decoder.x_host[self._moe_pos[layer]].view(1, -1)
+        act = self.lm.experts_modules[layer].act_fn
+        return {e: self._submit_cpu(ExpertKey(layer, e), x, 1, act, out_device="cpu") for e in experts}
+
+    def join_cpu(self, layer: int, jobs: dict, expert_ids: list[int], fallback) -> dict:
+        """Wait for the CPU jobs of ``layer`` and write each output into the decoder's pinned CPU row of its
+        selection (uploaded with the plan row when the next segment runs). A job that failed or ran past the
+        lane's timeout falls back to an exact copy (``fallback(key)`` -> CopyOrder, its slot held busy), which
+        the compute stream waits for. Returns expert -> CPU_SLOT, or the slot of the copy it fell back to."""
+        i = self._moe_pos[layer]
+        rows = selection_rows(expert_ids, self.lm.n_experts)
+        out = {}
+        for e, handle in jobs.items():
+            key = ExpertKey(layer, e)
+            y = self._collect_cpu_host(key, handle)
+            if y is not None:
+                self.decoder.cpu_host[i, rows[e]].copy_(y.reshape(-1))
+                out[e] = CPU_SLOT
+                continue
+            order = fallback(key)
+            self.issue(order)
+            self.wait_ready(order.slot)
+            out[e] = order.slot
+        return out
 
     def stepper(self) -> "GraphStepper":
         return GraphStepper(self)

@@ -37,8 +37,8 @@ from spice_core.errors import ConfigError, SpiceError
 from spice_core.exec import slot_kernels
 from spice_core.exec.experts import expert_forward, gathered_experts_forward, installed
 from spice_core.model.loader import cache_kwarg
-from spice_core.runtime.graphed_plan import (APPROX, BY_SLOT, EXPERT, INV, KIND, PERM, PLAN_ROWS, SLOT, VALID,
-                                             plan_rows)
+from spice_core.runtime.graphed_plan import (APPROX, BY_SLOT, EXPERT, INV, KIND, KIND_CPU, PERM, PLAN_ROWS, SLOT,
+                                             VALID, plan_rows)
 from spice_core.types import ExpertKey
 
 log = logging.getLogger(__name__)
@@ -80,13 +80,16 @@ class GraphedDecoder:
 
     def __init__(self, lm, slots_buffer: torch.Tensor, copy_stream, max_cache_len: int, *,
                  kernel: str | None = None, use_graphs: bool | None = None, wait_for_copies: bool = True,
-                 pre_experts: PreExperts | None = None, extra_numel: int = 0, lore=None) -> None:
+                 pre_experts: PreExperts | None = None, extra_numel: int = 0, lore=None, cpu_rows: bool = False) -> None:
         """``wait_for_copies`` False: the caller makes `stream` wait for the copies a step needs (inside
         on_layer), so prefetches for later layers keep flowing behind the next segments.
         ``pre_experts(layer, x [1,H]) -> [extra_numel] float32``: device work captured into the segment just
         before the experts call (a draft's heads); its result is read back with the routing into
         ``extra_host[i]`` (numpy: ``extra_np[i]``). ``lore``: a LoreBank on the device; selections the plan
-        marks approximate take its surrogate (plus α·shared expert) instead of a slot's expert."""
+        marks approximate take its surrogate (plus α·shared expert) instead of a slot's expert. ``cpu_rows``: the
+        hidden state x of each MoE layer is read back with its routing (``x_host[i]``, pinned), and selections
+        the plan marks CPU take their output from ``cpu_host[i, row]`` (pinned, written by the host before the
+        next segment's launch, uploaded by that segment's captured H2D with the plan row)."""
         from transformers import StaticCache
 
         kernel = kernel or default_kernel(torch.device(lm.device))
@@ -140,6 +143,13 @@ class GraphedDecoder:
         self.extra_host = torch.zeros((M, max(1, extra_numel)), dtype=torch.float32, pin_memory=pin)
         self.extra_np = self.extra_host.numpy()
         self._extra_src: list = [None] * M
+        self.cpu_rows = bool(cpu_rows)
+        if self.cpu_rows:
+            dt = self.model.dtype
+            self.x_host = torch.zeros((M, H), dtype=dt, pin_memory=pin)
+            self.cpu_host = torch.zeros((M, self.k, H), dtype=dt, pin_memory=pin)
+            self.cpu_dev = torch.zeros((M, self.k, H), dtype=dt, device=dev)
+        self._x_src: list = [None] * M
         self._plan_np, self._idx_np, self._w_np = self.plan_host.numpy(), self.idx_host.numpy(), self.w_host.numpy()
         self._token_np = self.token_host.numpy()
         self.cache = StaticCache(config=cfg, max_cache_len=L)
@@ -232,7 +242,7 @@ class GraphedDecoder:
                 if i > 0:
                     self._run_after_replay()
                 if not self.in_graph_copies:
-                    self._readback(i, *self._route_src[i])
+                    self._readback(i, *self._route_src[i], self._x_src[i])
                     if self._extra_src[i] is not None:
                         self.extra_host[i, : self._extra_src[i].numel()].copy_(self._extra_src[i], non_blocking=True)
                 ev = self._events[i]
@@ -241,7 +251,7 @@ class GraphedDecoder:
                 t0 = clock()
                 self._decide(i, layer)
                 if not self.in_graph_copies:
-                    self.plan_dev[i].copy_(self.plan_host[i], non_blocking=True)
+                    self._upload(i)
                 if self.copy_stream is not None and self.wait_for_copies:
                     self._copies_done.record(self.copy_stream)
                     s.wait_event(self._copies_done)
@@ -287,23 +297,24 @@ class GraphedDecoder:
         if self._mode == "capture":
             self._route_src[i] = (top_k_index, top_k_weights)
             self._extra_src[i] = extra
+            self._x_src[i] = x
             if self.in_graph_copies:
-                self._readback(i, top_k_index, top_k_weights)
+                self._readback(i, top_k_index, top_k_weights, x)
                 if extra is not None:
                     self.extra_host[i, : extra.numel()].copy_(extra, non_blocking=True)
             self._graphs[i].capture_end()
             self._capturing = i + 1
             self._graphs[i + 1].capture_begin(pool=self._pool, capture_error_mode="thread_local")
             if self.in_graph_copies:
-                self.plan_dev[i].copy_(self.plan_host[i], non_blocking=True)
+                self._upload(i)
         else:   # eager: the same step op by op
-            self._readback(i, top_k_index, top_k_weights)
+            self._readback(i, top_k_index, top_k_weights, x)
             if extra is not None:
                 self.extra_host[i, : extra.numel()].copy_(extra, non_blocking=self._pin)
             if self._pin:
                 torch.cuda.current_stream().synchronize()
             self._decide(i, layer)
-            self.plan_dev[i].copy_(self.plan_host[i], non_blocking=self._pin)
+            self._upload(i)
             if self.copy_stream is not None and self.wait_for_copies:
                 torch.cuda.current_stream().wait_stream(self.copy_stream)
             out = self._experts(i, x, top_k_weights, act)
@@ -311,9 +322,17 @@ class GraphedDecoder:
             return out
         return self._experts(i, x, top_k_weights, act)
 
-    def _readback(self, i: int, top_k_index, top_k_weights) -> None:
+    def _readback(self, i: int, top_k_index, top_k_weights, x=None) -> None:
         self.idx_host[i].copy_(top_k_index.view(-1), non_blocking=self._pin)
         self.w_host[i].copy_(top_k_weights.view(-1), non_blocking=self._pin)
+        if self.cpu_rows and x is not None:
+            self.x_host[i].copy_(x.view(-1), non_blocking=self._pin)
+
+    def _upload(self, i: int) -> None:
+        """Plan row i (and the CPU lane's outputs of layer i) to the device: captured at the head of segment i+1."""
+        self.plan_dev[i].copy_(self.plan_host[i], non_blocking=self._pin)
+        if self.cpu_rows:
+            self.cpu_dev[i].copy_(self.cpu_host[i], non_blocking=self._pin)
 
     def _decide(self, i: int, layer: int) -> None:
         ids, ws = self._idx_np[i].tolist(), self._w_np[i].tolist()
@@ -331,6 +350,9 @@ class GraphedDecoder:
         slot_e, perm, valid = plan[SLOT], plan[PERM], plan[VALID]
         if self.kernel == "slots" and slot_kernels.is_silu(act):
             y_ext = self._lore_out(i, x, plan[EXPERT], act).to(x.dtype) if self.lore is not None else None
+            if self.cpu_rows:
+                y_ext = self.cpu_dev[i] if y_ext is None else \
+                    torch.where((plan[KIND] == KIND_CPU).view(K, 1), self.cpu_dev[i], y_ext)
             h = torch.empty((K, self.lm.layout.intermediate), dtype=x.dtype, device=x.device)
             out = torch.empty((1, H), dtype=x.dtype, device=x.device)
             return slot_kernels.slot_experts_forward(x.view(1, H), self.buffer, slot_e, plan[KIND], perm,
@@ -345,6 +367,8 @@ class GraphedDecoder:
             y = y.index_select(0, plan[INV])                                 # slot order -> expert order
         if self.lore is not None:
             y = torch.where(plan[APPROX].view(K, 1) != 0, self._lore_out(i, x, plan[EXPERT], act).to(y.dtype), y)
+        if self.cpu_rows:
+            y = torch.where((plan[KIND] == KIND_CPU).view(K, 1), self.cpu_dev[i].to(y.dtype), y)
         p = torch.where(valid.view(K, 1) != 0, (y * w).to(x.dtype), 0.0)
         acc = p[0]
         for k in range(1, K):   # bf16 adds in ascending expert order, as the stock loop
@@ -464,7 +488,7 @@ class GraphedDecoder:
         self._hook = self._on_layer = self._on_expert = None
         self.buffer = self._gu = self._dn = self._staging = None
         self.cache = self.logits = self._token_dev = None
-        self._route_src = self._extra_src = []
+        self._route_src = self._extra_src = self._x_src = []
 
     @contextmanager
     def _hooked(self, mode: str | None):

@@ -12,7 +12,8 @@ ints, K = the model's top-k):
     5 approx   1 for a selection approximated by its LoRE surrogate (its slot is a dummy 0)
     6 expert   the expert id of each selection (indexes the LoRE factors; invalid: 0)
     7 kind     what the slot kernel does with it: KIND_NONE (dropped), KIND_GPU (reads its slot),
-               KIND_EXT (its output is given: LoRE; reads no slot)
+               KIND_EXT (its output is given: LoRE; reads no slot), KIND_CPU (its output is given: the
+               CPU lane's, uploaded with the plan row into the layer's CPU rows; reads no slot)
 
 Rows are read by name (SLOT, PERM, … below), never by a bare index.
 
@@ -28,32 +29,43 @@ from spice_core.types import ExpertKey
 SLOT, PERM, VALID, BY_SLOT, INV, APPROX, EXPERT, KIND = range(8)
 PLAN_ROWS = 8
 APPROX_SLOT = -1        # what on_layer returns for a selection the LoRE branch approximates
-KIND_NONE, KIND_GPU, KIND_EXT = 0, 1, 2     # the slot kernel's kinds (exec/slot_kernels.py)
+CPU_SLOT = -2           # what on_layer returns for a selection the CPU lane computed
+KIND_NONE, KIND_GPU, KIND_EXT, KIND_CPU = 0, 1, 2, 3     # the slot kernel's kinds (exec/slot_kernels.py)
+GIVEN_SLOTS = (APPROX_SLOT, CPU_SLOT)       # selections whose output is given: they read no slot
 
 
 def plan_rows(expert_ids: list[int], slots: list[int], n_experts: int, n_slots: int) -> list[list[int]]:
     """expert_ids: the K router picks in top-k order; slots: one per valid pick, in the same order
-    (APPROX_SLOT for a pick the LoRE branch approximates)."""
+    (APPROX_SLOT for a pick the LoRE branch approximates, CPU_SLOT for one the CPU lane computed: its
+    output goes in the layer's CPU row of the same index as its selection, see `selection_rows`)."""
     k_all = len(expert_ids)
     valid_pos = [k for k, e in enumerate(expert_ids) if 0 <= e < n_experts]
     if len(slots) != len(valid_pos):
         raise ValueError(f"on_layer returned {len(slots)} slots for {len(valid_pos)} routed experts")
     slot_of = dict(zip(valid_pos, slots))
-    real = [s for s in slots if s != APPROX_SLOT]
+    real = [s for s in slots if s not in GIVEN_SLOTS]
     if len(set(real)) != len(real) or any(not 0 <= s < n_slots for s in real):
         raise ValueError(f"on_layer returned slots {list(slots)}: they must be distinct and in [0, {n_slots})")
     order = sorted(valid_pos, key=lambda k: expert_ids[k]) + [k for k in range(k_all) if k not in slot_of]
     valid = [1 if k in slot_of else 0 for k in order]
     approx = [1 if slot_of.get(k) == APPROX_SLOT else 0 for k in order]
-    slot_e = [0 if a else slot_of.get(k, 0) for k, a in zip(order, approx)]
+    cpu = [1 if slot_of.get(k) == CPU_SLOT else 0 for k in order]
+    slot_e = [0 if a or c else slot_of.get(k, 0) for k, a, c in zip(order, approx, cpu)]
     expert = [expert_ids[k] if v else 0 for k, v in zip(order, valid)]
-    sort_key = [s if v and not a else n_slots for s, v, a in zip(slot_e, valid, approx)]
+    sort_key = [s if v and not a and not c else n_slots for s, v, a, c in zip(slot_e, valid, approx, cpu)]
     by_slot = sorted(range(k_all), key=lambda j: sort_key[j])
     inv = [0] * k_all
     for row, j in enumerate(by_slot):
         inv[j] = row
-    kind = [KIND_EXT if a else KIND_GPU if v else KIND_NONE for v, a in zip(valid, approx)]
+    kind = [KIND_EXT if a else KIND_CPU if c else KIND_GPU if v else KIND_NONE for v, a, c in zip(valid, approx, cpu)]
     return [slot_e, order, valid, [sort_key[j] for j in by_slot], inv, approx, expert, kind]
+
+
+def selection_rows(expert_ids: list[int], n_experts: int) -> dict[int, int]:
+    """Expert -> its selection's row in the plan (ascending expert order, the rows `plan_rows` writes): where
+    the CPU lane puts that expert's output."""
+    valid = sorted(e for e in expert_ids if 0 <= e < n_experts)
+    return {e: j for j, e in enumerate(valid)}
 
 
 class LruSlotMap:

@@ -143,9 +143,16 @@ class LayerRuntime:
                 return slots
         plan = planner.plan_layer(layer, [expert_ids], [weights], self._queues())
         self.recorder.layer_counts(plan.hits, plan.misses)
+        jobs = ex.submit_cpu(layer, plan.cpu) if plan.cpu else None     # first: they overlap the copies' issue
         for order in plan.copies:
             ex.issue(order)
-        slot_of = {}
+        slot_of, fell_back = {}, ()
+        if jobs:
+            # Joined before the next segment's launch (it reads their outputs); a failed job falls back to a
+            # copy placed while the layer's experts are still busy, so none of them is evicted for it.
+            fallback = lambda key: planner.plan_fallback(key, hold=True)   # noqa: E731
+            slot_of = ex.join_cpu(layer, jobs, expert_ids, fallback)
+        fell_back = [e for e, slot in slot_of.items() if slot >= 0]
         for r in planner.plan_experts(plan, batched=True):
             key = (layer, r.expert)
             if r.late_copy is not None:
@@ -157,6 +164,8 @@ class LayerRuntime:
                 continue
             ex.wait_ready(r.slot)
             slot_of[r.expert] = r.slot
+        for e in fell_back:            # fell back to a copy: an ordinary cached expert from here on
+            planner.release_fallback(ExpertKey(layer, e))
         self.recorder.layer_outcomes(layer, plan.needed, plan.outcomes)
         for obs in self.layer_observers:
             obs(self, layer)
