@@ -144,14 +144,26 @@ def headline_markdown(results: Path) -> str:
         steps = min(r["n_decode_tokens"] for (lk, _), r in rows.items() if lk == link and "n_decode_tokens" in r)
         lines.append(f"| {names.get(link, link)} | " + " | ".join(cells) + f" | {ratio('on_demand')} | {ratio('lru')} | {steps} |")
     sp = rows[(links[0], "spice")]
-    quality = ("" if sp.get("ppl_delta_pct") is None else
-               f" `spice` (LoRE τ_approx 0.05, rank 4) changes held-out perplexity by {sp['ppl_delta_pct']:+.2f}% "
-               f"on the {links[0]} link.")
+    quality = headline_quality(sp, links[0])
     return ("TPOT median, **measured** on one H200: the shipped miniature lifted to DeepSeek-V2-Lite's shapes "
             "(28.8 GB of routed experts in host memory), 25% GPU budget, held-out prompts × 64 tokens, "
             f"the CUDA-graph fast path.{quality}\n\n" + "\n".join(lines)
             + f"\n\nSource: `docs/benchmarks/{HEADLINE_RESULTS.as_posix()}` (every policy, budget and link, "
               "the targets met and missed, in the README beside it).")
+
+
+def headline_quality(record: dict, link: str) -> str:
+    """Quality of the headline's `spice` row, at a glance: its perplexity change and its greedy agreement (the
+    project's one definition: positions with the same token as `resident`, over the prompt set)."""
+    parts = []
+    if record.get("ppl_delta_pct") is not None:
+        parts.append(f"held-out perplexity {record['ppl_delta_pct']:+.2f}%")
+    if record.get("greedy_agreement") is not None:
+        parts.append(f"greedy agreement with `resident` {100 * record['greedy_agreement']:.0f}% "
+                     "(positions with the same token)")
+    if not parts:
+        return ""
+    return f" Quality of `spice` (LoRE τ_approx 0.05, rank 4) on the {link} link: **{'**, **'.join(parts)}**."
 
 
 class AboutPage:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from spice_core.api import RunSettings, identical_prefix_share
+from spice_core.api import RunSettings
 from spice_core.errors import PromptError, SpiceError
 from pages import figures, models
 from pages import chat_text as text
@@ -552,7 +552,8 @@ class ChatPage(chat_settings.SettingsEvents):
 
     def _check_exact(self, turns, settings: RunSettings, live: LiveRun, session: ChatSession,
                      reply_owner: str = "") -> tuple[str, str]:
-        """Generate the same reply with exact settings and compare greedy tokens: (value, detail)."""
+        """Generate the same reply with exact settings and compare greedy tokens: (value, detail), the value the
+        project's one greedy agreement (spice_core.api.greedy_agreement)."""
         exact = replace(settings, tau_approx=0.0, max_new_tokens=max(1, live.n_tokens))
         # The reply's owner and the session's stream: Stop, New chat and a closed tab (unload) end the check as
         # they end a reply (it had an owner of its own, so nothing could stop it and the next visitor waited).
@@ -577,9 +578,7 @@ class ChatPage(chat_settings.SettingsEvents):
         if stream.cancel_reason:
             return "not measured", ("stopped before the exact re-run ended" if stream.cancel_reason == "stop"
                                     else f"the exact re-run was stopped: {CANCEL_REASONS.get(stream.cancel_reason, '')}")
-        score = identical_prefix_share(ids, live.token_ids)
-        same = round(score * len(ids))
-        return f"{100 * score:.0f}%", f"measured: first {same} of {len(ids)} tokens identical"
+        return text.agreement_value(ids, live.token_ids)
 
     def _panels(self, live: LiveRun):
         return tuple(as_plot(figures.panel_figure(name, live)) for name in PANELS)

@@ -2,7 +2,7 @@
 
     prompts × {exact reference}  ──► reference tokens per prompt (greedy, exact policy)
     prompts × settings grid      ──► engine.start_prompt ──► tokens + RunSummary per run
-                                 ──► per setting: mean greedy agreement (vs reference), mean TPOT, hit rate
+                                 ──► per setting: greedy agreement (vs reference), mean TPOT, hit rate
                                  ──► Pareto plot (agreement vs TPOT), policies side by side, table
 
 The grid only varies what a policy uses: τ_prefetch for prefetching policies, τ_approx for the
@@ -12,8 +12,10 @@ streams, so Gradio can stop it when the visitor leaves; Stop, closing the page (
 vanished reader (the runner's orphan watchdog) all end the sweep between tokens or runs. A sweep
 never pre-empts anyone else's reply (pages.runner), and its size is capped at the API as at the UI
 (pages.limits): runs, prompts, tokens per run and tokens in all.
-The agreement shown is `identical_prefix_share` (trace.metrics: share of the reference reproduced before the
-first different token), always at temperature 0.
+The agreement shown is the project's one greedy agreement (spice_core.api.greedy_agreement: positions with
+the reference's token over the longer sequence), pooled over the prompts as the benchmarks pool it (matching
+positions summed, then divided); the table also gives the identical prefix (share of the reference reproduced
+before the first different token) under that name. Always at temperature 0.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from pages import figures, models
 from pages.common import (ENGINE_GROUP, AppContext, FreeDropdown, FreeSlider, as_plot, default_settings,
                           shape_choices, shape_info, spice_error_text)
 from pages.limits import bounded_number
-from spice_core.api import identical_prefix_share
+from spice_core.api import identical_prefix_share, matching_tokens
 from pages.owners import esc, owner_of
 from pages.runner import RunStream
 
@@ -46,7 +48,7 @@ DEFAULT_POLICIES = ("lru", "spice_prefetch", "spice")
 DEFAULT_PROMPTS = ("Once upon a time there was a little robot who",
                    "The three most important ideas in computer science are",
                    "Here is a recipe for a simple tomato soup:")
-TABLE_COLUMNS = ["policy", "τ_prefetch", "τ_approx", "agreement %", "TPOT ms", "tokens/s", "hit rate %",
+TABLE_COLUMNS = ["policy", "τ_prefetch", "τ_approx", "greedy agreement %", "identical prefix %", "TPOT ms", "tokens/s", "hit rate %",
                  "MB / token", "stall ms / token", "runs"]
 
 
@@ -267,7 +269,7 @@ class SweepPage:
                     if error:
                         yield f"⚠ {s.policy} failed: {esc(error)}", skip, skip, skip
                         continue
-                    per_prompt.append((identical_prefix_share(ref, ids), summary))
+                    per_prompt.append(((matching_tokens(ref, ids), identical_prefix_share(ref, ids)), summary))
                 if per_prompt:
                     rows.append(_row(s, per_prompt, timing))
                     self.ctx.remember_sweep(visitor, rows)
@@ -316,8 +318,11 @@ class SweepPage:
 def _row(s: RunSettings, per_prompt: list, timing: str) -> dict:
     summaries = [sm for _, sm in per_prompt if sm is not None]
     mean = lambda xs: statistics.fmean(xs) if xs else 0.0   # noqa: E731
+    same = sum(m[0][0] for m, _ in per_prompt)
+    total = sum(m[0][1] for m, _ in per_prompt)
     return {"policy": s.policy, "tau_prefetch": s.tau_prefetch, "tau_approx": s.tau_approx, "timing": timing,
-            "agreement": mean([a for a, _ in per_prompt]), "tpot_ms": mean([x.tpot_ms_median for x in summaries]),
+            "agreement": same / total if total else 1.0, "identical_prefix": mean([m[1] for m, _ in per_prompt]),
+            "tpot_ms": mean([x.tpot_ms_median for x in summaries]),
             "tokens_per_s": mean([x.tokens_per_s for x in summaries]), "hit_rate": mean([x.hit_rate for x in summaries]),
             "mb_per_token": mean([x.bytes_per_token / 1e6 for x in summaries]),
             "stall_ms": mean([x.stall_ms_per_token for x in summaries]), "runs": len(per_prompt)}
@@ -325,6 +330,7 @@ def _row(s: RunSettings, per_prompt: list, timing: str) -> dict:
 
 def _table(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([[r["policy"], r["tau_prefetch"], r["tau_approx"], round(100 * r["agreement"], 1),
+                          round(100 * r.get("identical_prefix", 0.0), 1),
                           round(r["tpot_ms"], 3), round(r["tokens_per_s"], 1), round(100 * r["hit_rate"], 1),
                           round(r["mb_per_token"], 2), round(r["stall_ms"], 3), r["runs"]] for r in rows],
                         columns=TABLE_COLUMNS)
