@@ -108,6 +108,7 @@ class MissRequest(NamedTuple):
     gpu_ms: float = 0.0
     inflight_arrival_ms: float | None = None    # set: a prefetch of it is in flight (no second copy)
     copy_value_ms: float = 0.0
+    cpu_ms_link_busy: float | None = None       # the CPU lane while copies stream from the same DRAM (None: same)
 
 
 @dataclass
@@ -135,11 +136,14 @@ def plan_misses(requests: list[MissRequest], queues: QueueState, opts: MissOptio
         w = min(lanes, key=free.__getitem__) if len(free) > 1 else 0
         now = queues.now_ms
         inflight = req.inflight_arrival_ms
-        action = _decide(req.router_weight, now, queues.copy_free_at_ms, req.copy_ms, free[w], req.cpu_ms, inflight,
+        # While the copy queue is busy the lane and the link share the host's DRAM: the lane runs slower.
+        cpu_ms = req.cpu_ms_link_busy if req.cpu_ms_link_busy is not None and queues.copy_free_at_ms > now \
+            else req.cpu_ms
+        action = _decide(req.router_weight, now, queues.copy_free_at_ms, req.copy_ms, free[w], cpu_ms, inflight,
                          req.gpu_ms, req.copy_value_ms, can_approx, tau, opts.can_copy and inflight is None, can_cpu)
         if action == MissAction.COPY:
             queues.copy_free_at_ms = max(now, queues.copy_free_at_ms) + req.copy_ms
         elif action == MissAction.CPU:
-            free[w] = max(now, free[w]) + req.cpu_ms
+            free[w] = max(now, free[w]) + cpu_ms
         actions.append(action)
     return actions

@@ -47,7 +47,7 @@ class PlanCosts(Protocol):
     def copy_ms(self) -> float: ...
     def gpu_layer_ms(self) -> float: ...
     def gpu_expert_ms(self, n_tokens: int = 1) -> float: ...
-    def cpu_expert_ms(self, n_tokens: int = 1) -> float: ...
+    def cpu_expert_ms(self, n_tokens: int = 1, link_busy: bool = False) -> float: ...
 
 
 class Queues(NamedTuple):
@@ -138,7 +138,8 @@ class LayerPlanner:
         self._copy_ms = costs.copy_ms()
         self._layer_ms = costs.gpu_layer_ms() + top_k * costs.gpu_expert_ms()
         self._plan_ms = costs.profile.host_plan_us / 1e3
-        self._expert_ms: dict[int, tuple[float, float]] = {}   # n_tokens -> (CPU lane, GPU) ms of one expert
+        self._expert_ms: dict[int, tuple[float, float, float]] = {}   # n_tokens -> (CPU lane, GPU, CPU lane while
+                                                                     # the link reads the same DRAM) ms of one expert
         # Each MoE layer's ExpertKeys, made once: a layer's plan looks up a dozen or more of them.
         self._keys = {layer: tuple(ExpertKey(layer, e) for e in range(n_experts)) for layer in moe_layers}
 
@@ -264,17 +265,22 @@ class LayerPlanner:
             return [MissAction.CPU] * len(misses)
         if spec.miss_mode == "copy":
             return [MissAction.COPY] * len(misses)
-        # A copied expert stays cached: credit it with the transfer a later use saves (recent hit rate).
-        copy_value = (1.0 - self.miss_rate_ema) * self._copy_ms if spec.keep_misses else 0.0
+        # A copied expert stays cached: credit it with what a later use saves (recent hit rate x the cheaper of
+        # the ways that later miss would take: a copy, or with a CPU lane its run there, FASTPATH §2.5; on a
+        # slow link the lane is cheaper than a copy, and crediting the copy's full time overpaid the cache).
+        can_cpu = spec.use_cpu and self.can_cpu
+        later_ms = min(self._copy_ms, c.cpu_expert_ms(1)) if can_cpu else self._copy_ms
+        copy_value = (1.0 - self.miss_rate_ema) * later_ms if spec.keep_misses else 0.0
         reqs = []
         keys, inflight, expert_ms = self._keys[layer], self.inflight, self._expert_ms
         for e, weight, n_tokens in misses:
             inf = inflight.get(keys[e])   # only experts whose prefetch is still in flight
             ms = expert_ms.get(n_tokens)
             if ms is None:
-                ms = expert_ms[n_tokens] = (c.cpu_expert_ms(n_tokens), c.gpu_expert_ms(n_tokens))
+                ms = expert_ms[n_tokens] = (c.cpu_expert_ms(n_tokens), c.gpu_expert_ms(n_tokens),
+                                            c.cpu_expert_ms(n_tokens, link_busy=True))
             reqs.append(MissRequest(weight, self._copy_ms, ms[0], ms[1],
-                                    inf.arrival_ms if inf is not None else None, copy_value))
+                                    inf.arrival_ms if inf is not None else None, copy_value, ms[2]))
         # CPU-lane tasks are collected within their layer, so the lane is idle when a layer starts.
         q = QueueState(now_ms=queues.now_ms, copy_free_at_ms=queues.copy_free_at_ms)
         opts = MissOptions(tau_approx=self.tau_approx, can_approx=spec.use_lore and self.can_approx,

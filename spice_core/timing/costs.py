@@ -46,10 +46,15 @@ class CostModel:
         t = max(_ms(nbytes, self.profile.gpu_mem_gbps), flops / (self.profile.gpu_tflops * 1e12) * 1e3)
         return t + self.profile.gpu_kernels_per_layer * self.profile.gpu_kernel_us / 1e3
 
-    def cpu_expert_ms(self, n_tokens: int = 1) -> float:
-        """One exact expert on the CPU lane, including the activation round trip over the link."""
+    def cpu_expert_ms(self, n_tokens: int = 1, link_busy: bool = False) -> float:
+        """One exact expert on the CPU lane, including the activation round trip over the link. ``link_busy``: while
+        host-to-device copies stream from the same DRAM, the lane gets what they leave of ``host_dram_gbps``
+        (when the profile knows it; FASTPATH §2.6: 81 GB/s on the H200 host, 54 of them the link's)."""
         flops = 2.0 * self.expert_bytes / self.shape.dtype_bytes * n_tokens
-        compute = max(_ms(self.expert_bytes, self.profile.cpu_mem_gbps), flops / (self.profile.cpu_gflops * 1e9) * 1e3)
+        mem_gbps = self.profile.cpu_mem_gbps
+        if link_busy and self.profile.host_dram_gbps > 0:
+            mem_gbps = max(1.0, min(mem_gbps, self.profile.host_dram_gbps - self.profile.h2d_pinned_gbps))
+        compute = max(_ms(self.expert_bytes, mem_gbps), flops / (self.profile.cpu_gflops * 1e9) * 1e3)
         act_bytes = 2 * n_tokens * self.shape.hidden * self.shape.dtype_bytes
         round_trip = 2 * self.profile.copy_latency_us / 1e3 + _ms(act_bytes, self.profile.d2h_gbps)
         return compute + round_trip + self.profile.cpu_task_us / 1e3

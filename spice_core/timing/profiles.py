@@ -48,6 +48,8 @@ class HardwareProfile:
     host_expert_us: float = 0.0   # launching one expert on the GPU
     host_copy_us: float = 0.0     # issuing one host-to-device expert copy (slot bookkeeping included)
     host_plan_us: float = 0.0     # one lookahead prediction + plan after a MoE layer
+    host_dram_gbps: float = 0.0   # what the host's DRAM delivers to the CPU lane and the link together (0: unknown,
+                                  # no contention modeled)
 
     @property
     def models_host(self) -> bool:

@@ -182,3 +182,27 @@ def test_a_lookahead_planned_after_the_layer_was_placed_never_evicts_what_it_is_
     guarded = q.plan_prefetch(2, pred, NOW, protected=frozenset({ExpertKey(2, 1), ExpertKey(1, 0)}))
     assert guarded.copies == () and guarded.stop_reason == "cache"
     assert ExpertKey(1, 0) in q.residency and ExpertKey(2, 1) in q.residency
+
+
+def test_a_copy_is_credited_with_the_cheaper_way_a_later_miss_would_take_when_a_cpu_lane_exists():
+    """FASTPATH §2.5: with a CPU lane a later miss of the expert costs at most a CPU run, so caching it by a copy
+    saves that, not a whole copy. On a slow link where two CPU runs beat a copy, a fresh miss goes to the lane
+    (crediting the full copy time made the copy look free and always won)."""
+    import dataclasses
+    desktop = dataclasses.replace(get_profile("rtx4060-pcie4x8"), cpu_mem_gbps=40.0)   # a DDR5 desktop's lane
+    slow_link = CostModel(desktop, get_shape("qwen2-57b-a14b"))
+    cpu, copy, gpu = slow_link.cpu_expert_ms(1), slow_link.copy_ms(), slow_link.gpu_expert_ms(1)
+    assert 2 * cpu < copy + gpu and cpu > gpu          # the regime the rule is about
+    p = LayerPlanner(get_spec("spice_no_lore"), n_slots=4, n_experts=4, top_k=1, moe_layers=(1, 2),
+                     costs=slow_link, can_cpu=True)
+    p.miss_rate_ema = 0.0                                # every use hits: the full credit
+    plan, _ = step(p, 1, [[2]])
+    assert plan.outcomes == {2: "cpu"}
+
+
+def test_the_cpu_lane_slows_while_copies_read_the_same_dram():
+    """With the profile's host DRAM bandwidth, a CPU run planned while the copy queue is busy gets what the link
+    leaves of it (81 - 53.8 GB/s on the H200 host), so it costs more than on an idle link."""
+    c = CostModel(get_profile("h200-pcie5x16-graphed"), get_shape("deepseek-v2-lite"))
+    assert c.cpu_expert_ms(1, link_busy=True) > c.cpu_expert_ms(1)
+    assert COSTS.cpu_expert_ms(1, link_busy=True) == COSTS.cpu_expert_ms(1)   # a profile without the figure
