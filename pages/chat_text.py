@@ -86,7 +86,8 @@ def applied_changes(stream: RunStream):
 
 def run_title(summary: RunSummary, live: LiveRun) -> str:
     return (f"Run {summary.run_id} · {summary.n_tokens} tokens · TPOT {summary.tpot_ms_median:.2f} ms "
-            f"({summary.timing}) · hit rate {100 * summary.hit_rate:.0f}%")
+            f"({summary.timing}) · hit rate {100 * live.hit_rate:.0f}%"
+            + (f" · late prefetches {100 * live.late_rate:.0f}%" if live.late_rate else ""))
 
 
 def _shape_bytes(summary: RunSummary) -> str:
@@ -115,7 +116,9 @@ TIPS = {
     "TPOT": "Time per output token: the median time of one decode step (every token after the first). "
             "Lower is faster.",
     "tokens/s": "1000 / TPOT in the run's timing mode; 'streamed' is what reached this page per second.",
-    "hit rate": "Share of the experts the tokens routed to that were already on the GPU (resident or prefetched). "
+    "hit rate": "Share of the experts the tokens routed to that were already on the GPU when their layer needed them "
+                "(resident, or prefetched in time). A prefetch that arrived late is a stall, not a hit: it is "
+                "counted apart, under the value. "
                 "Green ≥ 80%, amber ≥ 50%.",
     "copied": "Bytes copied from host memory to the GPU per token (on demand and prefetch), at this model's own "
               "sizes; the trace explorer also gives them at the timed shape's.",
@@ -185,7 +188,9 @@ def stats_html(live: LiveRun | None, settings: RunSettings, info: EngineInfo, *,
             ("TTFT", f"{live.ttft_ms:.1f} ms", "incl. prefill", ""),
             ("TPOT", f"{live.tpot_ms:.2f} ms", f"median, {timing}", ""),
             ("tokens/s", f"{live.tokens_per_s:.1f}", f"{timing}; streamed {wall_tps:.1f}/s", ""),
-            ("hit rate", f"{100 * live.hit_rate:.0f}%", "resident + prefetched", _level(live.hit_rate, 0.8, 0.5)),
+            ("hit rate", f"{100 * live.hit_rate:.0f}%",
+             f"in time; {100 * live.late_rate:.0f}% late prefetches" if live.late_rate else "resident + prefetched in time",
+             _level(live.hit_rate, 0.8, 0.5)),
             ("copied", fmt_bytes(live.bytes_per_token), "per token, own sizes", ""),
             ("stall", f"{live.stall_ms_per_token:.2f} ms", f"per token ({100 * stall_share:.0f}% of TPOT)",
              _level(stall_share, 0.1, 0.4, higher_is_better=False)),

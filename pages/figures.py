@@ -40,10 +40,12 @@ OKABE_ITO = {"orange": "#E69F00", "sky": "#56B4E9", "green": "#009E73", "yellow"
 OUTCOME_COLOURS = {
     "not selected": "rgba(140,150,162,0.16)", "hit": OKABE_ITO["green"], "prefetch_hit": OKABE_ITO["sky"],
     "approx": OKABE_ITO["purple"], "cpu": OKABE_ITO["orange"], "copy": OKABE_ITO["vermillion"],
+    "prefetch_late": OKABE_ITO["yellow"],
 }
 OUTCOME_LABELS = {
     "not selected": "not selected", "hit": "hit (resident)", "prefetch_hit": "prefetched hit",
     "approx": "approximated (LoRE)", "cpu": "CPU lane", "copy": "copied on demand",
+    "prefetch_late": "prefetched late (stalled)",
 }
 KIND_COLOURS = {
     "layer": "#9aa5b1", "expert": OKABE_ITO["green"], "approx": OKABE_ITO["purple"], "draft": OKABE_ITO["yellow"],
@@ -172,7 +174,7 @@ def _discrete_scale() -> list:
     return scale
 
 
-SHORT_OUTCOMES = ("", "hit", "prefetched", "approx", "CPU", "copied")     # by heatmap code (CATEGORIES order)
+SHORT_OUTCOMES = ("", "hit", "prefetched", "approx", "CPU", "copied", "late prefetch (stalled)")   # by heatmap code
 
 
 HEATMAP_TITLE_LINES = 2         # the top margin fits this many lines of `heatmap_titles`
@@ -211,7 +213,8 @@ def outcome_heatmap(live: LiveRun, *, counts: bool = True, meta: str = "") -> Fi
     if counts:
         right |= {"customdata": live.counts.tolist(),
                   "hovertemplate": "%{y} · expert %{x}: hit %{customdata[0]} · prefetched %{customdata[1]} · "
-                                   "approx %{customdata[2]} · CPU %{customdata[3]} · copied %{customdata[4]}"
+                                   "approx %{customdata[2]} · CPU %{customdata[3]} · copied %{customdata[4]} · "
+                                   "late prefetch %{customdata[5]}"
                                    "<extra>all tokens</extra>"}
     else:
         right |= {"text": short[totals].tolist(),

@@ -7,6 +7,10 @@ first); hit rate, bytes and stall per token are over decode steps (all steps whi
 first exists); hit rate = (hit + prefetch_hit) / routed selections, falling back to the steps'
 hits / (hits + misses) counters when the engine reports no per-selection outcomes.
 
+A late prefetch is a stall, not a hit: a ``prefetch_hit`` whose copy (the token's PrefetchRecord for that
+layer and expert) arrived after the layer needed it is counted as ``prefetch_late`` here, apart from the hits
+(`hit_rate` counts on-time ones only; `hit_rate_with_late` is the engine summary's hit rate).
+
 Only the consumer thread of a run writes a LiveRun, and it is the same thread that renders
 it, so no locking is needed. This module knows nothing of Gradio or plotly.
 """
@@ -20,9 +24,11 @@ import numpy as np
 
 from spice_core.api import OUTCOMES, EngineInfo, LaneInterval, PrefetchRecord, StepStats
 
-# Heatmap codes: 0 = not selected, then the outcomes in schema order (hit, prefetch_hit, approx, cpu, copy).
+# Heatmap codes: 0 = not selected, then the outcomes in schema order (hit, prefetch_hit, approx, cpu, copy),
+# then a prefetched expert that arrived late (the layer waited for it).
 NOT_SELECTED = "not selected"
-CATEGORIES = (NOT_SELECTED, *OUTCOMES)
+LATE = "prefetch_late"
+CATEGORIES = (NOT_SELECTED, *OUTCOMES, LATE)
 CODE = {name: i for i, name in enumerate(CATEGORIES)}
 HIT_OUTCOMES = ("hit", "prefetch_hit")
 
@@ -44,13 +50,15 @@ class LiveRun:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     current: np.ndarray | None = None          # [L, E] category codes of the latest token
-    counts: np.ndarray | None = None           # [L, E, len(OUTCOMES)] selections per outcome, all tokens
+    counts: np.ndarray | None = None           # [L, E, len(CATEGORIES) - 1] selections per category, all tokens
     recent_intervals: deque = field(default_factory=lambda: deque(maxlen=GANTT_TOKENS))
     recent_prefetches: deque = field(default_factory=lambda: deque(maxlen=PREFETCH_TOKENS))
     prefetches_issued: int = 0                 # all tokens
     prefetches_wasted: int = 0                 # arrived (or would have) but no layer used them
     prefetches_late: int = 0
     stop_reasons: Counter = field(default_factory=Counter)   # why the lookahead stopped, per MoE layer planned
+    _decode_late: int = 0
+    _first_late: int = 0
     _decode_hits: int = 0
     _decode_sel: int = 0
     _first_hits: int = 0
@@ -65,7 +73,7 @@ class LiveRun:
         self._row = {layer: i for i, layer in enumerate(self.layers)}
         shape = (len(self.layers), self.n_experts)
         self.current = np.zeros(shape, dtype=np.int8)
-        self.counts = np.zeros((*shape, len(OUTCOMES)), dtype=np.int32)
+        self.counts = np.zeros((*shape, len(CATEGORIES) - 1), dtype=np.int32)
 
     @classmethod
     def for_engine(cls, info: EngineInfo) -> "LiveRun":
@@ -80,24 +88,29 @@ class LiveRun:
         self.steps_ms.append(step.step_ms)
         self.lookahead.append(step.lookahead_depth)
         self.current[:] = 0
-        hits = sel = 0
+        hits = sel = late_n = 0
+        late = {(p.layer, p.expert) for p in step.prefetches
+                if p.needed_ms is not None and p.arrived_ms > p.needed_ms + 1e-9}
         for o in step.outcomes:
             row = self._row.get(o.layer)
-            code = CODE.get(o.outcome)
+            outcome = LATE if o.outcome == "prefetch_hit" and (o.layer, o.expert) in late else o.outcome
+            code = CODE.get(outcome)
             if row is None or code is None or not 0 <= o.expert < self.n_experts:
                 continue                      # an outcome for a layer/expert the engine did not announce
             self.current[row, o.expert] = code
             self.counts[row, o.expert, code - 1] += 1
             sel += 1
-            hits += o.outcome in HIT_OUTCOMES
+            hits += outcome in HIT_OUTCOMES
+            late_n += outcome == LATE
         if sel == 0:                          # engine without per-selection outcomes: use its counters
             hits, sel = step.hits, step.hits + step.misses
         self.hit_rate_per_step.append(hits / sel if sel else float("nan"))
         if self.n_tokens == 1:
-            self._first_hits, self._first_sel = hits, sel
+            self._first_hits, self._first_sel, self._first_late = hits, sel, late_n
             self._first_bytes, self._first_stall_ms = step.bytes_copied, step.stall_ms
         else:
             self._decode_hits += hits
+            self._decode_late += late_n
             self._decode_sel += sel
             self._decode_bytes += step.bytes_copied
             self._decode_stall_ms += step.stall_ms
@@ -128,6 +141,17 @@ class LiveRun:
     def hit_rate(self) -> float:
         hits, sel = (self._decode_hits, self._decode_sel) if self.n_tokens > 1 else (self._first_hits, self._first_sel)
         return hits / sel if sel else 0.0
+
+    @property
+    def late_rate(self) -> float:
+        """Share of the routed selections served by a prefetch that arrived late (the layer stalled for it)."""
+        late, sel = (self._decode_late, self._decode_sel) if self.n_tokens > 1 else (self._first_late, self._first_sel)
+        return late / sel if sel else 0.0
+
+    @property
+    def hit_rate_with_late(self) -> float:
+        """The engine summary's hit rate: late prefetches counted as hits."""
+        return self.hit_rate + self.late_rate
 
     @property
     def bytes_per_token(self) -> float:

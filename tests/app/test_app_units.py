@@ -84,7 +84,7 @@ def test_live_numbers_match_the_engine_summary():
     s = gen.summary()
     assert live.n_tokens == s.n_tokens
     assert live.tpot_ms == pytest.approx(s.tpot_ms_median)
-    assert live.hit_rate == pytest.approx(s.hit_rate)
+    assert live.hit_rate_with_late == pytest.approx(s.hit_rate)
     assert live.bytes_per_token == pytest.approx(s.bytes_per_token)
     assert live.counts.sum() == sum(len(st.outcomes) for st in engine._runs[gen.run_id].steps)
 
