@@ -26,6 +26,7 @@ by a block naming the prompts it still lacks (``"prompt_indices": [6]``).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import statistics
@@ -38,6 +39,7 @@ import torch
 
 from spice_core.api import EXACT_POLICIES, POLICIES, RunSettings, greedy_agreement
 from spice_core.tools.bench_config import LINKS_GBPS, load_config_file, load_results
+from spice_core.tools.bench_records import provenance
 from spice_core.tools.bench_models import check_host_memory, load_safetensors_model
 from spice_core import heldout
 from spice_core.errors import ConfigError
@@ -218,6 +220,9 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
                               f"context of {max_ctx} tokens: lower long_prompt_tokens")
         workloads.append(("long", len(prompts), long_prompt_ids(tok, long_tokens, folder)))
     records: list[dict] = []
+    # What makes shards parts of one run (bench --merge refuses to blend records whose provenance differs).
+    prov = provenance(dict(cfg, hw_profile=str(hw_profile) if hw_profile is not None else cfg.get("hw_profile")),
+                      [ids for *_, ids in workloads], code_digest())
     stock_tpot = None
     if reference:
         stock_tpot = _stock_generate_tpot(hf, prompts[:2], min(max_new, 32))
@@ -323,10 +328,10 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
                                 (steps, agree, totals, run.summary()))
                             done += 1
                             _progress(done, total, t0, f"{link} {budget:.2f} {pol} {workload}")
-                        _write_partial(out, cfg, desc, lm, per, hw)   # a run cut short keeps what finished
+                        _write_partial(out, cfg, desc, lm, per, hw, prov)   # a run cut short keeps what finished
     sys.stderr.write("\n")
     for (link, budget, pol, workload, variant), runs in per.items():
-        records.append(_aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload, variant))
+        records.append(dict(_aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload, variant), provenance=prov))
     if stock_tpot is not None:
         records.append({"model": desc, "policy": "transformers_generate", "budget_frac": 1.0, "link": "native",
                         "timing": "measured", "tpot_ms_median": stock_tpot, "tpot_ms_p90": None, "hit_rate": 1.0,
@@ -342,11 +347,21 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
     return records
 
 
-def _write_partial(out: Path, cfg: dict, desc: str, lm, per: dict, hw) -> None:
+def code_digest() -> str:
+    """A digest of the engine's code (every spice_core/*.py, by path), for a record's provenance."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _write_partial(out: Path, cfg: dict, desc: str, lm, per: dict, hw, prov: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     from spice_core.timing.profiles import get_profile
 
-    recs = [_aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload, variant)
+    recs = [dict(_aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload, variant), provenance=prov)
             for (link, budget, pol, workload, variant), runs in per.items()]
     _add_floors(recs, lm, hw or get_profile(cfg.get("profile", RunSettings().profile)), cfg)   # merge needs them
     (out / "results.partial.json").write_text(json.dumps(recs, indent=1, default=float))

@@ -198,3 +198,19 @@ def test_median_interval_holds_the_median_and_merging_shards_gives_the_unsharded
     assert sorted(whole["raw"]["step_ms"]) == sorted(sharded["raw"]["step_ms"])
     assert whole["tpot_ms_median"] == sharded["tpot_ms_median"]
     assert whole["tpot_ms_median_ci95"] is not None and sharded["n_runs"] == 2
+
+
+def test_shards_of_two_configs_are_refused_at_merge_because_their_records_carry_provenance(tmp_path, capsys):
+    """Issue 26 defect 7: shards whose configs differ only in max_new_tokens must not blend into one median."""
+    from spice_core.tools.cli import main
+
+    base = {"model": "random:tiny-deepseek", "policies": ["lru"], "budgets": [0.3], "timing": "modeled",
+            "prompts": {"random_ids": 2, "length": 6}, "max_new_tokens": 4}
+    for k, new in ((0, 4), (1, 5)):
+        path = tmp_path / f"cfg{k}.json"
+        path.write_text(json.dumps(dict(base, max_new_tokens=new)))
+        assert main(["bench", "--config", str(path), "--out", str(tmp_path / f"s{k}"), "--shard", f"{k}/2"]) == 0
+    rec = json.loads((tmp_path / "s0" / "results.json").read_text())[0]
+    assert set(rec["provenance"]) == {"config", "prompts", "code"}
+    assert main(["bench", "--merge", str(tmp_path / "s0"), str(tmp_path / "s1"), "--out", str(tmp_path / "m")]) == 2
+    assert "provenance" in capsys.readouterr().err
