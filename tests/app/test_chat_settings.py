@@ -53,3 +53,14 @@ def test_malformed_boxes_and_unknown_fields_are_left_out():
                 json.dumps({"cache_frac": {"v": 0.5, "seq": "1"}}), json.dumps({"cache_frac": {"v": 0.5, "seq": True}}),
                 None, 12, "x" * 10_000):
         assert parse(raw) == [], raw
+
+
+def test_the_settings_api_names_its_parameters(client):
+    """Regression (issue 24, defect 11): /settings took param_0 … param_10."""
+    from pages.common import SETTING_FIELDS
+
+    api = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+    names = [p["parameter_name"] for p in api["/settings"]["parameters"]]
+    assert names == list(SETTING_FIELDS), names
+    chat = [p["parameter_name"] for p in api["/chat"]["parameters"]]
+    assert chat[2:13] == list(SETTING_FIELDS), chat
