@@ -62,7 +62,15 @@ Qwen2-57B-A14B): its own shape times that real model's layout; another shape onl
 ## Quality
 Every policy except approximation gives the same greedy tokens as the stock model. Lossy settings are reported as
 speed–quality pairs: the main page can measure greedy agreement with exact settings after each reply, and the
-*Sweep* page plots agreement against time per token for a grid of thresholds.
+*Sweep* page plots agreement against time per token for a grid of thresholds. **Greedy agreement** is one number
+everywhere (chat, sweep, benchmarks): the share of positions where a reply has the exact run's token, over the
+longer of the two.
+
+## Sources
+- The method: *SPICE*, arXiv:2608.21240 ([abstract](https://arxiv.org/abs/2608.21240)).
+- The models: each shipped miniature's model card is the `README.md` in its folder under `assets/`
+  (`assets/spice-mini`, `assets/spice-mini-qwen2`): how it was trained, its held-out numbers and its limits.
+- The engine, the app and the benchmarks: this project's `README.md` and `docs/benchmarks/`.
 """
 
 

@@ -51,3 +51,11 @@ def test_the_about_headline_gives_quality_at_a_glance(tmp_path):
     path.write_text(json.dumps([rec("on_demand", 60.0), rec("spice", 20.0, ppl_delta_pct=0.29, greedy_agreement=0.8047)]))
     text = headline_markdown(path)
     assert "perplexity +0.29%" in text and "greedy agreement with `resident` 80%" in text, text
+
+
+def test_about_cites_the_paper_and_the_model_cards_and_defines_agreement():
+    """Regression (issue 24, defect 11): About cited no paper, repository or model card."""
+    from pages.about import ABOUT
+
+    assert "arXiv:2608.21240" in ABOUT and "assets/spice-mini" in ABOUT and "model card" in ABOUT
+    assert "Greedy agreement" in ABOUT and "longer of the two" in ABOUT
