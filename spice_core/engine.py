@@ -47,11 +47,14 @@ from spice_core.types import ExpertKey
 log = logging.getLogger(__name__)
 MAX_RUNS_KEPT = 32
 MAX_RETAINED_BYTES = 512 * 2**20   # kept runs' events and steps together (estimated); the oldest runs go first
-ITEM_BYTES_ESTIMATE = 600          # one TraceEvent, or one outcome / prefetch / interval of a StepStats, in memory
+# One TraceEvent, or one outcome / prefetch / interval of a StepStats, in memory: measured with tracemalloc on the
+# shipped model (spice, 64 and 200 tokens: 193 and 182 bytes per item, everything the kept run holds included;
+# tests/engine/test_run_memory.py). It was 600, 3.3x too high: the budget kept a third of the runs it could.
+ITEM_BYTES_ESTIMATE = 200
 
 
 def record_bytes(rec: "RunRecord") -> int:
-    """Estimated memory of a kept run (a 480-token run holds ~100k events: tens of MB)."""
+    """Estimated memory of a kept run (a 480-token run holds ~500k items: ~95 MB)."""
     items = len(rec.events) + sum(1 + len(s.outcomes) + len(s.prefetches) + len(s.intervals) for s in rec.steps)
     return ITEM_BYTES_ESTIMATE * items
 
