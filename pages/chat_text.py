@@ -12,7 +12,9 @@ import time
 from spice_core import api
 from spice_core.api import EngineInfo, RunSettings, RunSummary
 from pages.common import SETTING_FIELDS, fmt_bytes
-from pages.live import LiveRun
+from pages.live import CATEGORIES, LiveRun
+
+OUTCOME_INDEX = {name: i - 1 for i, name in enumerate(CATEGORIES) if i}     # LiveRun.counts' last axis
 from pages.runner import RunStream
 
 
@@ -87,7 +89,7 @@ def applied_changes(stream: RunStream):
 def run_title(summary: RunSummary, live: LiveRun) -> str:
     return (f"Run {summary.run_id} · {summary.n_tokens} tokens · TPOT {summary.tpot_ms_median:.2f} ms "
             f"({summary.timing}) · hit rate {100 * live.hit_rate:.0f}%"
-            + (f" · late prefetches {100 * live.late_rate:.0f}%" if live.late_rate else ""))
+            + (f" · late prefetches {100 * live.late_rate:.0f}%" if live.late_rate >= 0.005 else ""))
 
 
 def _shape_bytes(summary: RunSummary) -> str:
@@ -189,7 +191,7 @@ def stats_html(live: LiveRun | None, settings: RunSettings, info: EngineInfo, *,
             ("TPOT", f"{live.tpot_ms:.2f} ms", f"median, {timing}", ""),
             ("tokens/s", f"{live.tokens_per_s:.1f}", f"{timing}; streamed {wall_tps:.1f}/s", ""),
             ("hit rate", f"{100 * live.hit_rate:.0f}%",
-             f"in time; {100 * live.late_rate:.0f}% late prefetches" if live.late_rate else "resident + prefetched in time",
+             f"in time; {100 * live.late_rate:.0f}% late prefetches" if live.late_rate >= 0.005 else "resident + prefetched in time",
              _level(live.hit_rate, 0.8, 0.5)),
             ("copied", fmt_bytes(live.bytes_per_token), "per token, own sizes", ""),
             ("stall", f"{live.stall_ms_per_token:.2f} ms", f"per token ({100 * stall_share:.0f}% of TPOT)",
@@ -207,12 +209,33 @@ def stats_html(live: LiveRun | None, settings: RunSettings, info: EngineInfo, *,
             if value.endswith("%"):
                 level = _level(float(value[:-1]) / 100, AGREEMENT_GOOD, AGREEMENT_WARN)
             cards.append(("greedy agreement", value, detail or "vs exact settings", level))
+    why = why_lines(live, settings) if live is not None and live.n_tokens else []
+    notes = ("<ul class='notes spice-why'>" + "".join(f"<li>{html.escape(w)}</li>" for w in why) + "</ul>") if why else ""
     body = "".join(
         f"<div class='card {level}' title='{html.escape(TIPS.get(k, ''), quote=True)}'>"
         f"<div class='k'>{html.escape(k)}</div><div class='v'>{html.escape(v)}</div>"
         f"<div class='s' title='{html.escape(sub, quote=True)}'>{html.escape(sub)}</div></div>"
         for k, v, sub, level in cards)
-    return f"<div class='spice-stats'><div class='head'>{head}</div><div class='cards'>{body}</div></div>"
+    return f"<div class='spice-stats'><div class='head'>{head}</div><div class='cards'>{body}</div>{notes}</div>"
+
+
+def why_lines(live: LiveRun, settings: RunSettings) -> list[str]:
+    """Plain words under the cards (read without hovering; touch has no hover) for settings that change little
+    or surprise here: why, and what would change that."""
+    out = []
+    reason, share = live.main_stop_reason()
+    if live.prefetches_issued and live.mean_lookahead < 0.5 and reason == "time":
+        out.append(f"Max lookahead and τ_prefetch change little here: on the {settings.profile} profile an expert's "
+                   f"copy outlasts a layer's compute, so the lookahead stopped at depth 0 "
+                   f"({100 * share:.0f}% of layers) and the likeliest experts are copied anyway, late. A faster link "
+                   "(the hardware profile menu) or a larger GPU cache gives them room.")
+    elif reason == "bound" and share > 0.5:
+        out.append(f"The lookahead stopped at its bound most often: raising max lookahead "
+                   f"(now {settings.max_lookahead}) lets it prefetch further ahead.")
+    if settings.tau_approx > 0 and live.counts is not None and live.counts[..., OUTCOME_INDEX["approx"]].sum():
+        out.append("τ_approx above 0 replaces some experts by a low-rank surrogate, which computes less than the "
+                   "expert itself: modeled times can fall below resident's, at a cost in quality (greedy agreement).")
+    return out
 
 
 SENTENCE_END = re.compile(r"[.!?][\"”’')\]]*(?=\s|$)")
