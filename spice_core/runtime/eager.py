@@ -339,17 +339,8 @@ class EagerExecutor:
             return None
 
     def _collect_cpu(self, key: ExpertKey, handle, xs: torch.Tensor, act, fallback) -> torch.Tensor:
-        op, native = handle
-        if isinstance(native, torch.Tensor):
-            self.clock.cpu_collected(op)
-            return native
-        try:
-            w0 = time.perf_counter()
-            out, worker, t0, t1 = native.result()
-            self.clock.cpu_collected(op, (worker, t0, t1, w0, time.perf_counter()))
-            return out
-        except Exception as err:  # noqa: BLE001 - any worker failure falls back to an exact copy
-            self.recorder.cpu_fallback(key, err)
+        out = self._collect_cpu_host(key, handle)
+        if out is None:              # the job failed: copy the expert in and run it here, exactly
             order = fallback(key)
             self.issue(order)
             self.wait_ready(order.slot)
@@ -358,7 +349,7 @@ class EagerExecutor:
             out = expert_forward(xs, gate_up, down, act)
             self.clock.gpu_expert(key, xs.shape[0], start)
             self._release(order.slot)
-            return out
+        return out
 
 
 class EagerStepper:
