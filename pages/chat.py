@@ -59,10 +59,12 @@ PLACEHOLDERS = {"heatmap": "send a message to see which experts each token uses"
                 "gantt": "lane activity appears here while a reply streams"}
 TAKE_TIMEOUT_S = 0.1        # how long the chat loop waits for the next token before checking notices
 CURSOR = " ▍"
-# The shipped model writes short stories (it was trained on stories); prompts it can answer.
-EXAMPLES = ["Tell me a story about a dog and a kite.",
-            "Tell me a story about a lighthouse keeper and a storm.",
-            "Tell me a story about a girl who finds a lost key."]
+# The shipped model writes short stories (it was trained on stories) about an animal and a thing from its
+# generator's words; these three get three different plots, each ending by itself in 130-160 tokens
+# (tests/app/test_app_examples.py). A keeper, a storm or a key are words it never learned.
+EXAMPLES = ["Tell me a story about a cat and a ball.",
+            "Tell me a story about a fox and a drum.",
+            "Tell me a story about a rabbit and a hat."]
 STATIC = Path(__file__).resolve().parents[1] / "assets" / "static"
 LIVE_JS = (STATIC / "spice_live.js").read_text()
 BUSY_ON_JS = "() => { document.body.classList.add('spice-generating'); return []; }"

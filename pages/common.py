@@ -251,6 +251,10 @@ def _short(value) -> str:
     return text if len(text) <= 20 else text[:17] + "..."
 
 
+# The shipped model's stories end by themselves after 130-160 tokens: the default lets them (96 cut every one).
+DEFAULT_CHAT_TOKENS = 192
+
+
 def default_settings(info: EngineInfo) -> RunSettings:
     """RunSettings defaults, adjusted to what this engine offers."""
     base = RunSettings()
@@ -259,7 +263,7 @@ def default_settings(info: EngineInfo) -> RunSettings:
     own = own_shape(info)
     shape = own if own in info.shapes else base.shape if base.shape in info.shapes else info.shapes[0]
     return RunSettings(**{f.name: getattr(base, f.name) for f in fields(base)}
-                       | {"policy": policy, "profile": profile, "shape": shape, "max_new_tokens": 96})
+                       | {"policy": policy, "profile": profile, "shape": shape, "max_new_tokens": DEFAULT_CHAT_TOKENS})
 
 
 # --- exports ---------------------------------------------------------------------------------
