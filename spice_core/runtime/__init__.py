@@ -4,8 +4,8 @@
     eager.py          EagerExecutor: PyTorch calls, one expert at a time (CPU and CUDA; per-expert trace detail)
     graph_exec.py     GraphExecutor: the fast path; prefill eager, decode steps as CUDA-graph segments
     graphed.py        GraphedDecoder: captures and replays one segment per MoE layer, cut at the experts call
-    graphed_plan.py   plan rows the segments read (pure), LruSlotMap (the decoder's own reference cache)
-    graphed_slots.py  reference slot callbacks (all resident, LRU) the decoder is measured with standalone
+    graphed_plan.py   plan rows the segments read (pure): named rows, a kind per selection
+    graphed_slots.py  reference slot callbacks (all resident; the planner's LRU) the decoder is measured with standalone
     slots.py          SlotBuffer: the GPU expert cache's memory
     context.py        PredictContext: the narrow view predictors get of a run
 

@@ -22,10 +22,6 @@ same experts combines identically (the bitwise invariant of exact policies).
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-
-from spice_core.types import ExpertKey
-
 SLOT, PERM, VALID, BY_SLOT, INV, APPROX, EXPERT, KIND = range(8)
 PLAN_ROWS = 8
 APPROX_SLOT = -1        # what on_layer returns for a selection the LoRE branch approximates
@@ -66,35 +62,3 @@ def selection_rows(expert_ids: list[int], n_experts: int) -> dict[int, int]:
     the CPU lane puts that expert's output."""
     valid = sorted(e for e in expert_ids if 0 <= e < n_experts)
     return {e: j for j, e in enumerate(valid)}
-
-
-class LruSlotMap:
-    """Which expert sits in which slot; the least recently used one is evicted first."""
-
-    def __init__(self, n_slots: int) -> None:
-        self.n_slots = n_slots
-        self.where: OrderedDict[ExpertKey, int] = OrderedDict()   # least recently used first
-        self._free = list(range(n_slots - 1, -1, -1))
-
-    def place(self, layer: int, experts: list[int]) -> tuple[list[int], list[tuple[int, ExpertKey]]]:
-        """(slot of each expert, fills to copy as (slot, key)). The experts of one call never evict
-        each other: a cache smaller than one call's experts is refused."""
-        if len(experts) > self.n_slots:
-            raise ValueError(f"{len(experts)} experts in one layer exceed the cache's {self.n_slots} slots")
-        keys = [ExpertKey(layer, e) for e in experts]
-        for key in keys:
-            if key in self.where:
-                self.where.move_to_end(key)
-        slots, fills = [], []
-        for key in keys:
-            slot = self.where.get(key)
-            if slot is None:
-                if self._free:
-                    slot = self._free.pop()
-                else:
-                    victim = next(iter(self.where))           # LRU; this call's keys were moved to the end
-                    slot = self.where.pop(victim)
-                self.where[key] = slot
-                fills.append((slot, key))
-            slots.append(slot)
-        return slots, fills

@@ -1,4 +1,4 @@
-"""Slot callbacks for the graphed decoder: all experts resident, or an LRU cache filled on demand.
+"""Slot callbacks for the graphed decoder: all experts resident, or the planner's LRU cache filled on demand.
 
 These are the two reference mechanisms the decoder is checked and measured with; the engine's
 policies plug in through the same `on_layer(layer, expert_ids, weights) -> slots` shape.
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from spice_core.runtime.graphed_plan import LruSlotMap
+from spice_core.policy.planner import Queues
 from spice_core.types import ExpertKey
 
 
@@ -37,18 +37,34 @@ class ResidentSlots:
 
 
 class LruSlots:
-    """on_layer with least-recently-used eviction: misses are copied from host memory on ``copy_stream``
-    (inside the callback, so every slot is free to overwrite)."""
+    """on_layer with the engine's own LRU policy (`LayerPlanner` with the ``lru`` spec, no timing): misses are
+    copied from host memory on ``copy_stream`` inside the callback (every earlier segment has finished, and
+    the decoder waits for the copies: ``wait_for_copies``). One cache and one eviction rule for the engine and
+    for the decoder measured standalone."""
 
     def __init__(self, lm, buffer: torch.Tensor, copy_stream) -> None:
+        from spice_core.policy.planner import LayerPlanner
+        from spice_core.policy.spec import get_spec
+        from spice_core.timing.costs import CostModel
+        from spice_core.timing.profiles import get_profile, get_shape
+
         self.lm, self.buffer, self.copy_stream = lm, buffer, copy_stream
-        self.map = LruSlotMap(int(buffer.shape[0]))
+        costs = CostModel(get_profile("h200-pcie5x16"), get_shape("deepseek-v2-lite"))   # LRU reads no cost
+        self.planner = LayerPlanner(get_spec("lru"), n_slots=int(buffer.shape[0]), n_experts=lm.n_experts,
+                                    top_k=lm.top_k, moe_layers=lm.moe_layers, costs=costs, host_aware=False)
         self.hits = self.misses = 0
 
     def __call__(self, layer: int, expert_ids: list[int], weights: list[float]) -> list[int]:
-        slots, fills = self.map.place(layer, expert_ids)
+        p = self.planner
+        plan = p.plan_layer(layer, [expert_ids], [weights], Queues(0.0, 0.0))
+        fills = [(o.slot, o.key) for o in plan.copies]
+        slot_of = {}
+        for r in p.plan_experts(plan, batched=True):
+            if r.late_copy is not None:
+                fills.append((r.late_copy.slot, r.late_copy.key))
+            slot_of[r.expert] = r.slot
         self.misses += len(fills)
-        self.hits += len(slots) - len(fills)
+        self.hits += len(expert_ids) - len(fills)
         if fills:
             host, buf = self.lm.host, self.buffer
             if self.copy_stream is None:
@@ -58,7 +74,7 @@ class LruSlots:
                 with torch.cuda.stream(self.copy_stream):
                     for slot, key in fills:
                         buf[slot].copy_(host.flat(key), non_blocking=True)
-        return slots
+        return [slot_of[e] for e in expert_ids]
 
     def prefill(self, layer: int, expert: int) -> int:
         return self(layer, [expert], [1.0])[0]

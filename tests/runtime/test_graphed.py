@@ -6,7 +6,7 @@ import torch
 
 from tiny_models import FAMILIES, build_tiny
 
-from spice_core.runtime.graphed_plan import KIND_EXT, KIND_GPU, KIND_NONE, LruSlotMap, plan_rows
+from spice_core.runtime.graphed_plan import KIND_EXT, KIND_GPU, KIND_NONE, plan_rows
 from spice_core.types import ExpertKey
 
 PROMPT = [5, 17, 33, 2, 9, 41, 7]
@@ -29,19 +29,6 @@ def test_plan_rows_put_dropped_selections_last_with_a_sentinel_slot():
 def test_plan_rows_refuse_duplicate_or_out_of_range_slots(slots):
     with pytest.raises(ValueError):
         plan_rows([0, 1], slots, n_experts=4, n_slots=5)
-
-
-def test_lru_map_evicts_least_recently_used_and_never_this_layers_experts():
-    m = LruSlotMap(3)
-    slots, fills = m.place(0, [1, 2])
-    assert fills == [(slots[0], ExpertKey(0, 1)), (slots[1], ExpertKey(0, 2))]
-    m.place(1, [4])                                   # cache full: (0,1) (0,2) (1,4)
-    slots2, fills2 = m.place(2, [0, 5])               # evicts (0,1) then (0,2), LRU first
-    assert sorted(slots2) == sorted(slots) and [k for _, k in fills2] == [ExpertKey(2, 0), ExpertKey(2, 5)]
-    again, none = m.place(2, [5, 0])
-    assert none == [] and again == slots2[::-1]
-    with pytest.raises(ValueError):
-        m.place(3, [0, 1, 2, 3])
 
 
 @pytest.fixture(scope="module")
