@@ -66,12 +66,12 @@ class GraphExecutor(EagerExecutor):
 
     def attach(self, runtime) -> None:
         """Capture the decode step (raises GraphCaptureError when it cannot) and take the runtime's decisions."""
-        pre = extra = None
+        readback = n_draft = None
         if self.draft is not None:
-            pre, extra = self.draft.head_readback, 2 * self.draft.distances * self.draft.n_experts
+            readback, n_draft = self.draft.head_readback, 2 * self.draft.distances * self.draft.n_experts
         self.decoder = GraphedDecoder(self.lm, self.slots.buffer, self.copy_stream, self.max_cache_len,
-                                      use_graphs=self.use_graphs, wait_for_copies=False, pre_experts=pre,
-                                      extra_numel=extra or 0, lore=self.lore, cpu_rows=self.cpu_rows)
+                                      use_graphs=self.use_graphs, wait_for_copies=False, draft_readback=readback,
+                                      draft_numel=n_draft or 0, lore=self.lore, cpu_rows=self.cpu_rows)
         self.runtime = runtime
         if self.cuda:
             self.compute_stream = self.decoder.stream
@@ -81,7 +81,7 @@ class GraphExecutor(EagerExecutor):
             self.compute_stream = self.decoder.stream
 
     def on_layer(self, layer: int, expert_ids: list[int], weights: list[float]) -> list[int]:
-        draft_logits = self.decoder.extra_np[self._moe_pos[layer]] if self.draft is not None else None
+        draft_logits = self.decoder.draft_np[self._moe_pos[layer]] if self.draft is not None else None
         return self.runtime.decide_layer(layer, expert_ids, weights, draft_logits)
 
     # ------------------------------------------------------------------ the CPU lane, inside the step

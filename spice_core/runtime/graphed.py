@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 OnLayer = Callable[[int, list, list], Sequence[int]]   # (layer, expert ids, weights) -> slot per selection
 OnExpert = Callable[[int, int], int]                   # prefill: (layer, expert) -> slot holding it
-PreExperts = Callable[[int, torch.Tensor], torch.Tensor]   # (layer, x [1,H]) -> [n] float32, read back per layer
+DraftReadback = Callable[[int, torch.Tensor], torch.Tensor]   # (layer, x [1,H]) -> [n] float32, read back per layer
 AfterReplay = Callable[[], None]                       # host work that may overlap the segment just launched
 KERNELS = ("slots", "gather", "grouped")
 
@@ -80,12 +80,12 @@ class GraphedDecoder:
 
     def __init__(self, lm, slots_buffer: torch.Tensor, copy_stream, max_cache_len: int, *,
                  kernel: str | None = None, use_graphs: bool | None = None, wait_for_copies: bool = True,
-                 pre_experts: PreExperts | None = None, extra_numel: int = 0, lore=None, cpu_rows: bool = False) -> None:
+                 draft_readback: DraftReadback | None = None, draft_numel: int = 0, lore=None, cpu_rows: bool = False) -> None:
         """``wait_for_copies`` False: the caller makes `stream` wait for the copies a step needs (inside
         on_layer), so prefetches for later layers keep flowing behind the next segments.
-        ``pre_experts(layer, x [1,H]) -> [extra_numel] float32``: device work captured into the segment just
+        ``draft_readback(layer, x [1,H]) -> [draft_numel] float32``: device work captured into the segment just
         before the experts call (a draft's heads); its result is read back with the routing into
-        ``extra_host[i]`` (numpy: ``extra_np[i]``). ``lore``: a LoreBank on the device; selections the plan
+        ``draft_host[i]`` (numpy: ``draft_np[i]``). ``lore``: a LoreBank on the device; selections the plan
         marks approximate take its surrogate (plus α·shared expert) instead of a slot's expert. ``cpu_rows``: the
         hidden state x of each MoE layer is read back with its routing (``x_host[i]``, pinned), and selections
         the plan marks CPU take their output from ``cpu_host[i, row]`` (pinned, written by the host before the
@@ -106,7 +106,7 @@ class GraphedDecoder:
             raise GraphCaptureError(f"attention implementation {self.attn!r} is not supported by the graphed "
                                     "decoder (sdpa or eager): use the eager executor")
         self.copy_stream, self.max_cache_len = copy_stream, int(max_cache_len)
-        self.wait_for_copies, self.pre_experts = wait_for_copies, pre_experts
+        self.wait_for_copies, self.draft_readback = wait_for_copies, draft_readback
         self.lore = lore
         self._lore_alpha = {layer: any(a != 0.0 for a in lore._alpha_host.get(layer, ())) for layer in lm.moe_layers} \
             if lore is not None else {}
@@ -140,9 +140,9 @@ class GraphedDecoder:
         self.idx_host = torch.zeros((M, self.k), dtype=torch.long, pin_memory=pin)
         self.w_host = torch.zeros((M, self.k), dtype=torch.float32, pin_memory=pin)
         self.token_host = torch.zeros(1, dtype=torch.long, pin_memory=pin)
-        self.extra_host = torch.zeros((M, max(1, extra_numel)), dtype=torch.float32, pin_memory=pin)
-        self.extra_np = self.extra_host.numpy()
-        self._extra_src: list = [None] * M
+        self.draft_host = torch.zeros((M, max(1, draft_numel)), dtype=torch.float32, pin_memory=pin)
+        self.draft_np = self.draft_host.numpy()
+        self._draft_src: list = [None] * M
         self.cpu_rows = bool(cpu_rows)
         if self.cpu_rows:
             dt = self.model.dtype
@@ -164,7 +164,7 @@ class GraphedDecoder:
         self.overlap_s = 0.0                     # host time after a replay, while its segment runs (after_replay)
         self._after_replay: AfterReplay | None = None
         self.capture_s = 0.0
-        self.in_graph_copies = False
+        self.captured_host_io = False
         self._graphs: list = []
         self._stream = None
         if dev.type == "cuda":
@@ -241,16 +241,16 @@ class GraphedDecoder:
                 self._graphs[i].replay()
                 if i > 0:
                     self._run_after_replay()
-                if not self.in_graph_copies:
+                if not self.captured_host_io:
                     self._readback(i, *self._route_src[i], self._x_src[i])
-                    if self._extra_src[i] is not None:
-                        self.extra_host[i, : self._extra_src[i].numel()].copy_(self._extra_src[i], non_blocking=True)
+                    if self._draft_src[i] is not None:
+                        self.draft_host[i, : self._draft_src[i].numel()].copy_(self._draft_src[i], non_blocking=True)
                 ev = self._events[i]
                 ev.record(s)
                 ev.synchronize()
                 t0 = clock()
                 self._decide(i, layer)
-                if not self.in_graph_copies:
+                if not self.captured_host_io:
                     self._upload(i)
                 if self.copy_stream is not None and self.wait_for_copies:
                     self._copies_done.record(self.copy_stream)
@@ -258,7 +258,7 @@ class GraphedDecoder:
                 self.host_s += clock() - t0
             self._graphs[-1].replay()
             self._run_after_replay()
-            if not self.in_graph_copies:
+            if not self.captured_host_io:
                 self.token_host.copy_(self._token_dev.view(1), non_blocking=True)
             self._events[-1].record(s)
             self._events[-1].synchronize()
@@ -284,7 +284,7 @@ class GraphedDecoder:
         self.ids.copy_(tok.view(1, 1))
         self.pos.add_(1)
         self._token_dev = tok
-        if self.in_graph_copies:
+        if self.captured_host_io:
             self.token_host.copy_(tok.view(1), non_blocking=True)
         return logits
 
@@ -293,24 +293,24 @@ class GraphedDecoder:
             return self._prefill_experts(layer, x, top_k_index, top_k_weights, act)
         assert x.shape[0] == 1, "the graphed decoder runs T=1 steps only"
         i = self.moe_pos[layer]
-        extra = self.pre_experts(layer, x) if self.pre_experts is not None else None
+        draft = self.draft_readback(layer, x) if self.draft_readback is not None else None
         if self._mode == "capture":
             self._route_src[i] = (top_k_index, top_k_weights)
-            self._extra_src[i] = extra
+            self._draft_src[i] = draft
             self._x_src[i] = x
-            if self.in_graph_copies:
+            if self.captured_host_io:
                 self._readback(i, top_k_index, top_k_weights, x)
-                if extra is not None:
-                    self.extra_host[i, : extra.numel()].copy_(extra, non_blocking=True)
+                if draft is not None:
+                    self.draft_host[i, : draft.numel()].copy_(draft, non_blocking=True)
             self._graphs[i].capture_end()
             self._capturing = i + 1
             self._graphs[i + 1].capture_begin(pool=self._pool, capture_error_mode="thread_local")
-            if self.in_graph_copies:
+            if self.captured_host_io:
                 self._upload(i)
         else:   # eager: the same step op by op
             self._readback(i, top_k_index, top_k_weights, x)
-            if extra is not None:
-                self.extra_host[i, : extra.numel()].copy_(extra, non_blocking=self._pin)
+            if draft is not None:
+                self.draft_host[i, : draft.numel()].copy_(draft, non_blocking=self._pin)
             if self._pin:
                 torch.cuda.current_stream().synchronize()
             self._decide(i, layer)
@@ -435,7 +435,7 @@ class GraphedDecoder:
                                         "decoder does not build: use the eager executor")
             self.cache.reset()        # the warm-up read arbitrary slots: clear K/V and lengths
             self.pos.zero_()
-            self.in_graph_copies = self._probe_in_graph_copies()
+            self.captured_host_io = self._probe_captured_host_io()
         gc.collect()
         torch.cuda.synchronize(self.device)
         self._pool = torch.cuda.graph_pool_handle()
@@ -460,9 +460,9 @@ class GraphedDecoder:
         torch.cuda.synchronize(self.device)
         self.capture_s = time.perf_counter() - t0
         log.info("captured %d decode segments in %.2f s (in-graph copies: %s)", len(self._graphs), self.capture_s,
-                 self.in_graph_copies)
+                 self.captured_host_io)
 
-    def _probe_in_graph_copies(self) -> bool:
+    def _probe_captured_host_io(self) -> bool:
         """Whether D2H into / H2D from pinned memory can be captured here (else the host issues them)."""
         try:
             src = torch.arange(4, device=self.device)
@@ -488,7 +488,7 @@ class GraphedDecoder:
         self._hook = self._on_layer = self._on_expert = None
         self.buffer = self._gu = self._dn = self._staging = None
         self.cache = self.logits = self._token_dev = None
-        self._route_src = self._extra_src = self._x_src = []
+        self._route_src = self._draft_src = self._x_src = []
 
     @contextmanager
     def _hooked(self, mode: str | None):
