@@ -546,9 +546,12 @@ class ChatPage(chat_settings.SettingsEvents):
         session.last_view = {"live": live, "settings": stream.settings, "stream": stream, "summary": summary,
                              "wall_tps": tps, "agreement": agreement}
         # The textbox was cleared when the message was sent; what the user typed since stays. Panels the
-        # browser drew live get their last changes (cheap); otherwise the whole figures, once.
+        # browser drew live get their last changes (cheap), but the heatmap comes whole: its per-expert counts
+        # (the right grid's hover) are in no change (with live panels on they never arrived); otherwise the
+        # whole figures, once.
         if live_panels and base_drawn and live.n_tokens:
-            yield (skip, history, final, skip, skip, skip, figures.panels_delta(live, tag, seq + 1))
+            yield (skip, history, final, as_plot(figures.panel_figure("heatmap", live)), skip, skip,
+                   figures.panels_delta(live, tag, seq + 1))
         else:
             yield (skip, history, final, *self._panels(live), "")
 
