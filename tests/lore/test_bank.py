@@ -94,3 +94,36 @@ def test_lore_file_of_another_format_version_is_refused(lore_engines, tmp_path):
     save_file({"x": torch.zeros(1)}, str(path), metadata={"format": "spice-lore", "version": "0"})
     with pytest.raises(ArtifactError, match="format version 0.*calibrate"):
         load_lore_bank(path, eng.lm)
+
+
+@pytest.mark.parametrize("family", ["deepseek_v2", "qwen2_moe", "shipped"])
+def test_the_fast_path_s_batched_surrogates_equal_the_eager_bank_s(lore_engines, family):
+    """FASTPATH H7: the graphed step computes every selection's surrogate in one batch (GraphedDecoder._lore_out),
+    the eager path one expert at a time (LoreBank.apply). They are one function: equal to float rounding for
+    every expert of every layer, shared-expert term included."""
+    import torch
+
+    from spice_core.runtime.graphed import GraphedDecoder
+    from spice_core.types import ExpertKey
+
+    from spice_core.engine import SpiceEngine
+
+    eng = SpiceEngine.load(None, device="cpu") if family == "shipped" else lore_engines[family][0]
+    lm, bank = eng.lm, eng.artifacts.lore
+    if family == "shipped":          # its fitted factors use the shared expert: the α·S(x) term is compared too
+        assert any(a != 0 for al in bank._alpha_host.values() for a in al)
+    buf = torch.zeros((lm.top_k, lm.layout.numel), dtype=lm.layout.dtype)
+    dec = GraphedDecoder(lm, buf, None, 16, use_graphs=False, lore=bank)
+    act = lm.experts_modules[lm.moe_layers[0]].act_fn
+    g = torch.Generator().manual_seed(0)
+    for i, layer in enumerate(lm.moe_layers):
+        x = torch.randn(1, lm.layout.hidden, generator=g).to(lm.model.dtype)
+        experts = torch.arange(lm.n_experts)
+        with torch.no_grad():
+            batched = dec._lore_out(i, x, experts, act).to(x.dtype)
+        for e in range(lm.n_experts):
+            one = bank.apply(ExpertKey(layer, e), x)
+            # bf16 factors (the shipped model's) round each op's result: a last-place difference may surface
+            tol = 2 ** -7 if bank.dtype in (torch.bfloat16, torch.float16) else 1e-5
+            ref = one[0].float()
+            assert torch.allclose(batched[e].float(), ref, rtol=tol, atol=tol * float(ref.abs().max())), (layer, e)
