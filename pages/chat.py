@@ -133,7 +133,7 @@ class ChatPage(chat_settings.SettingsEvents):
                                 "about …”). Replies stream token by token; the panels show which experts each "
                                 "token used and where its time went. Settings are in the side bar.")
                 with gr.Row(equal_height=True):
-                    self.msg = gr.Textbox(placeholder="Type a message and press Enter", show_label=False, lines=1,
+                    self.msg = gr.Textbox(label="Message", placeholder="Type a message and press Enter", show_label=False, lines=1,
                                           max_lines=6, scale=8, autofocus=True, elem_id="spice-msg")
                     # Stop replaces Send while a reply streams (CSS on body.spice-generating).
                     self.send = gr.Button("Send", variant="primary", scale=1, min_width=70, elem_id="spice-send")

@@ -43,3 +43,22 @@ def test_secondary_text_meets_wcag_aa(browser, shipped_served, scheme):
     low = [(sel, text, round(ratio, 2)) for sel, text, ratio in found if ratio < 4.5]
     assert not low, low
     page.close()
+
+
+def test_the_message_box_has_a_name_and_a_focused_range_shows_a_ring(browser, shipped_served):
+    """Regression (issue 24, defect 10): the message box was named "Textbox"; range sliders showed no focus."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(shipped_served.url, wait_until="load")
+    box = page.locator("#spice-msg textarea")
+    box.wait_for(state="visible")
+    name = box.evaluate("(el) => el.getAttribute('aria-label') || (el.labels && el.labels[0] && el.labels[0].innerText)")
+    assert name == "Message", name
+    page.locator("#ctl-cache input[type=number]").focus()
+    for _ in range(3):                                       # from its box (past ↺) to its range, by keyboard
+        page.keyboard.press("Tab")
+        if page.evaluate("() => document.activeElement.type") == "range":
+            break
+    style = page.evaluate("() => { const el = document.activeElement; const cs = getComputedStyle(el);"
+                          " return [el.type, cs.outlineStyle, cs.outlineWidth]; }")
+    assert style[0] == "range" and style[1] != "none" and style[2] != "0px", style
+    page.close()
