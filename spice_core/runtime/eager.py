@@ -155,6 +155,21 @@ class EagerExecutor:
     # ------------------------------------------------------------------ copies
     def issue(self, order: CopyOrder):
         """Evict (bookkeeping already done by the planner) and copy ``order.key`` into its slot."""
+        return self.issue_many((order,))[0]
+
+    def issue_many(self, orders) -> list:
+        """`issue` each order in turn, switching to the copy stream once for all of them (a stream switch costs
+        host time, and a layer issues its demand copies, or a lookahead its prefetches, together)."""
+        if self.copy_stream is None or not orders:
+            return [self._issue_one(o) for o in orders]
+        torch.cuda.set_stream(self.copy_stream)          # cheaper than the torch.cuda.stream() context
+        try:
+            return [self._issue_one(o) for o in orders]
+        finally:
+            torch.cuda.set_stream(self.compute_stream)
+
+    def _issue_one(self, order: CopyOrder):
+        """One copy; on CUDA the copy stream is already the current one (`issue_many`)."""
         rec = self.recorder
         if order.evicted is not None:
             if order.evicted_unused_prefetch:
@@ -172,15 +187,11 @@ class EagerExecutor:
             free = self._free_event.get(slot)
             if free is not None:
                 cs.wait_event(free)
-            torch.cuda.set_stream(cs)          # cheaper than the torch.cuda.stream() context
-            try:
-                self.slots.fill_from(slot, self.lm.host.flat(key))
-                if self.pace_extra_ms_per_byte > 0:
-                    # Emulate a slower link: keep the copy stream busy for the missing transfer time.
-                    torch.cuda._sleep(int(nbytes * self.pace_extra_ms_per_byte * self.sleep_cycles_per_ms))
-                handle = self.clock.copy(key, nbytes, order.kind, None, cs)     # its start follows from the stream
-            finally:
-                torch.cuda.set_stream(self.compute_stream)
+            self.slots.fill_from(slot, self.lm.host.flat(key))
+            if self.pace_extra_ms_per_byte > 0:
+                # Emulate a slower link: keep the copy stream busy for the missing transfer time.
+                torch.cuda._sleep(int(nbytes * self.pace_extra_ms_per_byte * self.sleep_cycles_per_ms))
+            handle = self.clock.copy(key, nbytes, order.kind, None, cs)     # its start follows from the stream
         self._ready[slot] = handle
         rec.copied(order.kind)
         return handle

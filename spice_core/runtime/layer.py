@@ -144,8 +144,7 @@ class LayerRuntime:
         plan = planner.plan_layer(layer, [expert_ids], [weights], self._queues())
         self.recorder.layer_counts(plan.hits, plan.misses)
         jobs = ex.submit_cpu(layer, plan.cpu) if plan.cpu else None     # first: they overlap the copies' issue
-        for order in plan.copies:
-            ex.issue(order)
+        ex.issue_many(plan.copies)
         slot_of, fell_back = {}, ()
         if jobs:
             # Joined before the next segment's launch (it reads their outputs); a failed job falls back to a
@@ -208,7 +207,7 @@ class LayerRuntime:
             preds = predict()
             self.clock.plan(layer)
             orders = planner.plan_prefetch(layer, preds, self._queues(), protected=protected)
-        for order in orders.copies:
-            handle = self.executor.issue(order)
-            planner.prefetch_issued(order, layer, self.clock.now_ms(), handle.end_ms)
+        now = self.clock.now_ms
+        for order, handle in zip(orders.copies, self.executor.issue_many(orders.copies)):
+            planner.prefetch_issued(order, layer, now(), handle.end_ms)
         self.recorder.lookahead(orders.depth, orders.stop_reason, orders.h_min)

@@ -21,6 +21,7 @@ class SlotBuffer:
         self.device = device
         self.n_slots = n_slots
         self.buffer = _allocate((n_slots, layout.numel), layout.dtype, device)
+        self._rows = self.buffer.unbind(0)     # one view per slot, made once (indexing costs host time per copy)
 
     @property
     def capacity_bytes(self) -> int:
@@ -28,11 +29,11 @@ class SlotBuffer:
 
     def weights(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(gate_up [2I,H], down [H,I]) views of one slot."""
-        return self.layout.views(self.buffer[slot])
+        return self.layout.views(self._rows[slot])
 
     def fill_from(self, slot: int, host_flat: torch.Tensor) -> None:
         """Copy one expert's host buffer into a slot (non-blocking on CUDA: call on the copy stream)."""
-        self.buffer[slot].copy_(host_flat, non_blocking=self.device.type == "cuda")
+        self._rows[slot].copy_(host_flat, non_blocking=self.device.type == "cuda")
 
 
 def _allocate(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
