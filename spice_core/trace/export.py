@@ -15,7 +15,8 @@ Chrome-trace conventions used here (the "JSON Object Format"):
   follow their lane.
 - ``ts``/``dur`` are microseconds, rounded to the nanosecond; positive-length events are "X"
   slices, zero-length events "i" instants with thread scope.
-- per-token "C" counters (hits/misses, copied MB) are derived from the events themselves.
+- per-token "C" counters (experts hit/missed: distinct experts per layer, as the per-token CSV's experts_*
+  columns; copied MB) are derived from the events themselves.
 
 This module deliberately does not know how events were produced (measured or modeled), what a
 policy is, or anything of torch, TensorBoard or the UI: it turns plain records into files.
@@ -44,9 +45,12 @@ _MISS_KINDS = ("miss",)
 _COPY_KINDS = ("copy", "prefetch")
 _CPU_LANE = re.compile(r"^cpu(\d+)$")
 
+# One unit per column, said in its name: ``*_selections`` count router selections (tokens x top-k, so token 0
+# counts every prompt token's), ``experts_*`` count the distinct experts of each layer with that outcome (an
+# expert chosen by several prompt tokens once), bytes are native bytes, times ms in the row's timing mode.
 PER_TOKEN_COLUMNS = (
-    "index", "token_id", "text", "step_ms", "timing", "hits", "misses", "bytes_copied",
-    "stall_ms", "lookahead_depth", *OUTCOMES,
+    "index", "token_id", "text", "step_ms", "timing", "hit_selections", "miss_selections", "bytes_copied",
+    "stall_ms", "lookahead_depth", *(f"experts_{o}" for o in OUTCOMES),
 )
 EVENT_COLUMNS = (
     "token", "layer", "expert", "lane", "kind", "start_ms", "end_ms", "dur_ms", "bytes", "timing", "detail",
@@ -170,8 +174,8 @@ def _counter_events(events: Sequence[TraceEvent], pid: int | str, origin_ms: flo
     out = []
     for token in sorted(first_ms):
         ts = round(_us(first_ms[token] - origin_ms) + ts_offset_us, _US_DECIMALS)
-        out.append({"ph": "C", "name": "hits/misses", "cat": CATEGORY, "pid": pid, "tid": COUNTER_TID,
-                    "ts": ts, "args": {"hits": hits[token], "misses": misses[token]}})
+        out.append({"ph": "C", "name": "experts hit/missed", "cat": CATEGORY, "pid": pid, "tid": COUNTER_TID,
+                    "ts": ts, "args": {"hit_experts": hits[token], "miss_experts": misses[token]}})
         out.append({"ph": "C", "name": "copied MB", "cat": CATEGORY, "pid": pid, "tid": COUNTER_TID,
                     "ts": ts, "args": {"MB": copied[token] / 1e6}})
     return out
@@ -263,7 +267,8 @@ def write_chrome_trace(events: Iterable[TraceEvent], path: Path, *, metadata: di
 # CSV tables
 
 def per_token_frame(steps: Sequence[StepStats]) -> pd.DataFrame:
-    """One row per generated token: the StepStats scalars plus a count per outcome."""
+    """One row per generated token: the StepStats scalars plus a count of experts per outcome (units: see
+    PER_TOKEN_COLUMNS)."""
     rows = []
     for s in steps:
         counts = dict.fromkeys(OUTCOMES, 0)
@@ -272,8 +277,9 @@ def per_token_frame(steps: Sequence[StepStats]) -> pd.DataFrame:
                 counts[o.outcome] += 1
         rows.append({
             "index": s.index, "token_id": s.token_id, "text": s.text, "step_ms": s.step_ms,
-            "timing": s.timing, "hits": s.hits, "misses": s.misses, "bytes_copied": s.bytes_copied,
-            "stall_ms": s.stall_ms, "lookahead_depth": s.lookahead_depth, **counts,
+            "timing": s.timing, "hit_selections": s.hits, "miss_selections": s.misses, "bytes_copied": s.bytes_copied,
+            "stall_ms": s.stall_ms, "lookahead_depth": s.lookahead_depth,
+            **{f"experts_{o}": n for o, n in counts.items()},
         })
     return pd.DataFrame(rows, columns=list(PER_TOKEN_COLUMNS))
 

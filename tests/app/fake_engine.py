@@ -365,7 +365,8 @@ class FakeEngine:
         run = self._run(run_id)
         buf = io.StringIO()
         writer = csv.writer(buf)
-        writer.writerow(["index", "token_id", "text", "step_ms", "hits", "misses", "bytes_copied", "stall_ms"])
+        writer.writerow(["index", "token_id", "text", "step_ms", "hit_selections", "miss_selections", "bytes_copied",
+                         "stall_ms"])
         for s in run.steps:
             writer.writerow([s.index, s.token_id, s.text, s.step_ms, s.hits, s.misses, s.bytes_copied, s.stall_ms])
         path = Path(out_dir) / f"{run_id}-tokens.csv"

@@ -1,5 +1,5 @@
 """One account of what happened: on the real shipped model, the run summary's hit rate, the trace
-explorer's per-layer table, the Chrome trace's hits/misses counters and the per-token CSV count the
+explorer's per-layer table, the Chrome trace's experts hit/missed counters and the per-token CSV count the
 same outcomes. (Before the recorder wrote outcomes as trace instants, the explorer showed 0% hits
 and the counters read 0 while the summary said 66%.)"""
 from __future__ import annotations
@@ -46,19 +46,23 @@ def test_summary_explorer_chrome_counters_and_csv_agree(shipped_engine, policy, 
 
     # The Chrome trace's counters, per token.
     trace = json.loads(eng.export_chrome_trace(run.run_id, tmp_path).read_text())
-    counters = [e for e in trace["traceEvents"] if e.get("ph") == "C" and e.get("name") == "hits/misses"]
+    counters = [e for e in trace["traceEvents"] if e.get("ph") == "C" and e.get("name") == "experts hit/missed"]
     assert len(counters) == len(steps)
     by_token = [c["args"] for c in sorted(counters, key=lambda c: c["ts"])]
     for step, c in zip(steps, by_token):
-        assert c["hits"] == sum(o.outcome in HIT_OUTCOMES for o in step.outcomes)
-        assert c["misses"] == sum(o.outcome in MISS_OUTCOMES for o in step.outcomes)
-    assert sum(by_token[i]["hits"] for i in decode) == n_hits
+        assert c["hit_experts"] == sum(o.outcome in HIT_OUTCOMES for o in step.outcomes)
+        assert c["miss_experts"] == sum(o.outcome in MISS_OUTCOMES for o in step.outcomes)
+    assert sum(by_token[i]["hit_experts"] for i in decode) == n_hits
 
     # The per-token CSV.
     csv = pd.read_csv(eng.export_csv(run.run_id, tmp_path))
     dec = csv[csv["index"] >= 1]
-    assert int(dec[list(HIT_OUTCOMES)].to_numpy().sum()) == n_hits
-    assert int(dec[list(HIT_OUTCOMES + MISS_OUTCOMES)].to_numpy().sum()) == n_sel
+    experts = lambda outcomes: [f"experts_{o}" for o in outcomes]   # noqa: E731
+    assert int(dec[experts(HIT_OUTCOMES)].to_numpy().sum()) == n_hits
+    assert int(dec[experts(HIT_OUTCOMES + MISS_OUTCOMES)].to_numpy().sum()) == n_sel
+    # Token 0 (issue 24, defect 6): its selections count every prompt token's, its experts each expert once.
+    first = csv[csv["index"] == 0].iloc[0]
+    assert first["hit_selections"] + first["miss_selections"] >= int(first[experts(HIT_OUTCOMES + MISS_OUTCOMES)].sum())
 
 
 def test_native_and_modeled_shape_bytes_are_separate_fields_that_agree_with_the_trace(shipped_engine):

@@ -98,9 +98,9 @@ def test_per_token_counters_count_hits_misses_and_copied_bytes():
            ev("copy", "prefetch", 3, 4, nbytes=1_000_000),
            ev("host", "token", 5, 9, token=1), ev("gpu", "miss", 6, 6, token=1)]
     counters = [e for e in chrome_trace_events(evs) if e["ph"] == "C"]
-    hm = [(e["ts"], e["args"]) for e in counters if e["name"] == "hits/misses"]
+    hm = [(e["ts"], e["args"]) for e in counters if e["name"] == "experts hit/missed"]
     mb = [(e["ts"], e["args"]) for e in counters if e["name"] == "copied MB"]
-    assert hm == [(0.0, {"hits": 2, "misses": 1}), (5000.0, {"hits": 0, "misses": 1})]
+    assert hm == [(0.0, {"hit_experts": 2, "miss_experts": 1}), (5000.0, {"hit_experts": 0, "miss_experts": 1})]
     assert mb == [(0.0, {"MB": 3.0}), (5000.0, {"MB": 0.0})]
 
 
@@ -159,7 +159,8 @@ def test_per_token_csv_has_the_columns_and_outcome_counts(tmp_path):
              _step(1, [(1, "prefetch_hit"), (2, "approx"), (2, "cpu"), (2, "hit")])]
     df = per_token_frame(steps)
     assert tuple(df.columns) == PER_TOKEN_COLUMNS
-    assert df[list(OUTCOMES)].values.tolist() == [[1, 0, 0, 0, 2], [1, 1, 1, 1, 0]]
+    assert df[[f"experts_{o}" for o in OUTCOMES]].values.tolist() == [[1, 0, 0, 0, 2], [1, 1, 1, 1, 0]]
+    assert df["hit_selections"].tolist() == [1, 1] and df["miss_selections"].tolist() == [2, 2]
     back = pd.read_csv(write_per_token_csv(steps, tmp_path / "tokens.csv"), keep_default_na=False)
     assert back["text"].tolist() == ["Hello, \"world\"\n", "t1"]
     assert back["token_id"].tolist() == [100, 101]
