@@ -67,7 +67,7 @@ def test_tensorboard_and_csv_exports(engines, tmp_path):
     names = zipfile.ZipFile(z).namelist()
     assert any(n.endswith(".pt.trace.json.gz") for n in names)
     df = pd.read_csv(eng.export_csv(run.run_id, tmp_path))
-    assert len(df) == 5 and {"step_ms", "hits", "misses"} <= set(df.columns)
+    assert len(df) == 5 and {"step_ms", "hit_selections", "miss_selections"} <= set(df.columns)
 
 
 def test_modeled_times_follow_the_profile(engines):
