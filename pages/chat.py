@@ -39,7 +39,7 @@ from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, 
                           default_settings, settings_from_values, spice_error_text)
 from pages.live import LiveRun
 from pages.messages import (clean_message, content_text, drop_oldest_exchanges, engine_turns, is_app_note,
-                            keep_newest, n_exchanges, normalize_history, note, problem_with)
+                            keep_newest, n_exchanges, normalize_history, note, problem_with, restore_kept)
 from pages.owners import owner_of
 from pages.runner import CANCEL_REASONS, RunStream
 
@@ -273,19 +273,8 @@ class ChatPage(chat_settings.SettingsEvents):
 
     @staticmethod
     def restore(saved):
-        """The conversation this browser kept (a reload or another page must not lose it). A reply that was
-        streaming when the page went away ended there (the engine stops a reply nobody reads): it keeps its
-        text, without the cursor, and a note says so."""
-        history = normalize_history(saved)
-        if not history:
-            return gr.skip()
-        last = history[-1]
-        if last["role"] == "assistant" and not is_app_note(last) and last["content"].endswith(CURSOR.strip()):
-            last["content"] = last["content"].rstrip()[:-1].rstrip()
-            if not last["content"]:
-                history.pop()
-            history.append(note("■ This reply ended when the page was left while it streamed"))
-        return history
+        """The conversation this browser kept (`messages.restore_kept`); nothing to change when it kept none."""
+        return restore_kept(saved, CURSOR.strip()) or gr.skip()
 
     @staticmethod
     def _cut_at_last_user(history, session: ChatSession, index: int | None = None):

@@ -87,6 +87,22 @@ def normalize_history(history) -> list[dict]:
     return out
 
 
+def restore_kept(saved, cursor: str) -> list[dict]:
+    """The conversation a browser kept (a reload or another page must not lose it); [] when it kept none. A reply
+    that was streaming when the page went away ended there (the engine stops a reply nobody reads): it keeps
+    its text, without the ``cursor``, and a note says so."""
+    history = normalize_history(saved)
+    if not history:
+        return []
+    last = history[-1]
+    if last["role"] == "assistant" and not is_app_note(last) and last["content"].endswith(cursor):
+        last["content"] = last["content"].rstrip()[:-1].rstrip()
+        if not last["content"]:
+            history.pop()
+        history.append(note("■ This reply ended when the page was left while it streamed"))
+    return history
+
+
 def engine_turns(history: list[dict]) -> list[dict]:
     """The turns the model sees: user and assistant text, without the app's notes or empty turns."""
     return [{"role": m["role"], "content": m["content"]} for m in history
