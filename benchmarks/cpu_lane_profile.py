@@ -1,0 +1,149 @@
+"""Where the CPU lane's time goes, and which shape of lane is fastest (host only; run it on the GPU's host).
+
+    python benchmarks/cpu_lane_profile.py [--hidden 2048 --intermediate 1408] [--experts 64] [--reps 40]
+        [--out FILE.json]
+
+The lane's unit is one routed expert for one token (SwiGLU, bf16, `expert_forward`: the eager path's
+arithmetic), weights from a pinned slab larger than the caches, rotating so every job reads DRAM.
+Three parts, every number *measured* (wall clock, `time.perf_counter`):
+
+1. kernel: ms per expert and GB/s of weights read, bf16 `F.linear` at 1..cores-1 threads;
+2. lane shapes: `CpuLane(workers=W, threads_per_worker=T)` with n jobs of one layer submitted at once
+   (n = 1..4, what one layer sends), median wall from the first submit to the last result, split into
+   queueing + wake-up (submit -> the job starts), compute (in the worker) and hand-back (the job ends ->
+   the driver holds the result);
+3. the same with the driver thread busy in Python while the jobs run (as the decode loop's host step
+   is): whether the GIL serialises the lane behind it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from spice_core.exec.cpu_lane import CpuLane, available_cores  # noqa: E402
+from spice_core.exec.experts import expert_forward  # noqa: E402
+
+
+def slab(n: int, hidden: int, inter: int, pin: bool):
+    gu = torch.randn(n, 2 * inter, hidden).to(torch.bfloat16)
+    dn = torch.randn(n, hidden, inter).to(torch.bfloat16)
+    if pin:
+        gu, dn = gu.pin_memory(), dn.pin_memory()
+    return gu, dn
+
+
+def kernel_rows(gu, dn, x, reps: int, cores: int) -> list[dict]:
+    nbytes = (gu[0].numel() + dn[0].numel()) * 2
+    rows, k = [], [0]
+    for threads in sorted({1, 2, 4, max(1, (cores - 1) // 3), max(1, (cores - 1) // 2), cores - 1}):
+        torch.set_num_threads(threads)
+
+        def one():
+            k[0] = (k[0] + 7) % gu.shape[0]
+            return expert_forward(x, gu[k[0]], dn[k[0]], F.silu)
+
+        for _ in range(5):
+            one()
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            one()
+            ts.append(time.perf_counter() - t0)
+        ms = statistics.median(ts) * 1e3
+        rows.append({"threads": threads, "ms_per_expert": round(ms, 4), "gbps": round(nbytes / ms / 1e6, 1)})
+        print("kernel", rows[-1], flush=True)
+    return rows
+
+
+def busy_python(stop: threading.Event, seconds: float) -> None:
+    """Pure-Python work holding the GIL in small slices, as the host step's planner does."""
+    end = time.perf_counter() + seconds
+    acc = 0
+    while time.perf_counter() < end and not stop.is_set():
+        for i in range(200):
+            acc += i * i
+    return acc
+
+
+def lane_rows(gu, dn, x, reps: int, cores: int, busy_s: float) -> list[dict]:
+    nbytes = (gu[0].numel() + dn[0].numel()) * 2
+    shapes = []
+    for w in (1, 2, 3, 4, 5):
+        t = (cores - 1) // w
+        if t >= 1:
+            shapes.append((w, t))
+    rows, k = [], [0]
+    for w, t in shapes:
+        lane = CpuLane(workers=w, threads_per_worker=t)
+        try:
+            for n in (1, 2, 3, 4):
+                for busy in (False, True):
+                    walls, queue, compute, back = [], [], [], []
+                    for rep in range(reps + 3):
+                        jobs = []
+                        t_sub = time.perf_counter()
+                        for _ in range(n):
+                            k[0] = (k[0] + 7) % gu.shape[0]
+                            jobs.append((time.perf_counter(), lane.submit(x, gu[k[0]], dn[k[0]], F.silu, "cpu")))
+                        if busy:
+                            busy_python(threading.Event(), busy_s)
+                        res = []
+                        for s, j in jobs:
+                            _, _, t0, t1 = j.result()
+                            res.append((s, t0, t1, time.perf_counter()))
+                        if rep < 3:
+                            continue
+                        walls.append(res[-1][3] - t_sub)
+                        queue.append(statistics.mean(t0 - s for s, t0, _, _ in res))
+                        compute.append(statistics.mean(t1 - t0 for _, t0, t1, _ in res))
+                        back.append(statistics.mean(r - t1 for _, _, t1, r in res))
+                    ms = statistics.median(walls) * 1e3
+                    rows.append({"workers": w, "threads_per_worker": t, "experts": n, "driver_busy_ms": busy_s * 1e3 if busy else 0.0,
+                                 "wall_ms": round(ms, 4), "gbps": round(n * nbytes / ms / 1e6, 1),
+                                 "queue_wakeup_us": round(statistics.median(queue) * 1e6, 1),
+                                 "compute_us": round(statistics.median(compute) * 1e6, 1),
+                                 "handback_us": round(statistics.median(back) * 1e6, 1)})
+                    print("lane", rows[-1], flush=True)
+        finally:
+            lane.close()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--intermediate", type=int, default=1408)
+    ap.add_argument("--experts", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=40)
+    ap.add_argument("--busy-ms", type=float, default=0.3, help="driver-thread Python work while jobs run (part 3)")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args()
+    cores = available_cores()
+    pin = torch.cuda.is_available()
+    gu, dn = slab(a.experts, a.hidden, a.intermediate, pin)
+    x = torch.randn(1, a.hidden).to(torch.bfloat16)
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    res = {"timing": "measured", "cores": cores, "pinned_slab": pin, "hidden": a.hidden, "intermediate": a.intermediate,
+           "expert_mb": round((gu[0].numel() + dn[0].numel()) * 2 / 1e6, 3),
+           "amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags,
+           "command": "python benchmarks/cpu_lane_profile.py " + " ".join(sys.argv[1:])}
+    res["kernel"] = kernel_rows(gu, dn, x, a.reps, cores)
+    res["lane"] = lane_rows(gu, dn, x, a.reps, cores, a.busy_ms / 1e3)
+    text = json.dumps(res, indent=1)
+    if a.out:
+        a.out.write_text(text + "\n")
+    print(json.dumps({k: v for k, v in res.items() if k not in ("kernel", "lane")}))
+
+
+if __name__ == "__main__":
+    main()
