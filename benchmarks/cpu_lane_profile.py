@@ -8,7 +8,8 @@ arithmetic), weights from a pinned slab larger than the caches, rotating so ever
 Three parts, every number *measured* (wall clock, `time.perf_counter`):
 
 1. kernel: ms per expert and GB/s of weights read, bf16 `F.linear` at 1..cores-1 threads;
-2. lane shapes: `CpuLane(workers=W, threads_per_worker=T)` with n jobs of one layer submitted at once
+2. lane shapes: `CpuLane(workers=W, threads_per_worker=T)` (W > 1: each expert split by rows across the
+   workers; the share of outputs bit-equal to the unsplit expert is printed) with n jobs of one layer submitted at once
    (n = 1..4, what one layer sends), median wall from the first submit to the last result, split into
    queueing + wake-up (submit -> the job starts), compute (in the worker) and hand-back (the job ends ->
    the driver holds the result);
@@ -78,14 +79,20 @@ def busy_python(stop: threading.Event, seconds: float) -> None:
 def lane_rows(gu, dn, x, reps: int, cores: int, busy_s: float) -> list[dict]:
     nbytes = (gu[0].numel() + dn[0].numel()) * 2
     shapes = []
-    for w in (1, 2, 3, 4, 5):
+    for w in (1, 3, 5, 7, cores - 1):
         t = (cores - 1) // w
-        if t >= 1:
+        if t >= 1 and (w, t) not in shapes:
             shapes.append((w, t))
     rows, k = [], [0]
+    ref = expert_forward(x, gu[0], dn[0], F.silu)
     for w, t in shapes:
         lane = CpuLane(workers=w, threads_per_worker=t)
         try:
+            y = lane.submit(x, gu[0], dn[0], F.silu, "cpu").result()[0]
+            same = float((y == ref).float().mean())
+            err = float(((y.float() - ref.float()).abs().max() / ref.float().abs().max()))
+            print(f"lane {w}x{t}: {same:.4f} of outputs bit-equal to the whole expert, max rel. diff {err:.2e}")
+            rows.append({"workers": w, "threads_per_worker": t, "bit_equal_share": same, "max_rel_diff": err})
             for n in (1, 2, 3, 4):
                 for busy in (False, True):
                     walls, queue, compute, back = [], [], [], []
@@ -126,15 +133,19 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--busy-ms", type=float, default=0.3, help="driver-thread Python work while jobs run (part 3)")
+    ap.add_argument("--switch-interval-us", type=float, default=0.0,
+                    help="sys.setswitchinterval for the run (0: Python's default, 5000 us)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     cores = available_cores()
+    if a.switch_interval_us > 0:
+        sys.setswitchinterval(a.switch_interval_us / 1e6)
     pin = torch.cuda.is_available()
     gu, dn = slab(a.experts, a.hidden, a.intermediate, pin)
     x = torch.randn(1, a.hidden).to(torch.bfloat16)
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     res = {"timing": "measured", "cores": cores, "pinned_slab": pin, "hidden": a.hidden, "intermediate": a.intermediate,
-           "expert_mb": round((gu[0].numel() + dn[0].numel()) * 2 / 1e6, 3),
+           "switch_interval_us": sys.getswitchinterval() * 1e6, "expert_mb": round((gu[0].numel() + dn[0].numel()) * 2 / 1e6, 3),
            "amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags,
            "command": "python benchmarks/cpu_lane_profile.py " + " ".join(sys.argv[1:])}
     res["kernel"] = kernel_rows(gu, dn, x, a.reps, cores)

@@ -359,6 +359,9 @@ class SpiceEngine:
         real_lane = self.machine.run_timing(modeled) == "measured"   # else the CPU lane is modeled inline
         if spec.use_cpu and s.cpu_lane and real_lane:
             cpu_lane = self._get_cpu_lane()
+            if cpu_lane is not None:
+                split = "; each expert split by rows across the workers" if cpu_lane.workers > 1 else ""
+                notes.append(f"CPU lane: {cpu_lane.shape} (workers x intra-op threads{split})")
             if cpu_lane is None and spec.miss_mode == "cpu":
                 raise ConfigError(f"policy cpu_compute needs the CPU lane, which is unavailable here "
                                   f"({self._cpu_lane_error}): pick another policy")
@@ -441,9 +444,9 @@ class SpiceEngine:
 
     def _get_cpu_lane(self):
         if self._cpu_lane is None:
-            from spice_core.exec.cpu_lane import CpuLane
+            from spice_core.exec.cpu_lane import lane_from_shape
             try:
-                self._cpu_lane = CpuLane(workers=1)
+                self._cpu_lane = lane_from_shape()
             except SpiceError as e:
                 self._cpu_lane_error = str(e)
                 log.warning("%s", e)

@@ -118,3 +118,44 @@ def test_executor_falls_back_to_an_exact_copy_when_the_cpu_lane_fails(tmp_path):
     fallbacks = [e for e in events if e.kind == "cpu_fallback"]
     assert len(fallbacks) == rt.totals["cpu_fallbacks"] and "worker died" in fallbacks[0].detail
     assert sum(1 for e in events if e.kind == "copy") >= len(fallbacks)
+
+
+def test_split_rows_cover_every_row_once():
+    from spice_core.exec.cpu_lane import split_rows
+    for n, parts in ((1408, 5), (2048, 15), (8, 4), (100, 1), (17, 16)):
+        blocks = split_rows(n, parts)
+        assert blocks[0][0] == 0 and blocks[-1][1] == n and len(blocks) <= parts
+        assert all(a < b and b == blocks[i + 1][0] for i, (a, b) in enumerate(blocks[:-1]))
+
+
+@pytest.mark.parametrize("workers", (2, 3))
+def test_an_expert_split_across_workers_matches_the_whole_expert(monkeypatch, workers):
+    """Each worker computes F.linear over its block of output rows: the same dot products, in bf16 as the slab is."""
+    monkeypatch.setattr(cpu_lane_mod, "available_cores", lambda: 4)
+    x, gate_up, down = (t.to(torch.bfloat16) for t in _expert(H=96, I=40))
+    try:
+        with CpuLane(workers=workers, threads_per_worker=1) as lane:
+            outs = [lane.submit(x, gate_up, down, F.silu, torch.device("cpu")) for _ in range(3)]
+            ys = [r.result()[0] for r in outs]
+            assert lane.shape == f"{workers}x1" and lane.failures == 0
+    finally:
+        torch.set_num_threads(1)
+    ref = expert_forward(x, gate_up, down, F.silu)
+    for y in ys:
+        assert y.dtype == torch.bfloat16 and y.shape == ref.shape
+        torch.testing.assert_close(y.float(), ref.float(), rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+
+
+def test_a_failing_split_task_raises_and_the_lane_keeps_working(monkeypatch):
+    monkeypatch.setattr(cpu_lane_mod, "available_cores", lambda: 4)
+    x, gate_up, down = _expert(H=64, I=32)
+    try:
+        with CpuLane(workers=3, threads_per_worker=1) as lane:
+            bad = lane.submit(x, gate_up[:, :3], down, F.silu, torch.device("cpu"))
+            with pytest.raises(RuntimeError):
+                bad.result()
+            y = lane.submit(x, gate_up, down, F.silu, torch.device("cpu")).result()[0]
+            assert lane.failures == 1
+    finally:
+        torch.set_num_threads(1)
+    torch.testing.assert_close(y, expert_forward(x, gate_up, down, F.silu), rtol=1e-5, atol=1e-5)
