@@ -8,13 +8,14 @@ arithmetic), weights from a pinned slab larger than the caches, rotating so ever
 Three parts, every number *measured* (wall clock, `time.perf_counter`):
 
 1. kernel: ms per expert and GB/s of weights read, bf16 `F.linear` at 1..cores-1 threads;
-2. lane shapes: `CpuLane(workers=W, threads_per_worker=T)` (W > 1: each expert split by rows across the
-   workers; the share of outputs bit-equal to the unsplit expert is printed) with n jobs of one layer submitted at once
+2. lane shapes: `CpuLane(workers=W, threads_per_worker=T)` (whole experts in parallel) with n jobs of one layer submitted at once
    (n = 1..4, what one layer sends), median wall from the first submit to the last result, split into
    queueing + wake-up (submit -> the job starts), compute (in the worker) and hand-back (the job ends ->
    the driver holds the result);
 3. the same with the driver thread busy in Python while the jobs run (as the decode loop's host step
-   is): whether the GIL serialises the lane behind it.
+   is): whether the GIL serialises the lane behind it;
+4. agreement: whether the lane's expert gives the same bits on every repeat, and the share of its outputs
+   bit-equal to the same expert computed on the GPU (with CUDA).
 """
 from __future__ import annotations
 
@@ -84,15 +85,9 @@ def lane_rows(gu, dn, x, reps: int, cores: int, busy_s: float) -> list[dict]:
         if t >= 1 and (w, t) not in shapes:
             shapes.append((w, t))
     rows, k = [], [0]
-    ref = expert_forward(x, gu[0], dn[0], F.silu)
     for w, t in shapes:
         lane = CpuLane(workers=w, threads_per_worker=t)
         try:
-            y = lane.submit(x, gu[0], dn[0], F.silu, "cpu").result()[0]
-            same = float((y == ref).float().mean())
-            err = float(((y.float() - ref.float()).abs().max() / ref.float().abs().max()))
-            print(f"lane {w}x{t}: {same:.4f} of outputs bit-equal to the whole expert, max rel. diff {err:.2e}")
-            rows.append({"workers": w, "threads_per_worker": t, "bit_equal_share": same, "max_rel_diff": err})
             for n in (1, 2, 3, 4):
                 for busy in (False, True):
                     walls, queue, compute, back = [], [], [], []
@@ -126,6 +121,24 @@ def lane_rows(gu, dn, x, reps: int, cores: int, busy_s: float) -> list[dict]:
     return rows
 
 
+def agreement(gu, dn, x, cores: int, repeats: int = 20) -> dict:
+    """Is the lane's expert deterministic (the same bits on every repeat at cores-1 threads), and how far is it
+    from the same expert on the GPU (bf16 F.linear there, the arithmetic the fast path's kernel matches)?"""
+    torch.set_num_threads(cores - 1)
+    outs = [expert_forward(x, gu[e % 4], dn[e % 4], F.silu) for e in range(4 * repeats)]
+    det = all(torch.equal(outs[i], outs[i % 4]) for i in range(len(outs)))
+    res = {"cpu_deterministic": det, "repeats": repeats}
+    if torch.cuda.is_available():
+        shares, rels = [], []
+        for e in range(4):
+            y_gpu = expert_forward(x.cuda(), gu[e].cuda(), dn[e].cuda(), F.silu).cpu()
+            shares.append(float((y_gpu == outs[e]).float().mean()))
+            rels.append(float((y_gpu.float() - outs[e].float()).abs().max() / y_gpu.float().abs().max()))
+        res.update(gpu_bit_equal_share=min(shares), gpu_max_rel_diff=max(rels))
+    print("agreement", res, flush=True)
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hidden", type=int, default=2048)
@@ -149,6 +162,7 @@ def main() -> None:
            "amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags,
            "command": "python benchmarks/cpu_lane_profile.py " + " ".join(sys.argv[1:])}
     res["kernel"] = kernel_rows(gu, dn, x, a.reps, cores)
+    res["agreement"] = agreement(gu, dn, x, cores)
     res["lane"] = lane_rows(gu, dn, x, a.reps, cores, a.busy_ms / 1e3)
     text = json.dumps(res, indent=1)
     if a.out:

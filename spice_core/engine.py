@@ -360,8 +360,7 @@ class SpiceEngine:
         if spec.use_cpu and s.cpu_lane and real_lane:
             cpu_lane = self._get_cpu_lane()
             if cpu_lane is not None:
-                split = "; each expert split by rows across the workers" if cpu_lane.workers > 1 else ""
-                notes.append(f"CPU lane: {cpu_lane.shape} (workers x intra-op threads{split})")
+                notes.append(f"CPU lane: {cpu_lane.shape} (workers x intra-op threads)")
             if cpu_lane is None and spec.miss_mode == "cpu":
                 raise ConfigError(f"policy cpu_compute needs the CPU lane, which is unavailable here "
                                   f"({self._cpu_lane_error}): pick another policy")
