@@ -12,8 +12,9 @@ Events are resolved at `end_token` (one synchronize per token, which batch-1 dec
 needs anyway to read the sampled token). Host cost per event matters (each record and each
 resolution costs a few µs, and a token has hundreds): a copy records only its end, since the
 copy stream runs its copies in order (a copy starts when the previous one ends, or when the host
-issued it if the stream was idle: `_resolve_copy_start`), and host instants (`mark`) are trace
-events at once, with nothing to resolve.
+issued it if the stream was idle: `_resolve_copy_start`), host instants (`mark`) are one tuple each
+with nothing to resolve, every event is kept as a tuple until `drain_events` builds the token's
+TraceEvents at once, and the GPU intervals' CUDA events are recycled from a pool once resolved.
 
 Host cost: every stream is passed explicitly. `torch.cuda.current_stream()` and the
 `torch.cuda.stream()` context look the device up through `torch.cuda.is_available()`,
@@ -28,11 +29,11 @@ from dataclasses import dataclass, field
 import torch
 
 from spice_core.timing.timeline import OpHandle
-from spice_core.trace.events import TraceEvent
+from spice_core.trace.events import TraceEvent, events_from_rows  # noqa: F401 - TraceEvent: the drained type
 from spice_core.types import ExpertKey
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     lane: str
     kind: str
@@ -59,7 +60,8 @@ class MeasuredTimeline:
     _token_start_ms: float = 0.0
     _run_t0: float = field(default_factory=time.perf_counter)
     _pending: list[_Pending] = field(default_factory=list)
-    _events: list[TraceEvent] = field(default_factory=list)
+    _rows: list[tuple] = field(default_factory=list)        # TraceEvent fields in order, built at drain
+    _free_events: list = field(default_factory=list)        # resolved timing events, recorded again (no create)
     _last_mark: object = None
     _copy_free_ms: float = 0.0
     est_copy_ms: float = 0.3              # cost-model estimate, for the predicted copy-queue end
@@ -74,7 +76,8 @@ class MeasuredTimeline:
         self.compute_stream = torch.cuda.current_stream(self.device)
 
     def _event(self, stream=None):
-        e = torch.cuda.Event(enable_timing=True)
+        free = self._free_events
+        e = free.pop() if free else torch.cuda.Event(enable_timing=True)
         e.record(stream if stream is not None else self.compute_stream)
         return e
 
@@ -143,9 +146,9 @@ class MeasuredTimeline:
             self._add(_Pending("host", "stall", handle.key, before_host, after_host, detail="waits for cpu"))
 
     def mark(self, kind: str, key: ExpertKey | None, nbytes: int = 0, detail: str = "", lane: str = "gpu") -> None:
-        t = self._host_ms()
-        layer, expert = (key.layer, key.expert) if key is not None else (-1, -1)
-        self._events.append(TraceEvent(self._token, layer, expert, lane, kind, t, t, nbytes, self.mode, detail))
+        t = (time.perf_counter() - self._run_t0) * 1e3
+        layer, expert = (key[0], key[1]) if key is not None else (-1, -1)
+        self._rows.append((self._token, layer, expert, lane, kind, t, t, nbytes, self.mode, detail))
 
     def _add(self, p: _Pending) -> None:
         p.token, p.e0, p.t0_ms = self._token, self._e0, self._t0_host_ms
@@ -165,22 +168,24 @@ class MeasuredTimeline:
         # Sync the compute stream only; copies still in flight are resolved at a later token.
         self.compute_stream.synchronize()
         end_ms = self._host_ms()
-        keep = []
+        keep, done = [], []
         for p in self._pending:
             if not self._done(p.end):
                 keep.append(p)
                 continue
+            done.append(p)
             e = self._resolve(p, p.end)
             if p.lane == "copy" and isinstance(p.start, float) and p.start <= 0.0:   # issued at -start, host ms
                 s = min(e, max(-p.start, self._copy_free_ms))
             else:
                 s = self._resolve(p, p.start)
             layer, expert = (p.key.layer, p.key.expert) if p.key is not None else (-1, -1)
-            self._events.append(TraceEvent(p.token, layer, expert, p.lane, p.kind, s, max(s, e), p.nbytes, self.mode, p.detail))
+            self._rows.append((p.token, layer, expert, p.lane, p.kind, s, max(s, e), p.nbytes, self.mode, p.detail))
             if p.lane == "copy":
                 self._copy_free_ms = max(self._copy_free_ms, e)
         self._pending = keep
-        self._events.append(TraceEvent(self._token, -1, -1, "host", "token", self._token_start_ms, end_ms, 0, self.mode, ""))
+        self._recycle(done)
+        self._rows.append((self._token, -1, -1, "host", "token", self._token_start_ms, end_ms, 0, self.mode, ""))
         return end_ms - self._token_start_ms
 
     def now_ms(self) -> float:
@@ -189,9 +194,25 @@ class MeasuredTimeline:
     def copy_free_at_ms(self) -> float:
         return max(self._copy_pred_ms, self._copy_free_ms)
 
+    def _recycle(self, done: list) -> None:
+        """Return the resolved GPU intervals' events to the pool, except those still referred to: by a pending
+        interval (its start, end or token reference), the current token's reference and last mark. Copies' events
+        are never recycled: the executor keeps them as the handles it waits on."""
+        busy = {id(x) for p in self._pending for x in (p.start, p.end, p.e0)}
+        busy.update((id(self._e0), id(self._last_mark)))
+        busy.update(id(p.e0) for p in done)
+        seen = set()
+        for p in done:
+            if p.lane == "copy":
+                continue
+            for x in (p.start, p.end):
+                if isinstance(x, torch.cuda.Event) and id(x) not in busy and id(x) not in seen:
+                    seen.add(id(x))
+                    self._free_events.append(x)
+
     def drain_events(self) -> list[TraceEvent]:
-        ev, self._events = self._events, []
-        return ev
+        rows, self._rows = self._rows, []
+        return events_from_rows(rows)
 
 
 def sleep_cycles_per_ms(device: torch.device) -> float:
