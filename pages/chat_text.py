@@ -11,7 +11,7 @@ import time
 
 from spice_core import api
 from spice_core.api import EngineInfo, RunSettings, RunSummary
-from pages.common import SETTING_FIELDS, fmt_bytes
+from pages.common import SETTING_FIELDS, fmt_bytes, timed_bytes
 from pages.live import CATEGORIES, LiveRun
 
 OUTCOME_INDEX = {name: i - 1 for i, name in enumerate(CATEGORIES) if i}     # LiveRun.counts' last axis
@@ -92,12 +92,12 @@ def run_title(summary: RunSummary, live: LiveRun) -> str:
             + (f" · late prefetches {100 * live.late_rate:.0f}%" if live.late_rate >= 0.005 else ""))
 
 
-def _shape_bytes(summary: RunSummary) -> str:
-    """Native bytes are what was copied; with modeled timing of another shape, also what that shape would copy."""
-    shape = getattr(summary, "shape_bytes_per_token", 0.0)
-    if not shape or shape == summary.bytes_per_token:
-        return ""
-    return f" (native; {fmt_bytes(shape)} at {summary.shape})"
+def copied_words(summary: RunSummary) -> str:
+    """Bytes copied per token at the shape the run's times are for, the native bytes after them."""
+    shown, native = timed_bytes(summary.shape_bytes_per_token, summary.bytes_per_token)
+    if native is None:
+        return f"{fmt_bytes(shown)} copied per token"
+    return f"{fmt_bytes(shown)} copied per token at {summary.shape} ({fmt_bytes(native)} at its own sizes)"
 
 
 def run_body(summary: RunSummary, stream: RunStream) -> str:
@@ -105,8 +105,7 @@ def run_body(summary: RunSummary, stream: RunStream) -> str:
     notes = "".join(f"\n- {n}" for n in summary.notes)
     return (f"Policy **{summary.policy}** · {summary.timing} timing ({summary.profile}, {summary.shape}) · "
             f"TTFT {summary.ttft_ms:.1f} ms · p90 TPOT {summary.tpot_ms_p90:.2f} ms · "
-            f"{summary.tokens_per_s:.1f} tokens/s · {fmt_bytes(summary.bytes_per_token)} copied per token"
-            f"{_shape_bytes(summary)} · "
+            f"{summary.tokens_per_s:.1f} tokens/s · {copied_words(summary)} · "
             f"stall {summary.stall_ms_per_token:.2f} ms per token · misses: {split} · "
             f"finished: {summary.finish_reason or stream.cancel_reason or '?'}{notes}\n\n"
             f"[Open this run in the trace explorer](trace?run={summary.run_id})")
@@ -122,8 +121,9 @@ TIPS = {
                 "(resident, or prefetched in time). A prefetch that arrived late is a stall, not a hit: it is "
                 "counted apart, under the value. "
                 "Green ≥ 80%, amber ≥ 50%.",
-    "copied": "Bytes copied from host memory to the GPU per token (on demand and prefetch), at this model's own "
-              "sizes; the trace explorer also gives them at the timed shape's.",
+    "copied": "Bytes copied from host memory to the GPU per token (on demand and prefetch), at the shape the "
+              "times are for (modeled timing: the model shape chosen; measured: this model's own), as the TPOT "
+              "beside it; under the value, what this model copied at its own (native) sizes.",
     "stall": "Time per token the GPU waited for an expert to arrive. Green below 10% of TPOT, amber below 40%.",
     "lookahead": "How many layers ahead every confident prediction was prefetched in time (mean over layers and "
                  "tokens), and why the lookahead stopped there most often. The likeliest experts are still copied "
@@ -193,7 +193,7 @@ def stats_html(live: LiveRun | None, settings: RunSettings, info: EngineInfo, *,
             ("hit rate", f"{100 * live.hit_rate:.0f}%",
              f"in time; {100 * live.late_rate:.0f}% late prefetches" if live.late_rate >= 0.005 else "resident + prefetched in time",
              _level(live.hit_rate, 0.8, 0.5)),
-            ("copied", fmt_bytes(live.bytes_per_token), "per token, own sizes", ""),
+            ("copied", *_copied_card(live), ""),
             ("stall", f"{live.stall_ms_per_token:.2f} ms", f"per token ({100 * stall_share:.0f}% of TPOT)",
              _level(stall_share, 0.1, 0.4, higher_is_better=False)),
             ("lookahead", f"{live.mean_lookahead:.1f} of {settings.max_lookahead}", stop, ""),
@@ -217,6 +217,11 @@ def stats_html(live: LiveRun | None, settings: RunSettings, info: EngineInfo, *,
         f"<div class='s' title='{html.escape(sub, quote=True)}'>{html.escape(sub)}</div></div>"
         for k, v, sub, level in cards)
     return f"<div class='spice-stats'><div class='head'>{head}</div><div class='cards'>{body}</div>{notes}</div>"
+
+
+def _copied_card(live: LiveRun) -> tuple[str, str]:
+    shown, native = timed_bytes(live.shape_bytes_per_token, live.bytes_per_token)
+    return fmt_bytes(shown), "per token, own sizes" if native is None else f"native {fmt_bytes(native)} per token"
 
 
 def why_lines(live: LiveRun, settings: RunSettings) -> list[str]:

@@ -460,6 +460,20 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+def timed_bytes(shape_bytes: float, native_bytes: float) -> tuple[float, float | None]:
+    """Bytes copied per token as the app shows them: (bytes at the shape the times are for, the native bytes
+    when they differ, else None).
+
+    The TPOT beside a byte count is timed at one shape (modeled timing: the chosen shape, e.g. DeepSeek-V2-Lite's
+    experts; measured: this model's own), so its bytes are shown at that shape and the model's own as secondary
+    ("1.8 MB own sizes" beside a TPOT modeled for 1.6 GB of copies read as a mistake). ``shape_bytes`` 0 means
+    the engine did not report them: the native bytes are then all there is.
+    """
+    if not shape_bytes or shape_bytes == native_bytes:
+        return float(native_bytes), None
+    return float(shape_bytes), float(native_bytes)
+
+
 # The engine's messages name command-line flags; in the app the same knobs are controls.
 UI_NAMES = {"--cache-frac": "GPU cache size", "--cache-gb": "GPU cache size", "--max-new-tokens": "Max new tokens",
             "--tau-prefetch": "τ_prefetch", "--tau-approx": "τ_approx", "--policy": "Policy",

@@ -467,7 +467,8 @@ def lane_gantt(intervals: Iterable, *, uirevision: str = "gantt", max_bars: int 
 # --- trace explorer: per-token overview -------------------------------------------------------
 def token_overview(index: Sequence[int], step_ms: Sequence[float], stall_ms: Sequence[float],
                    mb_copied: Sequence[float], timing: str) -> Figure:
-    """Step time per token split into stall and the rest, and MB copied (token 0 includes the prefill)."""
+    """Step time per token split into stall and the rest, and MB copied at the timed shape (the trace events'
+    bytes: the shape the step times are for); token 0 includes the prefill."""
     index = list(index)
     rest = [round(max(s - w, 0.0), 4) for s, w in zip(step_ms, stall_ms)]
     data = [
@@ -475,16 +476,16 @@ def token_overview(index: Sequence[int], step_ms: Sequence[float], stall_ms: Seq
          "marker": {"color": "#9aa5b1"}},
         {"type": "bar", "x": index, "y": [round(w, 4) for w in stall_ms], "name": "stall (ms)",
          "marker": {"color": OKABE_ITO["vermillion"]}},
-        {"type": "scatter", "mode": "lines", "x": index, "y": [round(m, 3) for m in mb_copied], "name": "MB copied",
-         "line": {"color": OKABE_ITO["blue"]}, "yaxis": "y2"},
+        {"type": "scatter", "mode": "lines", "x": index, "y": [round(m, 3) for m in mb_copied],
+         "name": "MB copied (timed shape)", "line": {"color": OKABE_ITO["blue"]}, "yaxis": "y2"},
     ]
     # The legend goes under the chart: over it, on a phone, its rows ran into the gr.Plot label.
     layout = _layout(330, "overview", barmode="stack", margin={"l": 56, "r": 56, "t": 36, "b": 40},
                      legend=_bottom_legend(),
                      xaxis=_axis(title={"text": "token (0 includes the prefill)"}),
                      yaxis=_axis(title={"text": f"ms per token ({timing})"}),
-                     yaxis2=_axis(overlaying="y", side="right", title={"text": "MB copied"}, showgrid=False,
-                                  rangemode="tozero"))
+                     yaxis2=_axis(overlaying="y", side="right", title={"text": "MB copied (timed shape)"},
+                                  showgrid=False, rangemode="tozero"))
     return {"data": data, "layout": layout}
 
 

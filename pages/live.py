@@ -4,8 +4,9 @@
 follow `spice_core.trace.metrics` so the live numbers equal the run summary once the run
 ends: TTFT is the first step; TPOT is the median over decode steps (every step after the
 first); hit rate, bytes and stall per token are over decode steps (all steps while only the
-first exists); hit rate = (hit + prefetch_hit) / routed selections, falling back to the steps'
-hits / (hits + misses) counters when the engine reports no per-selection outcomes.
+first exists; bytes both native and at the timed shape); hit rate = (hit + prefetch_hit) / routed
+selections, falling back to the steps' hits / (hits + misses) counters when the engine reports no
+per-selection outcomes.
 
 A late prefetch is a stall, not a hit: a ``prefetch_hit`` whose copy (the token's PrefetchRecord for that
 layer and expert) arrived after the layer needed it is counted as ``prefetch_late`` here, apart from the hits
@@ -66,6 +67,8 @@ class LiveRun:
     _decode_bytes: int = 0
     _decode_stall_ms: float = 0.0
     _first_bytes: int = 0
+    _decode_shape_bytes: int = 0               # at the timed shape (StepStats.shape_bytes_copied)
+    _first_shape_bytes: int = 0
     _first_stall_ms: float = 0.0
     _row: dict = field(default_factory=dict)
 
@@ -108,11 +111,13 @@ class LiveRun:
         if self.n_tokens == 1:
             self._first_hits, self._first_sel, self._first_late = hits, sel, late_n
             self._first_bytes, self._first_stall_ms = step.bytes_copied, step.stall_ms
+            self._first_shape_bytes = step.shape_bytes_copied
         else:
             self._decode_hits += hits
             self._decode_late += late_n
             self._decode_sel += sel
             self._decode_bytes += step.bytes_copied
+            self._decode_shape_bytes += step.shape_bytes_copied
             self._decode_stall_ms += step.stall_ms
         self.recent_intervals.append((step.index, step.intervals))
         self.recent_prefetches.append((step.index, step.prefetches))
@@ -158,6 +163,13 @@ class LiveRun:
         if self.n_tokens > 1:
             return self._decode_bytes / (self.n_tokens - 1)
         return float(self._first_bytes) if self.n_tokens else 0.0
+
+    @property
+    def shape_bytes_per_token(self) -> float:
+        """The same at the shape the times are for (the summary's shape_bytes_per_token); 0 when not reported."""
+        if self.n_tokens > 1:
+            return self._decode_shape_bytes / (self.n_tokens - 1)
+        return float(self._first_shape_bytes) if self.n_tokens else 0.0
 
     @property
     def stall_ms_per_token(self) -> float:

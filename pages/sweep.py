@@ -31,7 +31,7 @@ from spice_core.api import EXACT_POLICIES, RunSettings
 from spice_core.errors import ConfigError, SpiceError
 from pages import figures, models
 from pages.common import (ENGINE_GROUP, AppContext, FreeDropdown, FreeSlider, as_plot, default_settings,
-                          shape_choices, shape_info, spice_error_text)
+                          shape_choices, shape_info, spice_error_text, timed_bytes)
 from pages.limits import bounded_number
 from spice_core.api import identical_prefix_share, matching_tokens
 from pages.owners import esc, owner_of
@@ -49,7 +49,7 @@ DEFAULT_PROMPTS = ("Once upon a time there was a little robot who",
                    "The three most important ideas in computer science are",
                    "Here is a recipe for a simple tomato soup:")
 TABLE_COLUMNS = ["policy", "τ_prefetch", "τ_approx", "greedy agreement %", "identical prefix %", "TPOT ms", "tokens/s", "hit rate %",
-                 "MB / token", "stall ms / token", "runs"]
+                 "MB / token (timed shape)", "stall ms / token", "runs"]
 
 
 @dataclass
@@ -324,7 +324,8 @@ def _row(s: RunSettings, per_prompt: list, timing: str) -> dict:
             "agreement": same / total if total else 1.0, "identical_prefix": mean([m[1] for m, _ in per_prompt]),
             "tpot_ms": mean([x.tpot_ms_median for x in summaries]),
             "tokens_per_s": mean([x.tokens_per_s for x in summaries]), "hit_rate": mean([x.hit_rate for x in summaries]),
-            "mb_per_token": mean([x.bytes_per_token / 1e6 for x in summaries]),
+            "mb_per_token": mean([timed_bytes(x.shape_bytes_per_token, x.bytes_per_token)[0] / 1e6
+                                  for x in summaries]),      # at the shape the TPOT is for
             "stall_ms": mean([x.stall_ms_per_token for x in summaries]), "runs": len(per_prompt)}
 
 

@@ -24,7 +24,7 @@ import pandas as pd
 from spice_core.errors import SpiceError
 from spice_core import api as metrics   # the one definition of every metric (trace.metrics)
 from pages import figures
-from pages.common import AppContext, FreeDropdown, FreeNumber, as_plot, fmt_bytes, spice_error_text
+from pages.common import AppContext, FreeDropdown, FreeNumber, as_plot, fmt_bytes, spice_error_text, timed_bytes
 from pages.owners import esc, owner_of, valid_run_id
 from pages.limits import strict_bool
 
@@ -125,6 +125,10 @@ def compare_frame(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
                                                                                  if c.startswith(("MB", "stall"))})
 
 
+def _timed_bytes_text(s) -> str:
+    return fmt_bytes(timed_bytes(s.shape_bytes_per_token, s.bytes_per_token)[0])
+
+
 def compare_html(a, b) -> str:
     """The two runs' headline numbers and how the second compares (every value escaped)."""
     def ratio(x, y, better_low=True):
@@ -139,6 +143,7 @@ def compare_html(a, b) -> str:
             ("TPOT median", f"{a.tpot_ms_median:.2f} ms", f"{b.tpot_ms_median:.2f} ms",
              ratio(a.tpot_ms_median, b.tpot_ms_median)),
             ("hit rate", f"{100 * a.hit_rate:.0f}%", f"{100 * b.hit_rate:.0f}%", ""),
+            ("copied / token (timed shape)", _timed_bytes_text(a), _timed_bytes_text(b), ""),
             ("copied / token (native)", fmt_bytes(a.bytes_per_token), fmt_bytes(b.bytes_per_token), ""),
             ("stall / token", f"{a.stall_ms_per_token:.2f} ms", f"{b.stall_ms_per_token:.2f} ms", ""),
             ("tokens", f"{a.n_tokens}", f"{b.n_tokens}", "")]
@@ -166,6 +171,13 @@ def baseline_cards(s, baselines: dict) -> list[tuple[str, str, str]]:
     return out
 
 
+def _copied_card(s) -> tuple[str, str]:
+    """Bytes per token at the shape the run's times are for (as the per-layer table and the chart), native under."""
+    shown, native = timed_bytes(s.shape_bytes_per_token, s.bytes_per_token)
+    return fmt_bytes(shown), "per token (own sizes)" if native is None else \
+        f"per token at {s.shape} · native {fmt_bytes(native)}"
+
+
 def summary_html(s, label: str = "", baselines: dict | None = None) -> str:
     """The summary cards; every interpolated value is escaped (labels are visitors' prompts)."""
     split = " · ".join(f"{k} {v}" for k, v in sorted(s.miss_split.items()) if v) or "no misses"
@@ -175,8 +187,7 @@ def summary_html(s, label: str = "", baselines: dict | None = None) -> str:
         ("TPOT", f"{s.tpot_ms_median:.2f} ms", f"median · p90 {s.tpot_ms_p90:.2f}"),
         ("tokens/s", f"{s.tokens_per_s:.1f}", s.timing),
         ("hit rate", f"{100 * s.hit_rate:.0f}%", split),
-        ("copied", fmt_bytes(s.bytes_per_token), "per token (native)" if not s.shape_bytes_per_token
-         or s.shape_bytes_per_token == s.bytes_per_token else f"per token · {fmt_bytes(s.shape_bytes_per_token)} at {s.shape}"),
+        ("copied", *_copied_card(s)),
         ("stall", f"{s.stall_ms_per_token:.2f} ms", "per token"),
         *baseline_cards(s, baselines or {}),
     ]

@@ -47,10 +47,11 @@ _CPU_LANE = re.compile(r"^cpu(\d+)$")
 
 # One unit per column, said in its name: ``*_selections`` count router selections (tokens x top-k, so token 0
 # counts every prompt token's), ``experts_*`` count the distinct experts of each layer with that outcome (an
-# expert chosen by several prompt tokens once), bytes are native bytes, times ms in the row's timing mode.
+# expert chosen by several prompt tokens once), ``bytes_copied`` are native bytes and ``shape_bytes_copied`` the
+# timed shape's (those step_ms is for; the Chrome trace's "copied MB" counts these), times ms in the row's timing mode.
 PER_TOKEN_COLUMNS = (
     "index", "token_id", "text", "step_ms", "timing", "hit_selections", "miss_selections", "bytes_copied",
-    "stall_ms", "lookahead_depth", *(f"experts_{o}" for o in OUTCOMES),
+    "shape_bytes_copied", "stall_ms", "lookahead_depth", *(f"experts_{o}" for o in OUTCOMES),
 )
 EVENT_COLUMNS = (
     "token", "layer", "expert", "lane", "kind", "start_ms", "end_ms", "dur_ms", "bytes", "timing", "detail",
@@ -278,7 +279,7 @@ def per_token_frame(steps: Sequence[StepStats]) -> pd.DataFrame:
         rows.append({
             "index": s.index, "token_id": s.token_id, "text": s.text, "step_ms": s.step_ms,
             "timing": s.timing, "hit_selections": s.hits, "miss_selections": s.misses, "bytes_copied": s.bytes_copied,
-            "stall_ms": s.stall_ms, "lookahead_depth": s.lookahead_depth,
+            "shape_bytes_copied": s.shape_bytes_copied, "stall_ms": s.stall_ms, "lookahead_depth": s.lookahead_depth,
             **{f"experts_{o}": n for o, n in counts.items()},
         })
     return pd.DataFrame(rows, columns=list(PER_TOKEN_COLUMNS))

@@ -29,7 +29,7 @@ def test_the_sweep_pools_matching_positions_and_names_the_prefix_apart():
     from spice_core.api import matching_tokens
 
     summary = SimpleNamespace(tpot_ms_median=5.0, tokens_per_s=200.0, hit_rate=0.5, bytes_per_token=1e6,
-                              stall_ms_per_token=0.1)
+                              shape_bytes_per_token=0.0, stall_ms_per_token=0.1)
     pairs = [([1, 2, 3, 4], [1, 2, 3, 4]), ([1, 2, 3, 4, 5, 6, 7, 8], [9, 2, 3, 4, 5, 6, 7, 8])]
     per_prompt = [((matching_tokens(r, t), identical_prefix_share(r, t)), summary) for r, t in pairs]
     row = _row(RunSettings(policy="spice", tau_approx=0.05), per_prompt, "modeled")
