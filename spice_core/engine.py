@@ -59,6 +59,12 @@ def record_bytes(rec: "RunRecord") -> int:
     return ITEM_BYTES_ESTIMATE * items
 
 
+def lane_pays(costs: CostModel) -> bool:
+    """Does the CPU lane beat a copy of one expert over an idle link (the planner's costs)? Where it does not,
+    offering it cost more than it saved (measured, docs/benchmarks/cpu-lane/ab)."""
+    return costs.cpu_expert_ms(1) < costs.copy_ms()
+
+
 class SpiceEngine:
     def __init__(self, lm: LoadedModel, *, timing: str | None = None, hw_profile=None,
                  link_gbps: float | None = None, prefetch_after_experts: bool | None = None,
@@ -403,6 +409,13 @@ class SpiceEngine:
             notes.append(f"CPU lane unavailable ({self._cpu_lane_error}): exact misses are copied")
         if fast and self.machine.run_timing(modeled) == "measured":
             costs = self._costs(s, fast=True)       # the fast path's GPU and host costs decide
+        if can_cpu and cpu_lane is not None and spec.miss_mode == "orchestrate" and not lane_pays(costs):
+            # Measured on the H200's native link (docs/benchmarks/cpu-lane/ab): spice with the lane offered ran
+            # 34.6 ms a token against 26.4 without it, though it sent only ~0.2 misses a token there.
+            can_cpu = False
+            notes.append(f"CPU lane not offered: one expert takes ~{costs.cpu_expert_ms(1):.2f} ms there against a "
+                         f"{costs.copy_ms():.2f} ms copy on this link, so misses are approximated or copied "
+                         "(on a slower link, e.g. --link pcie4x8, the lane pays)")
         planner = LayerPlanner(spec, n_slots=n_slots, n_experts=lm.n_experts, top_k=lm.top_k, moe_layers=lm.moe_layers,
                                costs=costs, tau_prefetch=s.tau_prefetch, tau_approx=s.tau_approx if lore else 0.0,
                                max_lookahead=s.max_lookahead, can_approx=lore is not None,

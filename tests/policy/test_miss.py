@@ -155,3 +155,17 @@ def test_plan_never_copies_an_expert_whose_prefetch_is_in_flight():
     assert plan_misses([late], QueueState(now_ms=0.0, copy_free_at_ms=3.0), EXACT) == [MissAction.WAIT_PREFETCH]
     soon_cpu = MissRequest(0.3, desk.copy_ms, cpu_ms=1.0, inflight_arrival_ms=3.0, copy_value_ms=10.0)
     assert plan_misses([soon_cpu], QueueState(now_ms=0.0, copy_free_at_ms=3.0), EXACT) == [MissAction.CPU]
+
+
+def test_the_cpu_lane_is_offered_only_where_it_beats_an_idle_link_copy():
+    """Measured on the H200 (docs/benchmarks/cpu-lane): offered on the native link the lane cost spice ~8 ms a token;
+    on the emulated PCIe 4.0 x8 link it made spice 3.25x faster than on_demand."""
+    from dataclasses import replace
+
+    from spice_core.engine import lane_pays
+    from spice_core.timing.costs import CostModel
+    from spice_core.timing.profiles import get_profile, get_shape
+
+    prof, shape = get_profile("h200-pcie5x16-graphed"), get_shape("deepseek-v2-lite", None)
+    assert not lane_pays(CostModel(prof, shape))                                   # native: a copy is 0.32 ms
+    assert lane_pays(CostModel(replace(prof, h2d_pinned_gbps=13.0), shape))        # x8: a copy is 1.33 ms
