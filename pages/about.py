@@ -43,8 +43,9 @@ the experts each token routes to across PCIe. SPICE attacks that in three ways:
 
 ## Reading the main page
 - **Experts per layer**: one cell per (layer, expert). Left, the latest token; right, each expert's most frequent
-  outcome so far (hover for counts). Green = already on the GPU, blue = there because a prefetch brought it,
-  purple = approximated, orange = computed on the CPU, red = copied on demand (the layer waited).
+  outcome so far, paler the fewer tokens used it (solid: as often as the most-used expert; hover for counts).
+  Green = already on the GPU, blue = there because a prefetch brought it, purple = approximated, orange = computed
+  on the CPU, red = copied on demand (the layer waited), yellow = prefetched but late (the layer waited too).
 - **Prefetch timeline**: every recent prefetch as its copy (issued → arrived) on the row of the layer that needs
   it, with a tick where that layer needed it: blue arrived in time, red late, grey not used. Below, the lookahead
   depth and the hit rate per token.

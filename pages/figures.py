@@ -174,6 +174,40 @@ def _discrete_scale() -> list:
     return scale
 
 
+# The right grid encodes how often an expert was used as opacity (an expert used once coloured like one used
+# every token said nothing of frequency): each outcome's band of z, [code - 0.5, code + 0.5], fades from
+# USUAL_MIN_ALPHA at its bottom to opaque at its top, and a cell sits in its band by the tokens that used it
+# over the most any expert was used (the most-used expert is opaque). Relative, not over all tokens: with
+# top-k of many experts even a busy expert serves a fraction of the tokens, and every cell would be pale.
+USUAL_MIN_ALPHA = 0.3
+_BAND_EDGE = 0.01         # keeps a cell inside its band (a band's top is the next band's bottom)
+
+
+def _faded(colour: str, alpha: float) -> str:
+    """'#E69F00', 0.3 -> 'rgba(230,159,0,0.3)'."""
+    r, g, b = (int(colour[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r},{g},{b},{alpha:g})"
+
+
+def _frequency_scale() -> list:
+    n = len(CATEGORIES)
+    scale = []
+    for i, name in enumerate(CATEGORIES):
+        colour = OUTCOME_COLOURS[name]
+        pale = _faded(colour, USUAL_MIN_ALPHA) if colour.startswith("#") else colour     # "not selected" stays
+        scale += [[i / n, pale], [(i + 1) / n, colour]]
+    return scale
+
+
+def usual_outcome_z(live: LiveRun) -> np.ndarray:
+    """[L, E] the right grid's z: each expert's usual outcome code, placed within that code's colour band by the
+    tokens that used it over the most-used expert's (0 = not selected)."""
+    codes, used = live.totals_mode(), live.tokens_used()
+    share = used / max(int(used.max()), 1)
+    z = np.where(codes > 0, codes - 0.5 + _BAND_EDGE + (1 - 2 * _BAND_EDGE) * share, 0.0)
+    return np.round(z, 3)
+
+
 SHORT_OUTCOMES = ("", "hit", "prefetched", "approx", "CPU", "copied", "late prefetch (stalled)")   # by heatmap code
 
 
@@ -187,17 +221,21 @@ def heatmap_titles(live: LiveRun) -> list[str]:
 
 
 def heatmap_delta(live: LiveRun) -> dict:
-    """What a live heatmap refresh sends: the two [L, E] code grids and the subtitles, no figure.
+    """What a live heatmap refresh sends: the two grids as drawn (``z``; the right one shaded by use), their
+    [L, E] outcome codes and the subtitles, no figure.
 
     The browser restyles the figure it already has (``assets/static/spice_live.js``) and rebuilds the
-    hover names from the codes, so a refresh is a few kB and skips Plotly's full re-layout.
+    hover names from the codes, so a refresh is about 20 kB (26 layers x 64 experts) and skips Plotly's full
+    re-layout.
     """
-    return {"z": [live.current.tolist(), live.totals_mode().tolist()], "titles": heatmap_titles(live),
-            "names": list(SHORT_OUTCOMES)}
+    current = live.current.tolist()
+    return {"z": [current, usual_outcome_z(live).tolist()], "codes": [current, live.totals_mode().tolist()],
+            "titles": heatmap_titles(live), "names": list(SHORT_OUTCOMES)}
 
 
 def outcome_heatmap(live: LiveRun, *, counts: bool = True, meta: str = "") -> Figure:
-    """Layer × expert outcomes: the latest token (left) and each expert's most frequent outcome so far (right).
+    """Layer × expert outcomes: the latest token (left) and each expert's most frequent outcome so far (right),
+    paler the fewer tokens used it (`usual_outcome_z`; the legend says so).
 
     ``counts=False`` (the live figure, updated in place by `heatmap_delta`) leaves out the per-outcome
     counts behind the right grid's hover; the figure sent when the reply ends carries them.
@@ -208,11 +246,14 @@ def outcome_heatmap(live: LiveRun, *, counts: bool = True, meta: str = "") -> Fi
     scale = _discrete_scale()
     common = {"type": "heatmap", "x": experts, "y": rows, "zmin": -0.5, "zmax": len(CATEGORIES) - 0.5,
               "colorscale": scale, "showscale": False, "xgap": 1, "ygap": 1}
-    totals = live.totals_mode()
-    right = {**common, "z": totals.tolist(), "xaxis": "x2", "yaxis": "y"}
+    totals, used = live.totals_mode(), live.tokens_used()
+    right = {**common, "z": usual_outcome_z(live).tolist(), "colorscale": _frequency_scale(), "xaxis": "x2",
+             "yaxis": "y"}
     if counts:
-        right |= {"customdata": live.counts.tolist(),
-                  "hovertemplate": "%{y} · expert %{x}: hit %{customdata[0]} · prefetched %{customdata[1]} · "
+        right |= {"customdata": np.concatenate([live.counts, used[..., None]], axis=-1).tolist(),
+                  "hovertemplate": f"%{{y}} · expert %{{x}}: used by %{{customdata[6]}} of {live.n_tokens} tokens "
+                                   f"(the most-used expert: {int(used.max())}) · "
+                                   "hit %{customdata[0]} · prefetched %{customdata[1]} · "
                                    "approx %{customdata[2]} · CPU %{customdata[3]} · copied %{customdata[4]} · "
                                    "late prefetch %{customdata[5]}"
                                    "<extra>all tokens</extra>"}
@@ -225,6 +266,8 @@ def outcome_heatmap(live: LiveRun, *, counts: bool = True, meta: str = "") -> Fi
         right,
     ]
     data += [_legend_square(OUTCOME_LABELS[c], OUTCOME_COLOURS[c]) for c in CATEGORIES]
+    data += [_legend_square("right grid, pale: used by few tokens", _faded(MID, USUAL_MIN_ALPHA)),
+             _legend_square("solid: as often as the most-used expert", MID)]
     plot_px = max(120, min(420, 16 * len(rows)))
     titles = heatmap_titles(live)
     top_px = _top_px(HEATMAP_TITLE_LINES)

@@ -194,6 +194,10 @@ class LiveRun:
         selected = self.counts.sum(axis=-1) > 0
         return np.where(selected, self.counts.argmax(axis=-1) + 1, 0).astype(np.int8)
 
+    def tokens_used(self) -> np.ndarray:
+        """[L, E] how many tokens selected each expert so far (a token counts once, whatever the outcome)."""
+        return self.counts.sum(axis=-1)
+
     def intervals(self) -> list[LaneInterval]:
         return [iv for _, ivs in self.recent_intervals for iv in ivs]
 

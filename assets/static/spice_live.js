@@ -1,6 +1,6 @@
 (payload) => {
   // Live panels, browser side (pages/chat.py sends `payload`, a JSON string, while a reply streams).
-  // The server sends changes, not figures: for the heatmap the two code grids, for the prefetch
+  // The server sends changes, not figures: for the heatmap the two grids, for the prefetch
   // timeline and the lane chart their traces. Each panel's figure was drawn once by gr.Plot with a
   // `layout.meta` tag; updates only apply to a figure carrying the same tag.
   // The refresh rate adapts to this browser: after a panel took D ms to draw, the next update of that
@@ -17,8 +17,9 @@
     const gd = document.querySelector(`#spice-${name} .js-plotly-plot`);
     if (!Plotly || !gd || !gd.layout || gd.layout.meta !== p.meta) return false;   // base figure not drawn yet
     if (name === "heatmap") {
+      // z is what is drawn (the right grid shaded by how many tokens used each expert), codes the outcomes.
       const names = p.names || [];
-      const text = p.z.map((grid) => grid.map((row) => row.map((c) => names[c] || "")));
+      const text = (p.codes || p.z).map((grid) => grid.map((row) => row.map((c) => names[c] || "")));
       const ann = (gd.layout.annotations || []).map((a, i) => (i < p.titles.length ? { ...a, text: p.titles[i] } : a));
       Plotly.update(gd, { z: p.z, text: text }, { annotations: ann }, [0, 1]);   // one redraw
     } else {
