@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "spice_core.tools.recalibrate",   # recalibrate (host costs from measured traces)
     "spice_core.tools.calibrate",         # calibrate (draft heads, LoRE)
     "spice_core.tools.quality",           # quality
+    "spice_core.tools.tune",              # tune (the fastest spice setting within a quality budget)
     "spice_core.tools.bench",             # bench
     "spice_core.tools.lift",              # lift
 )

@@ -111,6 +111,9 @@ def add_cli(sub) -> None:
     p.add_argument("--stop", type=ca.nonempty_text, action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--trace-dir", type=Path, default=None, help="write Chrome trace, TensorBoard run and CSV here")
+    p.add_argument("--tuned", nargs="?", const="", default=None, metavar="FILE",
+                   help="use the setting `tune` saved for this profile, shape and cache (default file: spice-tuned.json "
+                        "in the model's folder); overrides the threshold flags")
     p.set_defaults(func=run)
 
 
@@ -119,9 +122,15 @@ def run(args) -> int:
         raise ConfigError("--prompt is empty: pass some text")
     if args.trace_dir is not None:
         check_writable_dir(args.trace_dir, "--trace-dir")     # before generating, not after
+    if args.tuned and not Path(args.tuned).is_file():       # before the model loads
+        raise ConfigError(f"--tuned {args.tuned}: no such file: pass the file `python -m spice_core tune` wrote")
     engine = load_engine(args)
     s = settings_from_args(args, engine, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                            top_p=args.top_p, seed=args.seed, stop=tuple(args.stop))
+    tuned_note = ""
+    if args.tuned is not None:
+        from spice_core.tools.tune import apply_tuned
+        s, tuned_note = apply_tuned(args, engine, s)
     # A chat model answers a request only inside its template; as raw text it continues it off topic.
     has_template = bool(getattr(getattr(getattr(engine, "lm", None), "tokenizer", None), "chat_template", None))
     if args.chat or (has_template and not args.raw):
@@ -141,7 +150,7 @@ def run(args) -> int:
     if args.trace_dir is not None:
         export_traces(engine, gen.run_id, args.trace_dir)
     rec = engine.get_record(gen.run_id)
-    notes = [n for n in (shape_note(summ.timing, summ.shape, engine.info()),
+    notes = [n for n in (tuned_note, shape_note(summ.timing, summ.shape, engine.info()),
                          context_note(summ, args.max_new_tokens, engine.info().max_context_tokens)) if n]
     if args.json:
         steps = engine.get_steps(gen.run_id)

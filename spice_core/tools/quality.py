@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 from collections import Counter
 from contextlib import contextmanager
@@ -64,6 +65,7 @@ class QualityReport:
     first_divergence: tuple = ()    # per prompt: index of the first differing token, or None
     source: str = ""
     notes: tuple = ()
+    step_ms_median: float = 0.0     # modeled ms per teacher-forced step (one decode-like token each)
 
     @property
     def approx_share(self) -> float:
@@ -96,25 +98,42 @@ def installed_runtime(engine, settings: RunSettings):
         engine._lock.release()
 
 
+@dataclass(frozen=True)
+class ForcedPass:
+    """One teacher-forced pass: logits [len(ids)-1, V] (float32, CPU), the outcome of every routed selection,
+    the runtime's notes and the modeled ms of each step (decode-like: one token per forward pass)."""
+
+    logits: torch.Tensor
+    outcomes: Counter
+    notes: list
+    step_ms: list
+
+
 @torch.no_grad()
-def forced_logits(engine, ids: list[int], settings: RunSettings) -> tuple[torch.Tensor, Counter, list[str]]:
-    """Logits [len(ids)-1, V] predicting ids[1:] when ids[:t+1] was fed one token per step (float32,
-    CPU), the outcomes of every routed selection, and the runtime's notes."""
+def forced_pass(engine, ids: list[int], settings: RunSettings) -> ForcedPass:
+    """Feed ``ids`` one token per step with ``settings``' runtime installed (modeled timing)."""
     from transformers import DynamicCache
 
     lm = engine.lm
-    out_logits, outcomes = [], Counter()
+    out_logits, outcomes, step_ms = [], Counter(), []
     with installed_runtime(engine, settings) as (rt, notes):
         cache = DynamicCache(config=lm.model.config)
         for t, tok in enumerate(ids[:-1]):
             rt.begin_token(t)
             out = lm.model(input_ids=torch.tensor([[tok]], device=lm.device), use_cache=True,
                            **{engine._fwd_cache_kw: cache})
-            rt.end_token()
+            step_ms.append(float(rt.end_token()))
             token = rt.recorder.end_token()
             out_logits.append(out.logits[0, -1].float().cpu())
             outcomes.update(o.outcome for o in token.outcomes)
-    return torch.stack(out_logits), outcomes, notes
+    return ForcedPass(torch.stack(out_logits), outcomes, notes, step_ms)
+
+
+def forced_logits(engine, ids: list[int], settings: RunSettings) -> tuple[torch.Tensor, Counter, list[str]]:
+    """Logits [len(ids)-1, V] predicting ids[1:] when ids[:t+1] was fed one token per step (float32,
+    CPU), the outcomes of every routed selection, and the runtime's notes."""
+    p = forced_pass(engine, ids, settings)
+    return p.logits, p.outcomes, p.notes
 
 
 def greedy_tokens(engine, prompt: list[int], settings: RunSettings, max_new_tokens: int) -> list[int]:
@@ -207,10 +226,13 @@ def evaluate(engine, settings: RunSettings, ref: ExactReference) -> QualityRepor
     nll, nll_exact, kls, top1, n = 0.0, 0.0, 0.0, 0, 0
     split: Counter = Counter()
     notes: set[str] = set()
+    step_ms: list[float] = []
     for w, exact in zip(ref.data.windows, ref.logits):
-        got, outcomes, run_notes = forced_logits(engine, list(w), settings)
-        split.update(outcomes)
-        notes.update(run_notes)
+        fp = forced_pass(engine, list(w), settings)
+        got = fp.logits
+        split.update(fp.outcomes)
+        notes.update(fp.notes)
+        step_ms.extend(fp.step_ms[1:])      # the first step of a window starts from an empty cache
         targets = list(w[1:])
         nll += float(_nll(got, targets).sum())
         nll_exact += float(_nll(exact, targets).sum())
@@ -232,7 +254,8 @@ def evaluate(engine, settings: RunSettings, ref: ExactReference) -> QualityRepor
         ppl_exact=ppl_exact, ppl_delta_pct=100.0 * (ppl / ppl_exact - 1.0), mean_kl=kls / n, top1_agreement=top1 / n,
         miss_split=dict(sorted(split.items())), prompts=len(ref.data.prompts),
         new_tokens=ref.new_tokens, greedy_agreement=same / total if total else 1.0, first_divergence=tuple(firsts),
-        source=ref.data.source, notes=tuple(sorted(notes)))
+        source=ref.data.source, notes=tuple(sorted(notes)),
+        step_ms_median=statistics.median(step_ms) if step_ms else 0.0)
 
 
 # ---------------------------------------------------------------------- CLI

@@ -1,0 +1,100 @@
+"""`python -m spice_core tune`: the fastest spice setting within a quality budget, saved beside the model.
+
+    python -m spice_core tune --model M --budget-ppl 1 --budget-agreement 0.9 [--profile P | --timing measured]
+        [--cache-frac F] [--out FILE]
+    python -m spice_core generate --policy spice --tuned [FILE] --prompt ...
+
+The search itself is `spice_core.tuner`; this module parses, prints progress and the pick, and writes
+it (default: `spice-tuned.json` in the model's folder, one record per profile, shape and cache).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from spice_core.tools import args as ca
+from spice_core.errors import ConfigError
+
+
+def add_cli(sub) -> None:
+    from spice_core.tools.generate import add_engine_args
+    from spice_core.tuner import DEFAULT_BUDGET_AGREEMENT, DEFAULT_BUDGET_PPL_PCT
+
+    p = sub.add_parser("tune", help="find the fastest spice setting within a quality budget",
+                       description="Search tau_approx, tau_prefetch, max lookahead, LoRE rank and the CPU lane for "
+                                   "the fastest spice setting whose measured quality (held-out text, on the CPU path) "
+                                   "meets the budget, at this model, cache, profile and shape; print and save it.")
+    add_engine_args(p)
+    p.add_argument("--budget-ppl", type=ca.float_in(0.0, 1000.0), default=DEFAULT_BUDGET_PPL_PCT,
+                   help="largest perplexity increase over the exact model, in percent (default 1)")
+    p.add_argument("--budget-agreement", type=ca.float_in(0.0, 1.0), default=DEFAULT_BUDGET_AGREEMENT,
+                   help="smallest greedy agreement with the exact model (default 0.9)")
+    p.add_argument("--max-tokens", type=ca.int_in(16, 100_000), default=256, help="teacher-forced tokens scored per setting")
+    p.add_argument("--n-prompts", type=ca.int_in(1, 1000), default=4, help="prompts for greedy agreement")
+    p.add_argument("--new-tokens", type=ca.int_in(1, 1024), default=24, help="greedy tokens per prompt")
+    p.add_argument("--out", type=Path, default=None, help="tuned-settings file to write (default: spice-tuned.json "
+                                                          "in the model's folder)")
+    p.add_argument("--json", action="store_true", help="print the record as one JSON object")
+    p.set_defaults(func=run, policy="spice")
+
+
+def default_path(model) -> Path:
+    from spice_core.model.loader import resolve_model_path
+    from spice_core.tuner import tuned_path
+
+    return tuned_path(resolve_model_path(model))
+
+
+def run(args) -> int:
+    from spice_core.tools.generate import load_engine, settings_from_args
+    from spice_core.tuner import Budget, save, tune
+
+    if args.policy != "spice":
+        raise ConfigError(f"tune searches spice's settings: drop --policy {args.policy} (or pass --policy spice)")
+    budget = Budget(ppl_pct=args.budget_ppl, agreement=args.budget_agreement)
+    out = args.out if args.out is not None else default_path(args.model)
+    if out.exists() and out.is_dir():
+        raise ConfigError(f"--out {out} is a folder: pass a file path")
+    if not out.parent.is_dir():
+        raise ConfigError(f"--out {out}: its folder does not exist: create it or pass another path")
+    engine = load_engine(args)
+    base = settings_from_args(args, engine)
+
+    def progress(msg: str, done: int, total: int) -> None:
+        if not args.json:
+            print(f"[{done}/{total}] {msg}", file=sys.stderr, flush=True)
+
+    rec = tune(engine, base, budget, max_tokens=args.max_tokens, n_prompts=args.n_prompts, new_tokens=args.new_tokens,
+               progress=progress)
+    try:
+        save(rec, out)
+    except OSError as e:
+        raise ConfigError(f"--out {out}: cannot write it ({e.strerror}): pass a writable path") from None
+    if args.json:
+        print(json.dumps(rec.as_dict(), allow_nan=False))
+        return 0
+    s = rec.setting
+    print(f"recommended: --tau-approx {s['tau_approx']:g} --lore-rank {s['lore_rank']} --tau-prefetch "
+          f"{s['tau_prefetch']:g} --max-lookahead {s['max_lookahead']} {'--cpu-lane' if s['cpu_lane'] else '--no-cpu-lane'}")
+    print(f"speed: {rec.speed_ms:.2f} ms per token, {rec.speed_timing}")
+    print(f"quality: perplexity {rec.ppl_pct:+.2f} %, greedy agreement {rec.agreement:.3f} "
+          f"(measured on {rec.quality_measured_on})")
+    print(f"why: {rec.reason}")
+    print(f"tuned in {rec.tune_s:.0f} s over {len(rec.trials)} settings; saved to {out} "
+          f"(use it: python -m spice_core generate --policy spice --tuned ...)")
+    return 0
+
+
+def apply_tuned(args, engine, settings):
+    """``generate --tuned [FILE]``: ``settings`` with the saved pick for its profile, shape and cache. Returns
+    (settings, note)."""
+    from spice_core.tuner import find
+
+    if settings.policy != "spice":
+        raise ConfigError(f"--tuned sets spice's thresholds: use --policy spice, not {settings.policy}")
+    path = Path(args.tuned) if args.tuned else default_path(args.model)
+    rec = find(path, profile=settings.profile, shape=settings.shape, cache_frac=settings.cache_frac)
+    note = (f"tuned setting from {path}: {rec.reason}; measured quality perplexity {rec.ppl_pct:+.2f} %, "
+            f"greedy agreement {rec.agreement:.3f}")
+    return rec.settings(settings), note

@@ -1,0 +1,307 @@
+"""The tuner: the fastest `spice` setting whose measured quality meets a budget.
+
+    budget (perplexity increase <= X %, greedy agreement >= Y)
+      stage 1, exact (tau_approx 0: quality is the exact model's, nothing to measure):
+         coordinate search over tau_prefetch, max_lookahead and the CPU lane, speed only
+      stage 2, lossy, from stage 1's best: for each LoRE rank (ascending), tau_approx ascending,
+         speed and quality from the same teacher-forced pass; a rank stops at its first failure
+      ─► the fastest setting that met the budget (ties: the better quality) ─► TuneRecord
+
+Why this and not a grid: the exact knobs change speed only, so stage 1 skips every quality
+measurement; the lossy knob's quality falls as tau_approx rises (more misses approximated), so once
+one value fails a rank, larger ones are not tried; every setting is measured once (a cache keyed by
+the setting). Quality is measured on held-out text on the CPU (`tools.quality`: teacher-forced
+perplexity, greedy agreement, the project's definitions); speed is the *modeled* ms per
+teacher-forced step (one decode-like token per forward pass, the same pass as the quality), or on a
+GPU with measured timing, the *measured* TPOT of a generation. Every number says which.
+
+Knows nothing of pages or the CLI: progress goes to a callback, `should_stop` ends the search
+early (the best so far is kept, marked stopped).
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from spice_core.api import RunSettings
+from spice_core.errors import ConfigError
+
+TUNED_FILE = "spice-tuned.json"
+DEFAULT_BUDGET_PPL_PCT = 1.0
+DEFAULT_BUDGET_AGREEMENT = 0.9
+TAU_PREFETCH_VALUES = (0.05, 0.1, 0.2, 0.3, 0.5)
+MAX_LOOKAHEAD_VALUES = (1, 2, 4, 8)
+TAU_APPROX_VALUES = (0.02, 0.05, 0.1, 0.15, 0.2)     # the chat accepts [0, 0.2]
+LORE_RANKS = (2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Quality the pick must keep: ``ppl_pct`` the largest perplexity increase (percent), ``agreement`` the
+    smallest greedy agreement with the exact model. None: not constrained."""
+
+    ppl_pct: float | None = DEFAULT_BUDGET_PPL_PCT
+    agreement: float | None = DEFAULT_BUDGET_AGREEMENT
+
+    def __post_init__(self) -> None:
+        if self.ppl_pct is None and self.agreement is None:
+            raise ConfigError("the quality budget is empty: give a perplexity increase (e.g. 1 %) and/or a greedy "
+                              "agreement (e.g. 0.9)")
+        if self.ppl_pct is not None and not (math.isfinite(self.ppl_pct) and self.ppl_pct >= 0):
+            raise ConfigError(f"a perplexity increase <= {self.ppl_pct} % cannot be met: the best reachable is "
+                              "+0.00 % (the exact setting); use a value >= 0")
+        if self.agreement is not None and not (math.isfinite(self.agreement) and 0 <= self.agreement <= 1):
+            raise ConfigError(f"a greedy agreement >= {self.agreement} cannot be met: the best reachable is 1.000 "
+                              "(the exact setting); use a value in [0, 1]")
+
+    def met(self, ppl_pct: float, agreement: float) -> bool:
+        return ((self.ppl_pct is None or ppl_pct <= self.ppl_pct + 1e-9)
+                and (self.agreement is None or agreement >= self.agreement - 1e-9))
+
+    def words(self) -> str:
+        parts = []
+        if self.ppl_pct is not None:
+            parts.append(f"perplexity +{self.ppl_pct:g} % at most")
+        if self.agreement is not None:
+            parts.append(f"greedy agreement {self.agreement:g} at least")
+        return " and ".join(parts)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The knobs the tuner searches (the rest of RunSettings is the caller's)."""
+
+    tau_approx: float = 0.0
+    tau_prefetch: float = 0.2
+    max_lookahead: int = 4
+    lore_rank: int = 4
+    cpu_lane: bool = True
+
+    def words(self) -> str:
+        lane = "on" if self.cpu_lane else "off"
+        approx = f"tau_approx {self.tau_approx:g} (LoRE rank {self.lore_rank})" if self.tau_approx > 0 else \
+            "tau_approx 0 (exact)"
+        return f"{approx}, tau_prefetch {self.tau_prefetch:g}, max lookahead {self.max_lookahead}, CPU lane {lane}"
+
+
+@dataclass(frozen=True)
+class Trial:
+    setting: Setting
+    speed_ms: float                 # modeled ms per token, or measured TPOT (TuneRecord.speed_timing says which)
+    ppl_pct: float                  # perplexity increase over the exact model (0 for exact settings: not measured)
+    agreement: float                # greedy agreement with the exact model (1 for exact settings)
+    stage: str                      # "exact" (speed only) or "lossy" (speed and quality measured)
+    met: bool
+
+
+@dataclass
+class TuneRecord:
+    """What the tuner found: saved beside the model (`save`), shown by the app and the CLI."""
+
+    model: str
+    policy: str
+    profile: str
+    shape: str
+    cache_frac: float
+    budget: dict
+    setting: dict
+    speed_ms: float
+    speed_timing: str               # "modeled (profile P, shape S)" or "measured (device)"
+    ppl_pct: float
+    agreement: float
+    quality_measured_on: str        # the held-out text and prompts
+    reason: str                     # one sentence: why this setting
+    trials: list = field(default_factory=list)
+    stopped: bool = False
+    tune_s: float = 0.0
+    seed: int = 0
+
+    def settings(self, base: RunSettings) -> RunSettings:
+        """``base`` with the picked setting applied (policy spice)."""
+        return replace(base, policy=self.policy, **self.setting)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def matches(self, *, profile: str, shape: str, cache_frac: float) -> bool:
+        return self.profile == profile and self.shape == shape and abs(self.cache_frac - cache_frac) < 1e-9
+
+
+def _speed_words(engine, base: RunSettings) -> str:
+    if engine.timing == "measured":
+        return f"measured ({engine.lm.device})"
+    return f"modeled (profile {base.profile}, shape {base.shape})"
+
+
+class Tuner:
+    """One search for one engine and base settings (model, cache, profile, shape come from ``base``)."""
+
+    def __init__(self, engine, base: RunSettings, budget: Budget, *, max_tokens: int = 128, n_prompts: int = 3,
+                 new_tokens: int = 16, speed_tokens: int = 64, progress: Callable[[str, int, int], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None, data=None) -> None:
+        """``data``: a `tools.quality.EvalSet` to measure quality on (default: the model's held-out text,
+        ``max_tokens`` teacher-forced tokens and ``n_prompts`` prompts x ``new_tokens`` greedy tokens)."""
+        from spice_core.tools import quality as q
+
+        self.engine, self.budget = engine, budget
+        self.base = replace(base, policy="spice", temperature=0.0)
+        engine._validate(self.base)
+        self.q = q
+        self.progress = progress or (lambda msg, done, total: None)
+        self.should_stop = should_stop or (lambda: False)
+        self.data = data or q.eval_set(engine, max_tokens=max_tokens,
+                                       window=min(max_tokens, engine.lm.max_context_tokens), n_prompts=n_prompts,
+                                       prompt_tokens=16)
+        self.new_tokens, self.speed_tokens = new_tokens, speed_tokens
+        lore = engine.artifacts.lore if engine.artifacts is not None else None
+        self.ranks = () if lore is None else tuple(sorted({r for r in LORE_RANKS if r <= lore.max_rank} | {lore.max_rank}))
+        self.lane_choices = (True, False)       # the lane is real on a GPU host and modeled elsewhere
+        self._trials: dict[Setting, Trial] = {}
+        self._ref = None
+        self._planned = (len(TAU_PREFETCH_VALUES) + len(MAX_LOOKAHEAD_VALUES) + len(self.lane_choices) - 2
+                         + len(self.ranks) * len(TAU_APPROX_VALUES))
+
+    # ------------------------------------------------------------------ measuring one setting
+    def _run_settings(self, s: Setting) -> RunSettings:
+        return replace(self.base, **asdict(s))
+
+    def _speed(self, s: Setting, forced_ms: float | None) -> float:
+        """Modeled: the teacher-forced pass's median step. Measured (a GPU): a generation's median TPOT."""
+        if self.engine.timing != "measured" and forced_ms is not None:
+            return forced_ms
+        if self.engine.timing != "measured":
+            window = list(self.data.windows[0])[: self.speed_tokens + 1]
+            steps = self.q.forced_pass(self.engine, window, self._run_settings(s)).step_ms[1:]
+            return sorted(steps)[len(steps) // 2] if steps else 0.0
+        prompt = list(self.data.prompts[0])
+        run = self.engine.start_ids(prompt, replace(self._run_settings(s), max_new_tokens=max(8, self.new_tokens)))
+        for _ in run:
+            pass
+        return float(self.engine.get_summary(run.run_id).tpot_ms_median)
+
+    def _measure(self, s: Setting, stage: str) -> Trial:
+        if s in self._trials:
+            return self._trials[s]
+        if stage == "exact":
+            t = Trial(s, self._speed(s, None), 0.0, 1.0, stage, True)
+        else:
+            if self._ref is None:
+                self.progress("measuring the exact model's reference (teacher-forced logits, greedy tokens)",
+                              len(self._trials), self._planned)
+                self._ref = self.q.exact_reference(self.engine, self.data, self.new_tokens, base=self.base)
+            rep = self.q.evaluate(self.engine, self._run_settings(s), self._ref)
+            t = Trial(s, self._speed(s, rep.step_ms_median), rep.ppl_delta_pct, rep.greedy_agreement, stage,
+                      self.budget.met(rep.ppl_delta_pct, rep.greedy_agreement))
+        self._trials[s] = t
+        self.progress(f"{s.words()}: {t.speed_ms:.2f} ms"
+                      + (f", perplexity {t.ppl_pct:+.2f} %, agreement {t.agreement:.3f}"
+                         f" ({'meets' if t.met else 'misses'} the budget)" if stage == "lossy" else " (exact)"),
+                      len(self._trials), self._planned)
+        return t
+
+    # ------------------------------------------------------------------ the search
+    def run(self) -> TuneRecord:
+        t0 = time.perf_counter()
+        stopped = False
+        b = self.base
+        best = Setting(tau_approx=0.0, tau_prefetch=b.tau_prefetch, max_lookahead=b.max_lookahead,
+                       lore_rank=self.ranks[-1] if self.ranks else b.lore_rank, cpu_lane=b.cpu_lane)
+        # Stage 1: exact settings, one knob at a time, speed only.
+        for knob, values in (("tau_prefetch", TAU_PREFETCH_VALUES), ("max_lookahead", MAX_LOOKAHEAD_VALUES),
+                             ("cpu_lane", self.lane_choices)):
+            trials = []
+            for v in values:
+                if self.should_stop():
+                    stopped = True
+                    break
+                trials.append(self._measure(replace(best, **{knob: v}), "exact"))
+            if trials:
+                best = min(trials, key=lambda t: (t.speed_ms, asdict(t.setting) != asdict(best))).setting
+            if stopped:
+                break
+        # Stage 2: lossy settings from stage 1's best, rank by rank, tau_approx ascending until one fails.
+        for rank in self.ranks if not stopped else ():
+            for tau in TAU_APPROX_VALUES:
+                if self.should_stop():
+                    stopped = True
+                    break
+                if not self._measure(replace(best, tau_approx=tau, lore_rank=rank), "lossy").met:
+                    break
+            if stopped:
+                break
+        return self._record(time.perf_counter() - t0, stopped)
+
+    def _record(self, tune_s: float, stopped: bool) -> TuneRecord:
+        trials = list(self._trials.values())
+        met = [t for t in trials if t.met]
+        if not met:      # cannot happen with a valid budget once one exact setting ran; stopped before that
+            raise ConfigError("the tuner was stopped before it measured any setting: run it again")
+        pick = min(met, key=lambda t: (t.speed_ms, t.ppl_pct, -t.agreement))
+        exact_best = min((t for t in trials if t.stage == "exact"), key=lambda t: t.speed_ms)
+        if pick.stage == "exact":
+            lossy = [t for t in trials if t.stage == "lossy"]
+            why = (f"no approximating setting was faster within the budget ({len(lossy)} tried)" if lossy else
+                   "no LoRE factors beside the model: only exact settings can run")
+            reason = f"the fastest exact setting ({pick.speed_ms:.2f} ms); {why}"
+        else:
+            reason = (f"the fastest setting within {self.budget.words()}: {pick.speed_ms:.2f} ms against "
+                      f"{exact_best.speed_ms:.2f} ms for the fastest exact one, at perplexity {pick.ppl_pct:+.2f} % "
+                      f"and greedy agreement {pick.agreement:.3f}")
+        if stopped:
+            reason += " (stopped early: the best of what was measured)"
+        return TuneRecord(
+            model=self.engine.lm.name, policy="spice",
+            profile=self.base.profile, shape=self.base.shape, cache_frac=self.base.cache_frac,
+            budget={"ppl_pct": self.budget.ppl_pct, "agreement": self.budget.agreement},
+            setting=asdict(pick.setting), speed_ms=pick.speed_ms, speed_timing=_speed_words(self.engine, self.base),
+            ppl_pct=pick.ppl_pct, agreement=pick.agreement,
+            quality_measured_on=(f"{sum(len(w) - 1 for w in self.data.windows)} teacher-forced tokens and "
+                                 f"{len(self.data.prompts)} prompts x {self.new_tokens} greedy tokens of "
+                                 f"{self.data.source}, on the CPU path of this engine"),
+            reason=reason, trials=[{**asdict(t.setting), "speed_ms": t.speed_ms, "ppl_pct": t.ppl_pct,
+                                    "agreement": t.agreement, "stage": t.stage, "met": t.met} for t in trials],
+            stopped=stopped, tune_s=round(tune_s, 2), seed=self.base.seed)
+
+
+def tune(engine, base: RunSettings, budget: Budget, **kw) -> TuneRecord:
+    """The fastest `spice` setting within ``budget`` for ``engine``'s model at ``base``'s cache, profile and shape."""
+    return Tuner(engine, base, budget, **kw).run()
+
+
+# ---------------------------------------------------------------------- beside the model
+def tuned_path(model_dir: Path | str) -> Path:
+    return Path(model_dir) / TUNED_FILE
+
+
+def save(record: TuneRecord, path: Path) -> None:
+    """Add ``record`` to the tuned file at ``path``, replacing one for the same profile, shape and cache."""
+    records = [r for r in load_all(path) if not r.matches(profile=record.profile, shape=record.shape,
+                                                          cache_frac=record.cache_frac)] if path.exists() else []
+    records.append(record)
+    path.write_text(json.dumps({"format": 1, "records": [r.as_dict() for r in records]}, indent=1, allow_nan=False)
+                    + "\n", encoding="utf-8")
+
+
+def load_all(path: Path) -> list[TuneRecord]:
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        return [TuneRecord(**r) for r in doc["records"]]
+    except FileNotFoundError:
+        raise ConfigError(f"no tuned settings at {path}: run `python -m spice_core tune --model M` first") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{path} is not a tuned-settings file ({type(e).__name__}: {e}): run the tuner again "
+                          "to rewrite it") from None
+
+
+def find(path: Path, *, profile: str, shape: str, cache_frac: float) -> TuneRecord:
+    records = load_all(path)
+    for r in records:
+        if r.matches(profile=profile, shape=shape, cache_frac=cache_frac):
+            return r
+    have = "; ".join(f"profile {r.profile}, shape {r.shape}, cache {r.cache_frac:g}" for r in records) or "none"
+    raise ConfigError(f"{path} has no tuned setting for profile {profile}, shape {shape}, cache {cache_frac:g} "
+                      f"(it has: {have}): run `python -m spice_core tune` with those")

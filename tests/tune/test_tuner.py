@@ -1,0 +1,121 @@
+"""The tuner on a tiny model with LoRE: it meets the budget it is given, picks the fastest setting that did,
+refuses a budget no setting can meet, is deterministic, can be stopped, and its pick reaches `generate --tuned`."""
+import json
+from dataclasses import asdict
+
+import pytest
+
+from spice_core.api import RunSettings
+from spice_core.errors import ConfigError
+from spice_core.tools.quality import EvalSet
+from spice_core.tuner import Budget, Setting, find, save, tune, tuned_path
+
+from lore_support import attach_lore, build_tiny, random_rows, record_traces
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny("deepseek_v2", tmp_path_factory.mktemp("tiny_tune") / "ds")
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    from spice_core.engine import SpiceEngine
+    from spice_core.lore import fit_lore_bank
+
+    eng = SpiceEngine.load(model_dir, device="cpu")
+    attach_lore(eng, fit_lore_bank(eng.lm, record_traces(eng.lm), 4))
+    return eng
+
+
+@pytest.fixture(scope="module")
+def data():
+    windows = tuple(tuple(r) for r in random_rows(96, n_rows=2, length=24, seed=5))
+    return EvalSet(windows, tuple(w[:6] for w in windows), "random ids")
+
+
+BASE = RunSettings(policy="spice", cache_frac=0.3)
+
+
+@pytest.fixture(scope="module")
+def record(engine, data):
+    return tune(engine, BASE, Budget(ppl_pct=1.0, agreement=0.9), data=data, new_tokens=8, speed_tokens=16)
+
+
+def test_the_pick_meets_the_budget_and_is_the_fastest_that_did(record):
+    assert record.ppl_pct <= 1.0 + 1e-9 and record.agreement >= 0.9 - 1e-9
+    met = [t for t in record.trials if t["met"]]
+    assert record.speed_ms == min(t["speed_ms"] for t in met)
+    assert all(t["ppl_pct"] <= 1.0 + 1e-9 and t["agreement"] >= 0.9 - 1e-9 for t in met)
+    assert {t["stage"] for t in record.trials} == {"exact", "lossy"}      # both stages ran
+    assert record.speed_timing.startswith("modeled (profile rtx4090-pcie4x16")
+    assert record.reason and "teacher-forced tokens" in record.quality_measured_on
+
+
+def test_a_lossy_rank_stops_at_its_first_failure(record):
+    by_rank = {}
+    for t in record.trials:
+        if t["stage"] == "lossy":
+            by_rank.setdefault(t["lore_rank"], []).append(t)
+    for trials in by_rank.values():
+        taus = [t["tau_approx"] for t in trials]
+        assert taus == sorted(taus)
+        assert all(t["met"] for t in trials[:-1])          # nothing is tried after a failure
+
+
+def test_a_stricter_budget_never_picks_a_setting_that_misses_it(engine, data):
+    rec = tune(engine, BASE, Budget(ppl_pct=0.0, agreement=1.0), data=data, new_tokens=8, speed_tokens=16)
+    assert rec.ppl_pct <= 1e-9 and rec.agreement >= 1.0 - 1e-9
+
+
+@pytest.mark.parametrize("kw,match", [({"agreement": 1.5}, r"agreement >= 1.5 cannot be met: the best reachable is 1.000"),
+                                      ({"ppl_pct": -1.0}, r"increase <= -1.0 % cannot be met: the best reachable is \+0.00 %"),
+                                      ({"ppl_pct": None, "agreement": None}, r"budget is empty")])
+def test_an_impossible_budget_is_refused_with_the_best_quality_reachable(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        Budget(**kw)
+
+
+def test_the_search_is_deterministic(engine, data, record):
+    again = tune(engine, BASE, Budget(ppl_pct=1.0, agreement=0.9), data=data, new_tokens=8, speed_tokens=16)
+    assert again.setting == record.setting and again.trials == record.trials
+
+
+def test_stopping_keeps_the_best_so_far(engine, data):
+    calls = []
+
+    def stop():
+        calls.append(1)
+        return len(calls) > 2
+
+    rec = tune(engine, BASE, Budget(), data=data, new_tokens=8, speed_tokens=16, should_stop=stop)
+    assert rec.stopped and len(rec.trials) == 2 and "stopped early" in rec.reason
+
+
+def test_saved_beside_the_model_and_found_for_its_profile_only(tmp_path, record):
+    path = tmp_path / "spice-tuned.json"
+    save(record, path)
+    save(record, path)                       # the same profile, shape and cache: replaced, not duplicated
+    assert len(json.loads(path.read_text())["records"]) == 1
+    got = find(path, profile=record.profile, shape=record.shape, cache_frac=record.cache_frac)
+    assert got.setting == record.setting
+    s = got.settings(RunSettings(cache_frac=0.3))
+    assert asdict(Setting(**record.setting)) == {k: getattr(s, k) for k in record.setting}
+    with pytest.raises(ConfigError, match=r"no tuned setting for profile h200-pcie5x16, .* \(it has: profile rtx4090"):
+        find(path, profile="h200-pcie5x16", shape=record.shape, cache_frac=record.cache_frac)
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ConfigError, match="not a tuned-settings file"):
+        find(tmp_path / "bad.json", profile="x", shape="y", cache_frac=0.3)
+
+
+def test_generate_tuned_runs_with_the_saved_setting(model_dir, record, capsys):
+    from spice_core.tools.cli import main
+
+    save(record, tuned_path(model_dir))
+    rc = main(["generate", "--model", str(model_dir), "--device", "cpu", "--policy", "spice", "--cache-frac", "0.3",
+               "--raw", "--prompt", "hello", "--max-new-tokens", "4", "--tuned"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "note: tuned setting from" in out and "greedy agreement" in out
+    rc = main(["generate", "--model", str(model_dir), "--device", "cpu", "--policy", "lru", "--cache-frac", "0.3",
+               "--raw", "--prompt", "hello", "--tuned"])
+    assert rc == 2 and "--tuned sets spice's thresholds: use --policy spice" in capsys.readouterr().err
