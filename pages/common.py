@@ -389,6 +389,10 @@ def _size(path: Path) -> int:
 
 
 # --- the context every page gets -------------------------------------------------------------
+OWNER_SHARE_DIVISOR = 4     # one visitor's kept runs: at most a quarter of the engine's run budget ...
+OWNER_MIN_RUNS = 2          # ... but always their newest two (the reply on screen and the one before)
+
+
 @dataclass
 class AppContext:
     engine: EngineLike
@@ -423,6 +427,25 @@ class AppContext:
         """Remember who started a run and with what (labels are user text: escape where shown); with several
         models the label starts with the model's name."""
         self.runs.add(run_id, owner, f"{self.info.model_name} · {label}" if len(self.models) > 1 else label)
+        self.bound_owner(owner)
+
+    def bound_owner(self, owner: str) -> list[str]:
+        """Keep one visitor's finished runs within a share of what the engine keeps (1/OWNER_SHARE_DIVISOR of its
+        budget, never fewer than their newest OWNER_MIN_RUNS), so that one visitor's long replies cannot expire
+        everyone else's: their oldest go first. Returns the run ids dropped."""
+        budget = getattr(self.engine, "max_retained_bytes", None)
+        size, forget = getattr(self.engine, "run_bytes", None), getattr(self.engine, "forget_run", None)
+        if not owner or budget is None or size is None or forget is None:
+            return []
+        mine = [e.run_id for e in self.runs.list_for(owner)]          # newest first
+        share, held, dropped = budget // OWNER_SHARE_DIVISOR, 0, []
+        for i, run_id in enumerate(mine):
+            held += size(run_id)
+            if i >= OWNER_MIN_RUNS and held > share:
+                forget(run_id)
+                self.runs.drop(run_id)
+                dropped.append(run_id)
+        return dropped
 
     def remember_sweep(self, owner: str, rows: list[dict], keep: int = 64) -> None:
         with self.sweeps_lock:

@@ -133,6 +133,10 @@ class RunBook:
         with self._lock:
             return sorted((e for e in self._runs.values() if e.owner == owner), key=lambda e: -e.seq)
 
+    def drop(self, run_id: str) -> None:
+        with self._lock:
+            self._runs.pop(run_id, None)
+
     def may_open(self, run_id: str, owner: str) -> bool:
         entry = self.get(run_id)
         return entry is not None and (entry.shared or (bool(owner) and entry.owner == owner))

@@ -192,9 +192,23 @@ class SpiceEngine:
             self._runs[rec.run_id] = rec
             self._runs_bytes[rec.run_id] = size
             while len(self._runs) > 1 and (len(self._runs) > MAX_RUNS_KEPT
-                                           or sum(self._runs_bytes.values()) > MAX_RETAINED_BYTES):
+                                           or sum(self._runs_bytes.values()) > self.max_retained_bytes):
                 old, _ = self._runs.popitem(last=False)
                 self._runs_bytes.pop(old, None)
+
+    max_retained_bytes = MAX_RETAINED_BYTES     # what the kept runs may hold together (estimated)
+
+    def run_bytes(self, run_id: str) -> int:
+        """What a kept run holds (the estimate the retention budget counts); 0 for an unknown or running one."""
+        with self._runs_lock:
+            return self._runs_bytes.get(run_id, 0)
+
+    def forget_run(self, run_id: str) -> bool:
+        """Drop a kept run now (its steps and events); False when it is unknown. For callers that share the
+        budget out, e.g. per visitor: the engine itself only drops the oldest runs."""
+        with self._runs_lock:
+            self._runs_bytes.pop(run_id, None)
+            return self._runs.pop(run_id, None) is not None
 
     def list_runs(self) -> list[RunSummary]:
         with self._runs_lock:
