@@ -33,7 +33,30 @@ GIVEN_SLOTS = (APPROX_SLOT, CPU_SLOT)       # selections whose output is given: 
 def plan_rows(expert_ids: list[int], slots: list[int], n_experts: int, n_slots: int) -> list[list[int]]:
     """expert_ids: the K router picks in top-k order; slots: one per valid pick, in the same order
     (APPROX_SLOT for a pick the LoRE branch approximates, CPU_SLOT for one the CPU lane computed: its
-    output goes in the layer's CPU row of the same index as its selection, see `selection_rows`)."""
+    output goes in the layer's CPU row of the same index as its selection, see `selection_rows`).
+    Every pick routed (the decode step's case, once per MoE layer on the host's critical path) takes a
+    shorter way to the same rows than `plan_rows_general`."""
+    k_all = len(expert_ids)
+    if len(slots) != k_all or not all(0 <= e < n_experts for e in expert_ids):
+        return plan_rows_general(expert_ids, slots, n_experts, n_slots)
+    real = [s for s in slots if s >= 0]
+    if (len(set(real)) != len(real) or any(s >= n_slots for s in real)
+            or any(s < 0 and s not in GIVEN_SLOTS for s in slots)):
+        raise ValueError(f"on_layer returned slots {list(slots)}: they must be distinct and in [0, {n_slots})")
+    order = sorted(range(k_all), key=expert_ids.__getitem__)
+    s_o = [slots[k] for k in order]
+    sort_key = [s if s >= 0 else n_slots for s in s_o]
+    by_slot = sorted(range(k_all), key=sort_key.__getitem__)
+    inv = [0] * k_all
+    for row, j in enumerate(by_slot):
+        inv[j] = row
+    return [[s if s >= 0 else 0 for s in s_o], order, [1] * k_all, [sort_key[j] for j in by_slot], inv,
+            [1 if s == APPROX_SLOT else 0 for s in s_o], [expert_ids[k] for k in order],
+            [KIND_GPU if s >= 0 else KIND_EXT if s == APPROX_SLOT else KIND_CPU for s in s_o]]
+
+
+def plan_rows_general(expert_ids: list[int], slots: list[int], n_experts: int, n_slots: int) -> list[list[int]]:
+    """`plan_rows` for any picks, dropped ones (out-of-range ids) included: the rows' definition."""
     k_all = len(expert_ids)
     valid_pos = [k for k, e in enumerate(expert_ids) if 0 <= e < n_experts]
     if len(slots) != len(valid_pos):

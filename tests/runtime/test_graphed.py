@@ -120,3 +120,24 @@ def test_plan_rows_mark_lore_approximations_with_a_dummy_slot_and_the_expert_id(
 def test_plan_rows_give_dropped_selections_the_kind_that_reads_nothing():
     *_, kind = plan_rows([3, 8, 1], [4, 6], n_experts=8, n_slots=9)
     assert kind == [KIND_GPU, KIND_GPU, KIND_NONE]
+
+
+def test_plan_rows_short_way_gives_the_general_rows_and_refuses_the_same_slots():
+    """Every pick routed takes plan_rows' shorter way: the same rows as the definition, for any mix of kinds."""
+    import random
+
+    from spice_core.runtime.graphed_plan import APPROX_SLOT, CPU_SLOT, plan_rows_general
+
+    rng = random.Random(0)
+    for _ in range(300):
+        k = rng.randint(1, 8)
+        ids = rng.sample(range(64), k)
+        slots = rng.sample(range(20), k)
+        for i in range(k):
+            if rng.random() < 0.3:
+                slots[i] = rng.choice((APPROX_SLOT, CPU_SLOT))
+        assert plan_rows(ids, slots, 64, 20) == plan_rows_general(ids, slots, 64, 20)
+    for bad in ([1, 1], [1, 20], [1, -3]):
+        for fn in (plan_rows, plan_rows_general):
+            with pytest.raises(ValueError, match="must be distinct and in"):
+                fn([4, 9], bad, 64, 20)
