@@ -15,22 +15,20 @@ perplexity, greedy agreement, the project's definitions); speed is the *modeled*
 teacher-forced step (one decode-like token per forward pass, the same pass as the quality), or on a
 GPU with measured timing, the *measured* TPOT of a generation. Every number says which.
 
-Knows nothing of pages or the CLI: progress goes to a callback, `should_stop` ends the search
+The record and its file beside the model are `spice_core.tuned`. Knows nothing of pages or the CLI: progress goes to a callback, `should_stop` ends the search
 early (the best so far is kept, marked stopped).
 """
 from __future__ import annotations
 
-import json
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 from spice_core.api import RunSettings
 from spice_core.errors import ConfigError
+from spice_core.tuned import TuneRecord, find, save, tuned_path  # noqa: F401 - the record and its file, re-exported
 
-TUNED_FILE = "spice-tuned.json"
 DEFAULT_BUDGET_PPL_PCT = 1.0
 DEFAULT_BUDGET_AGREEMENT = 0.9
 TAU_PREFETCH_VALUES = (0.05, 0.1, 0.2, 0.3, 0.5)
@@ -96,39 +94,6 @@ class Trial:
     agreement: float                # greedy agreement with the exact model (1 for exact settings)
     stage: str                      # "exact" (speed only) or "lossy" (speed and quality measured)
     met: bool
-
-
-@dataclass
-class TuneRecord:
-    """What the tuner found: saved beside the model (`save`), shown by the app and the CLI."""
-
-    model: str
-    policy: str
-    profile: str
-    shape: str
-    cache_frac: float
-    budget: dict
-    setting: dict
-    speed_ms: float
-    speed_timing: str               # "modeled (profile P, shape S)" or "measured (device)"
-    ppl_pct: float
-    agreement: float
-    quality_measured_on: str        # the held-out text and prompts
-    reason: str                     # one sentence: why this setting
-    trials: list = field(default_factory=list)
-    stopped: bool = False
-    tune_s: float = 0.0
-    seed: int = 0
-
-    def settings(self, base: RunSettings) -> RunSettings:
-        """``base`` with the picked setting applied (policy spice)."""
-        return replace(base, policy=self.policy, **self.setting)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def matches(self, *, profile: str, shape: str, cache_frac: float) -> bool:
-        return self.profile == profile and self.shape == shape and abs(self.cache_frac - cache_frac) < 1e-9
 
 
 def _speed_words(engine, base: RunSettings) -> str:
@@ -270,38 +235,3 @@ class Tuner:
 def tune(engine, base: RunSettings, budget: Budget, **kw) -> TuneRecord:
     """The fastest `spice` setting within ``budget`` for ``engine``'s model at ``base``'s cache, profile and shape."""
     return Tuner(engine, base, budget, **kw).run()
-
-
-# ---------------------------------------------------------------------- beside the model
-def tuned_path(model_dir: Path | str) -> Path:
-    return Path(model_dir) / TUNED_FILE
-
-
-def save(record: TuneRecord, path: Path) -> None:
-    """Add ``record`` to the tuned file at ``path``, replacing one for the same profile, shape and cache."""
-    records = [r for r in load_all(path) if not r.matches(profile=record.profile, shape=record.shape,
-                                                          cache_frac=record.cache_frac)] if path.exists() else []
-    records.append(record)
-    path.write_text(json.dumps({"format": 1, "records": [r.as_dict() for r in records]}, indent=1, allow_nan=False)
-                    + "\n", encoding="utf-8")
-
-
-def load_all(path: Path) -> list[TuneRecord]:
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-        return [TuneRecord(**r) for r in doc["records"]]
-    except FileNotFoundError:
-        raise ConfigError(f"no tuned settings at {path}: run `python -m spice_core tune --model M` first") from None
-    except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{path} is not a tuned-settings file ({type(e).__name__}: {e}): run the tuner again "
-                          "to rewrite it") from None
-
-
-def find(path: Path, *, profile: str, shape: str, cache_frac: float) -> TuneRecord:
-    records = load_all(path)
-    for r in records:
-        if r.matches(profile=profile, shape=shape, cache_frac=cache_frac):
-            return r
-    have = "; ".join(f"profile {r.profile}, shape {r.shape}, cache {r.cache_frac:g}" for r in records) or "none"
-    raise ConfigError(f"{path} has no tuned setting for profile {profile}, shape {shape}, cache {cache_frac:g} "
-                      f"(it has: {have}): run `python -m spice_core tune` with those")

@@ -129,8 +129,7 @@ def run(args) -> int:
                            top_p=args.top_p, seed=args.seed, stop=tuple(args.stop))
     tuned_note = ""
     if args.tuned is not None:
-        from spice_core.tools.tune import apply_tuned
-        s, tuned_note = apply_tuned(args, engine, s)
+        s, tuned_note = apply_tuned(args, s)
     # A chat model answers a request only inside its template; as raw text it continues it off topic.
     has_template = bool(getattr(getattr(getattr(engine, "lm", None), "tokenizer", None), "chat_template", None))
     if args.chat or (has_template and not args.raw):
@@ -184,6 +183,27 @@ def run(args) -> int:
         print(f"GPU expert cache: {t.get('cache_slots')} slots = {t.get('cache_capacity_bytes', 0) / 1e6:.2f} MB "
               f"of {t.get('routed_bytes', 0) / 1e6:.2f} MB routed experts (native sizes)")
     return 0
+
+
+def default_tuned_path(model) -> Path:
+    """Where `tune` saves and `--tuned` reads by default: spice-tuned.json in the model's folder."""
+    from spice_core.model.loader import resolve_model_path
+    from spice_core.tuned import tuned_path
+
+    return tuned_path(resolve_model_path(model))
+
+
+def apply_tuned(args, settings: RunSettings) -> tuple[RunSettings, str]:
+    """``--tuned [FILE]``: ``settings`` with the saved pick for its profile, shape and cache, and a note."""
+    from spice_core.tuned import find
+
+    if settings.policy != "spice":
+        raise ConfigError(f"--tuned sets spice's thresholds: use --policy spice, not {settings.policy}")
+    path = Path(args.tuned) if args.tuned else default_tuned_path(args.model)
+    rec = find(path, profile=settings.profile, shape=settings.shape, cache_frac=settings.cache_frac)
+    note = (f"tuned setting from {path}: {rec.reason}; measured quality perplexity {rec.ppl_pct:+.2f} %, "
+            f"greedy agreement {rec.agreement:.3f}")
+    return rec.settings(settings), note
 
 
 def check_times(steps, timing: str, args) -> None:

@@ -39,21 +39,15 @@ def add_cli(sub) -> None:
     p.set_defaults(func=run, policy="spice")
 
 
-def default_path(model) -> Path:
-    from spice_core.model.loader import resolve_model_path
-    from spice_core.tuner import tuned_path
-
-    return tuned_path(resolve_model_path(model))
-
-
 def run(args) -> int:
-    from spice_core.tools.generate import load_engine, settings_from_args
-    from spice_core.tuner import Budget, save, tune
+    from spice_core.tools.generate import default_tuned_path, load_engine, settings_from_args
+    from spice_core.tuned import save
+    from spice_core.tuner import Budget, tune
 
     if args.policy != "spice":
         raise ConfigError(f"tune searches spice's settings: drop --policy {args.policy} (or pass --policy spice)")
     budget = Budget(ppl_pct=args.budget_ppl, agreement=args.budget_agreement)
-    out = args.out if args.out is not None else default_path(args.model)
+    out = args.out if args.out is not None else default_tuned_path(args.model)
     if out.exists() and out.is_dir():
         raise ConfigError(f"--out {out} is a folder: pass a file path")
     if not out.parent.is_dir():
@@ -84,17 +78,3 @@ def run(args) -> int:
     print(f"tuned in {rec.tune_s:.0f} s over {len(rec.trials)} settings; saved to {out} "
           f"(use it: python -m spice_core generate --policy spice --tuned ...)")
     return 0
-
-
-def apply_tuned(args, engine, settings):
-    """``generate --tuned [FILE]``: ``settings`` with the saved pick for its profile, shape and cache. Returns
-    (settings, note)."""
-    from spice_core.tuner import find
-
-    if settings.policy != "spice":
-        raise ConfigError(f"--tuned sets spice's thresholds: use --policy spice, not {settings.policy}")
-    path = Path(args.tuned) if args.tuned else default_path(args.model)
-    rec = find(path, profile=settings.profile, shape=settings.shape, cache_frac=settings.cache_frac)
-    note = (f"tuned setting from {path}: {rec.reason}; measured quality perplexity {rec.ppl_pct:+.2f} %, "
-            f"greedy agreement {rec.agreement:.3f}")
-    return rec.settings(settings), note

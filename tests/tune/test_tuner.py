@@ -8,7 +8,8 @@ import pytest
 from spice_core.api import RunSettings
 from spice_core.errors import ConfigError
 from spice_core.tools.quality import EvalSet
-from spice_core.tuner import Budget, Setting, find, save, tune, tuned_path
+from spice_core.tuned import find, save, tuned_path
+from spice_core.tuner import Budget, Setting, tune
 
 from lore_support import attach_lore, build_tiny, random_rows, record_traces
 
