@@ -26,6 +26,7 @@ from pages import about, chat, guard, sweep, trace_explorer
 from pages.common import AppContext
 from pages.models import EngineSet, model_pages
 from pages.owners import OWNER_JS
+from pages.tuning import TuneBook
 
 ROOT = Path(__file__).resolve().parent
 CSS_PATH = ROOT / "assets" / "static" / "spice.css"
@@ -51,17 +52,18 @@ def build_app(engine=None, *, max_queue: int = QUEUE_MAX_SIZE, orphan_after_s: f
     if len(engines) > 1:
         ctx.models = pages
     contexts = [ctx] if len(engines) == 1 else [ctx.for_model(e, p, pages) for e, p in zip(engines, pages)]
+    tunes = TuneBook()      # the tuner's picks and the sweep's hand-offs to the chat, for every page
     with gr.Blocks(title="SPICE · offloaded MoE chat", delete_cache=DELETE_CACHE) as demo:
-        chats = [_chat_page(contexts[0])]
+        chats = [_chat_page(contexts[0], tunes)]
     for c, p in zip(contexts[1:], pages[1:]):
         with demo.route(f"Chat · {p.name}", "/" + p.chat_path, show_in_navbar=False):
-            chats.append(_chat_page(c))
+            chats.append(_chat_page(c, tunes))
     with demo.route("Trace explorer", "/trace"):
         trace_explorer.build(ctx)
     sweeps = []
     for c, p in zip(contexts, pages):
         with demo.route("Sweep" if not c.key else f"Sweep · {p.name}", "/" + p.sweep_path, show_in_navbar=not c.key):
-            sweeps.append(sweep.build(c))
+            sweeps.append(sweep.build(c, tunes))
 
     def on_unload(request: gr.Request) -> None:      # fires for whichever page's session went away
         for page in chats + sweeps:
@@ -75,9 +77,9 @@ def build_app(engine=None, *, max_queue: int = QUEUE_MAX_SIZE, orphan_after_s: f
     return demo, ctx
 
 
-def _chat_page(ctx: AppContext) -> chat.ChatPage:
+def _chat_page(ctx: AppContext, tunes: TuneBook) -> chat.ChatPage:
     """One model's chat page, with the line that says what the shared engine is busy with."""
-    page = chat.build(ctx)
+    page = chat.build(ctx, tunes)
     engine_status = gr.Markdown("", elem_id="engine-status", elem_classes=["spice-note"])
 
     def status(request: gr.Request) -> str:

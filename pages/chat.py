@@ -34,6 +34,7 @@ from spice_core.errors import PromptError, SpiceError
 from pages import figures, models
 from pages import chat_text as text
 from pages import chat_settings
+from pages.chat_auto import AutoState, AutoTune
 from pages.chat_controls import SETTINGS_JS, ChatControls
 from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, ChatHistory, as_plot,
                           default_settings, settings_from_values, spice_error_text)
@@ -42,6 +43,7 @@ from pages.messages import (clean_message, content_text, drop_oldest_exchanges, 
                             keep_newest, n_exchanges, normalize_history, note, problem_with, restore_kept)
 from pages.owners import owner_of
 from pages.runner import CANCEL_REASONS, RunStream
+from pages.tuning import TuneBook
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,7 @@ class ChatSession:
     last_view: dict = field(default_factory=dict)       # the numbers row of the last reply (re-drawn on settings)
     owner: str = ""                                     # who the runs belong to (pages.owners)
     requests: chat_settings.Requests = field(default_factory=chat_settings.Requests)   # the browser's, applied
+    auto: AutoState = field(default_factory=AutoState)  # the side bar's "Auto (within budget)" tune
 
     def streaming(self) -> bool:
         return self.stream is not None and not self.stream.done
@@ -104,8 +107,9 @@ class ChatSession:
 class ChatPage(chat_settings.SettingsEvents):
     """Builds the main page's components and owns their handlers (the settings' in SettingsEvents)."""
 
-    def __init__(self, ctx: AppContext) -> None:
+    def __init__(self, ctx: AppContext, tunes: TuneBook | None = None) -> None:
         self.ctx = ctx
+        self.auto = AutoTune(self, tunes if tunes is not None else TuneBook())     # shared with the sweep (app.py)
         self.info = ctx.info
         defaults = default_settings(ctx.info)
         ranks = tuple(getattr(ctx.info, "lore_ranks", ()) or LORE_RANKS)
@@ -123,6 +127,7 @@ class ChatPage(chat_settings.SettingsEvents):
         with gr.Sidebar(label="Settings", open=True, width=330, elem_id="spice-controls"):
             models.picker(self.ctx.models, info.model_name, "chat")
             self.ctl = ChatControls(info, d, self.ctx.limits)
+            self.auto.build()
         self.banner = gr.Markdown(self._banner(d), elem_id="spice-banner", elem_classes=["spice-banner"])
         with gr.Row(equal_height=False):
             with gr.Column(scale=5, min_width=380):
@@ -195,6 +200,7 @@ class ChatPage(chat_settings.SettingsEvents):
                                          show_progress_on=[self.chatbot], api_visibility="private"))
         self.stop.click(self.stop_reply, inputs=[self.session], outputs=[self.ctl.note], queue=False,
                         api_name="stop" + self.ctx.key, show_progress="hidden")
+        self.auto.wire(BUSY_ON_JS, BUSY_OFF_JS)
         # Each control applies alone: a slider's requests (SETTINGS_JS), a menu or checkbox when it changes.
         sliders = list(self.ctl.sliders.values())
         self.ctl.requests.change(self.on_requests, inputs=[self.ctl.requests, self.session],
@@ -248,6 +254,8 @@ class ChatPage(chat_settings.SettingsEvents):
         if session.streaming():
             session.stream.cancel("stop")
             return "Stopping after the current token…"
+        if self.auto.stop(session):
+            return "Stopping the tune after the setting it is measuring…"
         return "Nothing is generating right now."
 
     @staticmethod
@@ -585,8 +593,8 @@ class ChatPage(chat_settings.SettingsEvents):
                 f"{'' if i.has_lore else ' · no LoRE factors (approximation off)'}")
 
 
-def build(ctx: AppContext) -> ChatPage:
-    """Create the main page's components in the caller's Blocks context; returns the page (for unload)."""
-    page = ChatPage(ctx)
+def build(ctx: AppContext, tunes: TuneBook | None = None) -> ChatPage:
+    """The main page's components in the caller's Blocks context; returns the page (for unload)."""
+    page = ChatPage(ctx, tunes)
     page.build()
     return page

@@ -552,8 +552,10 @@ def pareto_plot(rows: Sequence[dict], timing: str) -> Figure:
     for i, policy in enumerate(dict.fromkeys(r["policy"] for r in rows)):
         mine = [r for r in rows if r["policy"] == policy]
         data.append({
-            "type": "scatter", "mode": "markers", "name": policy,
+            "type": "scatter", "mode": "markers+text", "name": policy, "textposition": "top center",
             "x": [r["tpot_ms"] for r in mine], "y": [round(100 * r["agreement"], 2) for r in mine],
+            "text": [r.get("label", f"τp {r['tau_prefetch']:g} · τa {r['tau_approx']:g}") for r in mine],
+            "textfont": {"size": 10},
             "marker": {"size": 11, "color": POLICY_COLOURS[i % len(POLICY_COLOURS)],
                        "line": {"width": 1, "color": "white"}},
             "hovertext": [f"{policy} · τ_prefetch {r['tau_prefetch']} · τ_approx {r['tau_approx']}<br>"

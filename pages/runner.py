@@ -107,7 +107,9 @@ class RunStream:
 
     def progress_text(self) -> str:
         elapsed = time.perf_counter() - self.started_wall
-        return f"token {self._tokens} of at most {self.settings.max_new_tokens}, running for {elapsed:.0f} s"
+        own = getattr(self.generation, "progress_words", None)     # a job that is not a generation (a tune)
+        done = own() if callable(own) else f"token {self._tokens} of at most {self.settings.max_new_tokens}"
+        return f"{done}, running for {elapsed:.0f} s"
 
     def take(self, timeout_s: float) -> tuple[list[StepStats], bool]:
         """Every step available now (waits up to ``timeout_s`` for the first); and whether the run ended."""

@@ -36,6 +36,8 @@ from pages.limits import bounded_number
 from spice_core.api import identical_prefix_share, matching_tokens
 from pages.owners import esc, owner_of
 from pages.runner import RunStream
+from pages.sweep_tune import TuneSection
+from pages.tuning import TuneBook
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +47,13 @@ SWEEPING_ON_JS = "() => { document.body.classList.add('spice-sweeping'); return 
 SWEEPING_OFF_JS = "() => { document.body.classList.remove('spice-sweeping'); return []; }"
 PREFETCHING = ("gate_prefetch", "spice_prefetch", "oracle_prefetch", "spice", "spice_no_lore", "spice_no_cpu")
 DEFAULT_POLICIES = ("lru", "spice_prefetch", "spice")
-DEFAULT_PROMPTS = ("Once upon a time there was a little robot who",
-                   "The three most important ideas in computer science are",
-                   "Here is a recipe for a simple tomato soup:")
+# The shipped model writes children's stories: prompts of the kind it learned, about the animals and things
+# of the chat's examples (pages.chat.EXAMPLES).
+DEFAULT_PROMPTS = ("Once upon a time, there was a little cat who had a red ball.",
+                   "Once upon a time, a fox found a drum in the woods.",
+                   "Once upon a time, a rabbit wanted a new hat.")
+DEFAULT_TAU_PREFETCH = "0.1, 0.4, 0.7"
+DEFAULT_TAU_APPROX = "0, 0.05, 0.1, 0.2"     # values the chat's τ_approx takes ([0, 0.2]; useful below ~0.1)
 TABLE_COLUMNS = ["policy", "τ_prefetch", "τ_approx", "greedy agreement %", "identical prefix %", "TPOT ms", "tokens/s", "hit rate %",
                  "MB / token (timed shape)", "stall ms / token", "runs"]
 
@@ -93,8 +99,9 @@ def reference_policy(policies) -> str:
 
 
 class SweepPage:
-    def __init__(self, ctx: AppContext) -> None:
+    def __init__(self, ctx: AppContext, tunes: TuneBook | None = None) -> None:
         self.ctx = ctx
+        self.tunes = tunes if tunes is not None else TuneBook()     # shared with the chat pages (app.py)
         self.info = ctx.info
         self.defaults = replace(default_settings(ctx.info), max_new_tokens=24)
         self.limits = ctx.limits
@@ -102,9 +109,10 @@ class SweepPage:
 
     def build(self) -> None:
         info, d = self.info, self.defaults
-        gr.Markdown("## Threshold sweep\nRuns every prompt once with exact settings (the reference), then with "
-                    "each setting of the grid, and plots **greedy agreement** with the reference against **TPOT**. "
-                    "Points on the dashed Pareto front are the settings worth using.")
+        gr.Markdown("## Threshold sweep\nAsk for the **fastest setting within a quality budget** (the tuner), or "
+                    "run a grid: every prompt once with exact settings (the reference), then with each setting of "
+                    "the grid, plotting **greedy agreement** with the reference against **TPOT**. Points on the "
+                    "dashed Pareto front are the settings worth using.")
         models.picker(self.ctx.models, info.model_name, "sweep")
         self.session = gr.State(SweepSession())   # deep-copied per browser session
         with gr.Row(equal_height=False):
@@ -115,9 +123,9 @@ class SweepPage:
                                                  value=[p for p in DEFAULT_POLICIES if p in info.policies],
                                                  label="Policies", elem_id="sweep-policies")
             with gr.Column(scale=2):
-                self.tau_prefetch = gr.Textbox("0.1, 0.4, 0.7", label="τ_prefetch values",
+                self.tau_prefetch = gr.Textbox(DEFAULT_TAU_PREFETCH, label="τ_prefetch values",
                                                info="used by prefetching policies", elem_id="sweep-tp")
-                self.tau_approx = gr.Textbox("0, 0.1, 0.3, 0.6", label="τ_approx values",
+                self.tau_approx = gr.Textbox(DEFAULT_TAU_APPROX, label="τ_approx values",
                                              info="used by lossy SPICE policies", elem_id="sweep-ta")
                 with gr.Row():
                     self.cache_frac = FreeSlider(0.0, 1.0, value=d.cache_frac, step=0.05, label="GPU cache size",
@@ -130,6 +138,10 @@ class SweepPage:
                                             elem_id="sweep-profile")
                 self.shape = FreeDropdown(shape_choices(info), value=d.shape, label="Model shape",
                                           info=shape_info(info), elem_id="sweep-shape")
+        self.tune = TuneSection(self)
+        self.tune.build()
+        self.tune.wire(self.cache_frac, self.profile, self.shape)
+        gr.Markdown("### Grid of thresholds")
         with gr.Row():
             self.run_btn = gr.Button("Run sweep", variant="primary", elem_id="sweep-run")
             self.stop_btn = gr.Button("Stop", variant="stop", elem_id="sweep-stop")
@@ -321,6 +333,7 @@ def _row(s: RunSettings, per_prompt: list, timing: str) -> dict:
     same = sum(m[0][0] for m, _ in per_prompt)
     total = sum(m[0][1] for m, _ in per_prompt)
     return {"policy": s.policy, "tau_prefetch": s.tau_prefetch, "tau_approx": s.tau_approx, "timing": timing,
+            "label": point_label(s),
             "agreement": same / total if total else 1.0, "identical_prefix": mean([m[1] for m, _ in per_prompt]),
             "tpot_ms": mean([x.tpot_ms_median for x in summaries]),
             "tokens_per_s": mean([x.tokens_per_s for x in summaries]), "hit_rate": mean([x.hit_rate for x in summaries]),
@@ -329,7 +342,16 @@ def _row(s: RunSettings, per_prompt: list, timing: str) -> dict:
             "stall_ms": mean([x.stall_ms_per_token for x in summaries]), "runs": len(per_prompt)}
 
 
+def point_label(s: RunSettings) -> str:
+    """The Pareto plot's text beside a point: the thresholds this policy uses (none for the plain baselines)."""
+    parts = ([f"τp {s.tau_prefetch:g}"] if s.policy in PREFETCHING else []) + \
+        ([f"τa {s.tau_approx:g}"] if s.policy not in EXACT_POLICIES else [])
+    return " · ".join(parts) or s.policy
+
+
 def _table(rows: list[dict]) -> pd.DataFrame:
+    """Fastest first."""
+    rows = sorted(rows, key=lambda r: (r["tpot_ms"], -r["agreement"]))
     return pd.DataFrame([[r["policy"], r["tau_prefetch"], r["tau_approx"], round(100 * r["agreement"], 1),
                           round(100 * r.get("identical_prefix", 0.0), 1),
                           round(r["tpot_ms"], 3), round(r["tokens_per_s"], 1), round(100 * r["hit_rate"], 1),
@@ -337,8 +359,8 @@ def _table(rows: list[dict]) -> pd.DataFrame:
                         columns=TABLE_COLUMNS)
 
 
-def build(ctx: AppContext) -> SweepPage:
-    """Create the sweep page's components in the caller's context."""
-    page = SweepPage(ctx)
+def build(ctx: AppContext, tunes: TuneBook | None = None) -> SweepPage:
+    """Create the sweep page's components in the caller's context (``tunes``: the picks, shared with the chat)."""
+    page = SweepPage(ctx, tunes)
     page.build()
     return page

@@ -1,0 +1,144 @@
+"""The chat side bar's "Auto (within budget)", and the sweep's "use this setting in chat" arriving here.
+
+    Auto ──► the side bar's slider requests, then session.settings (as a Send takes them) ──► base
+         ──► pages.tuning.run (a pick already made for this model, cache, profile, shape and budget is reused;
+             else a tune, a job of the runner in the engine group; the chat's Stop ends it between settings)
+         ──► the pick ──► apply: the chat's own settings path (SettingsEvents._use / _report): the numbers row
+             says what the next message uses, the controls show it, and the side bar says which setting was
+             picked and why (the record's reason)
+    page load ──► TuneBook.take_for_chat(visitor) (a pick the sweep page handed over) ──► apply, the same way
+
+Knows the chat page only through what it hands over (its session, controls, lock and settings handlers).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from spice_core.errors import SpiceError
+from pages import tuning
+from pages.common import ENGINE_GROUP, SETTING_FIELDS, FreeNumber, settings_from_values, spice_error_text
+from pages.owners import esc, owner_of
+
+
+@dataclass
+class AutoState:
+    """One chat session's tune: running, and whether Stop was pressed."""
+
+    running: bool = False
+    stop: bool = False
+
+
+class AutoTune:
+    """Built inside the chat's side bar, under its controls; ``page`` is the pages.chat.ChatPage."""
+
+    def __init__(self, page, tunes: tuning.TuneBook) -> None:
+        self.page, self.ctx, self.book = page, page.ctx, tunes
+
+    def build(self) -> None:
+        with gr.Group(elem_id="ctl-auto-group"):
+            gr.Markdown("**Auto (within budget)**: the fastest spice setting for this model, cache, profile and "
+                        "shape whose measured quality keeps the budget (a tune takes "
+                        f"{tuning.APP_TUNE_WORDS} here, once per cache, profile, shape and budget).",
+                        elem_classes=["spice-note"], padding=True)
+            with gr.Row():
+                self.ppl = FreeNumber(tuning.DEFAULT_PPL_PCT, label="Perplexity +% at most", minimum=0,
+                                      maximum=tuning.MAX_PPL_PCT, step=0.1, min_width=100, elem_id="ctl-budget-ppl")
+                self.agreement = FreeNumber(tuning.DEFAULT_AGREEMENT, label="Agreement at least", minimum=0,
+                                            maximum=1, step=0.01, min_width=100, elem_id="ctl-budget-agreement")
+            self.button = gr.Button("Auto (within budget)", size="sm", elem_id="ctl-auto")
+        self.note = gr.Markdown("", elem_id="ctl-auto-note", elem_classes=["spice-note"])
+
+    def wire(self, busy_on_js: str, busy_off_js: str) -> None:
+        p = self.page
+        outputs = [self.note, p.ctl.note, p.banner, p.stats, *p.controls]
+        # Stop replaces Send while the tune runs (a message sent now would wait for it in the engine's queue).
+        self.button.click(None, js=busy_on_js, queue=False, api_visibility="private", show_progress="hidden")
+        ran = self.button.click(self.auto, inputs=[self.ppl, self.agreement, p.ctl.requests, p.session],
+                                outputs=outputs, api_name="auto" + self.ctx.key, concurrency_id=ENGINE_GROUP,
+                                concurrency_limit=1, show_progress="minimal", show_progress_on=[self.note])
+        ran.then(None, js=busy_off_js, queue=False, api_visibility="private", show_progress="hidden")
+        root = gr.context.Context.root_block
+        if root is not None:
+            root.load(self.adopt, inputs=[p.session], outputs=outputs, queue=False, api_visibility="private",
+                      show_progress="hidden")
+
+    # --- handlers ------------------------------------------------------------------------
+    def stop(self, session) -> bool:
+        """The chat's Stop: True when it stopped this session's tune."""
+        state = getattr(session, "auto", None)
+        if state is not None and state.running:
+            state.stop = True
+            return True
+        return False
+
+    def auto(self, ppl, agreement, requests, session, request: gr.Request = None):
+        p, skip = self.page, gr.skip()
+        n_out = 4 + len(p.controls)
+        if not hasattr(session, "auto"):         # API callers cannot break the state
+            session = p.new_session()
+        try:
+            budget = tuning.budget(ppl, agreement)
+        except SpiceError as exc:
+            yield (f"⚠ Auto not run: {esc(spice_error_text(exc))}", *[skip] * (n_out - 1))
+            return
+        if "spice" not in self.ctx.info.policies:
+            yield ("⚠ Auto not run: this engine offers no spice policy, so there is nothing to tune.",
+                   *[skip] * (n_out - 1))
+            return
+        if session.streaming():
+            yield ("⚠ Auto not run: a reply is still streaming. Wait for it or press Stop, then press Auto again.",
+                   *[skip] * (n_out - 1))
+            return
+        with p._settings_lock:
+            p._take_requests(requests, session)        # the sliders' values, as a Send takes them
+            base = session.settings or p.defaults
+        owner = (request.session_hash if request is not None else None) or f"session-{id(session)}"
+        session.auto.running, session.auto.stop = True, False
+        try:
+            gen = tuning.run(self.ctx, self.book, owner, base, budget, lambda: session.auto.stop)
+            while True:
+                try:
+                    line, _done, _total = next(gen)
+                except StopIteration as end:
+                    record, how = end.value
+                    break
+                yield (esc(line), *[skip] * (n_out - 1))
+        finally:
+            session.auto.running = False
+            self.ctx.runner.cancel_owner(owner, "closed")     # the page went away mid-tune: free the engine
+        if record is None:
+            yield (f"⚠ Auto found no setting: {esc(spice_error_text(how))}", *[skip] * (n_out - 1))
+            return
+        yield self.apply(session, record, how)
+
+    def adopt(self, session, request: gr.Request = None):
+        """Page load: a pick the sweep page handed to this visitor's chat, applied; else nothing changes."""
+        skip = gr.skip()
+        record = self.book.take_for_chat(owner_of(request) + self.ctx.key) if owner_of(request) else None
+        if record is None or not hasattr(session, "auto"):
+            return (skip,) * (4 + len(self.page.controls))
+        return self.apply(session, record, "from the sweep page")
+
+    def apply(self, session, record, how: str) -> tuple:
+        """The pick on top of the session's settings, through the chat's own settings path: (auto note, settings
+        note, banner, numbers row, every control's value)."""
+        p = self.page
+        with p._settings_lock:
+            before = session.requests.shown or p.defaults
+            wanted = tuning.picked_settings(record, session.settings or p.defaults)
+            try:
+                settings = settings_from_values(p.info, {f: getattr(wanted, f) for f in SETTING_FIELDS},
+                                                self.ctx.limits)
+            except SpiceError as exc:      # a pick outside the chat's ranges: say so, change nothing
+                return (f"⚠ The pick cannot be used here: {esc(spice_error_text(exc))}",
+                        *[gr.skip()] * (3 + len(p.controls)))
+            p._use(session, settings)
+            note, banner, stats = p._report(session, before, [])
+        controls = [gr.update(value=getattr(settings, f)) for f in SETTING_FIELDS]
+        applied = "Applied to your next message. " if not session.streaming() else \
+            "τ_approx, τ_prefetch and max lookahead apply from the next token of this reply; the rest from your " \
+            "next message. "
+        return (applied + tuning.pick_markdown(record, how), note, banner, stats, *controls)
+

@@ -1,0 +1,246 @@
+"""The tuner in the app: a quality budget from the page, one tune as a job of the engine's runner, the picks
+kept for every visitor, and the words the pages show about a pick.
+
+    page (sweep or chat side bar) ──► budget(ppl %, agreement) ──► TuneBook.find: a pick for this model,
+        cache, profile, shape and budget already made? ──► reuse it (the tuner is deterministic)
+                                  └─ else ──► runner.start(owner, TuneJob) ──► pump thread iterates the job
+                                              job: a thread runs spice_core.tuner.tune(...)
+                                                   progress ──► TuneProgress items ──► stream.take()
+                                              Stop ──► stream.cancel ──► job.cancel ──► should_stop()
+
+Why a job of the runner and not a thread of its own: the runner is the app's one-generation-at-a-time rule
+(pages.runner). A tune started through it waits for, or is refused by, another visitor's reply like any
+generation; while it runs, other visitors are told "the engine is busy with a tune" and their messages
+wait in the engine's queue; Stop, a closed page (unload) and a reader that went away (the orphan
+watchdog) end it between two measured settings. The tuner itself takes the engine's lock per measured
+setting (tools.quality), so it can never run inside someone else's generation either.
+
+Why a small evaluation (APP_EVAL): the app runs on a shared 2-core machine; one tune of the shipped model
+with 64 teacher-forced tokens and 2 prompts x 8 greedy tokens measures its 19 settings in 1.5 to 3 minutes
+there (APP_TUNE_WORDS) (the CLI's default evaluation is larger and is what docs/benchmarks/tune/ reports).
+
+Knows nothing of Gradio; the engine is reached through the tuner and `spice_core.api`.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+
+from spice_core import tuner
+from spice_core.api import RunSettings
+from spice_core.errors import ConfigError, SpiceError
+from pages.limits import bounded_number
+from pages.runner import CANCEL_REASONS
+
+# The app's evaluation per tune (see the module's docstring for why it is small).
+APP_EVAL = {"max_tokens": 64, "n_prompts": 2, "new_tokens": 8, "speed_tokens": 32}
+# How long one tune of the shipped model takes on a 2-core machine with another job on it (measured: 85 s alone,
+# 95 s from the page's handler, 130-160 s with a browser and other tests on the same cores).
+APP_TUNE_WORDS = "1.5 to 3 minutes"
+MAX_PPL_PCT = 100.0    # the budget box's range: a perplexity increase beyond 100 % is no budget
+DEFAULT_PPL_PCT = tuner.DEFAULT_BUDGET_PPL_PCT
+DEFAULT_AGREEMENT = tuner.DEFAULT_BUDGET_AGREEMENT
+TUNED_FIELDS = ("tau_approx", "tau_prefetch", "max_lookahead", "lore_rank", "cpu_lane")
+MAX_PICKS = 64         # picks kept for reuse (oldest dropped)
+MAX_HANDOFFS = 256     # "use this setting in chat" requests waiting for the visitor's chat page
+
+
+def budget(ppl_pct, agreement) -> tuner.Budget:
+    """The budget from the two boxes (an empty box: not constrained); ConfigError naming the box otherwise."""
+    empty = lambda v: v is None or (isinstance(v, str) and not v.strip())    # noqa: E731
+    ppl = None if empty(ppl_pct) else bounded_number(ppl_pct, "Perplexity increase at most (%)", 0.0, MAX_PPL_PCT)
+    agr = None if empty(agreement) else bounded_number(agreement, "Greedy agreement at least", 0.0, 1.0)
+    if ppl is None and agr is None:
+        raise ConfigError("Budget: both boxes are empty; give a perplexity increase (e.g. 1 %) and/or a greedy "
+                          "agreement (e.g. 0.9)")
+    return tuner.Budget(ppl_pct=ppl, agreement=agr)
+
+
+def picked_settings(record: tuner.TuneRecord, current: RunSettings) -> RunSettings:
+    """``current`` with the pick applied: policy spice, the tuned knobs, and the cache, profile and shape it was
+    tuned for (the pick holds only there)."""
+    return replace(record.settings(current), cache_frac=record.cache_frac, profile=record.profile,
+                   shape=record.shape)
+
+
+@dataclass(frozen=True)
+class TuneProgress:
+    """One line of the tuner's progress: ``done`` of about ``total`` settings measured."""
+
+    message: str
+    done: int
+    total: int
+
+
+class TuneJob:
+    """A tune driven like a generation by pages.runner.RunStream: iterating it runs the tuner (on a thread of
+    its own, so its progress callback can be yielded) and yields TuneProgress; ``record`` holds the result."""
+
+    run_id = ""
+
+    def __init__(self, engine, base: RunSettings, tune_budget: tuner.Budget, evaluation: dict | None = None) -> None:
+        self.engine, self.base, self.budget = engine, base, tune_budget
+        self.evaluation = dict(APP_EVAL if evaluation is None else evaluation)
+        self.record: tuner.TuneRecord | None = None
+        self.last = TuneProgress("starting", 0, 0)
+        self._stop = threading.Event()
+        self._items: queue.Queue = queue.Queue()
+
+    # --- the Generation protocol (pages.runner drives it) ----------------------------------
+    def __iter__(self):
+        worker = threading.Thread(target=self._work, name="spice-tune", daemon=True)
+        worker.start()
+        try:
+            while True:
+                item = self._items.get()
+                if item is None:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                self.last = item
+                if not self._stop.is_set():      # once stopped, the runner takes no more items
+                    yield item
+        finally:
+            self._stop.set()
+            worker.join()
+
+    def cancel(self) -> None:
+        self._stop.set()
+
+    def update_settings(self, settings: RunSettings) -> None:
+        """A tune takes no settings while it runs."""
+
+    def summary(self):
+        return None
+
+    def progress_words(self) -> str:
+        """For visitors who wait (pages.runner.RunStream.progress_text)."""
+        p = self.last
+        return f"{p.done} of about {p.total} settings measured" if p.total else "starting"
+
+    # --- the worker thread ----------------------------------------------------------------
+    def _work(self) -> None:
+        try:
+            self.record = tuner.tune(self.engine, self.base, self.budget,
+                                     progress=lambda m, d, t: self._items.put(TuneProgress(m, d, t)),
+                                     should_stop=self._stop.is_set, **self.evaluation)
+        except BaseException as exc:    # handed to the iterating thread, which raises it there
+            self._items.put(exc)
+        finally:
+            self._items.put(None)
+
+
+def pick_key(model_key: str, base: RunSettings, tune_budget: tuner.Budget) -> tuple:
+    """What a pick depends on: the model, cache, profile, shape and budget. The base's exact knobs only seed the
+    tuner's search over them, so picks are shared across them (as the file beside the model shares them)."""
+    return (model_key, base.cache_frac, base.profile, base.shape, tune_budget.ppl_pct, tune_budget.agreement)
+
+
+class TuneBook:
+    """Picks made so far (shared by every visitor: same model, cache, profile, shape and budget, same pick) and
+    the settings each visitor asked to use in the chat, waiting for their chat page to load."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._picks: OrderedDict[tuple, tuple[tuner.TuneRecord, float]] = OrderedDict()
+        self._handoffs: OrderedDict[str, tuner.TuneRecord] = OrderedDict()
+
+    def find(self, key: tuple) -> tuple[tuner.TuneRecord, float] | None:
+        """(record, when it was made, time.time()) or None."""
+        with self._lock:
+            return self._picks.get(key)
+
+    def keep(self, key: tuple, record: tuner.TuneRecord) -> None:
+        if record.stopped:          # the best of a part only: never reused
+            return
+        with self._lock:
+            self._picks.pop(key, None)
+            self._picks[key] = (record, time.time())
+            while len(self._picks) > MAX_PICKS:
+                self._picks.popitem(last=False)
+
+    def hand_to_chat(self, owner: str, record: tuner.TuneRecord) -> None:
+        with self._lock:
+            self._handoffs.pop(owner, None)
+            self._handoffs[owner] = record
+            while len(self._handoffs) > MAX_HANDOFFS:
+                self._handoffs.popitem(last=False)
+
+    def take_for_chat(self, owner: str) -> tuner.TuneRecord | None:
+        with self._lock:
+            return self._handoffs.pop(owner, None) if owner else None
+
+
+# --- running one tune from a page's handler -------------------------------------------------
+STATUS_INTERVAL_S = 1.0
+
+
+def run(ctx, book: TuneBook, owner: str, base: RunSettings, tune_budget: tuner.Budget, should_stop):
+    """A generator for a page's handler: yields progress lines (about once a second, so Gradio can end it when
+    the page goes away) and returns (record | None, words for the page: why there is none, or how it was got).
+    A pick already made for the same key is reused at once."""
+    key = pick_key(ctx.key, base, tune_budget)
+    found = book.find(key)
+    if found is not None:
+        record, made = found
+        return record, f"reused the pick made {_ago(time.time() - made)} for the same model, cache, profile, " \
+                       f"shape and budget (the tuner is deterministic)"
+    try:
+        stream = ctx.runner.start(owner, base, lambda: TuneJob(ctx.engine, base, tune_budget), kind="tune")
+    except SpiceError as exc:
+        return None, f"not started: {exc}"
+    job: TuneJob = stream.generation
+    started = time.perf_counter()
+    due = 0.0
+    while True:
+        if should_stop():
+            stream.cancel("stop")
+        _steps, ended = stream.take(0.25)
+        if ended:
+            break
+        if time.monotonic() >= due:
+            due = time.monotonic() + STATUS_INTERVAL_S
+            p = job.last
+            yield (f"Tuning: {p.done} of about {p.total} settings measured · {time.perf_counter() - started:.0f} s · "
+                   f"{p.message}", p.done, p.total)
+    if stream.error:
+        stopped = "stopped before" in stream.error
+        return None, ("stopped before any setting was measured" if stopped else stream.error)
+    if job.record is None:
+        return None, f"stopped: {CANCEL_REASONS.get(stream.cancel_reason, stream.cancel_reason or 'no result')}"
+    if not job.record.stopped:
+        book.keep(key, job.record)
+    return job.record, f"tuned in {job.record.tune_s:.0f} s"
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds:.0f} s ago" if seconds < 120 else f"{seconds / 60:.0f} min ago"
+
+
+# --- words ------------------------------------------------------------------------------------
+def setting_label(s: dict) -> str:
+    """A short label for a plotted point: "τa 0.1 · r4" (lossy) or "exact · τp 0.2 · L4 · lane" (exact)."""
+    if s["tau_approx"] > 0:
+        return f"τa {s['tau_approx']:g} · r{s['lore_rank']}"
+    return f"exact · τp {s['tau_prefetch']:g} · L{s['max_lookahead']} · {'lane' if s['cpu_lane'] else 'no lane'}"
+
+
+def setting_words(s: dict) -> str:
+    lane = "on" if s["cpu_lane"] else "off"
+    approx = f"τ_approx {s['tau_approx']:g} (LoRE rank {s['lore_rank']})" if s["tau_approx"] > 0 else \
+        "τ_approx 0 (exact)"
+    return f"{approx}, τ_prefetch {s['tau_prefetch']:g}, max lookahead {s['max_lookahead']}, CPU lane {lane}"
+
+
+def pick_markdown(record: tuner.TuneRecord, how: str) -> str:
+    """What was picked and why (the record's reason), in words for the page."""
+    b = record.budget
+    budget_words = tuner.Budget(b["ppl_pct"], b["agreement"]).words()
+    return (f"**Picked: {setting_words(record.setting)}** (policy spice) · {record.speed_ms:.2f} ms per token, "
+            f"{record.speed_timing} · perplexity {record.ppl_pct:+.2f} %, greedy agreement {record.agreement:.3f}.  \n"
+            f"**Why:** {record.reason}.  \n"
+            f"Budget: {budget_words} · cache {record.cache_frac:g}, {record.profile}, {record.shape} · quality "
+            f"measured on {record.quality_measured_on} · {len(record.trials)} settings, {how}.")
