@@ -572,19 +572,27 @@ def pareto_plot(rows: Sequence[dict], timing: str) -> Figure:
     return {"data": data, "layout": layout}
 
 
-def policy_bars(rows: Sequence[dict], timing: str) -> Figure:
-    """Policies side by side at each one's best setting (highest agreement, then lowest TPOT)."""
+BARS_MIN_AGREEMENT = 0.9     # the tuner's default budget: a setting this close to the exact run counts as usable
+
+
+def policy_bars(rows: Sequence[dict], timing: str, min_agreement: float = BARS_MIN_AGREEMENT) -> Figure:
+    """Policies side by side, each at its fastest setting with greedy agreement >= ``min_agreement`` (a policy
+    with none: its highest agreement), each bar labelled with the setting it shows."""
     if not rows:
         return empty_figure("run a sweep to compare policies", 300)
     best: dict[str, dict] = {}
     for r in rows:
         cur = best.get(r["policy"])
-        if cur is None or (r["agreement"], -r["tpot_ms"]) > (cur["agreement"], -cur["tpot_ms"]):
-            best[r["policy"]] = r
+        ok = r["agreement"] >= min_agreement - 1e-9
+        key = (ok, -r["tpot_ms"] if ok else r["agreement"], -r["tpot_ms"])
+        if cur is None or key > cur[0]:
+            best[r["policy"]] = (key, r)
+    best = {p: r for p, (_, r) in best.items()}
     names = list(best)
     data = [
         {"type": "bar", "x": names, "y": [best[p]["tpot_ms"] for p in names], "name": "TPOT (ms)",
-         "marker": {"color": OKABE_ITO["blue"]}, "offsetgroup": "tpot"},
+         "marker": {"color": OKABE_ITO["blue"]}, "offsetgroup": "tpot", "textposition": "outside",
+         "text": [f"τ_approx {best[p]['tau_approx']:g} · agreement {100 * best[p]['agreement']:.0f}%" for p in names]},
         {"type": "bar", "x": names, "y": [round(100 * best[p]["hit_rate"], 1) for p in names], "name": "hit rate (%)",
          "marker": {"color": OKABE_ITO["green"]}, "offsetgroup": "hit", "yaxis": "y2"},
     ]

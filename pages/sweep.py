@@ -149,7 +149,7 @@ class SweepPage:
         with gr.Row(equal_height=False):
             self.pareto = gr.Plot(as_plot(figures.pareto_plot([], "")), label="Speed vs quality (Pareto front)",
                                   elem_id="sweep-pareto", scale=3)
-            self.bars = gr.Plot(as_plot(figures.policy_bars([], "")), label="Policies side by side (best setting each)",
+            self.bars = gr.Plot(as_plot(figures.policy_bars([], "")), label="Policies side by side (each at its fastest setting with greedy agreement ≥ 90%)",
                                 elem_id="sweep-bars", scale=2)
         self.table = gr.Dataframe(pd.DataFrame(columns=TABLE_COLUMNS), label="All settings", interactive=False,
                                   elem_id="sweep-table")
