@@ -16,7 +16,8 @@ from typing import Sequence
 
 import pandas as pd
 
-from pages.figures import MID, OKABE_ITO, _axis, _layout, empty_figure, pareto_front
+from pages.figures import MID, OKABE_ITO, _axis, _layout, empty_figure
+from pages.figures_sweep import pareto_front
 from pages.tuning import setting_label, setting_words
 
 TABLE_COLUMNS = ["", "within budget", "setting", "ms / token", "perplexity +%", "greedy agreement", "τ_approx",

@@ -29,7 +29,7 @@ import pandas as pd
 
 from spice_core.api import EXACT_POLICIES, RunSettings
 from spice_core.errors import ConfigError, SpiceError
-from pages import figures, models
+from pages import figures_sweep, models
 from pages.common import (ENGINE_GROUP, AppContext, FreeDropdown, FreeSlider, as_plot, default_settings,
                           shape_choices, shape_info, spice_error_text, timed_bytes)
 from pages.limits import bounded_number
@@ -147,9 +147,9 @@ class SweepPage:
             self.stop_btn = gr.Button("Stop", variant="stop", elem_id="sweep-stop")
         self.status = gr.Markdown("", elem_id="sweep-status", elem_classes=["spice-note"])
         with gr.Row(equal_height=False):
-            self.pareto = gr.Plot(as_plot(figures.pareto_plot([], "")), label="Speed vs quality (Pareto front)",
+            self.pareto = gr.Plot(as_plot(figures_sweep.pareto_plot([], "")), label="Speed vs quality (Pareto front)",
                                   elem_id="sweep-pareto", scale=3)
-            self.bars = gr.Plot(as_plot(figures.policy_bars([], "")), label="Policies side by side (each at its fastest setting with greedy agreement ≥ 90%)",
+            self.bars = gr.Plot(as_plot(figures_sweep.policy_bars([], "")), label="Policies side by side (each at its fastest setting with greedy agreement ≥ 90%)",
                                 elem_id="sweep-bars", scale=2)
         self.table = gr.Dataframe(pd.DataFrame(columns=TABLE_COLUMNS), label="All settings", interactive=False,
                                   elem_id="sweep-table")
@@ -172,8 +172,8 @@ class SweepPage:
         if not rows:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         timing = rows[0].get("timing", "")
-        return ("Showing your last sweep.", as_plot(figures.pareto_plot(rows, timing)),
-                as_plot(figures.policy_bars(rows, timing)), _table(rows))
+        return ("Showing your last sweep.", as_plot(figures_sweep.pareto_plot(rows, timing)),
+                as_plot(figures_sweep.policy_bars(rows, timing)), _table(rows))
 
     def on_unload(self, request: gr.Request) -> None:
         """The sweep's page closed: end its sweep between tokens (the chat's unload frees the engine)."""
@@ -286,13 +286,13 @@ class SweepPage:
                     rows.append(_row(s, per_prompt, timing))
                     self.ctx.remember_sweep(visitor, rows)
                     yield (f"{len(rows)} of {len(settings)} settings done · {done}/{total} runs · "
-                           f"{time.perf_counter() - started:.0f} s", as_plot(figures.pareto_plot(rows, timing)),
-                           as_plot(figures.policy_bars(rows, timing)), _table(rows))
+                           f"{time.perf_counter() - started:.0f} s", as_plot(figures_sweep.pareto_plot(rows, timing)),
+                           as_plot(figures_sweep.policy_bars(rows, timing)), _table(rows))
             verb = (f"Stopped ({session.reason})" if session.reason else "Stopped") if session.stop else "Done"
             yield (f"{verb}: {len(rows)} settings, {done} runs in {time.perf_counter() - started:.0f} s "
                    f"({timing} timing, {base.profile}, {base.shape}). {' '.join(notes)}".strip(),
-                   as_plot(figures.pareto_plot(rows, timing)),
-                   as_plot(figures.policy_bars(rows, timing)), _table(rows))
+                   as_plot(figures_sweep.pareto_plot(rows, timing)),
+                   as_plot(figures_sweep.policy_bars(rows, timing)), _table(rows))
         finally:
             session.running = False
             if page_session and self._running.get(page_session) is session:

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from app_helpers import CHAT_DEFAULTS
 from fake_engine import FakeEngine, settings
-from pages import figures
+from pages import figures, figures_sweep
 from pages.about import benchmark_tables, first_table
 from pages.common import ExportStore, fmt_bytes, settings_from_values
 from pages.live import LiveRun
@@ -118,7 +118,7 @@ def test_every_figure_is_valid_plotly_json_without_a_title():
     rows = [dict(policy="lru", tau_prefetch=0.2, tau_approx=0.0, tpot_ms=9.0, agreement=1.0, hit_rate=0.5)]
     for fig in (figures.outcome_heatmap(live), figures.prefetch_timeline(live), figures.lane_gantt(live.intervals()),
                 figures.token_overview([0, 1], [5.0, 2.0], [1.0, 0.5], [3.0, 1.0], "modeled"),
-                figures.pareto_plot(rows, "modeled"), figures.policy_bars(rows, "modeled"), figures.empty_figure("x")):
+                figures_sweep.pareto_plot(rows, "modeled"), figures_sweep.policy_bars(rows, "modeled"), figures.empty_figure("x")):
         go.Figure(fig)                                    # validates against plotly's schema
         json.dumps(fig, allow_nan=False)
         assert "title" not in fig["layout"]
@@ -143,7 +143,7 @@ def test_lane_order_is_gpu_copy_cpus_by_number_then_host():
 
 def test_pareto_front_keeps_only_settings_no_other_beats_on_both_axes():
     points = [(10.0, 1.0), (8.0, 0.9), (9.0, 0.8), (6.0, 0.5), (7.0, 0.5)]
-    assert figures.pareto_front(points) == [3, 1, 0]
+    assert figures_sweep.pareto_front(points) == [3, 1, 0]
 
 
 # --- sweep ---------------------------------------------------------------------------------------------

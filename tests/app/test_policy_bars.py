@@ -1,5 +1,5 @@
 """The sweep's policies-side-by-side bars show each policy's fastest usable setting, not its exact one."""
-from pages import figures
+from pages import figures_sweep
 
 
 def _row(policy, tau, agreement, tpot):
@@ -10,7 +10,7 @@ def _row(policy, tau, agreement, tpot):
 def test_each_policy_shows_its_fastest_setting_within_the_agreement_floor_labelled():
     rows = [_row("spice", 0.0, 1.0, 57.0), _row("spice", 0.1, 0.95, 21.7), _row("spice", 0.2, 0.6, 15.0),
             _row("lru", 0.0, 1.0, 60.0), _row("odd", 0.2, 0.5, 30.0), _row("odd", 0.1, 0.7, 40.0)]
-    fig = figures.policy_bars(rows, "modeled")
+    fig = figures_sweep.policy_bars(rows, "modeled")
     bars = fig["data"][0]
     got = dict(zip(bars["x"], bars["y"]))
     assert got == {"spice": 21.7, "lru": 60.0, "odd": 40.0}       # odd has none >= 0.9: its highest agreement
