@@ -32,7 +32,13 @@ def _has(selector: str, text: str) -> str:
     return f"() => ((document.querySelector({selector!r}) || {{}}).innerText || '').includes({text!r})"
 
 
-def test_a_budgeted_tune_applies_its_pick_to_the_chat_and_the_next_reply_runs_with_it(browser, shipped_served):
+def test_a_budgeted_tune_applies_its_pick_to_the_chat_and_the_next_reply_runs_with_it(browser, shipped_served,
+                                                                                     monkeypatch):
+    import pages.tuning
+    # A smaller evaluation than the app's (the page is under test, not the pick's statistics): ~35 s a tune of the
+    # shipped model on 2 cores against ~80 s, and the same lossy pick there.
+    monkeypatch.setattr(pages.tuning, "APP_EVAL", {"max_tokens": 32, "n_prompts": 1, "new_tokens": 6,
+                                                   "speed_tokens": 12})
     from app_helpers import SHIPPED
     if not (SHIPPED / "config.json").exists():
         pytest.skip("the shipped model is not in assets/spice-mini: this test is for the real engine")

@@ -20,10 +20,22 @@ from pages.tuning import TuneBook
 
 pytestmark = pytest.mark.slow
 VISITOR = SimpleNamespace(cookies={"spice_owner": "ab" * 16}, session_hash="tune-test-page")
+# A smaller evaluation than the app's (what is tested is the page, not the pick's statistics): ~35 s a tune of the
+# shipped model on 2 cores against ~80 s, and the same lossy pick there.
+TEST_EVAL = {"max_tokens": 32, "n_prompts": 1, "new_tokens": 6, "speed_tokens": 12}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def small_evaluation():
+    import pages.tuning
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pages.tuning, "APP_EVAL", TEST_EVAL)
+        yield
 
 
 @pytest.fixture(scope="module")
-def pages():
+def pages(small_evaluation):
     if not (SHIPPED / "config.json").exists():
         pytest.skip("the shipped model is not in assets/spice-mini")
     from spice_core.engine import SpiceEngine
