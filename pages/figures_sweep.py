@@ -65,7 +65,8 @@ def policy_bars(rows: Sequence[dict], timing: str, min_agreement: float = BARS_M
     names = list(best)
     data = [
         {"type": "bar", "x": names, "y": [best[p]["tpot_ms"] for p in names], "name": "TPOT (ms)",
-         "marker": {"color": OKABE_ITO["blue"]}, "offsetgroup": "tpot", "textposition": "outside",
+         "marker": {"color": OKABE_ITO["blue"]}, "offsetgroup": "tpot", "textposition": "inside", "insidetextanchor": "end",
+         "textfont": {"color": "#ffffff", "size": 11},
          "text": [f"τ_approx {best[p]['tau_approx']:g} · agreement {100 * best[p]['agreement']:.0f}%" for p in names]},
         {"type": "bar", "x": names, "y": [round(100 * best[p]["hit_rate"], 1) for p in names], "name": "hit rate (%)",
          "marker": {"color": OKABE_ITO["green"]}, "offsetgroup": "hit", "yaxis": "y2"},

@@ -343,10 +343,10 @@ def test_every_page_with_the_shipped_model(browser, shipped_app):
     page.wait_for_url("**/sweep**")
     page.locator("#sweep-shape input").wait_for(state="visible")
     _assert_label_in_sight(page, "#sweep-shape")            # it was cut off, beside the hardware profile
-    page.locator("#sweep-prompts textarea").fill("Once upon a time\nThe best way to learn is")
+    page.locator("#sweep-prompts textarea").fill("Once upon a time, a little cat\nOnce upon a time, there was a girl")
     page.locator("#sweep-policies label", has_text="spice_prefetch").click()      # untick: lru and spice stay
     page.locator("#sweep-tp input, #sweep-tp textarea").first.fill("0.2, 0.6")
-    page.locator("#sweep-ta input, #sweep-ta textarea").first.fill("0, 0.3")
+    page.locator("#sweep-ta input, #sweep-ta textarea").first.fill("0, 0.2")
     tokens = page.locator("#sweep-tokens input[type=number]")
     tokens.fill("8")
     tokens.press("Tab")
