@@ -97,14 +97,9 @@ class AutoTune:
         owner = (request.session_hash if request is not None else None) or f"session-{id(session)}"
         session.auto.running, session.auto.stop = True, False
         try:
-            gen = tuning.run(self.ctx, self.book, owner, base, budget, lambda: session.auto.stop)
-            while True:
-                try:
-                    line, _done, _total = next(gen)
-                except StopIteration as end:
-                    record, how = end.value
-                    break
-                yield (esc(line), *[skip] * (n_out - 1))
+            record, how = yield from tuning.shown(
+                tuning.run(self.ctx, self.book, owner, base, budget, lambda: session.auto.stop),
+                lambda line: (esc(line), *[skip] * (n_out - 1)))
         finally:
             session.auto.running = False
             self.ctx.runner.cancel_owner(owner, "closed")     # the page went away mid-tune: free the engine

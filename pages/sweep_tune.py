@@ -117,14 +117,9 @@ class TuneSection:
         owner = f"sweep-{id(session)}"
         started = time.perf_counter()
         try:
-            gen = tuning.run(self.ctx, self.book, owner, base, budget, lambda: session.stop)
-            while True:
-                try:
-                    line, _done, _total = next(gen)
-                except StopIteration as end:
-                    record, how = end.value
-                    break
-                yield esc(line), skip, skip, skip, skip
+            record, how = yield from tuning.shown(
+                tuning.run(self.ctx, self.book, owner, base, budget, lambda: session.stop),
+                lambda line: (esc(line), skip, skip, skip, skip))
         finally:
             session.running = False
             if page_session and self.page._running.get(page_session) is session:

@@ -216,6 +216,17 @@ def run(ctx, book: TuneBook, owner: str, base: RunSettings, tune_budget: tuner.B
     return job.record, f"tuned in {job.record.tune_s:.0f} s"
 
 
+def shown(gen, outputs):
+    """Drive `run`'s generator for a page: yield ``outputs(line)`` for each progress line; return its
+    (record | None, words). Use as ``record, how = yield from shown(run(...), outputs)``."""
+    while True:
+        try:
+            line, _done, _total = next(gen)
+        except StopIteration as end:
+            return end.value
+        yield outputs(line)
+
+
 def _ago(seconds: float) -> str:
     return f"{seconds:.0f} s ago" if seconds < 120 else f"{seconds / 60:.0f} min ago"
 

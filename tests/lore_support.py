@@ -29,3 +29,13 @@ def attach_lore(engine, bank) -> None:
         engine.artifacts = SimpleNamespace(lore=bank, draft=None, popularity=None)
     else:
         arts.lore = bank
+
+
+def engine_with_lore(model_dir, rank: int):
+    """The real engine on ``model_dir`` (CPU) with a LoRE bank of ``rank`` fitted on random-id traces."""
+    from spice_core.engine import SpiceEngine
+    from spice_core.lore import fit_lore_bank
+
+    eng = SpiceEngine.load(model_dir, device="cpu")
+    attach_lore(eng, fit_lore_bank(eng.lm, record_traces(eng.lm), rank))
+    return eng

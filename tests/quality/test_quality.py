@@ -10,7 +10,7 @@ import torch
 from spice_core.api import RunSettings
 from spice_core.tools.quality import EvalSet, agreement, evaluate, exact_reference, forced_logits
 
-from lore_support import attach_lore, build_tiny, random_rows, record_traces
+from lore_support import build_tiny, engine_with_lore, random_rows
 
 
 @pytest.fixture(scope="module")
@@ -20,12 +20,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    from spice_core.engine import SpiceEngine
-    from spice_core.lore import fit_lore_bank
-
-    eng = SpiceEngine.load(model_dir, device="cpu")
-    attach_lore(eng, fit_lore_bank(eng.lm, record_traces(eng.lm), 8))
-    return eng
+    return engine_with_lore(model_dir, 8)
 
 
 @pytest.fixture(scope="module")

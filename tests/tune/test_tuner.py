@@ -11,7 +11,7 @@ from spice_core.tools.quality import EvalSet
 from spice_core.tuned import find, save, tuned_path
 from spice_core.tuner import Budget, Setting, tune
 
-from lore_support import attach_lore, build_tiny, random_rows, record_traces
+from lore_support import build_tiny, engine_with_lore, random_rows
 
 
 @pytest.fixture(scope="module")
@@ -21,12 +21,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    from spice_core.engine import SpiceEngine
-    from spice_core.lore import fit_lore_bank
-
-    eng = SpiceEngine.load(model_dir, device="cpu")
-    attach_lore(eng, fit_lore_bank(eng.lm, record_traces(eng.lm), 4))
-    return eng
+    return engine_with_lore(model_dir, 4)
 
 
 @pytest.fixture(scope="module")
