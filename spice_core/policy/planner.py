@@ -359,6 +359,7 @@ class LayerPlanner:
         res = self.residency
         plan = plan_lookahead(
             predictions, is_resident_or_inflight=res.where,     # its keys: resident or in flight (= res.__contains__)
+            on_way_rows=res.on_way_row,
             tau_prefetch=self.tau_prefetch, max_lookahead=self.max_lookahead, now_ms=queues.now_ms,
             copy_free_at_ms=queues.copy_free_at_ms, copy_ms=self._copy_ms, layer_ms=layer_ms,
             top_k=self.top_k, max_items=max(0, res.n_slots - self.top_k), h_min_value=hm,

@@ -51,7 +51,7 @@ Alongside, the SPICE paper's H_min = P * M_e / (B * T_comp): the lookahead depth
 to hide a layer's P missing experts of M_e bytes over a link of B bytes/ms behind
 T_comp ms of compute per layer.
 
-Pure: lists of floats in, a plan out.
+Pure: lists of floats and a residency test in, a plan out.
 """
 from __future__ import annotations
 
@@ -121,6 +121,14 @@ def _layer_keys(layer: int, n_experts: int) -> tuple[ExpertKey, ...]:
 _by_distance = attrgetter("distance")
 
 
+def _rows_from(on_way) -> Callable[[int, int], Sequence[int]]:
+    """A layer's row (1: resident or in flight, per expert) from a container of keys."""
+    def row(layer: int, n_experts: int) -> bytes:
+        keys = _layer_keys(layer, n_experts)
+        return bytes(key in on_way for key in keys)
+    return row
+
+
 class _Contains:
     """A predicate seen as a container (``key in c`` calls it)."""
 
@@ -154,32 +162,38 @@ def plan_lookahead(
     max_items: int | None = None,
     h_min_value: float = 0.0,
     issue_ms: float = 0.0,
+    on_way_rows: Callable[[int, int], Sequence[int]] | None = None,
 ) -> PrefetchPlan:
-    """See the module docstring. ``predictions`` may come in any order; one per distance.
-    ``is_resident_or_inflight``: a predicate, or any container of the keys resident or in flight (a
-    membership test costs less than a call, and this asks a few hundred times a layer)."""
-    on_way = _Contains(is_resident_or_inflight) if callable(is_resident_or_inflight) else is_resident_or_inflight
+    """See the module docstring. ``predictions`` may come in any order; one per distance, each distance's
+    confidences a sequence or a numpy row. ``is_resident_or_inflight``: a predicate, or any container of the
+    keys resident or in flight. ``on_way_rows(layer, n_experts)``, when given, answers the same question
+    for a whole layer at once (row[e] true when expert e is, e.g. `Residency.on_way_row`): indexing a row
+    costs less than hashing a key, and the plan asks a few hundred times a layer."""
+    preds = sorted(predictions, key=_by_distance)
     k = max(top_k, 1)
     queue_end = max(now_ms, copy_free_at_ms)
     next_use: dict[ExpertKey, int] = {}
     cands: dict[int, list[tuple[float, int, ExpertKey, float]]] = {}   # d -> (confidence, expert, key, use prob.)
     covered: dict[int, float] = {}          # d -> expected number of layer l+d's experts already on their way
-    seen: set[ExpertKey] = set()
     not_worth: set[int] = set()              # distances with a confident expert not worth its host cost
     loop_reason, last_d = "bound", 0
+    if on_way_rows is None:
+        on_way = _Contains(is_resident_or_inflight) if callable(is_resident_or_inflight) else is_resident_or_inflight
+        on_way_rows = _rows_from(on_way)
+    seen: set[ExpertKey] = set()
     collecting = True
-    for pred in sorted(predictions, key=_by_distance):
+    for pred in preds:
         d, probs, layer = pred.distance, pred.probs, pred.layer
         ranked = pred.ranked()
         keys = _layer_keys(layer, len(probs))
-        # The 2k most confident at or above tau (ties: lower expert index): a prefix of the ranking.
-        n_conf = 0
+        # The 2k most confident at or above tau (ties: lower expert index): a prefix of the ranking. Every
+        # prediction informs eviction, also beyond the prefetch horizon.
+        confident = []
         for e in ranked[:2 * k]:
-            if probs[e] < tau_prefetch:
+            c = probs[e]
+            if c < tau_prefetch:
                 break
-            n_conf += 1
-        confident = ranked[:n_conf]
-        for e in confident:      # every prediction informs eviction, also beyond the prefetch horizon
+            confident.append(e)
             key = keys[e]
             if key not in next_use:
                 next_use[key] = d
@@ -188,10 +202,11 @@ def plan_lookahead(
         if d > max_lookahead:
             collecting = False
             continue
-        if n_conf == 0:
+        if not confident:
             loop_reason, collecting = "confidence", False
             continue
         last_d = d
+        row = on_way_rows(layer, len(probs))      # row[e]: expert e of the layer is resident or in flight
         # Probabilities of use: confidences rescaled so the layer's sum to k (a router softmax sums to 1,
         # calibrated confidences already to ~k), capped at 1. They only estimate demand copies.
         total = sum(probs)
@@ -202,14 +217,14 @@ def plan_lookahead(
             c = probs[e]
             if c < floor:
                 break
-            if keys[e] in on_way:
+            if row[e]:
                 u = c * scale
                 cov += u if u < 1.0 else 1.0
         covered[d] = cov
         cands[d] = []
         for e in confident:
             key = keys[e]
-            if key not in seen and key not in on_way:
+            if key not in seen and not row[e]:
                 use = min(1.0, probs[e] * scale)
                 if use * copy_ms > issue_ms:
                     cands[d].append((probs[e], e, key, use))
@@ -247,8 +262,9 @@ def plan_lookahead(
         chosen for layers l+1..l+upto and the expected demand copies of layers l+1..l+upto-1."""
         load = 0       # summed in the order of dists, as sum() over them would
         for j in dists:
-            if j <= upto:
-                load += len(chosen[j]) + (max(0.0, k - covered[j]) if j < upto else 0.0)
+            if j > upto:
+                break
+            load += len(chosen[j]) + (max(0.0, k - covered[j]) if j < upto else 0.0)
         return queue_end + copy_ms * load <= now_ms + upto * layer_ms + 1e-9
 
     # d >= 2: most confident first, while every deadline from its layer on still holds.
@@ -263,11 +279,13 @@ def plan_lookahead(
             dropped.setdefault(d, "cache")
             continue
         take(d, cand)
-        if all(fits(dd) for dd in dists if dd >= d):
-            n_items += 1
+        for dd in dists:
+            if dd >= d and not fits(dd):
+                untake(d)
+                dropped.setdefault(d, "time")
+                break
         else:
-            untake(d)
-            dropped.setdefault(d, "time")
+            n_items += 1
     for d in not_worth:
         dropped.setdefault(d, "cost")
     depth, reason = last_d, loop_reason

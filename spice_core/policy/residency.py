@@ -34,12 +34,26 @@ class Residency:
         # Resident keys, least recently used first (kept here so eviction never scans all slots).
         self.lru_order: OrderedDict[ExpertKey, None] = OrderedDict()
         self._free = list(range(n_slots - 1, -1, -1))   # a stack: the lowest free slot is taken first
+        self._rows: dict[int, bytearray] = {}              # layer -> row[e] = 1 while (layer, e) is in `where`
 
     def __contains__(self, key: ExpertKey) -> bool:
         return key in self.where
 
     def __len__(self) -> int:
         return len(self.where)
+
+    def on_way_row(self, layer: int, n_experts: int) -> bytearray:
+        """row[e] is 1 while expert e of ``layer`` holds a slot (resident or in flight), kept in step with
+        `where` (read-only for callers): the lookahead tests a few hundred experts a layer, and indexing a
+        row costs less than hashing a key."""
+        row = self._rows.get(layer)
+        if row is None or len(row) < n_experts:
+            row = bytearray(n_experts)
+            for key in self.where:
+                if key.layer == layer and key.expert < n_experts:
+                    row[key.expert] = 1
+            self._rows[layer] = row
+        return row
 
     def free_slot(self) -> int | None:
         return self._free[-1] if self._free else None
@@ -58,10 +72,16 @@ class Residency:
         s.key, s.last_use_tick, s.use_count, s.prefetched, s.busy = key, tick, 0, prefetched, False
         self.where[key] = slot
         self.lru_order[key] = None
+        row = self._rows.get(key.layer)
+        if row is not None:
+            row[key.expert] = 1
 
     def evict(self, key: ExpertKey) -> int:
         slot = self.where.pop(key)
         self.lru_order.pop(key, None)
+        row = self._rows.get(key.layer)
+        if row is not None:
+            row[key.expert] = 0
         s = self.state[slot]
         assert not s.busy, f"evicting busy slot {slot} ({key})"
         s.key, s.prefetched = None, False
