@@ -9,8 +9,9 @@ selections, falling back to the steps' hits / (hits + misses) counters when the 
 per-selection outcomes.
 
 A late prefetch is a stall, not a hit: a ``prefetch_hit`` whose copy (the token's PrefetchRecord for that
-layer and expert) arrived after the layer needed it is counted as ``prefetch_late`` here, apart from the hits
-(`hit_rate` counts on-time ones only; `hit_rate_with_late` is the engine summary's hit rate).
+layer and expert) arrived after the layer needed it is counted as ``prefetch_late`` here, apart from the hits,
+by trace.metrics' definition (`late_keys`), so `hit_rate` and `late_rate` equal the run summary's
+``hit_rate`` and ``late_prefetch_rate``.
 
 Only the consumer thread of a run writes a LiveRun, and it is the same thread that renders
 it, so no locking is needed. This module knows nothing of Gradio or plotly.
@@ -23,12 +24,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from spice_core.api import OUTCOMES, EngineInfo, LaneInterval, PrefetchRecord, StepStats
+from spice_core.api import LATE_OUTCOME, OUTCOMES, EngineInfo, LaneInterval, PrefetchRecord, StepStats, late_keys
 
 # Heatmap codes: 0 = not selected, then the outcomes in schema order (hit, prefetch_hit, approx, cpu, copy),
 # then a prefetched expert that arrived late (the layer waited for it).
 NOT_SELECTED = "not selected"
-LATE = "prefetch_late"
+LATE = LATE_OUTCOME
 CATEGORIES = (NOT_SELECTED, *OUTCOMES, LATE)
 CODE = {name: i for i, name in enumerate(CATEGORIES)}
 HIT_OUTCOMES = ("hit", "prefetch_hit")
@@ -92,8 +93,7 @@ class LiveRun:
         self.lookahead.append(step.lookahead_depth)
         self.current[:] = 0
         hits = sel = late_n = 0
-        late = {(p.layer, p.expert) for p in step.prefetches
-                if p.needed_ms is not None and p.arrived_ms > p.needed_ms + 1e-9}
+        late = late_keys(step.prefetches)
         for o in step.outcomes:
             row = self._row.get(o.layer)
             outcome = LATE if o.outcome == "prefetch_hit" and (o.layer, o.expert) in late else o.outcome
@@ -125,7 +125,7 @@ class LiveRun:
             self.prefetches_issued += 1
             if p.needed_ms is None:
                 self.prefetches_wasted += 1
-            elif p.arrived_ms > p.needed_ms + 1e-9:
+            elif p.late:
                 self.prefetches_late += 1
         self.stop_reasons.update(getattr(step, "lookahead_stops", ()) or ())
 
@@ -152,11 +152,6 @@ class LiveRun:
         """Share of the routed selections served by a prefetch that arrived late (the layer stalled for it)."""
         late, sel = (self._decode_late, self._decode_sel) if self.n_tokens > 1 else (self._first_late, self._first_sel)
         return late / sel if sel else 0.0
-
-    @property
-    def hit_rate_with_late(self) -> float:
-        """The engine summary's hit rate: late prefetches counted as hits."""
-        return self.hit_rate + self.late_rate
 
     @property
     def bytes_per_token(self) -> float:

@@ -33,8 +33,10 @@ log = logging.getLogger(__name__)
 DEFAULT_WINDOW_TOKENS = 16
 MAX_WINDOW_TOKENS = 4096
 MAX_FIRST_TOKEN = 10**9
-LAYER_COLUMNS = ["layer", "selections", "hit %", "prefetched hit %", "approx %", "CPU %", "copied %",
-                 "prefetches", "wasted prefetches", "MB copied / token (timed shape)", "stall ms / token"]
+# "prefetched hit %" are prefetches in time; "late prefetch %" those whose copy came after the layer needed it
+# (a stall, not a hit: trace.metrics), so hit % + prefetched hit % is the layer's hit rate, as in the chat.
+LAYER_COLUMNS = ["layer", "selections", "hit %", "prefetched hit %", "late prefetch %", "approx %", "CPU %",
+                 "copied %", "prefetches", "wasted prefetches", "MB copied / token (timed shape)", "stall ms / token"]
 
 
 # --- numbers from events (pure) ---------------------------------------------------------------
@@ -65,9 +67,9 @@ def per_layer_frame(events, n_tokens: int) -> pd.DataFrame:
             continue
         pct = (lambda n: round(100 * n / sel, 1)) if sel else (lambda n: 0.0)
         get = (lambda k: getattr(o, k)) if o is not None else (lambda k: 0)
-        out.append([layer, sel, pct(get("hit")), pct(get("prefetch_hit")), pct(get("approx")), pct(get("cpu")),
-                    pct(get("copy")), int(r["prefetches"]), int(r["wasted"]), round(r["bytes"] / 1e6 / tokens, 2),
-                    round(r["stall_ms"] / tokens, 3)])
+        out.append([layer, sel, pct(get("hit")), pct(get("prefetch_hit")), pct(get("prefetch_late")),
+                    pct(get("approx")), pct(get("cpu")), pct(get("copy")), int(r["prefetches"]), int(r["wasted"]),
+                    round(r["bytes"] / 1e6 / tokens, 2), round(r["stall_ms"] / tokens, 3)])
     return pd.DataFrame(out, columns=LAYER_COLUMNS)
 
 
@@ -125,6 +127,17 @@ def compare_frame(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
                                                                                  if c.startswith(("MB", "stall"))})
 
 
+def _late_text(s) -> str:
+    """The share of selections served by a prefetch that came late (RunSummary.late_prefetch_rate)."""
+    return f"{100 * s.late_prefetch_rate:.0f}%"
+
+
+def _hit_rate_note(s) -> str:
+    """Under the hit rate: the late prefetches' share when there is one (as the chat's card), then the misses."""
+    split = " · ".join(f"{k} {v}" for k, v in sorted(s.miss_split.items()) if v) or "no misses"
+    return f"in time; {_late_text(s)} late prefetches · {split}" if s.late_prefetch_rate >= 0.005 else split
+
+
 def _timed_bytes_text(s) -> str:
     return fmt_bytes(timed_bytes(s.shape_bytes_per_token, s.bytes_per_token)[0])
 
@@ -142,7 +155,8 @@ def compare_html(a, b) -> str:
     rows = [("policy", a.policy, b.policy, ""), ("timing", f"{a.timing} · {a.shape}", f"{b.timing} · {b.shape}", ""),
             ("TPOT median", f"{a.tpot_ms_median:.2f} ms", f"{b.tpot_ms_median:.2f} ms",
              ratio(a.tpot_ms_median, b.tpot_ms_median)),
-            ("hit rate", f"{100 * a.hit_rate:.0f}%", f"{100 * b.hit_rate:.0f}%", ""),
+            ("hit rate (in time)", f"{100 * a.hit_rate:.0f}%", f"{100 * b.hit_rate:.0f}%", ""),
+            ("late prefetches (stalled)", _late_text(a), _late_text(b), ""),
             ("copied / token (timed shape)", _timed_bytes_text(a), _timed_bytes_text(b), ""),
             ("copied / token (native)", fmt_bytes(a.bytes_per_token), fmt_bytes(b.bytes_per_token), ""),
             ("stall / token", f"{a.stall_ms_per_token:.2f} ms", f"{b.stall_ms_per_token:.2f} ms", ""),
@@ -180,13 +194,12 @@ def _copied_card(s) -> tuple[str, str]:
 
 def summary_html(s, label: str = "", baselines: dict | None = None) -> str:
     """The summary cards; every interpolated value is escaped (labels are visitors' prompts)."""
-    split = " · ".join(f"{k} {v}" for k, v in sorted(s.miss_split.items()) if v) or "no misses"
     cards = [
         ("tokens", f"{s.n_tokens}", s.finish_reason or "—"),
         ("TTFT", f"{s.ttft_ms:.1f} ms", "incl. prefill"),
         ("TPOT", f"{s.tpot_ms_median:.2f} ms", f"median · p90 {s.tpot_ms_p90:.2f}"),
         ("tokens/s", f"{s.tokens_per_s:.1f}", s.timing),
-        ("hit rate", f"{100 * s.hit_rate:.0f}%", split),
+        ("hit rate", f"{100 * s.hit_rate:.0f}%", _hit_rate_note(s)),
         ("copied", *_copied_card(s)),
         ("stall", f"{s.stall_ms_per_token:.2f} ms", "per token"),
         *baseline_cards(s, baselines or {}),

@@ -24,8 +24,8 @@ from spice_core.records import (  # noqa: F401 - re-exported: the records front 
 from spice_core.timing.profiles import routing_shape
 from spice_core.trace.events import OUTCOMES  # noqa: F401 - re-exported for front ends
 from spice_core.trace.metrics import (  # noqa: F401 - re-exported: one definition of every metric
-    first_divergence, greedy_agreement, identical_prefix_share, matching_tokens, outcomes_from_events,
-    per_layer_counts, per_layer_table, scope_tokens)
+    LATE_OUTCOME, first_divergence, greedy_agreement, identical_prefix_share, late_keys, matching_tokens,
+    outcomes_from_events, per_layer_counts, per_layer_table, scope_tokens)
 
 # Names a user may pick, derived from the one policy table (policy/spec.py); the engine refuses anything
 # else with a ConfigError. Baselines predict nothing; exact policies never approximate.

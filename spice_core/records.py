@@ -30,6 +30,11 @@ class PrefetchRecord:
     needed_ms: float | None  # None: not used by this token (wasted unless a later token uses it)
     confidence: float
 
+    @property
+    def late(self) -> bool:
+        """Used, but its copy arrived after its layer needed it: the layer stalled for it (a stall, not a hit)."""
+        return self.needed_ms is not None and self.arrived_ms > self.needed_ms + 1e-9
+
 
 @dataclass(frozen=True)
 class LaneInterval:
@@ -101,7 +106,7 @@ class RunSummary:
     tpot_ms_median: float
     tpot_ms_p90: float
     tokens_per_s: float
-    hit_rate: float
+    hit_rate: float                # served from the GPU in time: resident or prefetched in time (trace.metrics)
     bytes_per_token: float         # native bytes copied per decode token
     stall_ms_per_token: float
     miss_split: dict = field(default_factory=dict)   # outcome -> count, e.g. {"copy": 10, "cpu": 3}
@@ -110,6 +115,7 @@ class RunSummary:
     text: str = ""
     finish_reason: str = ""
     shape_bytes_per_token: float = 0.0   # the same in the timed shape's bytes (see StepStats.shape_bytes_copied)
+    late_prefetch_rate: float = 0.0      # share of the selections served by a prefetch that came late (not in hit_rate)
 
 
 @dataclass(frozen=True)

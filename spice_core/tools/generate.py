@@ -158,7 +158,8 @@ def run(args) -> int:
             "tokens": rec.token_ids,
             "summary": {
                 "tpot_ms": summ.tpot_ms_median, "tpot_ms_p90": summ.tpot_ms_p90, "ttft_ms": summ.ttft_ms,
-                "hit_rate": summ.hit_rate, "bytes_per_token": summ.bytes_per_token,
+                "hit_rate": summ.hit_rate, "late_prefetch_rate": summ.late_prefetch_rate,
+                "bytes_per_token": summ.bytes_per_token,
                 "stall_ms_per_token": summ.stall_ms_per_token, "timing": summ.timing, "profile": summ.profile,
                 "shape": summ.shape, "policy": summ.policy, "miss_split": summ.miss_split,
                 "hit_rate_per_layer": {str(k): v for k, v in summ.hit_rate_per_layer.items()},
@@ -259,7 +260,8 @@ def format_summary(summ) -> str:
     rows = [("policy", summ.policy), ("timing", summ.timing), ("profile", summ.profile), ("shape", summ.shape),
             ("tokens", summ.n_tokens), ("TTFT ms", f"{summ.ttft_ms:.3f}"),
             ("TPOT ms (median)", f"{summ.tpot_ms_median:.3f}"), ("TPOT ms (p90)", f"{summ.tpot_ms_p90:.3f}"),
-            ("tokens/s", f"{summ.tokens_per_s:.1f}"), ("hit rate", f"{summ.hit_rate:.3f}"),
+            ("tokens/s", f"{summ.tokens_per_s:.1f}"), ("hit rate (in time)", f"{summ.hit_rate:.3f}"),
+            ("late prefetches", f"{summ.late_prefetch_rate:.3f}"),
             ("bytes copied / token", f"{summ.bytes_per_token:,.0f}"),
             ("stall ms / token", f"{summ.stall_ms_per_token:.3f}"),
             ("misses (approx/cpu/copy)", "/".join(str(summ.miss_split.get(k, 0)) for k in ("approx", "cpu", "copy")))]

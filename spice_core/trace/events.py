@@ -24,6 +24,10 @@ LANES_FIXED = ("gpu", "copy", "host")
 #   copy          miss copied in on demand (the layer waited for it)
 OUTCOMES = ("hit", "prefetch_hit", "approx", "cpu", "copy")
 
+# The detail of a ``prefetch_hit`` instant whose copy arrived after its layer needed it (PrefetchRecord.late): the
+# layer stalled for it. Accounts (trace.metrics, the exports) count it apart from the hits, as ``prefetch_late``.
+LATE_DETAIL = "late"
+
 EVENT_KINDS = (
     # intervals
     "layer",         # gpu: non-expert work of a layer (attention, norms, router, shared expert)

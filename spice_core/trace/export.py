@@ -15,8 +15,11 @@ Chrome-trace conventions used here (the "JSON Object Format"):
   follow their lane.
 - ``ts``/``dur`` are microseconds, rounded to the nanosecond; positive-length events are "X"
   slices, zero-length events "i" instants with thread scope.
-- per-token "C" counters (experts hit/missed: distinct experts per layer, as the per-token CSV's experts_*
-  columns; copied MB) are derived from the events themselves.
+- per-token "C" counters (experts hit/late/missed: distinct experts per layer, as the per-token CSV's
+  experts_* columns; copied MB) are derived from the events themselves.
+- a prefetch that came late (its ``prefetch_hit`` instant's detail is ``LATE_DETAIL``: the layer stalled
+  for it) is named apart: the instant is ``prefetch_late L<l> E<e>`` in category ``spice.prefetch_late``
+  (its args keep the event's kind), and the counters and the CSV count it neither hit nor miss.
 
 This module deliberately does not know how events were produced (measured or modeled), what a
 policy is, or anything of torch, TensorBoard or the UI: it turns plain records into files.
@@ -34,13 +37,14 @@ from typing import Iterable, Sequence
 import pandas as pd
 
 from spice_core.records import StepStats
-from spice_core.trace.events import OUTCOMES, TraceEvent
+from spice_core.trace.events import LATE_DETAIL, TraceEvent
+from spice_core.trace.metrics import ACCOUNT_OUTCOMES, LATE_OUTCOME, accounted_outcomes
 
 SPICE_PID = 1
 CATEGORY = "spice"              # prefix of every slice's "cat"; no TensorBoard category uses it
 COUNTER_TID = 0                 # counters and process-level metadata; tracks start at tid 1
 _US_DECIMALS = 3                # µs rounded to ns: enough, and nesting is checked on these values
-_HIT_KINDS = ("hit", "prefetch_hit")
+_HIT_KINDS = ("hit", "prefetch_hit")     # instants; a late prefetch_hit counts apart (`_account_kind`)
 _MISS_KINDS = ("miss",)
 _COPY_KINDS = ("copy", "prefetch")
 _CPU_LANE = re.compile(r"^cpu(\d+)$")
@@ -49,9 +53,12 @@ _CPU_LANE = re.compile(r"^cpu(\d+)$")
 # counts every prompt token's), ``experts_*`` count the distinct experts of each layer with that outcome (an
 # expert chosen by several prompt tokens once), ``bytes_copied`` are native bytes and ``shape_bytes_copied`` the
 # timed shape's (those step_ms is for; the Chrome trace's "copied MB" counts these), times ms in the row's timing mode.
+# The outcomes are trace.metrics' accounts: experts_prefetch_hit are prefetches in time, experts_prefetch_late those
+# whose copy came after their layer needed it (a stall). hit_selections is the engine's count of selections the
+# cache served, late prefetches' included: the engine records outcomes per expert, not per selection.
 PER_TOKEN_COLUMNS = (
     "index", "token_id", "text", "step_ms", "timing", "hit_selections", "miss_selections", "bytes_copied",
-    "shape_bytes_copied", "stall_ms", "lookahead_depth", *(f"experts_{o}" for o in OUTCOMES),
+    "shape_bytes_copied", "stall_ms", "lookahead_depth", *(f"experts_{o}" for o in ACCOUNT_OUTCOMES),
 )
 EVENT_COLUMNS = (
     "token", "layer", "expert", "lane", "kind", "start_ms", "end_ms", "dur_ms", "bytes", "timing", "detail",
@@ -136,10 +143,15 @@ def assign_tracks(events: Iterable[TraceEvent]) -> list[tuple[str, TraceEvent]]:
 # ---------------------------------------------------------------------------------------------
 # Chrome trace
 
+def _account_kind(ev: TraceEvent) -> str:
+    """The event's kind, except a late prefetch's instant: ``prefetch_late``."""
+    return LATE_OUTCOME if ev.kind == "prefetch_hit" and ev.detail == LATE_DETAIL else ev.kind
+
+
 def _slice_name(ev: TraceEvent) -> str:
     if ev.kind == "token":
         return f"token {ev.token}"
-    parts = [ev.kind]
+    parts = [_account_kind(ev)]
     if ev.layer >= 0:
         parts.append(f"L{ev.layer}")
     if ev.expert >= 0:
@@ -157,9 +169,10 @@ def _args(ev: TraceEvent, track: str) -> dict:
 
 def _counter_events(events: Sequence[TraceEvent], pid: int | str, origin_ms: float,
                     ts_offset_us: float) -> list[dict]:
-    """Per-token counters sampled at the token's first event: hit/miss instants and copied MB."""
+    """Per-token counters sampled at the token's first event: hit / late prefetch / miss instants and copied MB."""
     first_ms: dict[int, float] = {}
     hits: dict[int, int] = defaultdict(int)
+    late: dict[int, int] = defaultdict(int)
     misses: dict[int, int] = defaultdict(int)
     copied: dict[int, int] = defaultdict(int)
     for ev in events:
@@ -167,7 +180,10 @@ def _counter_events(events: Sequence[TraceEvent], pid: int | str, origin_ms: flo
             continue
         first_ms[ev.token] = min(first_ms.get(ev.token, ev.start_ms), ev.start_ms)
         if ev.kind in _HIT_KINDS:
-            hits[ev.token] += 1
+            if _account_kind(ev) == LATE_OUTCOME:
+                late[ev.token] += 1
+            else:
+                hits[ev.token] += 1
         elif ev.kind in _MISS_KINDS:
             misses[ev.token] += 1
         elif ev.kind in _COPY_KINDS:
@@ -175,8 +191,9 @@ def _counter_events(events: Sequence[TraceEvent], pid: int | str, origin_ms: flo
     out = []
     for token in sorted(first_ms):
         ts = round(_us(first_ms[token] - origin_ms) + ts_offset_us, _US_DECIMALS)
-        out.append({"ph": "C", "name": "experts hit/missed", "cat": CATEGORY, "pid": pid, "tid": COUNTER_TID,
-                    "ts": ts, "args": {"hit_experts": hits[token], "miss_experts": misses[token]}})
+        out.append({"ph": "C", "name": "experts hit/late/missed", "cat": CATEGORY, "pid": pid, "tid": COUNTER_TID,
+                    "ts": ts, "args": {"hit_experts": hits[token], "late_experts": late[token],
+                                       "miss_experts": misses[token]}})
         out.append({"ph": "C", "name": "copied MB", "cat": CATEGORY, "pid": pid, "tid": COUNTER_TID,
                     "ts": ts, "args": {"MB": copied[token] / 1e6}})
     return out
@@ -208,7 +225,7 @@ def chrome_trace_events(events: Iterable[TraceEvent], *, pid: int | str = SPICE_
 
     body = []
     for (track, ts, end), ev in zip(placed, evs):
-        rec = {"name": _slice_name(ev), "cat": f"{CATEGORY}.{ev.kind}", "pid": pid, "tid": tids[track],
+        rec = {"name": _slice_name(ev), "cat": f"{CATEGORY}.{_account_kind(ev)}", "pid": pid, "tid": tids[track],
                "ts": ts, "args": _args(ev, track)}
         if end > ts:
             rec.update(ph="X", dur=round(end - ts, _US_DECIMALS))
@@ -268,12 +285,12 @@ def write_chrome_trace(events: Iterable[TraceEvent], path: Path, *, metadata: di
 # CSV tables
 
 def per_token_frame(steps: Sequence[StepStats]) -> pd.DataFrame:
-    """One row per generated token: the StepStats scalars plus a count of experts per outcome (units: see
-    PER_TOKEN_COLUMNS)."""
+    """One row per generated token: the StepStats scalars plus a count of experts per accounted outcome (units:
+    see PER_TOKEN_COLUMNS)."""
     rows = []
     for s in steps:
-        counts = dict.fromkeys(OUTCOMES, 0)
-        for o in s.outcomes:
+        counts = dict.fromkeys(ACCOUNT_OUTCOMES, 0)
+        for o in accounted_outcomes(s):
             if o.outcome in counts:
                 counts[o.outcome] += 1
         rows.append({

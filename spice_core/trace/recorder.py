@@ -8,16 +8,20 @@ Every routed selection's outcome is written once, here, as both an ``ExpertOutco
 `StepStats.outcomes` carries) and an instant trace event on the gpu lane (``hit``,
 ``prefetch_hit`` or ``miss`` with the miss's outcome in ``detail``), in the same call, so the
 summary, the trace explorer's per-layer table, the Chrome trace's counters and the CSV count
-the same things (`trace.metrics` defines how). Intervals come from the clock, which appends
-them to the same token's events.
+the same things (`trace.metrics` defines how). At the token's end, a ``prefetch_hit`` instant
+whose prefetch came late (its PrefetchRecord is ``late``) gets ``LATE_DETAIL``, so that a trace
+alone tells a late prefetch from a hit. Intervals come from the clock, which appends them to the
+same token's events.
 
 Knows nothing of policies, devices or the UI.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from spice_core.records import ExpertOutcome, PrefetchRecord
+from spice_core.trace.events import LATE_DETAIL
+from spice_core.trace.metrics import late_keys
 from spice_core.types import ExpertKey
 
 HIT_INSTANTS = ("hit", "prefetch_hit")
@@ -134,5 +138,10 @@ class Recorder:
     def end_token(self) -> TokenRecord:
         """The token's record, with every event the clock resolved for it (intervals and instants)."""
         rec = self.token
-        rec.events = self.clock.drain_events()
+        events = self.clock.drain_events()
+        late = late_keys(rec.prefetches)
+        if late:
+            events = [replace(ev, detail=LATE_DETAIL) if ev.kind == "prefetch_hit" and (ev.layer, ev.expert) in late
+                      else ev for ev in events]
+        rec.events = events
         return rec

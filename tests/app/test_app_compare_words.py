@@ -9,7 +9,7 @@ from pages.trace_explorer import compare_frame, compare_html
 
 
 def _summary(tpot):
-    return SimpleNamespace(policy="p", timing="modeled", shape="s", tpot_ms_median=tpot, hit_rate=0.5,
+    return SimpleNamespace(policy="p", timing="modeled", shape="s", tpot_ms_median=tpot, hit_rate=0.5, late_prefetch_rate=0.0,
                            bytes_per_token=1e6, shape_bytes_per_token=0.0, stall_ms_per_token=0.1, n_tokens=8)
 
 

@@ -21,7 +21,7 @@ def test_a_late_prefetch_is_counted_and_coloured_apart_from_the_hits():
     outcomes = (ExpertOutcome(1, 0, "prefetch_hit"), ExpertOutcome(2, 3, "prefetch_hit"),
                 ExpertOutcome(2, 1, "hit"), ExpertOutcome(1, 2, "copy"))
     live.add(_step(0, (on_time, late), outcomes))
-    assert live.hit_rate == 0.5 and live.late_rate == 0.25 and live.hit_rate_with_late == 0.75
+    assert live.hit_rate == 0.5 and live.late_rate == 0.25
     assert live.current[1, 3] == CODE[LATE] and live.current[0, 0] == CODE["prefetch_hit"]
     fig = figures.outcome_heatmap(live)
     assert "prefetched late (stalled)" in [d.get("name") for d in fig["data"]]

@@ -84,7 +84,7 @@ def test_live_numbers_match_the_engine_summary():
     s = gen.summary()
     assert live.n_tokens == s.n_tokens
     assert live.tpot_ms == pytest.approx(s.tpot_ms_median)
-    assert live.hit_rate_with_late == pytest.approx(s.hit_rate)
+    assert live.hit_rate == pytest.approx(s.hit_rate) and live.late_rate == pytest.approx(s.late_prefetch_rate)
     assert live.bytes_per_token == pytest.approx(s.bytes_per_token)
     assert live.counts.sum() == sum(len(st.outcomes) for st in engine._runs[gen.run_id].steps)
 
@@ -225,7 +225,8 @@ def test_per_layer_frame_and_per_token_series_from_trace_events():
     events = engine.get_events(gen.run_id)
     frame = per_layer_frame(events, 6)
     assert list(frame["layer"]) == list(engine.moe_layers)
-    assert (frame[["hit %", "prefetched hit %", "approx %", "CPU %", "copied %"]].sum(axis=1) - 100).abs().max() < 0.6
+    shares = ["hit %", "prefetched hit %", "late prefetch %", "approx %", "CPU %", "copied %"]
+    assert (frame[shares].sum(axis=1) - 100).abs().max() < 0.6
     tokens, step_ms, stall_ms, mb = per_token_series(events)
     assert tokens == list(range(6)) and all(s >= w for s, w in zip(step_ms, stall_ms))
 

@@ -98,9 +98,10 @@ def test_per_token_counters_count_hits_misses_and_copied_bytes():
            ev("copy", "prefetch", 3, 4, nbytes=1_000_000),
            ev("host", "token", 5, 9, token=1), ev("gpu", "miss", 6, 6, token=1)]
     counters = [e for e in chrome_trace_events(evs) if e["ph"] == "C"]
-    hm = [(e["ts"], e["args"]) for e in counters if e["name"] == "experts hit/missed"]
+    hm = [(e["ts"], e["args"]) for e in counters if e["name"] == "experts hit/late/missed"]
     mb = [(e["ts"], e["args"]) for e in counters if e["name"] == "copied MB"]
-    assert hm == [(0.0, {"hit_experts": 2, "miss_experts": 1}), (5000.0, {"hit_experts": 0, "miss_experts": 1})]
+    assert hm == [(0.0, {"hit_experts": 2, "late_experts": 0, "miss_experts": 1}),
+                  (5000.0, {"hit_experts": 0, "late_experts": 0, "miss_experts": 1})]
     assert mb == [(0.0, {"MB": 3.0}), (5000.0, {"MB": 0.0})]
 
 

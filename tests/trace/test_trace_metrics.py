@@ -89,7 +89,7 @@ def test_per_layer_table_counts_each_outcome():
     assert tuple(df.columns) == PER_LAYER_COLUMNS
     rows = {r["layer"]: r for r in df.to_dict("records")}
     assert list(rows) == [1, 2]
-    assert rows[1] == {"layer": 1, "selections": 14, "hit": 5, "prefetch_hit": 2, "approx": 1, "cpu": 0,
-                       "copy": 6, "hit_rate": pytest.approx(7 / 14)}
+    assert rows[1] == {"layer": 1, "selections": 14, "hit": 5, "prefetch_hit": 2, "prefetch_late": 0, "approx": 1,
+                       "cpu": 0, "copy": 6, "hit_rate": pytest.approx(7 / 14)}
     assert rows[2]["copy"] == 6 + 3 and rows[2]["hit_rate"] == pytest.approx(3 / 14)
     assert per_layer_table([]).empty and tuple(per_layer_table([]).columns) == PER_LAYER_COLUMNS
