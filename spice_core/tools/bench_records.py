@@ -136,14 +136,17 @@ def _show(value) -> str:
 
 def _refuse_mixed_runs(records: list[dict], sources: list[str]) -> None:
     for field in RUN_FIELDS:
-        seen: dict[str, str] = {}
-        for r, src in zip(records, sources):
-            if r.get(field) is not None:
-                seen.setdefault(_show(r[field]), src)
-        if len(seen) > 1:
-            (a, src_a), (b, src_b) = list(seen.items())[:2]
-            raise ConfigError(f"--merge: the shards are not parts of one run: {field} is {a} in {src_a} but {b} in "
-                              f"{src_b}: merge only shards of one config, model, prompt set and code")
+        # Peers (benchmarks/peers.py, records with a "peer") are a run of their own beside bench's, on the same
+        # model: their provenance is compared among peers only, every other run field across all records.
+        for side in ((False, True) if field == "provenance" else (None,)):
+            seen: dict[str, str] = {}
+            for r, src in zip(records, sources):
+                if r.get(field) is not None and (side is None or bool(r.get("peer")) == side):
+                    seen.setdefault(_show(r[field]), src)
+            if len(seen) > 1:
+                (a, src_a), (b, src_b) = list(seen.items())[:2]
+                raise ConfigError(f"--merge: the shards are not parts of one run: {field} is {a} in {src_a} but {b} "
+                                  f"in {src_b}: merge only shards of one config, model, prompt set and code")
 
 
 def merge_records(records: list[dict], sources: list[str] | None = None) -> list[dict]:
