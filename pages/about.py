@@ -4,7 +4,9 @@ The benchmark table is read from the Markdown files under ``docs/benchmarks/`` e
 opens (so a new benchmark shows without a restart): the newest file by the latest ISO date it
 mentions (its modification time when it mentions none; ties go to the most recently written),
 its first table (or the first after a ``<!-- about: table -->`` line, for a file whose newest results
-come after older ones) and the heading above it, with the file's path as the source.
+come after older ones) and the heading above it, with the file's path as the source. A row whose setting names
+a LoRE rank (``r=16``) that the file's model does not ship is left out, with a note: a benchmark may fit LoRE
+factors of its own, and the page must not offer rows the visitor's model cannot run (`rows_for_lore_ranks`).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ HEADLINE_POLICIES = ("on_demand", "lru", "spice_prefetch", "spice", "oracle_pref
 DATE = re.compile(r"\b(20\d\d-[01]\d-[0-3]\d)\b")
 ABOUT_MARKER = "<!-- about: table -->"      # in a benchmark file: the table About shows is the first below
 SEPARATOR = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")   # a table's |---|:--:| row
+LORE_RANK = re.compile(r"\br=(\d+)\b")       # a benchmark setting's LoRE rank: "spice τ=0.05 r=16"
 
 ABOUT = """
 ## What SPICE does
@@ -114,6 +117,44 @@ def first_table(text: str) -> tuple[str, str]:
                 j += 1
             return (f"{top} — {heading}" if top and top != heading else heading), "\n".join(lines[i:j])
     return "", ""
+
+
+def rows_for_lore_ranks(table: str, ranks: tuple[int, ...]) -> tuple[str, list[int], list[int]]:
+    """(the table without the rows whose setting, the first cell, names a LoRE rank not in ``ranks``; the ranks
+    of the rows left out; ranks not in ``ranks`` that other cells of the rows kept still name), sorted."""
+    kept, dropped, named = [], set(), set()
+    for n, line in enumerate(table.splitlines()):
+        cells = line.strip().strip("|").split("|")
+        if n >= 2:          # the header and its |---| row always stay
+            row_ranks = {int(r) for r in LORE_RANK.findall(cells[0])} - set(ranks)
+            if row_ranks:
+                dropped |= row_ranks
+                continue
+            named |= {int(r) for c in cells[1:] for r in LORE_RANK.findall(c)} - set(ranks)
+        kept.append(line)
+    return "\n".join(kept), sorted(dropped), sorted(named)
+
+
+def model_named(text: str, infos: list[EngineInfo]) -> EngineInfo:
+    """The served model a benchmark file is about: the longest of their names it mentions (spice-mini-qwen2
+    before spice-mini), else the default (first) model."""
+    named = [i for i in infos if re.search(rf"\b{re.escape(i.model_name)}\b(?!-)", text)]
+    return max(named, key=lambda i: len(i.model_name)) if named else infos[0]
+
+
+def lore_rank_note(model: EngineInfo, dropped: list[int], named: list[int]) -> str:
+    """What `rows_for_lore_ranks` left out, and why, for the table's model."""
+    if not dropped and not named:
+        return ""
+    words = lambda ranks: ", ".join(str(r) for r in ranks)     # noqa: E731
+    has = f"ships LoRE factors of ranks {words(model.lore_ranks)}" if model.lore_ranks else "ships no LoRE factors"
+    parts = []
+    if dropped:
+        parts.append(f"Rows at LoRE rank {words(dropped)} are left out")
+    if named:
+        parts.append(f"{'its' if dropped else 'This table’s'} settings at rank {words(named)} used LoRE factors the "
+                     "benchmark fitted itself")
+    return f"{'; '.join(parts)}: `{model.model_name}` {has}{' (the file has every row)' if dropped else ''}."
 
 
 def benchmark_tables(folder: Path) -> list[BenchmarkTable]:
@@ -213,7 +254,8 @@ class AboutPage:
                 ("expert size", lambda i: fmt_bytes(i.expert_bytes)), ("device", lambda i: i.device),
                 ("timing", lambda i: i.default_timing),
                 ("draft heads", lambda i: "yes" if i.has_draft else "no (gate predictor)"),
-                ("LoRE factors", lambda i: "yes" if i.has_lore else "no"),
+                ("LoRE factors", lambda i: f"ranks {', '.join(map(str, i.lore_ranks))}" if i.has_lore and i.lore_ranks
+                 else "yes" if i.has_lore else "no"),
                 ("context", lambda i: f"{i.max_context_tokens:,} tokens"),
                 ("hardware profiles", lambda i: ", ".join(i.profiles)), ("shapes", lambda i: ", ".join(i.shapes))]
         head = "| property | " + " | ".join("value" if len(infos) == 1 else i.model_name for i in infos) + " |"
@@ -241,7 +283,13 @@ class AboutPage:
 
     def _render(self, b: BenchmarkTable) -> str:
         heading = f"**{b.heading}**\n\n" if b.heading else ""
-        return f"{heading}{b.table}\n\nSource: `{self._rel(b.path)}` ({b.date})"
+        try:
+            model = model_named(b.path.read_text(encoding="utf-8"), self._infos())
+        except OSError:
+            model = self._infos()[0]
+        table, dropped, named = rows_for_lore_ranks(b.table, tuple(model.lore_ranks))
+        note = lore_rank_note(model, dropped, named)
+        return f"{heading}{table}\n\n{note + chr(10) * 2 if note else ''}Source: `{self._rel(b.path)}` ({b.date})"
 
 
 def routing_text(infos: list[EngineInfo]) -> str:
