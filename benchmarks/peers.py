@@ -168,6 +168,14 @@ def make_cache(model, static: bool, max_len: int):
     return StaticCache(config=model.config, max_cache_len=max_len) if static else DynamicCache(config=model.config)
 
 
+def default_experts_implementation(model) -> str:
+    """What transformers resolved the experts implementation to when none was asked for."""
+    current = getattr(model.config, "_experts_implementation", None)
+    if current is None and hasattr(model, "get_correct_experts_implementation"):
+        current = model.get_correct_experts_implementation(None)
+    return current or "eager"
+
+
 def eos_ids(model, tokenizer) -> set[int]:
     """The engine's stop tokens (run._eos_ids) for this model and tokenizer."""
     from spice_core.run import _eos_ids
@@ -324,7 +332,7 @@ def run_peers(cfg: dict, opts: Options, out: Path) -> list[dict]:
     prompts = _prompt_ids(cfg, tok, hf.config.vocab_size, model_folder(cfg["model"]))[:opts.prompts]
     ctx = int(getattr(hf.config, "max_position_embeddings", 0) or 0)
     experts, top_k, eos = moe_experts(hf), int(hf.config.num_experts_per_tok), eos_ids(hf, tok)
-    default_impl = getattr(hf.config, "_experts_implementation", None) or "eager"
+    default_impl = default_experts_implementation(hf)
     prof = profile_from_file(cfg["hw_profile"]) if cfg.get("hw_profile") else \
         get_profile(cfg.get("profile", RunSettings().profile))
     link_gbps = LINKS_GBPS["native"] or prof.h2d_pinned_gbps        # what bench gives the native link's floor
