@@ -319,16 +319,19 @@ def _this_file_digest() -> str:
     return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:8]
 
 
-def run_peers(cfg: dict, opts: Options, out: Path) -> list[dict]:
+def run_peers(cfg: dict, opts: Options, out: Path, device: torch.device | None = None) -> list[dict]:
+    """Every row of ``opts`` on the config's model; ``device`` is the current GPU unless a test passes the CPU
+    (the offload row needs a GPU)."""
     from spice_core.api import RunSettings
     from spice_core.timing.profiles import get_profile, profile_from_file
     from spice_core.tools.bench import _prompt_ids, build_model, code_digest, model_folder
 
-    device = torch.device("cuda", torch.cuda.current_device())
+    device = device or torch.device("cuda", torch.cuda.current_device())
+    gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
     t0 = time.time()
     hf, tok, desc = build_model(cfg["model"], str(device), cfg.get("lift_overrides"))
     hf.eval()
-    print(f"peers: {desc} whole on {torch.cuda.get_device_name(device)} in {time.time() - t0:.0f} s", file=sys.stderr)
+    print(f"peers: {desc} whole on {gpu_name} in {time.time() - t0:.0f} s", file=sys.stderr)
     prompts = _prompt_ids(cfg, tok, hf.config.vocab_size, model_folder(cfg["model"]))[:opts.prompts]
     ctx = int(getattr(hf.config, "max_position_embeddings", 0) or 0)
     experts, top_k, eos = moe_experts(hf), int(hf.config.num_experts_per_tok), eos_ids(hf, tok)
@@ -345,8 +348,7 @@ def run_peers(cfg: dict, opts: Options, out: Path) -> list[dict]:
     def use(row: Row) -> dict:
         hf.set_experts_implementation(row.experts_implementation or default_impl)
         return {"experts_implementation": getattr(hf.config, "_experts_implementation", None),
-                "cache": "StaticCache" if row.static_cache else "DynamicCache", "versions": versions,
-                "gpu": torch.cuda.get_device_name(device)}
+                "cache": "StaticCache" if row.static_cache else "DynamicCache", "versions": versions, "gpu": gpu_name}
 
     def decode(row: Row, ids: list[int], max_new: int) -> Generation:
         n = min(max_new, ctx - len(ids)) if ctx else max_new
@@ -415,7 +417,7 @@ def resident_tokens(hf, tok, desc: str, device: torch.device, prompts: list[list
     from spice_core.model.loader import offload_model
 
     lm = offload_model(hf, device, tokenizer=tok, path=Path(desc))
-    eng = SpiceEngine(lm, timing="measured")
+    eng = SpiceEngine(lm, timing="measured" if device.type == "cuda" else "modeled")     # the tokens are the same
     s = RunSettings(policy="resident", cache_frac=float(cfg.get("budgets", [0.25])[0]), max_new_tokens=max_new,
                     profile=cfg.get("profile", RunSettings().profile))
     out = []

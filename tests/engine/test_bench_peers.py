@@ -189,3 +189,22 @@ def test_a_bad_or_modeled_config_is_refused_in_one_line(peers, tmp_path, capsys,
         assert code == 2 and needle in err and err.count("\n") == 1
     code, err = _run(peers, capsys, "--config", tmp_path / "missing.json", "--out", tmp_path / "out")
     assert code == 2 and "--config" in err
+
+
+def test_the_resident_rows_run_end_to_end_and_agree_with_the_engines_resident(peers, tmp_path):
+    """The whole run on the CPU with a tiny random model (the GPU's timing aside): records written, prompts and
+    tokens as asked, greedy agreement with the engine's resident measured on the same prompts."""
+    cfg = {"model": "random:tiny-deepseek", "budgets": [0.25], "prompts": {"random_ids": 3, "length": 8},
+           "max_new_tokens": 5}
+    opts = peers.Options(rows=(peers.ROWS["hf_resident_eager"], peers.ROWS["hf_resident_static"]), prompts=2,
+                         max_new_tokens=5, offload_prompts=2, offload_max_new_tokens=4, agreement=True)
+    peers.run_peers(cfg, opts, tmp_path, device=torch.device("cpu"))
+    records = {r["policy"]: r for r in load_results(tmp_path / "results.json", "--merge")}
+    assert set(records) == {"peer_hf_resident_eager", "peer_hf_resident_static"}
+    for r in records.values():
+        assert r["n_runs"] == 2 and 2 <= r["n_decode_tokens"] <= 8 and r["budget_frac"] == 1.0
+        assert r["greedy_agreement"] == 1.0 and r["hit_rate"] == 1.0
+        assert r["peer_setup"]["prompts"] == 2 and r["peer_setup"]["max_new_tokens"] == 5
+    assert records["peer_hf_resident_static"]["peer_setup"]["experts_implementation"] == "batched_mm"
+    assert records["peer_hf_resident_static"]["peer_setup"]["cache"] == "StaticCache"
+    assert "peer_hf_resident_static" in (tmp_path / "results.md").read_text()
