@@ -27,7 +27,8 @@ overrides, their prompts, the engine's code and this file), which merge compares
 rate, misses and bytes copied follow from the placement, not from counting: a selection in a GPU layer is a
 hit, one in an offloaded layer a copy, and an offloaded layer's whole experts cross the link each token.
 Floors are left to merge (they need bench's `resident`). Only the "prompts" workload and the native link run
-here; the config's policies, links and run blocks are ignored. Nothing here knows the engine's policies.
+here; the config's policies, links and run blocks are ignored. The engine is used only for the agreement's
+`resident` tokens.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # run from anywhere: python benchmarks/peers.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # the package without installing it
 
 from spice_core.api import MAX_NEW_TOKENS_LIMIT, greedy_agreement  # noqa: E402
 from spice_core.errors import ConfigError, SpiceError  # noqa: E402
