@@ -78,14 +78,13 @@ def build_app(engine=None, *, max_queue: int = QUEUE_MAX_SIZE, orphan_after_s: f
 
 
 def _chat_page(ctx: AppContext, tunes: TuneBook) -> chat.ChatPage:
-    """One model's chat page, with the line that says what the shared engine is busy with."""
+    """One model's chat page, with the line under its message box that says what the shared engine is busy with."""
     page = chat.build(ctx, tunes)
-    engine_status = gr.Markdown("", elem_id="engine-status", elem_classes=["spice-note"])
 
     def status(request: gr.Request) -> str:
         return busy_text(ctx, request)
 
-    gr.Timer(STATUS_INTERVAL_S).tick(status, outputs=[engine_status], queue=False,
+    gr.Timer(STATUS_INTERVAL_S).tick(status, outputs=[page.engine_status], queue=False,
                                      api_name="engine_status" + ctx.key, show_progress="hidden")
     return page
 

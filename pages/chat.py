@@ -143,6 +143,8 @@ class ChatPage(chat_settings.SettingsEvents):
                     # Stop replaces Send while a reply streams (CSS on body.spice-generating).
                     self.send = gr.Button("Send", variant="primary", scale=1, min_width=70, elem_id="spice-send")
                     self.stop = gr.Button("■ Stop", variant="secondary", scale=1, min_width=70, elem_id="spice-stop")
+                # What the shared engine does for other visitors (app.py keeps it current), where one looks on Send.
+                self.engine_status = gr.Markdown("", elem_id="engine-status", elem_classes=["spice-note"])
                 with gr.Row(equal_height=False):
                     gr.Examples(EXAMPLES, inputs=[self.msg], label="Try a story")
                     self.new_chat = gr.Button("New chat", size="sm", scale=0, min_width=100, elem_id="spice-new")

@@ -110,3 +110,49 @@ def test_picking_the_other_model_in_the_browser_opens_its_chat(browser, two):
     assert "Chat with spice-mini-qwen2" in page.inner_text("body")
     assert page.input_value("#chat-model input").startswith("spice-mini-qwen2")
     page.close()
+
+
+class _Held:
+    """A generation that holds the engine until released (another visitor's long reply)."""
+
+    run_id = ""
+
+    def __init__(self) -> None:
+        import threading
+        self.release = threading.Event()
+
+    def __iter__(self):
+        self.release.wait(60)
+        return iter(())
+
+    def cancel(self) -> None:
+        self.release.set()
+
+    def update_settings(self, settings) -> None:
+        pass
+
+    def summary(self):
+        return None
+
+
+@pytest.mark.browser
+def test_the_engine_busy_line_sits_under_the_message_box_on_a_desktop(browser, two):
+    """Regression (issue 24, defect 11): the line saying the engine works for another visitor was the page's
+    last element (1,400 px down at 1440x900), below the fold, where nobody looks when they press Send."""
+    from spice_core.api import RunSettings
+
+    held = _Held()
+    two.ctx.runner.start("another visitor", RunSettings(max_new_tokens=100), lambda: held)
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    page.set_default_timeout(30_000)
+    try:
+        page.goto(two.url, wait_until="load")
+        page.wait_for_function("() => (document.querySelector('#engine-status') || {innerText: ''})"
+                               ".innerText.includes('engine is busy')")
+        status, message = page.locator("#engine-status").bounding_box(), page.locator("#spice-msg").bounding_box()
+        assert status["y"] >= 0 and status["y"] + status["height"] <= 900, status
+        assert 0 <= status["y"] - (message["y"] + message["height"]) < 40, (status, message)
+    finally:
+        held.release.set()
+        page.close()
+        assert two.ctx.runner.wait_idle(10)
