@@ -24,7 +24,7 @@ import gradio as gr
 
 from pages import about, chat, guard, sweep, trace_explorer
 from pages.common import AppContext
-from pages.models import EngineSet, model_pages
+from pages.models import EngineSet, keep_nav, model_pages
 from pages.owners import OWNER_JS
 from pages.tuning import TuneBook
 
@@ -60,10 +60,12 @@ def build_app(engine=None, *, max_queue: int = QUEUE_MAX_SIZE, orphan_after_s: f
             chats.append(_chat_page(c, tunes))
     with demo.route("Trace explorer", "/trace"):
         trace_explorer.build(ctx)
+        keep_nav(ctx.models)          # every page's navigation opens the chosen model's chat and sweep
     sweeps = []
     for c, p in zip(contexts, pages):
         with demo.route("Sweep" if not c.key else f"Sweep · {p.name}", "/" + p.sweep_path, show_in_navbar=not c.key):
             sweeps.append(sweep.build(c, tunes))
+            keep_nav(c.models, p.name)
 
     def on_unload(request: gr.Request) -> None:      # fires for whichever page's session went away
         for page in chats + sweeps:
@@ -72,6 +74,7 @@ def build_app(engine=None, *, max_queue: int = QUEUE_MAX_SIZE, orphan_after_s: f
     demo.unload(on_unload)
     with demo.route("About", "/about"):
         about.build(ctx, ROOT / "docs" / "benchmarks", ROOT)
+        keep_nav(ctx.models)
     demo.queue(default_concurrency_limit=1, max_size=max_queue)
     guard.install(demo)             # each visitor's share of that queue (pages/guard.py)
     return demo, ctx
@@ -80,6 +83,7 @@ def build_app(engine=None, *, max_queue: int = QUEUE_MAX_SIZE, orphan_after_s: f
 def _chat_page(ctx: AppContext, tunes: TuneBook) -> chat.ChatPage:
     """One model's chat page, with the line under its message box that says what the shared engine is busy with."""
     page = chat.build(ctx, tunes)
+    keep_nav(ctx.models, ctx.info.model_name)
 
     def status(request: gr.Request) -> str:
         return busy_text(ctx, request)

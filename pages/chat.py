@@ -36,6 +36,7 @@ from pages import chat_text as text
 from pages import chat_settings
 from pages.chat_auto import AutoState, AutoTune
 from pages.chat_controls import SETTINGS_JS, ChatControls
+from pages.chat_switch import ModelSwitch
 from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, ChatHistory, as_plot,
                           default_settings, settings_from_values, spice_error_text)
 from pages.live import LiveRun
@@ -110,6 +111,7 @@ class ChatPage(chat_settings.SettingsEvents):
     def __init__(self, ctx: AppContext, tunes: TuneBook | None = None) -> None:
         self.ctx = ctx
         self.auto = AutoTune(self, tunes if tunes is not None else TuneBook())     # shared with the sweep (app.py)
+        self.switch = ModelSwitch(self)     # the picker keeps the visitor's settings (pages.chat_switch)
         self.info = ctx.info
         defaults = default_settings(ctx.info)
         ranks = tuple(getattr(ctx.info, "lore_ranks", ()) or LORE_RANKS)
@@ -125,7 +127,7 @@ class ChatPage(chat_settings.SettingsEvents):
         # The conversation survives a reload or a visit to another page (kept in this browser only).
         self.saved = gr.BrowserState([], storage_key="spice-chat-v1" + self.ctx.key)   # one per model
         with gr.Sidebar(label="Settings", open=True, width=330, elem_id="spice-controls"):
-            models.picker(self.ctx.models, info.model_name, "chat")
+            self.model_picker = models.picker(self.ctx.models, info.model_name, "chat", navigate=False)
             self.ctl = ChatControls(info, d, self.ctx.limits)
             self.auto.build()
         self.banner = gr.Markdown(self._banner(d), elem_id="spice-banner", elem_classes=["spice-banner"])
@@ -203,6 +205,7 @@ class ChatPage(chat_settings.SettingsEvents):
         self.stop.click(self.stop_reply, inputs=[self.session], outputs=[self.ctl.note], queue=False,
                         api_name="stop" + self.ctx.key, show_progress="hidden")
         self.auto.wire(BUSY_ON_JS, BUSY_OFF_JS)
+        self.switch.wire(self.model_picker)
         # Each control applies alone: a slider's requests (SETTINGS_JS), a menu or checkbox when it changes.
         sliders = list(self.ctl.sliders.values())
         self.ctl.requests.change(self.on_requests, inputs=[self.ctl.requests, self.session],

@@ -23,6 +23,7 @@ from pydantic import model_validator
 from spice_core.api import EngineInfo, EngineLike, RunSettings, own_shape
 from spice_core.errors import ConfigError, SpiceError
 from pages.limits import Limits
+from pages.models import SwitchBook
 from pages.owners import RunBook, valid_run_id
 from pages.runner import EngineRunner
 
@@ -408,6 +409,7 @@ class AppContext:
     # key ("" for the default model), which keeps its pages' API names, browser storage and sweeps apart.
     models: tuple = ()
     key: str = ""
+    switches: SwitchBook = field(default_factory=SwitchBook)   # settings on their way to another model's chat
 
     @classmethod
     def create(cls, engine: EngineLike, *, orphan_after_s: float = 5.0, export_root: Path | None = None,

@@ -8,7 +8,10 @@ run registry over all of them for the trace explorer and the exports.
                holds the run (run ids are unique across engines), for the trace explorer and About
     picker  ─► a dropdown atop the chat and sweep pages, shown only with more than one model: picking
                opens that model's page (a page is built for one model: its controls, panels and
-               limits come from that model's info)
+               limits come from that model's info); the chat's picker first hands the visitor's settings
+               to the other model's chat (SwitchBook; pages.chat_switch applies them there)
+    nav_js  ─► on every page, the navigation bar's chat and sweep links open the chosen model's pages (the
+               last model page this browser opened), not always the default model's
 
 Why pages per model rather than one page that swaps its engine: every visitor shares the engines, so a
 switch must be per visitor, and a page's components (layers in the panels, LoRE ranks, context length)
@@ -18,6 +21,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,17 +64,97 @@ def model_pages(infos: list[EngineInfo]) -> tuple[ModelPage, ...]:
     return tuple(out)
 
 
-def picker(pages: tuple[ModelPage, ...], current: str, page: str) -> gr.Dropdown | None:
-    """The model picker atop a chat (``page`` "chat") or sweep page: opens the picked model's same page.
-    None (nothing drawn) with a single model."""
+def go_js(pages: tuple[ModelPage, ...], page: str) -> str:
+    """A js function of the picked model's name that opens its ``page`` ("chat" or "sweep")."""
+    paths = {p.name: "./" + (p.chat_path if page == "chat" else p.sweep_path) for p in pages}
+    return f"(m) => {{ const to = {json.dumps(paths)}[m]; if (to) window.location.assign(to); return []; }}"
+
+
+def picker(pages: tuple[ModelPage, ...], current: str, page: str, *, navigate: bool = True) -> gr.Dropdown | None:
+    """The model picker atop a chat (``page`` "chat") or sweep page: opens the picked model's same page
+    (``navigate=False``: the caller wires that, after what must happen first). None (nothing drawn) with a
+    single model."""
     if len(pages) < 2:
         return None
-    paths = {p.name: "./" + (p.chat_path if page == "chat" else p.sweep_path) for p in pages}
     box = gr.Dropdown([(p.label, p.name) for p in pages], value=current, label="Model", elem_id=f"{page}-model",
                       info="each model has its own page: picking one opens it")
-    go = f"(m) => {{ const to = {json.dumps(paths)}[m]; if (to) window.location.assign(to); return []; }}"
-    box.change(None, inputs=[box], js=go, queue=False, api_visibility="private", show_progress="hidden")
+    if navigate:
+        box.change(None, inputs=[box], js=go_js(pages, page), queue=False, api_visibility="private",
+                   show_progress="hidden")
     return box
+
+
+NAV_STORAGE_KEY = "spice-model"      # the model whose pages the navigation bar opens, in this browser
+
+
+def nav_js(pages: tuple[ModelPage, ...], current: str | None) -> str:
+    """A page-load js function: on a model's page (``current``, its name) remember that model; on any page, point
+    the navigation bar's links to the default model's chat and sweep at the remembered model's. The bar is
+    Gradio's (links to the app's root and to "sweep"); it may be drawn after the load event or again later,
+    so the links are fixed as it appears and whenever it changes."""
+    paths = {p.name: {"chat": p.chat_path, "sweep": p.sweep_path} for p in pages}
+    default = {"chat": pages[0].chat_path, "sweep": pages[0].sweep_path} if pages else {}
+    return """() => {
+  const PATHS = %s, DEFAULT = %s, HERE = %s, KEY = %s;
+  let chosen = HERE;
+  try {
+    if (HERE) localStorage.setItem(KEY, HERE); else chosen = localStorage.getItem(KEY);
+  } catch (e) { /* storage blocked: the bar keeps its links */ }
+  const to = PATHS[chosen];
+  if (!to) return [];
+  const root = ((window.gradio_config && window.gradio_config.root) || location.origin).replace(/\/+$/, '');
+  const rootPath = new URL(root + '/').pathname;
+  const fix = (nav) => {
+    for (const a of nav.querySelectorAll('a[href]')) {
+      const url = new URL(a.href, location.href);
+      if (url.origin !== location.origin || !url.pathname.startsWith(rootPath)) continue;
+      const rest = url.pathname.slice(rootPath.length).replace(/\/+$/, '');
+      const page = rest === DEFAULT.chat ? 'chat' : rest === DEFAULT.sweep ? 'sweep' : null;
+      const want = page && root + '/' + to[page];
+      if (want && a.href !== want) a.href = want;
+    }
+  };
+  let tries = 0;
+  const find = () => {
+    const nav = document.querySelector('nav');
+    if (!nav) { if (++tries < 100) setTimeout(find, 50); return; }
+    fix(nav);
+    new MutationObserver(() => fix(nav)).observe(nav, {subtree: true, childList: true, attributes: true,
+                                                     attributeFilter: ['href']});
+  };
+  find();
+  return [];
+}""" % (json.dumps(paths), json.dumps(default), json.dumps(current), json.dumps(NAV_STORAGE_KEY))
+
+
+def keep_nav(pages: tuple[ModelPage, ...], current: str | None = None) -> None:
+    """On the page being built (inside its route), run `nav_js` at load; nothing with a single model."""
+    root = gr.context.Context.root_block
+    if len(pages) > 1 and root is not None:
+        root.load(None, js=nav_js(pages, current), queue=False, api_visibility="private", show_progress="hidden")
+
+
+MAX_SWITCHES = 256      # hand-offs kept at once (a visitor who never arrives must not grow the book)
+
+
+class SwitchBook:
+    """Settings on their way from one model's chat page to another's (pages.chat_switch), per visitor and the
+    target page's key, until that page takes them; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[tuple[str, str], object] = OrderedDict()
+
+    def keep(self, owner: str, key: str, value) -> None:
+        with self._lock:
+            self._kept.pop((owner, key), None)
+            self._kept[(owner, key)] = value
+            while len(self._kept) > MAX_SWITCHES:
+                self._kept.popitem(last=False)
+
+    def take(self, owner: str, key: str):
+        with self._lock:
+            return self._kept.pop((owner, key), None) if owner else None
 
 
 class EngineSet:

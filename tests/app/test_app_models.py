@@ -112,6 +112,62 @@ def test_picking_the_other_model_in_the_browser_opens_its_chat(browser, two):
     page.close()
 
 
+def test_switching_model_keeps_what_the_visitor_set_where_the_other_model_takes_it(two):
+    """Regression (issue 24, defect 11): the picker opened the other model's chat with every setting at its
+    default. Now what the visitor changed travels, a value the model lacks is brought to the nearest it has or
+    refused with a note naming the control, and what was left at the default takes the new page's default."""
+    from dataclasses import replace
+
+    from pages.chat_switch import Handoff, carried
+    from pages.common import default_settings
+
+    tiny, qwen2 = (e.info() for e in two.ctx.engine.engines)
+    old_defaults = default_settings(tiny)
+    changed = replace(old_defaults, cache_frac=0.5, tau_approx=0.05, lore_rank=16, policy="lru", temperature=0.7)
+    # The Qwen2 page as a shipped model has it: LoRE ranks 1, 2, 4, and (here) no lru.
+    target = replace(qwen2, lore_ranks=(1, 2, 4), policies=tuple(p for p in qwen2.policies if p != "lru"))
+    new_defaults = replace(default_settings(target), lore_rank=4)
+    settings, kept, notes = carried(Handoff(tiny.model_name, old_defaults, changed), target, new_defaults,
+                                    two.ctx.limits)
+    assert (settings.cache_frac, settings.tau_approx, settings.temperature, settings.lore_rank) == (0.5, 0.05, 0.7, 4)
+    assert settings.policy == new_defaults.policy and settings.shape == "qwen2-57b-a14b"     # its own, the default
+    assert kept == ["cache_frac", "tau_approx", "temperature"]
+    assert any(n.startswith("⚠ Not kept: Policy") for n in notes), notes
+    assert not any("LoRE" in n for n in notes)       # 16 is the old default: the new page's default stands
+    settings, kept, notes = carried(Handoff(tiny.model_name, old_defaults, replace(old_defaults, lore_rank=8)),
+                                    target, new_defaults, two.ctx.limits)
+    assert settings.lore_rank == 4 and kept == ["lore_rank"] and "LoRE rank: 8 is not one of" in notes[0]
+
+
+@pytest.mark.browser
+def test_picking_the_other_model_keeps_the_settings_and_the_navigation_stays_on_it(browser, two):
+    """Regression (issue 24, defect 11): after the picker the cache was back at its default, and the navigation
+    bar's Home and Sweep still opened the first model's pages, on its own pages and on the shared ones."""
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    page.set_default_timeout(30_000)
+    try:
+        page.goto(two.url, wait_until="load")
+        box = page.locator("#ctl-cache input[type=number]")
+        box.click()
+        box.press("Control+A")
+        box.press_sequentially("0.5", delay=40)
+        box.press("Enter")
+        page.click("#chat-model input")
+        page.click("#chat-model [role=option]:has-text('spice-mini-qwen2')")
+        page.wait_for_url("**/spice-mini-qwen2")
+        page.wait_for_function("() => (document.querySelector('#spice-settings-note') || {innerText: ''})"
+                               ".innerText.includes('Kept from')")
+        assert page.input_value("#ctl-cache input[type=number]") == "0.5"
+        assert "cache 50%" in page.inner_text("#spice-stats")
+        links = "() => Object.fromEntries([...document.querySelectorAll('nav a')].map(a => [a.innerText, a.href]))"
+        for path in ("spice-mini-qwen2", "trace"):
+            page.goto(two.url + path, wait_until="load")
+            page.wait_for_function(f"() => (({links})()['Sweep'] || '').endsWith('/sweep-spice-mini-qwen2')")
+            assert page.evaluate(links)["Home"] == two.url + "spice-mini-qwen2"
+    finally:
+        page.close()
+
+
 class _Held:
     """A generation that holds the engine until released (another visitor's long reply)."""
 
