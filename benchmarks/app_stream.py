@@ -46,7 +46,10 @@ def chat_text(page) -> str:
     return page.evaluate("() => (document.querySelector('#spice-chat') || {}).innerText || ''")
 
 
-BOT_MESSAGES = "document.querySelectorAll('#spice-chat .bot-row, #spice-chat .message.bot')"
+# Gradio's "Loading response" bubble (class pending, its text "Loading content" for screen readers) shows while the
+# server has not answered yet: it is no reply.
+BOT_MESSAGES = ("document.querySelectorAll('#spice-chat .bot-row:not(.pending), "
+                "#spice-chat .message.bot:not(.pending)')")
 
 
 def bot_messages(page) -> int:
@@ -94,8 +97,8 @@ def one_reply(page, *, panels: bool, stop_after_s: float | None = None, timeout_
     page.press("#spice-msg textarea", "Enter")
     first = None
     # The first token is on screen when this reply's own message has text: the previous reply's text is
-    # still there when no "New chat" came between, and Stop shows before the server has taken the message
-    # (the same update that adds the reply empties the box, so a key probed before it would be wiped).
+    # still there when no "New chat" came between, Stop shows before the server has taken the message, and
+    # until then the chat shows Gradio's pending bubble.
     while time.perf_counter() - t0 < timeout_s:
         if page.locator("#spice-stop").is_visible() and bot_messages(page) > bots_before and reply_text(page):
             first = time.perf_counter()
