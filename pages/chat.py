@@ -37,6 +37,7 @@ from pages import chat_settings
 from pages.chat_auto import AutoState, AutoTune
 from pages.chat_controls import SETTINGS_JS, ChatControls
 from pages.chat_switch import ModelSwitch
+from pages.chat_js import BUSY_OFF_JS, BUSY_ON_JS, NARROW_JS, SENT_JS, started_js
 from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, ChatHistory, as_plot,
                           default_settings, settings_from_values, spice_error_text)
 from pages.live import LiveRun
@@ -70,21 +71,6 @@ EXAMPLES = ["Tell me a story about a cat and a ball.",
             "Tell me a story about a rabbit and a hat."]
 STATIC = Path(__file__).resolve().parents[1] / "assets" / "static"
 LIVE_JS = (STATIC / "spice_live.js").read_text()
-BUSY_ON_JS = "() => { document.body.classList.add('spice-generating'); return []; }"
-BUSY_OFF_JS = "() => { document.body.classList.remove('spice-generating'); return []; }"
-# On a narrow screen the settings sidebar starts closed, so the chat and the examples are usable at once.
-NARROW_JS = """() => {
-  if (window.innerWidth >= 900) return [];
-  const close = () => {
-    const bar = document.querySelector('#spice-controls');
-    const side = bar && bar.closest('.sidebar');
-    const btn = side && side.querySelector('button.toggle-button, button[aria-label*="idebar"]');
-    if (side && side.classList.contains('open') && btn) { btn.click(); return true; }
-    return !!(side && !side.classList.contains('open'));
-  };
-  if (!close()) { let n = 0; const t = setInterval(() => { if (close() || ++n > 40) clearInterval(t); }, 50); }
-  return [];
-}"""
 
 
 @dataclass
@@ -178,7 +164,7 @@ class ChatPage(chat_settings.SettingsEvents):
         # Listed first and browser-only: Stop replaces Send at once, before the first token arrives.
         gr.on(triggers, None, js=BUSY_ON_JS, queue=False, api_visibility="private", show_progress="hidden")
         sent = gr.on(triggers, self.chat_browser, inputs=chat_inputs, outputs=outputs, api_visibility="private",
-                     concurrency_id=ENGINE_GROUP, concurrency_limit=1, show_progress="minimal",
+                     js=SENT_JS, concurrency_id=ENGINE_GROUP, concurrency_limit=1, show_progress="minimal",
                      show_progress_on=[self.chatbot])
         self._after_reply(sent)
         # The API's endpoints hang on buttons nobody sees (an API call names every setting).
@@ -199,7 +185,7 @@ class ChatPage(chat_settings.SettingsEvents):
             again = event(handler, inputs=[self.chatbot, self.session], outputs=[self.msg, self.chatbot],
                           queue=False, api_visibility="private", show_progress="hidden")
             again = again.success(None, js=BUSY_ON_JS, queue=False, api_visibility="private")
-            self._after_reply(again.then(self.chat_browser, inputs=chat_inputs, outputs=outputs,
+            self._after_reply(again.then(self.chat_browser, inputs=chat_inputs, outputs=outputs, js=SENT_JS,
                                          concurrency_id=ENGINE_GROUP, concurrency_limit=1, show_progress="minimal",
                                          show_progress_on=[self.chatbot], api_visibility="private"))
         self.stop.click(self.stop_reply, inputs=[self.session], outputs=[self.ctl.note], queue=False,
@@ -226,6 +212,9 @@ class ChatPage(chat_settings.SettingsEvents):
         self.chatbot.change(None, inputs=[self.chatbot, self.saved], outputs=[self.saved],
                             js="(h, kept) => [h && h.length ? h : kept]", queue=False, api_visibility="private",
                             show_progress="hidden")
+        # The sent message leaves the box when its reply starts, what was typed since stays (pages.chat_js).
+        self.chatbot.change(None, inputs=[self.chatbot], outputs=None, js=started_js(CURSOR), queue=False,
+                            api_visibility="private", show_progress="hidden")
         self.live_delta.change(None, inputs=[self.live_delta], outputs=None, js=LIVE_JS, queue=False,
                                api_visibility="private", show_progress="hidden")
         root = gr.context.Context.root_block
@@ -336,10 +325,13 @@ class ChatPage(chat_settings.SettingsEvents):
         else:
             applied = self.defaults
         values = [getattr(applied, f) for f in SETTING_FIELDS]
-        yield from self.chat(message, history, *values, live_panels, check_exact, session, request=request)
+        yield from self.chat(message, history, *values, live_panels, check_exact, session, request=request,
+                             box_in_browser=True)
 
-    def chat(self, message, history, *args, request: gr.Request = None):
-        """Stream one reply. Yields (textbox, chat, stats, heatmap, prefetch timeline, lane chart)."""
+    def chat(self, message, history, *args, request: gr.Request = None, box_in_browser: bool = False):
+        """Stream one reply. Yields (textbox, chat, stats, heatmap, prefetch timeline, lane chart). The reply's
+        first update empties the textbox, except for the browser's Send, whose page takes the sent text off the
+        box itself and keeps what was typed since (pages.chat_js)."""
         *values, live_panels, check_exact, session = args
         if not isinstance(session, ChatSession):           # API callers cannot break the state
             session = ChatSession()
@@ -347,8 +339,8 @@ class ChatPage(chat_settings.SettingsEvents):
         history, cut = keep_newest(history, self.ctx.limits.history_max_messages)
         skip = gr.skip()
 
-        def only_chat(h, keep_text=True):
-            return (skip if keep_text else "", h, skip, skip, skip, skip, skip)
+        def only_chat(h):               # the message stays in the box, to be fixed
+            return (skip, h, skip, skip, skip, skip, skip)
 
         try:
             settings = settings_from_values(self.info, dict(zip(SETTING_FIELDS, values)), self.ctx.limits)
@@ -394,7 +386,8 @@ class ChatPage(chat_settings.SettingsEvents):
         reply_at = len(history)
         history.append({"role": "assistant", "content": CURSOR})
         live = LiveRun.for_engine(self.info)
-        yield ("", history, text.stats_html(live, settings, self.info, state="starting"), skip, skip, skip, skip)
+        yield (skip if box_in_browser else "", history, text.stats_html(live, settings, self.info, state="starting"),
+               skip, skip, skip, skip)
 
         first_wall = None
         # The panels' figures go out once (tagged with `meta`), then only their changes; text at most

@@ -4,7 +4,8 @@ Two flows:
 - with the fake engine (long, steady replies, so every mid-reply action has time to land): send a
   message and watch it stream, move a slider mid-reply and see the numbers panel say it applied,
   send a second message mid-reply (a note; the text stays in the box), stop the reply, send an
-  empty message, close a tab mid-reply and chat at once from a new tab;
+  empty message, close a tab mid-reply while a new tab's message waits for the engine (what is typed
+  into its box meanwhile stays when its reply starts);
 - with the shipped model (``assets/spice-mini/``; the fake when it is absent): a long reply with the
   window resized while its panels update, Stop, New chat, a story, then every page: the trace explorer
   with its Chrome-trace download, a small sweep (its shape menu read whole on a desktop and a phone),
@@ -243,13 +244,13 @@ def test_a_person_chats_tunes_stops_and_recovers(browser, fake_app):
     _send(page, "   ")
     assert _wait(lambda: "Message not sent" in _chat_text(page), 60)
 
-    # 6. a tab closed mid-reply frees the engine: a new tab chats at once
+    # 6. a tab closed mid-reply frees the engine: a message waiting in a new tab starts at once, and what was typed
+    # into its box while it waited stays (the reply's first update used to empty the box, typing and all)
     other = context.new_page()
     other.goto(served.url, wait_until="load")
     other.locator("#spice-msg textarea").wait_for(state="visible")
     _send(other, "A very long answer, please.")
     other.locator("#spice-chat .bot-row").first.wait_for(state="visible", timeout=60_000)
-    other.close()
     fresh = context.new_page()
     fresh.goto(served.url, wait_until="load")
     fresh.locator("#spice-msg textarea").wait_for(state="visible")
@@ -257,7 +258,14 @@ def test_a_person_chats_tunes_stops_and_recovers(browser, fake_app):
     fresh.locator("#ctl-max-new input[type=number]").wait_for(state="visible")
     _type(fresh, "#ctl-max-new input[type=number]", "40", "Tab")
     _send(fresh, "Tell me a short story about a lighthouse keeper.")
-    assert _wait(lambda: "Run " in fresh.locator("#spice-chat").inner_text(), 90), "the engine stayed busy"
+    fresh.wait_for_function("() => !!window.spiceSent")          # sent: it waits for the engine
+    fresh.keyboard.press("End")
+    fresh.keyboard.insert_text("And then?")
+    runs = _chat_text(fresh).count("Run ")          # the conversation this browser kept may hold a run already
+    other.close()
+    assert _wait(lambda: _chat_text(fresh).count("Run ") > runs, 90), "the engine stayed busy"
+    fresh_box = fresh.locator("#spice-msg textarea")
+    assert fresh_box.input_value() == "And then?", fresh_box.input_value()
     fresh.close()
     assert served.engine.concurrent_violations == 0
     context.close()

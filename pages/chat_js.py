@@ -1,0 +1,64 @@
+"""The chat page's browser side: Stop in Send's place while a reply streams, the side bar closed on a narrow
+screen, and the message box: a sent message leaves it when its reply starts, and what was typed since stays.
+
+The server used to empty the box with the reply's first update, and keys typed between Send and that update
+(a fraction of a second, or as long as the message waits for the engine behind another visitor's reply)
+went with it. Now the browser remembers the text it sent (SENT_JS, the chat listener's own js, which hands
+the inputs on unchanged) and, at the first chat update that shows the reply started, takes exactly that
+text off the front of the box (STARTED_JS). A message the server refuses starts no reply, so it stays in
+the box to be fixed; a box edited meanwhile is left as the visitor made it.
+"""
+from __future__ import annotations
+
+BUSY_ON_JS = "() => { document.body.classList.add('spice-generating'); return []; }"
+BUSY_OFF_JS = "() => { document.body.classList.remove('spice-generating'); return []; }"
+# On a narrow screen the settings sidebar starts closed, so the chat and the examples are usable at once.
+NARROW_JS = """() => {
+  if (window.innerWidth >= 900) return [];
+  const close = () => {
+    const bar = document.querySelector('#spice-controls');
+    const side = bar && bar.closest('.sidebar');
+    const btn = side && side.querySelector('button.toggle-button, button[aria-label*="idebar"]');
+    if (side && side.classList.contains('open') && btn) { btn.click(); return true; }
+    return !!(side && !side.classList.contains('open'));
+  };
+  if (!close()) { let n = 0; const t = setInterval(() => { if (close() || ++n > 40) clearInterval(t); }, 50); }
+  return [];
+}"""
+
+# The chat listener's js: it receives the listener's inputs (message, chat, ...) and returns them to the server.
+SENT_JS = """(...inputs) => {
+  const users = (h) => (Array.isArray(h) ? h.filter((m) => m && m.role === 'user').length : 0);
+  window.spiceSent = {text: typeof inputs[0] === 'string' ? inputs[0] : '', users: users(inputs[1])};
+  return inputs;
+}"""
+
+# On every chat change. A reply has started when the chat ends with the reply streaming (its cursor) or holds one
+# more user message than when the message was sent (a reply that came whole; at the history's limit older
+# messages leave as the new one comes, so that count alone could miss it).
+STARTED_JS = """(history) => {
+  const sent = window.spiceSent;
+  if (!sent || !Array.isArray(history)) return [];
+  const text = (m) => {
+    const c = m && m.content;
+    if (typeof c === 'string') return c;
+    return (Array.isArray(c) ? c : [c]).map((p) => (p && typeof p.text === 'string' ? p.text : '')).join('');
+  };
+  const last = history[history.length - 1];
+  const streaming = last && last.role === 'assistant' && text(last).endsWith('%s');
+  const users = history.filter((m) => m && m.role === 'user').length;
+  if (!streaming && users <= sent.users) return [];
+  window.spiceSent = null;
+  const box = document.querySelector('#spice-msg textarea');
+  if (box && sent.text && box.value.startsWith(sent.text)) {
+    const setter = Object.getOwnPropertyDescriptor(Object.getPrototypeOf(box), 'value').set;
+    setter.call(box, box.value.slice(sent.text.length));
+    box.dispatchEvent(new Event('input', {bubbles: true}));
+  }
+  return [];
+}"""
+
+
+def started_js(cursor: str) -> str:
+    """STARTED_JS for a chat whose streaming reply ends with ``cursor``."""
+    return STARTED_JS % cursor.strip()
