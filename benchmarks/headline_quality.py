@@ -58,6 +58,8 @@ def main(argv=None) -> int:
                     help="LoRE's gate-weight threshold (default: the headline run's)")
     ap.add_argument("--cases", nargs="+", default=None, metavar="LINK:BUDGET",
                     help="only these settings, e.g. native:0.25 pcie4x8:0.25 (default: all six)")
+    ap.add_argument("--cpu-lane", action="store_true",
+                    help="offer the CPU lane, as bench does (the engine keeps it where it pays: the x8 link, not native)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     try:
@@ -68,7 +70,7 @@ def main(argv=None) -> int:
     if not 0.0 <= args.tau_approx <= 1.0:
         print(f"error: --tau-approx {args.tau_approx} must be between 0 and 1", file=sys.stderr)
         return 2
-    settings = dict(SETTINGS, tau_approx=args.tau_approx)
+    settings = dict(SETTINGS, tau_approx=args.tau_approx, cpu_lane=args.cpu_lane)
     torch.set_num_threads(1)
     from spice_core.api import RunSettings
     from spice_core.engine import SpiceEngine
@@ -84,7 +86,9 @@ def main(argv=None) -> int:
         eng = SpiceEngine(base_engine.lm, timing="modeled", link_gbps=gbps)
         eng.artifacts = base_engine.artifacts
         rep = evaluate(eng, replace(base, policy="spice", cache_frac=budget), ref)
-        row = {"link": link, "budget_frac": budget, "policies": ["spice", "spice_no_cpu"], **rep.as_dict()}
+        # without the lane spice_no_cpu makes spice's decisions; with it they differ where the lane is kept
+        same = ["spice", "spice_no_cpu"] if not args.cpu_lane else ["spice"]
+        row = {"link": link, "budget_frac": budget, "policies": same, **rep.as_dict()}
         rows.append(row)
         print(json.dumps({k: row[k] for k in ("link", "budget_frac", "ppl_delta_pct", "mean_kl", "greedy_agreement",
                                                "approx_share")}), flush=True)
