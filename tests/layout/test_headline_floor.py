@@ -1,0 +1,44 @@
+"""The headline report's three-lane floor on hand-made records: the link and the CPU lane share a token's
+exact misses so that both finish together, host DRAM bounds both, compute bounds everything."""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from headline_report import three_lane_floor  # noqa: E402
+
+EXPERT = 17_302_000          # bytes
+
+
+def rec(policy, tpot, copy=0, cpu=0, approx=0, link_gbps=13.0, **kw):
+    return {"policy": policy, "workload": "prompts", "tpot_ms_median": tpot, "n_decode_tokens": 10,
+            "link_gbps": link_gbps, "bytes_per_token": copy / 10 * EXPERT,
+            "miss_split": {"copy": copy, "cpu": cpu, "approx": approx}, **kw}
+
+
+def test_the_misses_split_so_that_link_and_lane_finish_together():
+    rows = [rec("resident", 7.0), rec("on_demand", 220.0, copy=1560), rec("spice", 70.0, copy=100, cpu=200, approx=300)]
+    three_lane_floor(rows, lane_ms=0.7, dram_gbps=81.0)
+    a = EXPERT / 13e6                                   # ms per expert over the link: 1.33
+    n = 156                                             # on_demand: every selection of a token, copied
+    assert rows[1]["floor3_ms"] == pytest.approx(n * a * 0.7 / (a + 0.7))
+    assert rows[1]["tpot_over_floor3"] == pytest.approx(220.0 / rows[1]["floor3_ms"])
+    n_spice = 30                                        # (100 copied + 200 on the CPU) / 10 tokens; approximated move nothing
+    assert rows[2]["floor3_ms"] == pytest.approx(max(7.0, n_spice * a * 0.7 / (a + 0.7)))
+    assert rows[0]["floor3_ms"] == 7.0                  # nothing to move: compute
+
+
+def test_host_dram_bounds_a_fast_link_and_a_fast_lane_together():
+    rows = [rec("resident", 1.0), rec("on_demand", 50.0, copy=1560, link_gbps=1000.0)]
+    three_lane_floor(rows, lane_ms=0.01, dram_gbps=81.0)
+    assert rows[1]["floor3_ms"] == pytest.approx(156 * EXPERT / 81e6)
+
+
+def test_peers_and_runs_without_a_lane_measurement_get_no_floor():
+    rows = [rec("resident", 7.0), rec("on_demand", 220.0, copy=1560), rec("peer_hf_offload", 3000.0, copy=10, peer="hf_offload")]
+    three_lane_floor(rows, lane_ms=0.7)
+    assert "floor3_ms" not in rows[2]
+    rows = [rec("resident", 7.0), rec("on_demand", 220.0, copy=1560)]
+    three_lane_floor(rows, lane_ms=None)
+    assert all("floor3_ms" not in r for r in rows)
