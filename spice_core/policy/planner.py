@@ -363,7 +363,7 @@ class LayerPlanner:
             tau_prefetch=self.tau_prefetch, max_lookahead=self.max_lookahead, now_ms=queues.now_ms,
             copy_free_at_ms=queues.copy_free_at_ms, copy_ms=self._copy_ms, layer_ms=layer_ms,
             top_k=self.top_k, max_items=max(0, res.n_slots - self.top_k), h_min_value=hm,
-            issue_ms=c.profile.host_copy_us / 1e3 if self.host_aware else 0.0)
+            issue_ms=c.profile.host_copy_us / 1e3 if self.host_aware else 0.0, miss_ms=self._lane_miss_ms())
         if len(self.next_use_abs) > 4 * res.n_slots + 256:
             self.next_use_abs = {k: v for k, v in self.next_use_abs.items() if v >= self.global_pos}
         pos, get = self.global_pos, self.next_use_abs.get
@@ -381,6 +381,15 @@ class LayerPlanner:
                 break
             orders.append(order)
         return PrefetchOrders(tuple(orders), depth, reason, hm if math.isfinite(hm) else -1.0)
+
+    def _lane_miss_ms(self) -> float | None:
+        """An exact miss's time on the CPU lane (busy link), where the policy sends exact misses there and that
+        beats a copy: the lookahead then leaves the link to prefetches that land in time (plan_lookahead's
+        ``miss_ms``). None where misses are copied."""
+        if not (self.spec.use_cpu and self.can_cpu) or self.spec.miss_mode == "copy":
+            return None
+        ms = self.costs.cpu_expert_ms(1, link_busy=True)
+        return ms if ms < self._copy_ms else None
 
     def prefetch_issued(self, order: CopyOrder, layer: int, issued_ms: float, arrival_ms: float) -> None:
         """The executor issued ``order``; ``arrival_ms`` is when its clock expects it to land."""

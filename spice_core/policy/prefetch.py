@@ -163,12 +163,17 @@ def plan_lookahead(
     h_min_value: float = 0.0,
     issue_ms: float = 0.0,
     on_way_rows: Callable[[int, int], Sequence[int]] | None = None,
+    miss_ms: float | None = None,
 ) -> PrefetchPlan:
     """See the module docstring. ``predictions`` may come in any order; one per distance, each distance's
     confidences a sequence or a numpy row. ``is_resident_or_inflight``: a predicate, or any container of the
     keys resident or in flight. ``on_way_rows(layer, n_experts)``, when given, answers the same question
     for a whole layer at once (row[e] true when expert e is, e.g. `Residency.on_way_row`): indexing a row
-    costs less than hashing a key, and the plan asks a few hundred times a layer."""
+    costs less than hashing a key, and the plan asks a few hundred times a layer.
+    ``miss_ms``: what an exact miss costs when it is not copied, where that is cheaper than a copy (the CPU
+    lane's run of one expert). A miss then goes to the lane, not the link: the queue carries no expected demand
+    copies, and a prefetch that lands later than ``miss_ms`` after its layer starts saves nothing (the lane
+    finishes first), so none is queued that late. None: misses are copied (the rules above)."""
     preds = sorted(predictions, key=_by_distance)
     k = max(top_k, 1)
     queue_end = max(now_ms, copy_free_at_ms)
@@ -246,16 +251,20 @@ def plan_lookahead(
     def untake(d) -> None:
         covered[d] -= chosen[d].pop()[3]
 
-    # d = 1: most confident first; in time, or late but more likely needed than not.
+    # d = 1: most confident first; in time, or late but more likely needed than not (and, where misses go to
+    # the CPU lane, landing before the lane would have finished the expert).
     for cand in sorted(cands.get(1, ()), key=lambda t: (-t[0], t[1])):
         if not room():
             dropped.setdefault(1, "cache")
             break
-        if queue_end + copy_ms * (n_items + 1) > now_ms + layer_ms + 1e-9 and cand[3] < LATE_MIN_USE_PROB:
+        lands = queue_end + copy_ms * (n_items + 1)
+        if lands > now_ms + layer_ms + 1e-9 and (cand[3] < LATE_MIN_USE_PROB or
+                                                  (miss_ms is not None and lands > now_ms + layer_ms + miss_ms)):
             dropped.setdefault(1, "time")
             continue
         take(1, cand)
         n_items += 1
+    demand = miss_ms is None          # expected demand copies load the link only when misses are copied
 
     def fits(upto: int) -> bool:
         """Everything the queue carries before layer l+upto starts arrives by then: the prefetches
@@ -264,7 +273,7 @@ def plan_lookahead(
         for j in dists:
             if j > upto:
                 break
-            load += len(chosen[j]) + (max(0.0, k - covered[j]) if j < upto else 0.0)
+            load += len(chosen[j]) + (max(0.0, k - covered[j]) if demand and j < upto else 0.0)
         return queue_end + copy_ms * load <= now_ms + upto * layer_ms + 1e-9
 
     # d >= 2: most confident first, while every deadline from its layer on still holds.

@@ -206,3 +206,22 @@ def test_the_cpu_lane_slows_while_copies_read_the_same_dram():
     c = CostModel(get_profile("h200-pcie5x16-graphed"), get_shape("deepseek-v2-lite"))
     assert c.cpu_expert_ms(1, link_busy=True) > c.cpu_expert_ms(1)
     assert COSTS.cpu_expert_ms(1, link_busy=True) == COSTS.cpu_expert_ms(1)   # a profile without the figure
+
+
+def test_the_lookahead_knows_misses_go_to_the_cpu_lane_only_where_the_lane_beats_a_copy():
+    """The planner tells plan_lookahead an exact miss's lane time (its ``miss_ms``) when the policy sends exact
+    misses to a CPU lane it has and that beats a copy: on x8 with the H200 host's lane, not on its native link,
+    not without a lane, not for a policy that copies its misses."""
+    import dataclasses
+    h200 = get_profile("h200-pcie5x16-graphed")
+    x8 = CostModel(dataclasses.replace(h200, h2d_pinned_gbps=13.0), get_shape("deepseek-v2-lite"))
+    native = CostModel(h200, get_shape("deepseek-v2-lite"))
+    assert x8.cpu_expert_ms(1, link_busy=True) < x8.copy_ms() and native.cpu_expert_ms(1, link_busy=True) > native.copy_ms()
+
+    def miss_ms(policy, costs, can_cpu=True):
+        return LayerPlanner(get_spec(policy), n_slots=8, n_experts=4, top_k=1, moe_layers=(1, 2), costs=costs,
+                            can_cpu=can_cpu)._lane_miss_ms()
+    assert miss_ms("spice", x8) == pytest.approx(x8.cpu_expert_ms(1, link_busy=True))
+    assert miss_ms("spice", native) is None
+    assert miss_ms("spice", x8, can_cpu=False) is None
+    assert miss_ms("spice_prefetch", x8) is None and miss_ms("spice_no_cpu", x8) is None

@@ -214,3 +214,21 @@ def test_a_plan_pays_when_it_can_hide_at_least_its_host_cost():
     assert plan_pays(0.0, 0.0, 6, 0.3)                  # no host cost: always
     assert not plan_pays(1.26, 0.5, 6, 0.32)           # native link: 0.96 ms of copies to hide
     assert plan_pays(1.26, 0.5, 6, 1.33)               # PCIe 4.0 x8: 4 ms
+
+
+def test_with_a_cpu_lane_a_prefetch_landing_after_the_lane_would_finish_is_not_queued():
+    # Copies end at 11 (queue busy to 10), the next layer starts at 2: a lane run of 0.7 ms finishes at 2.7,
+    # long before the copy lands, so the late prefetch would only take the link; without a lane it replaces a
+    # demand copy that would land later still, so it is queued.
+    late = [pred(1, 2, {0: 0.9})]
+    assert plan(late, copy_free_at_ms=10.0, miss_ms=0.7).items == ()
+    assert [i.key for i in plan(late, copy_free_at_ms=10.0).items] == [K(2, 0)]
+    # Landing within the lane's time after the layer starts still pays.
+    assert [i.key for i in plan(late, copy_free_at_ms=1.5, miss_ms=0.7).items] == [K(2, 0)]
+
+
+def test_with_a_cpu_lane_demand_misses_do_not_reserve_the_link():
+    # As in the test above on poorly predicted layer 2: its misses go to the lane, so layer 3's experts fit.
+    preds = [pred(1, 2, {0: 0.3, 1: 0.3}), pred(2, 3, {1: 0.9, 2: 0.9})]
+    lane = plan(preds, copy_ms=1.0, layer_ms=2.1, miss_ms=0.7)
+    assert {K(3, 1), K(3, 2)} <= {i.key for i in lane.items} and lane.depth == 2
