@@ -26,6 +26,9 @@ thread does little CPU math. A machine with one core gets no lane (ConfigError n
 Failures: `submit` never raises; a failed or overdue task raises from `result()` (after
 ``timeout_s``), is counted in ``failures``, and the executor falls back to an exact copy of
 that expert. Output is never silently wrong. Knows nothing of policies or timing models.
+
+Kernels: `submit` runs the exact one (bf16 ``F.linear``, the eager CPU path's arithmetic); `submit_int8`
+the lossy int8 weight-only one (exec/int8.py), only ever for a miss the planner marked ``cpu_int8``.
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ import torch
 
 from spice_core.errors import ConfigError
 from spice_core.exec.experts import expert_forward
+from spice_core.exec.int8 import Int8Expert, int8_expert_forward
 
 DEFAULT_TIMEOUT_S = 10.0
 SHAPE_ENV = "SPICE_CPU_LANE"     # e.g. "2x7": workers x intra-op threads; overrides the default below
@@ -130,6 +134,18 @@ class CpuLane:
         """Start copying x [n,H] to the host now and run the expert (gate_up [2I,H], down [H,I],
         host tensors) on a worker; the output comes back on ``out_device``. Never raises.
         ``stream``: the CUDA stream x is produced on (default: the current one, looked up)."""
+        return self._submit(x_dev, lambda x: expert_forward(x.to(gate_up.dtype), gate_up, down, act), out_device,
+                            stream)
+
+    def submit_int8(self, x_dev: torch.Tensor, weights: Int8Expert, act: Callable, out_device: torch.device,
+                    stream=None) -> LaneResult:
+        """`submit` for the lossy int8 kernel (exec/int8.py): the expert from its int8 copy ``weights``. The
+        worker, the round trip and the failure handling are the exact task's; only the arithmetic differs."""
+        return self._submit(x_dev, lambda x: int8_expert_forward(x, weights, act), out_device, stream)
+
+    def _submit(self, x_dev: torch.Tensor, compute: Callable[[torch.Tensor], torch.Tensor], out_device,
+                stream) -> LaneResult:
+        """``compute``: host x [n,H] -> host y [n,H], run on a worker once x has landed."""
         out_device = torch.device(out_device)
         self.tasks += 1
         try:
@@ -146,7 +162,7 @@ class CpuLane:
                 if ready is not None:
                     ready.synchronize()
                 t0 = time.perf_counter()
-                y = expert_forward(x_host.to(gate_up.dtype), gate_up, down, act)
+                y = compute(x_host)
                 if pin:
                     y = y.pin_memory()
                 return y, w, t0, time.perf_counter()
