@@ -334,8 +334,11 @@ class LayerPlanner:
 
     def plan_fallback(self, key: ExpertKey, *, hold: bool = False) -> CopyOrder:
         """A CPU-lane task failed: copy the expert in after all (exact). ``hold``: the layer's experts are still
-        busy (the fast path falls back before it places them): keep this one busy too, until `release_fallback`."""
-        order = self._acquire(key, "copy", {key})
+        busy (the fast path falls back before it places them): keep this one busy too, until `release_fallback`.
+        An expert whose prefetch is still in flight (the lane was picked over waiting for it) already has its slot:
+        it is copied again into that slot, behind the prefetch on the copy stream."""
+        slot = self.residency.where.get(key)
+        order = CopyOrder(key, slot, "copy") if slot is not None else self._acquire(key, "copy", {key})
         assert order is not None, "cache smaller than one expert"
         if hold:
             self.residency.book(key).busy = True

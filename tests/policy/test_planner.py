@@ -225,3 +225,20 @@ def test_the_lookahead_knows_misses_go_to_the_cpu_lane_only_where_the_lane_beats
     assert miss_ms("spice", native) is None
     assert miss_ms("spice", x8, can_cpu=False) is None
     assert miss_ms("spice_prefetch", x8) is None and miss_ms("spice_no_cpu", x8) is None
+
+
+def test_regression_a_failed_cpu_job_for_an_expert_still_in_flight_falls_back_into_its_own_slot():
+    """The lane may be picked over waiting for a late prefetch; when that job failed, the fallback copy asked for a
+    new slot for an expert the book already held and tripped the residency's "already resident" assertion."""
+    slow_link = CostModel(get_profile("rtx5090-pcie4x8"), get_shape("deepseek-v2-lite"))
+    p = LayerPlanner(get_spec("spice_no_lore"), n_slots=4, n_experts=4, top_k=1, moe_layers=(1, 2), costs=slow_link,
+                     can_cpu=True, tau_prefetch=0.5, max_lookahead=2)
+    step(p, 1, [[0]])
+    order = p.plan_prefetch(1, [LayerPrediction(1, 2, (0.0, 0.0, 0.0, 0.9))], NOW).copies[0]
+    p.prefetch_issued(order, layer=1, issued_ms=0.0, arrival_ms=50.0)          # lands long after the lane would
+    plan, _ = step(p, 2, [[3]], queues=Queues(now_ms=1.0, copy_free_at_ms=50.0))
+    assert plan.outcomes == {3: "cpu"}
+    fallback = p.plan_fallback(ExpertKey(2, 3), hold=True)
+    assert fallback.slot == order.slot and fallback.evicted is None
+    p.release_fallback(ExpertKey(2, 3))
+    assert p.residency.where[ExpertKey(2, 3)] == order.slot
