@@ -24,6 +24,7 @@ import gradio as gr
 
 from pages import about, chat, guard, sweep, trace_explorer
 from pages.common import AppContext
+from pages.keyboard import KEYBOARD_JS
 from pages.models import EngineSet, keep_nav, model_pages
 from pages.owners import OWNER_JS
 from pages.tuning import TuneBook
@@ -156,7 +157,7 @@ def launch_kwargs() -> dict:
     from starlette.middleware import Middleware
 
     return {"theme": gr.themes.Default(primary_hue="blue", neutral_hue="slate"), "css": CSS_PATH.read_text(),
-            "head": OWNER_JS, "max_file_size": MAX_FILE_SIZE,
+            "head": OWNER_JS + KEYBOARD_JS, "max_file_size": MAX_FILE_SIZE,
             "app_kwargs": {"middleware": [Middleware(guard.RequestGuard)]}}   # size limit, no uploads, headers
 
 

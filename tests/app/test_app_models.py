@@ -212,3 +212,47 @@ def test_the_engine_busy_line_sits_under_the_message_box_on_a_desktop(browser, t
         held.release.set()
         page.close()
         assert two.ctx.runner.wait_idle(10)
+
+
+# Whether the option list of the menu at `sel` is drawn, and where the focus is.
+_MENU_JS = """(sel) => {
+  const input = document.querySelector(`${sel} input[role=combobox]`);
+  const list = document.getElementById(input.getAttribute('aria-controls'));
+  const at = document.activeElement;
+  return {open: !!list, expanded: input.getAttribute('aria-expanded'),
+          focus: at.getAttribute('aria-label') || at.id || at.tagName, modebar: !!at.closest('.modebar'),
+          in_message_box: !!at.closest('#spice-msg')};
+}"""
+
+
+@pytest.mark.browser
+def test_tab_closes_the_menu_it_leaves_and_skips_the_charts_toolbars(browser, two):
+    """Regression (issue 24, defect 10): Tab out of the Model or Policy menu left its option list open over the
+    controls below (Gradio's keydown handler reopened it after the blur), and each chart's modebar put its eight
+    buttons in the tab order (24 stops on the chat page before the footer)."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(30_000)
+    try:
+        page.goto(two.url, wait_until="load")
+        page.wait_for_selector("#spice-heatmap .modebar-btn", state="attached")
+        for menu, key in (("#chat-model", "Tab"), ("#ctl-policy", "Tab"), ("#ctl-policy", "Shift+Tab")):
+            page.focus(f"{menu} input")
+            assert page.evaluate(_MENU_JS, menu)["open"], f"{menu} opens when it takes the focus"
+            page.keyboard.press(key)
+            page.wait_for_timeout(300)               # Gradio's handler reopened it a tick after the blur
+            state = page.evaluate(_MENU_JS, menu)
+            assert not state["open"] and state["expanded"] == "false", (menu, key, state)
+        page.focus("#spice-msg textarea")
+        stops = []
+        for _ in range(80):                          # once round the page (about 40 stops), back to the box
+            page.keyboard.press("Tab")
+            stops.append(page.evaluate(_MENU_JS, "#ctl-policy"))
+            if stops[-1]["in_message_box"]:
+                break
+        assert stops[-1]["in_message_box"], " > ".join(s["focus"] for s in stops)
+        assert not [s for s in stops if s["modebar"]], [s["focus"] for s in stops]
+        # Still there for the mouse: the toolbars' buttons, on every chart.
+        for chart in ("#spice-heatmap", "#spice-prefetch", "#spice-gantt"):
+            assert page.locator(f"{chart} .modebar-btn").count() >= 6, chart
+    finally:
+        page.close()
