@@ -28,11 +28,11 @@ from spice_core.trace.metrics import (  # noqa: F401 - re-exported: one definiti
     outcomes_from_events, per_layer_counts, per_layer_table, scope_tokens)
 
 # Names a user may pick, derived from the one policy table (policy/spec.py); the engine refuses anything
-# else with a ConfigError. Baselines predict nothing; exact policies never approximate.
+# else with a ConfigError. Baselines predict nothing; exact policies never approximate nor run int8 experts.
 POLICIES = tuple(POLICY_SPECS)
 BASELINE_POLICIES = tuple(n for n, s in POLICY_SPECS.items() if s.predictor is None)
 SPICE_POLICIES = tuple(n for n in POLICIES if n not in BASELINE_POLICIES)
-EXACT_POLICIES = tuple(n for n, s in POLICY_SPECS.items() if not s.use_lore)
+EXACT_POLICIES = tuple(n for n, s in POLICY_SPECS.items() if not s.use_lore and not s.use_int8)
 # Settings a running generation takes from its next token (GenerationRun.update_settings); any other
 # change applies from the next message.
 LIVE_FIELDS = ("tau_prefetch", "tau_approx", "max_lookahead", "temperature", "top_p")
@@ -56,12 +56,16 @@ class RunSettings:
     experts' bytes (LoRE factors and draft heads are counted inside it).
     ``profile``/``shape`` only matter in modeled timing: the hardware profile and the
     real-model shape the modeled times stand for.
+    ``tau_int8`` (0 = off): a miss whose router weight is below it, and not below ``tau_approx`` (LoRE
+    keeps the lowest), may run on the CPU lane from an int8 weight-only copy of the experts when that
+    finishes before the copy and the exact CPU run; lossy, taken only by ``spice``.
     """
 
     policy: str = "spice"
     cache_frac: float = 0.25
     tau_prefetch: float = 0.2
     tau_approx: float = 0.0
+    tau_int8: float = 0.0
     max_lookahead: int = 4
     lore_rank: int = DEFAULT_LORE_RANK   # the default means "up to 16": smaller LoRE factors are used whole
     cpu_lane: bool = True
@@ -79,6 +83,10 @@ class RunSettings:
         _check_range("cache_frac", self.cache_frac, 0.0, 1.0)
         _check_range("tau_prefetch", self.tau_prefetch, 0.0, 1.0)
         _check_range("tau_approx", self.tau_approx, 0.0, 1.0)
+        if not (isinstance(self.tau_int8, (int, float)) and not isinstance(self.tau_int8, bool)
+                and 0.0 <= self.tau_int8 <= 1.0):
+            raise ConfigError(f"tau_int8={self.tau_int8!r} is out of range: use a value in [0, 1] (--tau-int8; "
+                              "0 = no int8 CPU runs)")
         if not isinstance(self.max_lookahead, int) or not 1 <= self.max_lookahead <= 64:
             raise ConfigError(f"max_lookahead={self.max_lookahead!r} is out of range: use an integer in [1, 64]")
         if not isinstance(self.lore_rank, int) or self.lore_rank < 1:
@@ -91,8 +99,8 @@ class RunSettings:
 
     @property
     def exact(self) -> bool:
-        """True when the settings cannot change the output (no approximation)."""
-        return self.policy in EXACT_POLICIES or self.tau_approx == 0.0
+        """True when the settings cannot change the output (no approximation, no int8 CPU run)."""
+        return self.policy in EXACT_POLICIES or (self.tau_approx == 0.0 and self.tau_int8 == 0.0)
 
 
 def own_shape(info: EngineInfo) -> str | None:

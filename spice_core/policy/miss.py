@@ -1,4 +1,4 @@
-"""The per-miss decision: approximate, run on the CPU, copy in, or wait for a prefetch.
+"""The per-miss decision: approximate, run on the CPU (exact or int8), copy in, or wait for a prefetch.
 
 Pure: plain numbers in (the router weight, costs in ms from the cost model, when each queue
 drains), an action out; no tensors, no clocks. The rules, in order:
@@ -19,6 +19,11 @@ drains), an action out; no tensors, no clocks. The rules, in order:
    the shipped model's benchmark). The choice follows the machine: on a PCIe 5.0 x16 box copies usually win, on a PCIe 4.0 x8 desktop
    the CPU lane does, and with both queues in play the misses of one layer are shared out
    between them (`plan_misses` charges each decision to its queue before taking the next).
+4. Then, for a miss whose router weight is still below ``tau_int8`` (a second, higher threshold the user
+   controls; 0 = off): the CPU lane from the expert's int8 weight-only copy, when that run finishes
+   before the exact option chosen in 3 (as that option is scored, the copy's credit included). Lossy, so
+   never "exact" and never offered by an exact policy; it costs about half the lane's exact time (half
+   the bytes). LoRE keeps the lowest weights (rule 2 comes first).
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ class MissAction(str, Enum):
     WAIT_PREFETCH = "prefetch_hit"
     APPROX = "approx"
     CPU = "cpu"
+    CPU_INT8 = "cpu_int8"       # lossy: the CPU lane from the int8 weight-only copy
     COPY = "copy"
 
 
@@ -46,6 +52,7 @@ class MissCosts:
     inflight_arrival_ms: float | None = None   # a prefetch of this expert already queued
     gpu_ms: float = 0.0                        # the expert on the GPU once copied in
     copy_value_ms: float = 0.0                 # what caching the copy is expected to save later
+    cpu_int8_ms: float | None = None           # the int8 kernel on the CPU lane (None: not offered)
 
     def copy_done_ms(self) -> float:
         return max(self.now_ms, self.copy_free_at_ms) + self.copy_ms + self.gpu_ms
@@ -60,24 +67,30 @@ class MissOptions:
     can_approx: bool = False
     can_cpu: bool = False
     can_copy: bool = True
+    tau_int8: float = 0.0           # lossy int8 CPU runs below this router weight (0: never)
+    can_int8: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.tau_approx <= 1.0:
             raise ValueError(f"tau_approx={self.tau_approx} must be in [0, 1]")
+        if not 0.0 <= self.tau_int8 <= 1.0:
+            raise ValueError(f"tau_int8={self.tau_int8} must be in [0, 1]")
 
 
 def decide_miss(router_weight: float, costs: MissCosts, opts: MissOptions) -> MissAction:
     """One miss. ``router_weight``: the largest weight any token of this step gives the expert."""
+    int8_ms = costs.cpu_int8_ms if opts.can_int8 and router_weight < opts.tau_int8 else None
     return _decide(router_weight, costs.now_ms, costs.copy_free_at_ms, costs.copy_ms, costs.cpu_free_at_ms,
                    costs.cpu_ms, costs.inflight_arrival_ms, costs.gpu_ms, costs.copy_value_ms,
-                   opts.can_approx, opts.tau_approx, opts.can_copy, opts.can_cpu)
+                   opts.can_approx, opts.tau_approx, opts.can_copy, opts.can_cpu, int8_ms)
 
 
 def _decide(router_weight: float, now_ms: float, copy_free_at_ms: float, copy_ms: float, cpu_free_at_ms: float,
             cpu_ms: float, inflight: float | None, gpu_ms: float, copy_value_ms: float, can_approx: bool,
-            tau_approx: float, can_copy: bool, can_cpu: bool) -> MissAction:
+            tau_approx: float, can_copy: bool, can_cpu: bool, int8_ms: float | None = None) -> MissAction:
     """`decide_miss` on plain numbers (`plan_misses` decides a few misses per layer per token, and building
-    MissCosts for each cost more than the decision)."""
+    MissCosts for each cost more than the decision). ``int8_ms``: the int8 run's time where this miss may take
+    it (offered, and its weight below tau_int8), else None."""
     if inflight is not None and inflight <= now_ms:
         return MissAction.WAIT_PREFETCH
     if can_approx and router_weight < tau_approx:
@@ -96,6 +109,8 @@ def _decide(router_weight: float, now_ms: float, copy_free_at_ms: float, copy_ms
             best, best_ms = MissAction.CPU, t
     if best is None:
         raise ValueError("no exact miss path enabled (copy and CPU lane both off, nothing in flight)")
+    if int8_ms is not None and max(now_ms, cpu_free_at_ms) + int8_ms < best_ms:
+        return MissAction.CPU_INT8
     return best
 
 
@@ -109,6 +124,8 @@ class MissRequest(NamedTuple):
     inflight_arrival_ms: float | None = None    # set: a prefetch of it is in flight (no second copy)
     copy_value_ms: float = 0.0
     cpu_ms_link_busy: float | None = None       # the CPU lane while copies stream from the same DRAM (None: same)
+    cpu_int8_ms: float | None = None            # the lossy int8 run on the lane (None: not offered)
+    cpu_int8_ms_link_busy: float | None = None  # ... while copies stream (None: same)
 
 
 @dataclass
@@ -132,18 +149,26 @@ def plan_misses(requests: list[MissRequest], queues: QueueState, opts: MissOptio
     free = queues.cpu_free_at_ms
     lanes = range(len(free))
     can_approx, tau, can_cpu = opts.can_approx, opts.tau_approx, opts.can_cpu
+    tau_int8 = opts.tau_int8 if opts.can_int8 else 0.0
     for req in requests:
         w = min(lanes, key=free.__getitem__) if len(free) > 1 else 0
         now = queues.now_ms
         inflight = req.inflight_arrival_ms
         # While the copy queue is busy the lane and the link share the host's DRAM: the lane runs slower.
-        cpu_ms = req.cpu_ms_link_busy if req.cpu_ms_link_busy is not None and queues.copy_free_at_ms > now \
-            else req.cpu_ms
+        link_busy = queues.copy_free_at_ms > now
+        cpu_ms = req.cpu_ms_link_busy if req.cpu_ms_link_busy is not None and link_busy else req.cpu_ms
+        int8_ms = None
+        if req.router_weight < tau_int8 and req.cpu_int8_ms is not None:
+            int8_ms = req.cpu_int8_ms_link_busy if req.cpu_int8_ms_link_busy is not None and link_busy \
+                else req.cpu_int8_ms
         action = _decide(req.router_weight, now, queues.copy_free_at_ms, req.copy_ms, free[w], cpu_ms, inflight,
-                         req.gpu_ms, req.copy_value_ms, can_approx, tau, opts.can_copy and inflight is None, can_cpu)
+                         req.gpu_ms, req.copy_value_ms, can_approx, tau, opts.can_copy and inflight is None, can_cpu,
+                         int8_ms)
         if action == MissAction.COPY:
             queues.copy_free_at_ms = max(now, queues.copy_free_at_ms) + req.copy_ms
         elif action == MissAction.CPU:
             free[w] = max(now, free[w]) + cpu_ms
+        elif action == MissAction.CPU_INT8:
+            free[w] = max(now, free[w]) + int8_ms
         actions.append(action)
     return actions

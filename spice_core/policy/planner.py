@@ -35,7 +35,24 @@ from spice_core.types import ExpertKey
 HIT, PREFETCH_HIT = "hit", "prefetch_hit"
 # ... as plain strings: an Enum member's .value is a descriptor call, and these are compared per expert.
 _APPROX, _CPU, _COPY = MissAction.APPROX.value, MissAction.CPU.value, MissAction.COPY.value
+_CPU_INT8 = MissAction.CPU_INT8.value
 _ACTION_NAMES = {a: a.value for a in MissAction}
+
+
+class CpuTasks(tuple):
+    """`LayerPlan.cpu` when some of the layer's CPU-lane experts run the lossy int8 kernel: the experts (ascending
+    ids, a tuple like any other plan's) and ``int8``, those of them that do. A plain tuple: every one is exact.
+    The executors pick each job's kernel from it (`int8_tasks`)."""
+
+    def __new__(cls, experts, int8):
+        self = super().__new__(cls, experts)
+        self.int8 = frozenset(int8)
+        return self
+
+
+def int8_tasks(cpu: tuple) -> frozenset:
+    """The experts of ``cpu`` (a `LayerPlan.cpu`) that run the int8 kernel: none unless it is a `CpuTasks`."""
+    return cpu.int8 if isinstance(cpu, CpuTasks) else frozenset()
 
 
 class PlanCosts(Protocol):
@@ -48,6 +65,7 @@ class PlanCosts(Protocol):
     def gpu_layer_ms(self) -> float: ...
     def gpu_expert_ms(self, n_tokens: int = 1) -> float: ...
     def cpu_expert_ms(self, n_tokens: int = 1, link_busy: bool = False) -> float: ...
+    def cpu_int8_expert_ms(self, n_tokens: int = 1, link_busy: bool = False) -> float: ...
 
 
 class Queues(NamedTuple):
@@ -86,7 +104,7 @@ class ExpertRun(NamedTuple):
     per selection per layer, and a frozen dataclass took ~3 µs to build (its fields set one by one)."""
 
     expert: int
-    outcome: str                          # hit | prefetch_hit | approx | cpu | copy
+    outcome: str                          # hit | prefetch_hit | approx | copy (cpu, cpu_int8: no run)
     slot: int = -1                        # GPU experts: the slot to read
     late_copy: CopyOrder | None = None    # a demand copy placed only now (no slot was free earlier)
     prefetch_used: InflightPrefetch | None = None   # the prefetch this use consumes
@@ -100,7 +118,8 @@ class LayerPlan(NamedTuple):
     needed: tuple[int, ...]                            # experts selected by any token, ascending
     routes: dict                                       # expert -> (token rows, top-k positions)
     outcomes: dict                                     # expert -> outcome name
-    cpu: tuple[int, ...]                               # experts for the CPU lane, ascending
+    cpu: tuple[int, ...]                               # experts for the CPU lane, ascending (a CpuTasks when
+                                                       # some run the int8 kernel)
     copies: tuple[CopyOrder, ...]                      # demand copies placed before the experts
     hits: int                                          # selections served from the cache
     misses: int
@@ -118,13 +137,17 @@ class LayerPlanner:
     def __init__(self, spec: PolicySpec, *, n_slots: int, n_experts: int, top_k: int,
                  moe_layers: Sequence[int], costs: PlanCosts, tau_prefetch: float = 0.2,
                  tau_approx: float = 0.0, max_lookahead: int = 4, can_approx: bool = False,
-                 can_cpu: bool = False, host_aware: bool = True) -> None:
+                 can_cpu: bool = False, host_aware: bool = True, tau_int8: float = 0.0,
+                 can_int8: bool = False) -> None:
+        """``tau_int8``/``can_int8``: misses below that router weight may run on the CPU lane from the int8 copy
+        (lossy; the engine offers it only to policies that may be lossy, `PolicySpec.use_int8`)."""
         self.spec, self.costs = spec, costs
         self.n_experts, self.top_k = n_experts, top_k
         self.moe_pos = {layer: p for p, layer in enumerate(moe_layers)}
         self.n_moe = len(self.moe_pos)
         self.tau_prefetch, self.tau_approx, self.max_lookahead = tau_prefetch, tau_approx, max_lookahead
         self.can_approx, self.can_cpu, self.host_aware = can_approx, can_cpu, host_aware
+        self.tau_int8, self.can_int8 = tau_int8, can_int8 and tau_int8 > 0
         self.residency = Residency(n_slots)
         self.eviction = EVICTION_POLICIES[spec.eviction]()
         self.tick = 0
@@ -138,8 +161,8 @@ class LayerPlanner:
         self._copy_ms = costs.copy_ms()
         self._layer_ms = costs.gpu_layer_ms() + top_k * costs.gpu_expert_ms()
         self._plan_ms = costs.profile.host_plan_us / 1e3
-        self._expert_ms: dict[int, tuple[float, float, float]] = {}   # n_tokens -> (CPU lane, GPU, CPU lane while
-                                                                     # the link reads the same DRAM) ms of one expert
+        self._expert_ms: dict[int, tuple] = {}   # n_tokens -> (CPU lane, GPU, CPU lane while the link reads the
+                                                 # same DRAM, the int8 run, the int8 run so) ms of one expert
         # Each MoE layer's ExpertKeys, made once: a layer's plan looks up a dozen or more of them.
         self._keys = {layer: tuple(ExpertKey(layer, e) for e in range(n_experts)) for layer in moe_layers}
 
@@ -215,7 +238,11 @@ class LayerPlanner:
             misses_sel += n_sel
             n_miss += 1
         self.miss_rate_ema = 0.8 * self.miss_rate_ema + 0.2 * (n_miss / max(1, len(needed)))
-        cpu = tuple(e for e in needed if outcomes[e] == _CPU) if n_miss else ()
+        cpu = tuple(e for e in needed if outcomes[e] == _CPU or outcomes[e] == _CPU_INT8) if n_miss else ()
+        if cpu and self.can_int8:
+            int8 = [e for e in cpu if outcomes[e] == _CPU_INT8]
+            if int8:
+                cpu = CpuTasks(cpu, int8)
         # Demand copies, pipelined while slots can be freed without touching this layer's experts.
         copies = []
         needed_keys = None
@@ -277,14 +304,17 @@ class LayerPlanner:
             inf = inflight.get(keys[e])   # only experts whose prefetch is still in flight
             ms = expert_ms.get(n_tokens)
             if ms is None:
+                int8 = (c.cpu_int8_expert_ms(n_tokens), c.cpu_int8_expert_ms(n_tokens, link_busy=True)) \
+                    if self.can_int8 else (None, None)
                 ms = expert_ms[n_tokens] = (c.cpu_expert_ms(n_tokens), c.gpu_expert_ms(n_tokens),
-                                            c.cpu_expert_ms(n_tokens, link_busy=True))
+                                            c.cpu_expert_ms(n_tokens, link_busy=True), *int8)
             reqs.append(MissRequest(weight, self._copy_ms, ms[0], ms[1],
-                                    inf.arrival_ms if inf is not None else None, copy_value, ms[2]))
+                                    inf.arrival_ms if inf is not None else None, copy_value, *ms[2:]))
         # CPU-lane tasks are collected within their layer, so the lane is idle when a layer starts.
         q = QueueState(now_ms=queues.now_ms, copy_free_at_ms=queues.copy_free_at_ms)
         opts = MissOptions(tau_approx=self.tau_approx, can_approx=spec.use_lore and self.can_approx,
-                           can_cpu=spec.use_cpu and self.can_cpu, can_copy=True)
+                           can_cpu=spec.use_cpu and self.can_cpu, can_copy=True, tau_int8=self.tau_int8,
+                           can_int8=spec.use_int8 and self.can_int8)
         return plan_misses(reqs, q, opts)
 
     # ------------------------------------------------------------------ phase 3: the experts, in order
@@ -310,7 +340,7 @@ class LayerPlanner:
         runs = []
         for e in plan.needed:
             outcome = outcomes[e]
-            if outcome == _CPU:
+            if outcome == _CPU or outcome == _CPU_INT8:
                 continue
             if outcome == _APPROX:
                 runs.append(ExpertRun(e, outcome))

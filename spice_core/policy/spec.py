@@ -11,6 +11,10 @@
     spice           cache      approx / CPU / copy      draft       farthest predicted next use
     spice_no_lore   cache      CPU / copy               draft       farthest predicted next use
     spice_no_cpu    cache      approx / copy            draft       farthest predicted next use
+
+Only ``spice`` may also run a miss on the CPU lane from the int8 weight-only copy (``use_int8``; lossy,
+below its own threshold tau_int8, default off): every exact policy (no LoRE) leaves it out, and so does
+spice_no_cpu, which has no lane.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ class PolicySpec:
     eviction: str = "lru"
     use_lore: bool = False
     use_cpu: bool = False
+    use_int8: bool = False            # may take the lossy cpu_int8 miss action (needs use_cpu; never exact)
 
     @property
     def prefetches(self) -> bool:
@@ -46,7 +51,7 @@ POLICY_SPECS = {
         PolicySpec("spice_prefetch", predictor="draft", eviction="farthest_next_use"),
         PolicySpec("oracle_prefetch", predictor="oracle", eviction="farthest_next_use"),
         PolicySpec("spice", predictor="draft", eviction="farthest_next_use", miss_mode="orchestrate",
-                   use_lore=True, use_cpu=True),
+                   use_lore=True, use_cpu=True, use_int8=True),
         PolicySpec("spice_no_lore", predictor="draft", eviction="farthest_next_use", miss_mode="orchestrate",
                    use_cpu=True),
         PolicySpec("spice_no_cpu", predictor="draft", eviction="farthest_next_use", miss_mode="orchestrate",

@@ -46,15 +46,32 @@ class CostModel:
         t = max(_ms(nbytes, self.profile.gpu_mem_gbps), flops / (self.profile.gpu_tflops * 1e12) * 1e3)
         return t + self.profile.gpu_kernels_per_layer * self.profile.gpu_kernel_us / 1e3
 
+    @property
+    def int8_expert_bytes(self) -> int:
+        """One expert of the shape as the lossy int8 copy holds it (memory/int8_store.py): a byte per weight and a
+        bf16 scale per output row of gate_up and down."""
+        s = self.shape
+        return self.expert_bytes // s.dtype_bytes + 2 * (2 * s.expert_intermediate + s.hidden)
+
     def cpu_expert_ms(self, n_tokens: int = 1, link_busy: bool = False) -> float:
         """One exact expert on the CPU lane, including the activation round trip over the link. ``link_busy``: while
         host-to-device copies stream from the same DRAM, the lane gets what they leave of ``host_dram_gbps``
         (when the profile knows it; FASTPATH §2.6: 81 GB/s on the H200 host, 54 of them the link's)."""
+        return self._cpu_lane_ms(self.expert_bytes, n_tokens, link_busy)
+
+    def cpu_int8_expert_ms(self, n_tokens: int = 1, link_busy: bool = False) -> float:
+        """One expert on the CPU lane from its int8 copy (lossy): `cpu_expert_ms` with the int8 copy's bytes (about
+        half) streamed at the lane's ``cpu_mem_gbps``, and the same task overhead and round trip; no constant of its
+        own. Conservative: measured, the int8 kernel ran 2.5x faster than bf16 on the H200 host (0.19 against
+        0.48 ms, issue 22) and 3x on the dev CPU (docs/benchmarks/cpu-lane/int8/)."""
+        return self._cpu_lane_ms(self.int8_expert_bytes, n_tokens, link_busy)
+
+    def _cpu_lane_ms(self, weight_bytes: int, n_tokens: int, link_busy: bool) -> float:
         flops = 2.0 * self.expert_bytes / self.shape.dtype_bytes * n_tokens
         mem_gbps = self.profile.cpu_mem_gbps
         if link_busy and self.profile.host_dram_gbps > 0:
             mem_gbps = max(1.0, min(mem_gbps, self.profile.host_dram_gbps - self.profile.h2d_pinned_gbps))
-        compute = max(_ms(self.expert_bytes, mem_gbps), flops / (self.profile.cpu_gflops * 1e9) * 1e3)
+        compute = max(_ms(weight_bytes, mem_gbps), flops / (self.profile.cpu_gflops * 1e9) * 1e3)
         act_bytes = 2 * n_tokens * self.shape.hidden * self.shape.dtype_bytes
         round_trip = 2 * self.profile.copy_latency_us / 1e3 + _ms(act_bytes, self.profile.d2h_gbps)
         return compute + round_trip + self.profile.cpu_task_us / 1e3

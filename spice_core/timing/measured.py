@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from spice_core.timing.timeline import OpHandle
-from spice_core.trace.events import TraceEvent, events_from_rows  # noqa: F401 - TraceEvent: the drained type
+from spice_core.trace.events import CPU_INT8_RUN, TraceEvent, events_from_rows  # noqa: F401 - TraceEvent: the drained type
 from spice_core.types import ExpertKey
 
 
@@ -132,15 +132,15 @@ class MeasuredTimeline:
     def plan(self, layer: int) -> None:
         """Host planning is real time here: nothing to add."""
 
-    def cpu_expert(self, key: ExpertKey, n_tokens: int) -> OpHandle:
-        return OpHandle(key, "cpu", "cpu_run")
+    def cpu_expert(self, key: ExpertKey, n_tokens: int, int8: bool = False) -> OpHandle:
+        return OpHandle(key, "cpu", CPU_INT8_RUN if int8 else "cpu_run")
 
     def cpu_collected(self, handle: OpHandle, lane_run: tuple | None = None) -> None:
         """``lane_run``: (worker, start_perf_s, end_perf_s, wait_start_perf_s, wait_end_perf_s) from the lane."""
         worker, t_start, t_end, w_start, w_end = lane_run
         s = (t_start - self._run_t0) * 1e3
         e = (t_end - self._run_t0) * 1e3
-        self._add(_Pending(f"cpu{worker}", "cpu_run", handle.key, s, e))
+        self._add(_Pending(f"cpu{worker}", handle.kind, handle.key, s, e))
         before_host, after_host = (w_start - self._run_t0) * 1e3, (w_end - self._run_t0) * 1e3
         if after_host - before_host > 0.01:
             self._add(_Pending("host", "stall", handle.key, before_host, after_host, detail="waits for cpu"))

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from spice_core.timing.costs import CostModel
-from spice_core.trace.events import TraceEvent, events_from_rows
+from spice_core.trace.events import CPU_INT8_RUN, TraceEvent, events_from_rows
 from spice_core.types import ExpertKey
 
 
@@ -58,7 +58,7 @@ class Timeline(Protocol):
     def approx(self, key: ExpertKey, n_tokens: int, rank: int, start: object = None) -> None: ...
     def draft(self, layer: int, n_heads: int, start: object = None) -> None: ...
     def plan(self, layer: int) -> None: ...
-    def cpu_expert(self, key: ExpertKey, n_tokens: int) -> OpHandle: ...
+    def cpu_expert(self, key: ExpertKey, n_tokens: int, int8: bool = False) -> OpHandle: ...
     def cpu_collected(self, handle: OpHandle, lane_run: tuple | None = None) -> None: ...
     def mark(self, kind: str, key: ExpertKey | None, nbytes: int = 0, detail: str = "", lane: str = "gpu") -> None: ...
     def end_token(self) -> float: ...
@@ -184,14 +184,16 @@ class ModeledTimeline:
         if self._host_on:
             self._host += self.costs.profile.host_plan_us / 1e3
 
-    def cpu_expert(self, key: ExpertKey, n_tokens: int) -> OpHandle:
-        """A CPU-lane task submitted now (modeled: the executor computed it inline)."""
+    def cpu_expert(self, key: ExpertKey, n_tokens: int, int8: bool = False) -> OpHandle:
+        """A CPU-lane task submitted now (modeled: the executor computed it inline). ``int8``: the lossy int8
+        kernel (its own cost and event kind, ``cpu_int8_run``)."""
         w = min(range(len(self._cpu_free)), key=lambda i: self._cpu_free[i])
         start = max(self._cpu_free[w], self._host if self._host_on else self._gpu_free)
-        end = start + self.costs.cpu_expert_ms(n_tokens)
+        end = start + (self.costs.cpu_int8_expert_ms(n_tokens) if int8 else self.costs.cpu_expert_ms(n_tokens))
         self._cpu_free[w] = end
-        self._emit(f"cpu{w}", "cpu_run", start, end, key)
-        return OpHandle(key, f"cpu{w}", "cpu_run", start, end)
+        kind = CPU_INT8_RUN if int8 else "cpu_run"
+        self._emit(f"cpu{w}", kind, start, end, key)
+        return OpHandle(key, f"cpu{w}", kind, start, end)
 
     def cpu_collected(self, handle: OpHandle, lane_run: tuple | None = None) -> None:
         if self._host_on:         # the host collects the result, then hands it to the GPU

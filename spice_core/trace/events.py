@@ -23,6 +23,11 @@ LANES_FIXED = ("gpu", "copy", "host")
 #   cpu           miss computed exactly on the CPU lane
 #   copy          miss copied in on demand (the layer waited for it)
 OUTCOMES = ("hit", "prefetch_hit", "approx", "cpu", "copy")
+# A lossy miss outcome outside the heatmap's five above (the app does not offer it yet): computed on the CPU
+# lane from the int8 weight-only copy (tau_int8 > 0, spice only). Its trace instant is a ``miss`` with this
+# detail, its interval a CPU_INT8_RUN; trace.metrics counts it in the miss split.
+CPU_INT8_OUTCOME = "cpu_int8"
+CPU_INT8_RUN = "cpu_int8_run"
 
 # The detail of a ``prefetch_hit`` instant whose copy arrived after its layer needed it (PrefetchRecord.late): the
 # layer stalled for it. Accounts (trace.metrics, the exports) count it apart from the hits, as ``prefetch_late``.
@@ -35,6 +40,7 @@ EVENT_KINDS = (
     "copy",          # copy: on-demand host->device copy of one expert
     "prefetch",      # copy: speculative host->device copy of one expert
     "cpu_run",       # cpuN: exact expert on the CPU (incl. activation round trip)
+    CPU_INT8_RUN,    # cpuN: an expert from its int8 copy on the CPU (lossy; incl. activation round trip)
     "approx",        # gpu: LoRE surrogate for one expert
     "stall",         # gpu: compute stream idle, waiting for a copy or the CPU lane
     "draft",         # gpu: predictor heads

@@ -6,8 +6,8 @@ Definitions (the UI, the CLI and the benchmarks all read them from here):
   first; with one step there is no TPOT and it is reported as 0.0 (never NaN), as is tokens/s.
 - tokens_per_s = 1000 / median TPOT.
 - The *scope* of the rates is the decode steps, or every step when there is only the first one:
-  hit_rate = (hit + prefetch_hit) / all outcomes in scope; miss_split counts approx / cpu / copy
-  outcomes in scope; hit_rate_per_layer is the same ratio per layer; bytes_per_token and
+  hit_rate = (hit + prefetch_hit) / all outcomes in scope; miss_split counts approx / cpu / cpu_int8 /
+  copy outcomes in scope (cpu_int8: the lossy int8 CPU run); hit_rate_per_layer is the same ratio per layer; bytes_per_token and
   stall_ms_per_token are means over the steps in scope. The prefill moves many tokens' experts
   at once, so mixing it into per-token rates would hide the decode behaviour we care about.
 - A late prefetch is a stall, not a hit: a ``prefetch_hit`` whose copy arrived after its layer needed it
@@ -33,11 +33,11 @@ import numpy as np
 import pandas as pd
 
 from spice_core.records import ExpertOutcome, PrefetchRecord, RunSummary, StepStats
-from spice_core.trace.events import LATE_DETAIL, TraceEvent
+from spice_core.trace.events import CPU_INT8_OUTCOME, LATE_DETAIL, TraceEvent
 
 HIT_OUTCOMES = ("hit", "prefetch_hit")
 LATE_OUTCOME = "prefetch_late"            # a prefetch_hit that came late (see the module docstring)
-MISS_OUTCOMES = ("approx", "cpu", "copy")
+MISS_OUTCOMES = ("approx", "cpu", CPU_INT8_OUTCOME, "copy")
 ACCOUNT_OUTCOMES = (*HIT_OUTCOMES, LATE_OUTCOME, *MISS_OUTCOMES)
 PER_LAYER_COLUMNS = ("layer", "selections", *ACCOUNT_OUTCOMES, "hit_rate")
 

@@ -169,3 +169,68 @@ def test_the_cpu_lane_is_offered_only_where_it_beats_an_idle_link_copy():
     prof, shape = get_profile("h200-pcie5x16-graphed"), get_shape("deepseek-v2-lite", None)
     assert not lane_pays(CostModel(prof, shape))                                   # native: a copy is 0.32 ms
     assert lane_pays(CostModel(replace(prof, h2d_pinned_gbps=13.0), shape))        # x8: a copy is 1.33 ms
+
+
+# ---------------------------------------------------------------------- the lossy int8 CPU run
+INT8 = MissOptions(tau_approx=0.05, can_approx=True, can_cpu=True, can_copy=True, tau_int8=0.3, can_int8=True)
+
+
+def _int8_costs(**over) -> MissCosts:
+    """A PCIe 4.0 x8 desktop: the int8 run (half the bytes) finishes before the exact CPU run and the copy."""
+    c = CostModel(get_profile("rtx5090-pcie4x8"), get_shape("deepseek-v2-lite"))
+    base = dict(now_ms=10.0, copy_free_at_ms=0.0, copy_ms=c.copy_ms(), cpu_free_at_ms=0.0, cpu_ms=c.cpu_expert_ms(1),
+                gpu_ms=c.gpu_expert_ms(1), cpu_int8_ms=c.cpu_int8_expert_ms(1))
+    return MissCosts(**{**base, **over})
+
+
+def test_the_int8_run_costs_about_half_the_exact_cpu_run():
+    c = CostModel(get_profile("h200-pcie5x16-graphed"), get_shape("deepseek-v2-lite"))
+    assert c.int8_expert_bytes == 2048 * 1408 * 3 + 2 * (2 * 1408 + 2048)     # a byte a weight, a bf16 scale a row
+    task_ms = c.profile.cpu_task_us / 1e3
+    assert c.cpu_int8_expert_ms(1) - task_ms == pytest.approx((c.cpu_expert_ms(1) - task_ms) / 2, rel=0.02)
+
+
+@pytest.mark.parametrize("weight,expected", [
+    (0.01, MissAction.APPROX),          # LoRE keeps the lowest weights
+    (0.05, MissAction.CPU_INT8), (0.29, MissAction.CPU_INT8),
+    (0.3, MissAction.CPU), (0.9, MissAction.CPU)])     # at or above tau_int8: exact
+def test_int8_only_between_tau_approx_and_tau_int8(weight, expected):
+    assert decide_miss(weight, _int8_costs(), INT8) == expected
+
+
+def test_int8_is_taken_only_when_it_finishes_before_the_exact_choice():
+    backed_up_lane = _int8_costs(cpu_free_at_ms=10.0 + 5.0)        # the copy now finishes first
+    assert decide_miss(0.2, backed_up_lane, INT8) == MissAction.COPY
+    soon = _int8_costs(inflight_arrival_ms=10.1)                   # an exact prefetch lands sooner
+    assert decide_miss(0.2, soon, INT8) == MissAction.WAIT_PREFETCH
+
+
+def test_int8_is_never_taken_where_it_is_not_offered():
+    for opts in (MissOptions(**{**INT8.__dict__, "can_int8": False}), MissOptions(**{**INT8.__dict__, "tau_int8": 0.0}),
+                 EXACT):
+        assert decide_miss(0.2, _int8_costs(), opts) == MissAction.CPU
+    assert decide_miss(0.2, _int8_costs(cpu_int8_ms=None), INT8) == MissAction.CPU
+
+
+def test_plan_charges_int8_runs_to_the_cpu_lane():
+    c = _int8_costs()
+    reqs = [MissRequest(0.2, c.copy_ms, c.cpu_ms, c.gpu_ms, cpu_int8_ms=c.cpu_int8_ms)] * 6
+    q = QueueState(now_ms=0.0, copy_free_at_ms=0.0)
+    acts = plan_misses(reqs, q, INT8)
+    assert acts[0] == MissAction.CPU_INT8 and MissAction.COPY in acts and MissAction.CPU not in acts
+    assert q.cpu_free_at_ms[0] == pytest.approx(acts.count(MissAction.CPU_INT8) * c.cpu_int8_ms)
+
+
+@pytest.mark.parametrize("tau", [-0.01, 1.01, float("nan")])
+def test_tau_int8_outside_unit_interval_names_the_flag(tau):
+    with pytest.raises(ConfigError, match=r"tau_int8=.* is out of range: use a value in \[0, 1\] \(--tau-int8"):
+        RunSettings(tau_int8=tau)
+    with pytest.raises(ValueError, match=r"tau_int8=.* must be in \[0, 1\]"):
+        MissOptions(tau_int8=tau)
+
+
+def test_int8_makes_spice_lossy_but_no_exact_policy():
+    from spice_core.api import EXACT_POLICIES
+
+    assert not RunSettings(policy="spice", tau_int8=0.3).exact and RunSettings(policy="spice").exact
+    assert RunSettings(policy="spice_no_lore", tau_int8=0.3).exact and "spice" not in EXACT_POLICIES

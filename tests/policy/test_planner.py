@@ -1,7 +1,7 @@
 """The LayerPlanner on hand-made routing: every decision of a layer as plain data, no tensors, no device."""
 import pytest
 
-from spice_core.policy.planner import LayerPlanner, Queues
+from spice_core.policy.planner import CpuTasks, LayerPlanner, Queues, int8_tasks
 from spice_core.policy.prefetch import LayerPrediction
 from spice_core.policy.spec import get_spec
 from spice_core.timing.costs import CostModel
@@ -225,6 +225,27 @@ def test_the_lookahead_knows_misses_go_to_the_cpu_lane_only_where_the_lane_beats
     assert miss_ms("spice", native) is None
     assert miss_ms("spice", x8, can_cpu=False) is None
     assert miss_ms("spice_prefetch", x8) is None and miss_ms("spice_no_cpu", x8) is None
+
+
+def test_spice_sends_low_weight_misses_to_the_int8_lane_and_the_plan_says_which_kernel():
+    """Between tau_approx and tau_int8 a miss runs on the CPU lane from the int8 copy (cheaper than a copy there,
+    rtx5090's 13 GB/s link); the plan's CPU tasks name it, and no GPU run is planned for it."""
+    slow_link = CostModel(get_profile("rtx5090-pcie4x8"), get_shape("deepseek-v2-lite"))
+    p = LayerPlanner(get_spec("spice"), n_slots=4, n_experts=4, top_k=3, moe_layers=(1, 2), costs=slow_link,
+                     tau_approx=0.05, can_approx=True, can_cpu=True, tau_int8=0.3, can_int8=True)
+    plan, runs = step(p, 1, [[0, 1, 2]], [[0.01, 0.2, 0.6]])
+    assert plan.outcomes[0] == "approx" and plan.outcomes[1] == "cpu_int8" and plan.outcomes[2] != "cpu_int8"
+    assert isinstance(plan.cpu, CpuTasks) and 1 in plan.cpu and int8_tasks(plan.cpu) == {1}
+    assert 1 not in {r.expert for r in runs} and plan.misses == 3
+
+
+def test_exact_policies_never_take_the_int8_action_whatever_tau_int8():
+    slow_link = CostModel(get_profile("rtx5090-pcie4x8"), get_shape("deepseek-v2-lite"))
+    for policy in ("spice_no_lore", "cpu_compute", "lru"):
+        p = LayerPlanner(get_spec(policy), n_slots=4, n_experts=4, top_k=3, moe_layers=(1, 2), costs=slow_link,
+                         can_cpu=True, tau_int8=1.0, can_int8=True)
+        plan, _ = step(p, 1, [[0, 1, 2]], [[0.1, 0.2, 0.3]])
+        assert "cpu_int8" not in plan.outcomes.values() and not int8_tasks(plan.cpu), policy
 
 
 def test_regression_a_failed_cpu_job_for_an_expert_still_in_flight_falls_back_into_its_own_slot():

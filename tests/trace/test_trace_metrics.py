@@ -41,7 +41,7 @@ def test_summary_arithmetic_on_known_steps():
     assert s.tokens_per_s == pytest.approx(40.0)
     # decode outcomes: 16 selections, hits: 3 + 2 + 2 + 3 = 10
     assert s.hit_rate == pytest.approx(10 / 16)
-    assert s.miss_split == {"approx": 2, "cpu": 1, "copy": 3}
+    assert s.miss_split == {"approx": 2, "cpu": 1, "cpu_int8": 0, "copy": 3}
     assert s.hit_rate_per_layer == {1: pytest.approx(7 / 8), 2: pytest.approx(3 / 8)}
     assert s.bytes_per_token == pytest.approx(750.0)     # (1000 + 0 + 2000 + 0) / 4: prefill excluded
     assert s.stall_ms_per_token == pytest.approx(1.5)
@@ -56,7 +56,7 @@ def test_step_order_does_not_matter():
 def test_a_single_step_run_has_no_tpot_and_takes_rates_over_the_prefill():
     s = run([STEPS[0]])
     assert (s.ttft_ms, s.tpot_ms_median, s.tpot_ms_p90, s.tokens_per_s) == (100.0, 0.0, 0.0, 0.0)
-    assert s.hit_rate == 0.0 and s.miss_split == {"approx": 0, "cpu": 0, "copy": 12}
+    assert s.hit_rate == 0.0 and s.miss_split == {"approx": 0, "cpu": 0, "cpu_int8": 0, "copy": 12}
     assert s.bytes_per_token == 12_000 and s.stall_ms_per_token == 50.0
     assert s.notes == ()
 
@@ -90,6 +90,6 @@ def test_per_layer_table_counts_each_outcome():
     rows = {r["layer"]: r for r in df.to_dict("records")}
     assert list(rows) == [1, 2]
     assert rows[1] == {"layer": 1, "selections": 14, "hit": 5, "prefetch_hit": 2, "prefetch_late": 0, "approx": 1,
-                       "cpu": 0, "copy": 6, "hit_rate": pytest.approx(7 / 14)}
+                       "cpu": 0, "cpu_int8": 0, "copy": 6, "hit_rate": pytest.approx(7 / 14)}
     assert rows[2]["copy"] == 6 + 3 and rows[2]["hit_rate"] == pytest.approx(3 / 14)
     assert per_layer_table([]).empty and tuple(per_layer_table([]).columns) == PER_LAYER_COLUMNS
