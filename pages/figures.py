@@ -42,9 +42,15 @@ OUTCOME_COLOURS = {
     "approx": OKABE_ITO["purple"], "cpu": OKABE_ITO["orange"], "copy": OKABE_ITO["vermillion"],
     "prefetch_late": OKABE_ITO["yellow"],
 }
+# Simulated deuteranopia and protanopia bring two pairs of these colours close (CIE76 distance about 18) in a
+# cell 10 px wide: green and reddish purple (hit, approximated) and orange and vermillion (CPU, copied; orange is
+# as close to a late prefetch's yellow). Any six of Okabe–Ito's seven colours hold such a pair, so approximated
+# and CPU cells also carry a mark, the legend's first word; outcomes without one stay at least 33 apart. The
+# lane chart hatches the LoRE surrogate's bars, which sit beside the routed experts' on the GPU lane.
+OUTCOME_MARKS = {"approx": "≈", "cpu": "C"}
 OUTCOME_LABELS = {
     "not selected": "not selected", "hit": "hit (resident)", "prefetch_hit": "prefetched hit",
-    "approx": "approximated (LoRE)", "cpu": "CPU lane", "copy": "copied on demand",
+    "approx": "≈ approximated (LoRE)", "cpu": "C CPU lane", "copy": "copied on demand",
     "prefetch_late": "prefetched late (stalled)",
 }
 KIND_COLOURS = {
@@ -52,6 +58,8 @@ KIND_COLOURS = {
     "stall": "rgba(213,94,0,0.45)", "copy": OKABE_ITO["vermillion"], "prefetch": OKABE_ITO["sky"],
     "cpu_run": OKABE_ITO["orange"], "token": "rgba(140,150,162,0.35)",
 }
+# The LoRE surrogate's bars are hatched: they sit beside the routed experts' on the GPU lane (see OUTCOME_MARKS).
+KIND_PATTERNS = {"approx": {"shape": "/", "fillmode": "overlay", "fgcolor": "#ffffff", "size": 6, "solidity": 0.3}}
 KIND_LABELS = {
     "layer": "attention + shared expert", "expert": "routed expert", "approx": "LoRE surrogate",
     "draft": "draft heads", "stall": "stall (waiting)", "copy": "on-demand copy", "prefetch": "prefetch copy",
@@ -209,6 +217,7 @@ def usual_outcome_z(live: LiveRun) -> np.ndarray:
 
 
 SHORT_OUTCOMES = ("", "hit", "prefetched", "approx", "CPU", "copied", "late prefetch (stalled)")   # by heatmap code
+MARKS = tuple(OUTCOME_MARKS.get(name, "") for name in CATEGORIES)                                      # by heatmap code
 
 
 HEATMAP_TITLE_LINES = 2         # the top margin fits this many lines of `heatmap_titles`
@@ -225,12 +234,12 @@ def heatmap_delta(live: LiveRun) -> dict:
     [L, E] outcome codes and the subtitles, no figure.
 
     The browser restyles the figure it already has (``assets/static/spice_live.js``) and rebuilds the
-    hover names from the codes, so a refresh is about 20 kB (26 layers x 64 experts) and skips Plotly's full
+    hover names and the cells' marks from the codes, so a refresh is about 20 kB (26 layers x 64 experts) and skips Plotly's full
     re-layout.
     """
     current = live.current.tolist()
     return {"z": [current, usual_outcome_z(live).tolist()], "codes": [current, live.totals_mode().tolist()],
-            "titles": heatmap_titles(live), "names": list(SHORT_OUTCOMES)}
+            "titles": heatmap_titles(live), "names": list(SHORT_OUTCOMES), "marks": list(MARKS)}
 
 
 def outcome_heatmap(live: LiveRun, *, counts: bool = True, meta: str = "") -> Figure:
@@ -242,13 +251,15 @@ def outcome_heatmap(live: LiveRun, *, counts: bool = True, meta: str = "") -> Fi
     """
     rows = [f"L{layer}" for layer in live.layers]
     experts = list(range(live.n_experts))
-    short = np.array(SHORT_OUTCOMES, dtype=object)
+    short, marks = np.array(SHORT_OUTCOMES, dtype=object), np.array(MARKS, dtype=object)
     scale = _discrete_scale()
+    # Cells show their mark (`text`, OUTCOME_MARKS); the hover names the outcome (`hovertext`).
     common = {"type": "heatmap", "x": experts, "y": rows, "zmin": -0.5, "zmax": len(CATEGORIES) - 0.5,
-              "colorscale": scale, "showscale": False, "xgap": 1, "ygap": 1}
+              "colorscale": scale, "showscale": False, "xgap": 1, "ygap": 1, "texttemplate": "%{text}",
+              "textfont": {"size": 9, "color": INK}}
     totals, used = live.totals_mode(), live.tokens_used()
     right = {**common, "z": usual_outcome_z(live).tolist(), "colorscale": _frequency_scale(), "xaxis": "x2",
-             "yaxis": "y"}
+             "yaxis": "y", "text": marks[totals].tolist()}
     if counts:
         right |= {"customdata": np.concatenate([live.counts, used[..., None]], axis=-1).tolist(),
                   "hovertemplate": f"%{{y}} · expert %{{x}}: used by %{{customdata[6]}} of {live.n_tokens} tokens "
@@ -258,11 +269,12 @@ def outcome_heatmap(live: LiveRun, *, counts: bool = True, meta: str = "") -> Fi
                                    "late prefetch %{customdata[5]}"
                                    "<extra>all tokens</extra>"}
     else:
-        right |= {"text": short[totals].tolist(),
-                  "hovertemplate": "%{y} · expert %{x}: mostly %{text}<extra>all tokens so far</extra>"}
+        right |= {"hovertext": short[totals].tolist(),
+                  "hovertemplate": "%{y} · expert %{x}: mostly %{hovertext}<extra>all tokens so far</extra>"}
     data = [
-        {**common, "z": live.current.tolist(), "text": short[live.current].tolist(), "xaxis": "x", "yaxis": "y",
-         "hovertemplate": "%{y} · expert %{x}: %{text}<extra>this token</extra>"},
+        {**common, "z": live.current.tolist(), "text": marks[live.current].tolist(),
+         "hovertext": short[live.current].tolist(), "xaxis": "x", "yaxis": "y",
+         "hovertemplate": "%{y} · expert %{x}: %{hovertext}<extra>this token</extra>"},
         right,
     ]
     data += [_legend_square(OUTCOME_LABELS[c], OUTCOME_COLOURS[c]) for c in CATEGORIES]
@@ -477,7 +489,8 @@ def lane_gantt(intervals: Iterable, *, uirevision: str = "gantt", max_bars: int 
         g = by_kind[kind]
         data.append({"type": "bar", "orientation": "h", "base": g["base"], "x": g["x"], "y": g["y"],
                      "name": KIND_LABELS.get(kind, kind), "hovertext": g["text"], "hoverinfo": "text",
-                     "marker": {"color": KIND_COLOURS.get(kind, "#7f8c99"), "line": {"width": 0}},
+                     "marker": {"color": KIND_COLOURS.get(kind, "#7f8c99"), "line": {"width": 0},
+                                **({"pattern": KIND_PATTERNS[kind]} if kind in KIND_PATTERNS else {})},
                      "width": 0.9 if kind == "token" else 0.7})
     order = lane_order(lanes)
     said = []                   # over the chart, each on a line of its own (two on a phone's width)

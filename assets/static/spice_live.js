@@ -17,11 +17,11 @@
     const gd = document.querySelector(`#spice-${name} .js-plotly-plot`);
     if (!Plotly || !gd || !gd.layout || gd.layout.meta !== p.meta) return false;   // base figure not drawn yet
     if (name === "heatmap") {
-      // z is what is drawn (the right grid shaded by how many tokens used each expert), codes the outcomes.
-      const names = p.names || [];
-      const text = (p.codes || p.z).map((grid) => grid.map((row) => row.map((c) => names[c] || "")));
+      // z is what is drawn (the right grid shaded by how many tokens used each expert), codes the outcomes:
+      // a cell's hover names its outcome, its text is the outcome's mark (pages/figures.OUTCOME_MARKS).
+      const by = (table) => (p.codes || p.z).map((grid) => grid.map((row) => row.map((c) => (table || [])[c] || "")));
       const ann = (gd.layout.annotations || []).map((a, i) => (i < p.titles.length ? { ...a, text: p.titles[i] } : a));
-      Plotly.update(gd, { z: p.z, text: text }, { annotations: ann }, [0, 1]);   // one redraw
+      Plotly.update(gd, { z: p.z, hovertext: by(p.names), text: by(p.marks) }, { annotations: ann }, [0, 1]);   // one redraw
     } else {
       const layout = { ...gd.layout };
       for (const [k, v] of Object.entries(p.layout || {})) layout[k] = (v && typeof v === "object" && !Array.isArray(v))

@@ -1,12 +1,27 @@
-"""Secondary text is readable (issue 24, defect 10, its contrast part): card labels and their lines, the
-numbers row's head, the settings note and the navigation's links measure at least WCAG AA's 4.5:1 against
-what lies behind them, light and dark, in a real browser on the real engine (they measured 2.45-2.56:1 in
-light mode and the timing label 3.24:1 in dark)."""
+"""Accessibility on the shipped model in a real browser (issue 24, defect 10). Secondary text is readable: card
+labels and their lines, the numbers row's head, the settings note and the navigation's links measure at least
+WCAG AA's 4.5:1 against what lies behind them, light and dark (they measured 2.45-2.56:1 in light mode and the
+timing label 3.24:1 in dark). The message box has a name, a focused range a ring, and heatmap outcomes that
+colour-blind eyes see alike carry different marks. One app serves every test here (it takes 10-20 s to start)."""
 from __future__ import annotations
 
+import itertools
+import re
+
+import numpy as np
 import pytest
 
+from app_helpers import close, serve_shipped
+
 pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def shipped_served():
+    served = serve_shipped()
+    yield served
+    close(served)
+
 
 MEASURE_JS = """(selectors) => {
   const rgb = (c) => (c.match(/[\\d.]+/g) || []).map(Number);
@@ -62,3 +77,71 @@ def test_the_message_box_has_a_name_and_a_focused_range_shows_a_ring(browser, sh
                           " return [el.type, cs.outlineStyle, cs.outlineWidth]; }")
     assert style[0] == "range" and style[1] != "none" and style[2] != "0px", style
     page.close()
+
+
+# Machado, Oliveira and Fernandes (2009), full severity, on linear RGB.
+CVD = {"deuteranopia": np.array([[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413],
+                                 [-0.011820, 0.042940, 0.968881]]),
+       "protanopia": np.array([[0.152286, 1.052583, -0.204868], [0.114503, 0.786281, 0.099216],
+                               [-0.003882, -0.048116, 1.051998]]),
+       "normal vision": np.eye(3)}
+LIKE_DELTA_E = 25        # CIE76 distance under which two 10 px cells pass for one colour
+
+
+def _lab(hex_colour: str, vision: str) -> np.ndarray:
+    srgb = np.array([int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)])
+    rgb = np.where(srgb <= 0.04045, srgb / 12.92, ((srgb + 0.055) / 1.055) ** 2.4)
+    rgb = np.clip(CVD[vision] @ rgb, 0, 1)
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ rgb
+    f = lambda t: np.where(t > 0.008856, np.cbrt(t), 7.787 * t + 16 / 116)     # noqa: E731
+    fx, fy, fz = f(xyz / np.array([0.95047, 1.0, 1.08883]))
+    return np.array([116 * fy - 16, 500 * (fx - fy), 200 * (fy - fz)])
+
+
+# What the page drew: the heatmap's colour per outcome code (its colour scale's stops), its legend, each cell of
+# "this token" as (mark, outcome), the marks in the SVG, and each lane-chart trace's hatching.
+DRAWN_JS = """() => {
+  const heat = document.querySelector('#spice-heatmap .js-plotly-plot');
+  const lanes = document.querySelector('#spice-gantt .js-plotly-plot');
+  const grid = heat.data[0];
+  return {scale: grid.colorscale.filter((_, i) => i % 2 === 0).map(([_, c]) => c),
+          legend: [...heat.querySelectorAll('.legendtext')].map((t) => t.textContent),
+          cells: grid.text.flat().map((mark, i) => [mark, grid.hovertext.flat()[i]]),
+          drawn: [...heat.querySelectorAll('.heatmap-label text')].map((t) => t.textContent),
+          bars: Object.fromEntries(lanes.data.map((d) => [d.name, ((d.marker || {}).pattern || {}).shape || '']))};
+}"""
+
+
+def test_outcomes_that_colour_blind_eyes_see_alike_carry_different_marks(browser, shipped_served):
+    """Regression (issue 24, defect 10): under deuteranopia hit and approximated cells (green, reddish purple)
+    and CPU and copied ones (orange, vermillion) were one colour each, 10 px wide, with nothing else to tell
+    them apart; so were the lane chart's routed experts and LoRE surrogates."""
+    from pages.figures import CATEGORIES, SHORT_OUTCOMES
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(60_000)
+    page.goto(shipped_served.url, wait_until="load")
+    page.get_by_text("Timing model and generation").click()
+    for box, value in (("#ctl-max-new", "12"), ("#ctl-tau-approx", "0.1")):       # a short reply, approximated
+        page.locator(f"{box} input[type=number]").fill(value)
+        page.locator(f"{box} input[type=number]").press("Tab")          # applied with the message it sends
+    page.locator("#spice-msg textarea").fill("Tell me a story about a cat and a ball.")
+    page.locator("#spice-msg textarea").press("Enter")
+    page.wait_for_function("() => (document.querySelector('#spice-chat') || {}).innerText.includes('TPOT')",
+                           timeout=120_000)
+    drawn = page.evaluate(DRAWN_JS)
+    page.close()
+    # An outcome's mark is its legend entry's first word when that is one character (the legend lists the
+    # outcomes in code order).
+    legend = dict(zip(CATEGORIES, drawn["legend"]))
+    marks = {name: (label.split()[0] if len(label.split()[0]) == 1 else "") for name, label in legend.items()}
+    colours = {name: c for name, c in zip(CATEGORIES, drawn["scale"]) if re.fullmatch(r"#[0-9A-Fa-f]{6}", c)}
+    alike = [(a, b, vision) for (a, ca), (b, cb) in itertools.combinations(colours.items(), 2) for vision in CVD
+             if np.linalg.norm(_lab(ca, vision) - _lab(cb, vision)) < LIKE_DELTA_E]
+    assert {(a, b) for a, b, _ in alike} >= {("hit", "approx"), ("cpu", "copy")}, alike   # what the marks are for
+    assert not [(a, b, vision) for a, b, vision in alike if marks[a] == marks[b]], (alike, marks)
+    # Each cell carries its outcome's mark, and the SVG draws them (this reply approximated some experts).
+    by_name = dict(zip(SHORT_OUTCOMES, CATEGORIES))
+    assert all(mark == marks[by_name[name]] for mark, name in drawn["cells"] if name), drawn["cells"]
+    assert drawn["drawn"].count(marks["approx"]) > 0, sorted(set(drawn["drawn"]))
+    assert drawn["bars"].get("LoRE surrogate") and not drawn["bars"].get("routed expert"), drawn["bars"]

@@ -79,4 +79,5 @@ def test_the_live_refresh_shades_the_grid_alike_and_names_cells_by_their_outcome
     live_fig = figures.outcome_heatmap(live, counts=False)
     assert delta["z"][1] == live_fig["data"][1]["z"] == figures.outcome_heatmap(live)["data"][1]["z"]
     assert delta["codes"] == [live.current.tolist(), live.totals_mode().tolist()]
-    assert live_fig["data"][1]["text"] == np.array(figures.SHORT_OUTCOMES, dtype=object)[live.totals_mode()].tolist()
+    assert live_fig["data"][1]["hovertext"] == np.array(figures.SHORT_OUTCOMES, dtype=object)[live.totals_mode()].tolist()
+    assert live_fig["data"][1]["text"] == np.array(figures.MARKS, dtype=object)[live.totals_mode()].tolist()
