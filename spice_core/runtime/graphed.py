@@ -15,10 +15,10 @@ does around its experts call (shared experts, gates, scaling) is captured as the
 Static inputs: a StaticCache (its lengths advance in-graph), ids/position buffers and a 4D mask
 computed in-graph from the position (transformers returns a 4D mask as-is). Prefill stays eager.
 
-Experts run from a device plan row (see `graphed_plan.py`): the slot of each selection, in ascending expert
-order, and the stock loop's rounding: y_e in the model dtype, (y_e · w_e) in the router's dtype,
-cast, added to the accumulator in ascending expert order. Any slot assignment of the same experts
-therefore gives the same bits: an LRU cache replays an all-resident run exactly.
+Experts run from a device plan row (see `graphed_plan.py`) in `graphed_step.SlotExpertStep`: the slot of
+each selection, in ascending expert order, and the stock loop's rounding, so any slot assignment of the
+same experts gives the same bits (an LRU cache replays an all-resident run exactly). The pinned buffers the
+segments read back into and upload from are `graphed_io.HostIO`; this module captures and replays.
 
 Deliberately does not know policies, the engine or timing: it takes a host callback per layer.
 """
@@ -31,14 +31,13 @@ from contextlib import contextmanager
 from typing import Callable, Sequence
 
 import torch
-from torch.nn import functional as F
 
 from spice_core.errors import ConfigError, SpiceError
-from spice_core.exec import slot_kernels
-from spice_core.exec.experts import expert_forward, gathered_experts_forward, installed
+from spice_core.exec.experts import installed
 from spice_core.model.loader import cache_kwarg
-from spice_core.runtime.graphed_plan import (APPROX, BY_SLOT, EXPERT, INV, KIND, KIND_CPU, PERM, PLAN_ROWS, SLOT,
-                                             VALID, plan_rows)
+from spice_core.runtime.graphed_io import HostIO, probe_captured
+from spice_core.runtime.graphed_plan import plan_rows
+from spice_core.runtime.graphed_step import KERNELS, SlotExpertStep, default_kernel
 from spice_core.types import ExpertKey
 
 log = logging.getLogger(__name__)
@@ -47,12 +46,7 @@ OnLayer = Callable[[int, list, list], Sequence[int]]   # (layer, expert ids, wei
 OnExpert = Callable[[int, int], int]                   # prefill: (layer, expert) -> slot holding it
 DraftReadback = Callable[[int, torch.Tensor], torch.Tensor]   # (layer, x [1,H]) -> [n] float32, read back per layer
 AfterReplay = Callable[[], None]                       # host work that may overlap the segment just launched
-KERNELS = ("slots", "gather", "grouped")
-
-
-def default_kernel(device: torch.device) -> str:
-    """The slot-indexed Triton step on CUDA where Triton is installed, else the gather (the CPU's path)."""
-    return "slots" if device.type == "cuda" and slot_kernels.available() else "gather"
+__all__ = ["GraphedDecoder", "GraphCaptureError", "KERNELS", "default_kernel"]
 
 
 class GraphCaptureError(SpiceError):
@@ -92,10 +86,7 @@ class GraphedDecoder:
         next segment's launch, uploaded by that segment's captured H2D with the plan row)."""
         from transformers import StaticCache
 
-        kernel = kernel or default_kernel(torch.device(lm.device))
-        if kernel not in KERNELS:
-            raise ConfigError(f"kernel {kernel!r} is unknown: use one of {', '.join(KERNELS)}")
-        self.lm, self.model, self.kernel = lm, lm.model, kernel
+        self.lm, self.model = lm, lm.model
         self.device = dev = torch.device(lm.device)
         self.use_graphs = dev.type == "cuda" if use_graphs is None else use_graphs
         if self.use_graphs and dev.type != "cuda":
@@ -107,51 +98,25 @@ class GraphedDecoder:
                                     "decoder (sdpa or eager): use the eager executor")
         self.copy_stream, self.max_cache_len = copy_stream, int(max_cache_len)
         self.wait_for_copies, self.draft_readback = wait_for_copies, draft_readback
-        self.lore = lore
-        self._lore_alpha = {layer: any(a != 0.0 for a in lore._alpha_host.get(layer, ())) for layer in lm.moe_layers} \
-            if lore is not None else {}
+        self.experts = SlotExpertStep(lm, slots_buffer, kernel, lore)
+        self.kernel, self.lore, self.n_slots = self.experts.kernel, lore, self.experts.n_slots
         self.moe_pos = {layer: i for i, layer in enumerate(lm.moe_layers)}
         self.k, self.n_experts = lm.top_k, lm.n_experts
-        lay = lm.layout
-        H, I, numel = lay.hidden, lay.intermediate, lay.numel
-        assert slots_buffer.shape[1:] == (numel,) and slots_buffer.is_contiguous(), slots_buffer.shape
-        self.buffer, self.n_slots = slots_buffer, int(slots_buffer.shape[0])
-        if kernel == "slots" and not slot_kernels.available():
-            raise ConfigError("kernel 'slots' needs Triton (pip install triton) and a CUDA device: use kernel='gather'")
-        if kernel == "grouped" and self.n_slots > 1024:
-            raise ConfigError(f"kernel 'grouped' handles at most 1024 slots (a grouped_mm limit), not {self.n_slots}: "
-                              "use kernel='gather'")
-        if self.n_slots < self.k:
-            raise ConfigError(f"slots_buffer has {self.n_slots} slots, below one layer's top-{self.k}: enlarge it")
-        off = slots_buffer.storage_offset()
-        # Strided views of every slot (no copy): gate_up [n_slots, 2I, H], down [n_slots, H, I].
-        self._gu = slots_buffer.as_strided((self.n_slots, 2 * I, H), (numel, H, 1), off)
-        self._dn = slots_buffer.as_strided((self.n_slots, H, I), (numel, I, 1), off + 2 * I * H)
-        self._slot_ids = torch.arange(self.n_slots, device=dev)
-        pin, M, L = dev.type == "cuda", len(lm.moe_layers), self.max_cache_len
-        self._pin = pin
+        M, L = len(lm.moe_layers), self.max_cache_len
+        self._pin = dev.type == "cuda"
         self.ids = torch.zeros((1, 1), dtype=torch.long, device=dev)
         self.pos = torch.zeros((1, 1), dtype=torch.long, device=dev)
         self._arange = torch.arange(L, device=dev).view(1, 1, 1, L)
         self.mask = torch.zeros((1, 1, 1, L), dtype=torch.bool if self.attn == "sdpa" else self.model.dtype,
                                 device=dev)
-        self.plan_host = torch.zeros((M, PLAN_ROWS, self.k), dtype=torch.long, pin_memory=pin)
-        self.plan_dev = torch.zeros((M, PLAN_ROWS, self.k), dtype=torch.long, device=dev)
-        self.idx_host = torch.zeros((M, self.k), dtype=torch.long, pin_memory=pin)
-        self.w_host = torch.zeros((M, self.k), dtype=torch.float32, pin_memory=pin)
-        self.token_host = torch.zeros(1, dtype=torch.long, pin_memory=pin)
-        self.draft_host = torch.zeros((M, max(1, draft_numel)), dtype=torch.float32, pin_memory=pin)
-        self.draft_np = self.draft_host.numpy()
-        self._draft_src: list = [None] * M
-        self.cpu_rows = bool(cpu_rows)
+        self.io = io = HostIO(M, self.k, lm.layout.hidden, self.model.dtype, dev, draft_numel=draft_numel,
+                              cpu_rows=cpu_rows)
+        self.cpu_rows = io.cpu_rows
+        self.draft_np = io.draft_np                   # the host step reads these (graph_exec)
         if self.cpu_rows:
-            dt = self.model.dtype
-            self.x_host = torch.zeros((M, H), dtype=dt, pin_memory=pin)
-            self.cpu_host = torch.zeros((M, self.k, H), dtype=dt, pin_memory=pin)
-            self.cpu_dev = torch.zeros((M, self.k, H), dtype=dt, device=dev)
+            self.x_host, self.cpu_host = io.x_host, io.cpu_host
+        self._draft_src: list = [None] * M
         self._x_src: list = [None] * M
-        self._plan_np, self._idx_np, self._w_np = self.plan_host.numpy(), self.idx_host.numpy(), self.w_host.numpy()
-        self._token_np = self.token_host.numpy()
         self.cache = StaticCache(config=cfg, max_cache_len=L)
         self._cache_kw = cache_kwarg(self.model)
         self._hook = _Hook(self)
@@ -242,16 +207,16 @@ class GraphedDecoder:
                 if i > 0:
                     self._run_after_replay()
                 if not self.captured_host_io:
-                    self._readback(i, *self._route_src[i], self._x_src[i])
+                    self.io.readback(i, *self._route_src[i], self._x_src[i])
                     if self._draft_src[i] is not None:
-                        self.draft_host[i, : self._draft_src[i].numel()].copy_(self._draft_src[i], non_blocking=True)
+                        self.io.read_draft(i, self._draft_src[i])
                 ev = self._events[i]
                 ev.record(s)
                 ev.synchronize()
                 t0 = clock()
                 self._decide(i, layer)
                 if not self.captured_host_io:
-                    self._upload(i)
+                    self.io.upload(i)
                 if self.copy_stream is not None and self.wait_for_copies:
                     self._copies_done.record(self.copy_stream)
                     s.wait_event(self._copies_done)
@@ -259,11 +224,11 @@ class GraphedDecoder:
             self._graphs[-1].replay()
             self._run_after_replay()
             if not self.captured_host_io:
-                self.token_host.copy_(self._token_dev.view(1), non_blocking=True)
+                self.io.read_token(self._token_dev)
             self._events[-1].record(s)
             self._events[-1].synchronize()
         self.host_layers += len(self.lm.moe_layers)
-        return int(self._token_np[0])
+        return int(self.io.token_np[0])
 
     def _run_after_replay(self) -> None:
         if self._after_replay is not None:
@@ -285,7 +250,7 @@ class GraphedDecoder:
         self.pos.add_(1)
         self._token_dev = tok
         if self.captured_host_io:
-            self.token_host.copy_(tok.view(1), non_blocking=True)
+            self.io.read_token(tok)
         return logits
 
     def _experts_call(self, layer: int, x, top_k_index, top_k_weights, act):
@@ -299,22 +264,22 @@ class GraphedDecoder:
             self._draft_src[i] = draft
             self._x_src[i] = x
             if self.captured_host_io:
-                self._readback(i, top_k_index, top_k_weights, x)
+                self.io.readback(i, top_k_index, top_k_weights, x)
                 if draft is not None:
-                    self.draft_host[i, : draft.numel()].copy_(draft, non_blocking=True)
+                    self.io.read_draft(i, draft)
             self._graphs[i].capture_end()
             self._capturing = i + 1
             self._graphs[i + 1].capture_begin(pool=self._pool, capture_error_mode="thread_local")
             if self.captured_host_io:
-                self._upload(i)
+                self.io.upload(i)
         else:   # eager: the same step op by op
-            self._readback(i, top_k_index, top_k_weights, x)
+            self.io.readback(i, top_k_index, top_k_weights, x)
             if draft is not None:
-                self.draft_host[i, : draft.numel()].copy_(draft, non_blocking=self._pin)
+                self.io.read_draft(i, draft)
             if self._pin:
                 torch.cuda.current_stream().synchronize()
             self._decide(i, layer)
-            self._upload(i)
+            self.io.upload(i)
             if self.copy_stream is not None and self.wait_for_copies:
                 torch.cuda.current_stream().wait_stream(self.copy_stream)
             out = self._experts(i, x, top_k_weights, act)
@@ -322,91 +287,25 @@ class GraphedDecoder:
             return out
         return self._experts(i, x, top_k_weights, act)
 
-    def _readback(self, i: int, top_k_index, top_k_weights, x=None) -> None:
-        self.idx_host[i].copy_(top_k_index.view(-1), non_blocking=self._pin)
-        self.w_host[i].copy_(top_k_weights.view(-1), non_blocking=self._pin)
-        if self.cpu_rows and x is not None:
-            self.x_host[i].copy_(x.view(-1), non_blocking=self._pin)
-
-    def _upload(self, i: int) -> None:
-        """Plan row i (and the CPU lane's outputs of layer i) to the device: captured at the head of segment i+1."""
-        self.plan_dev[i].copy_(self.plan_host[i], non_blocking=self._pin)
-        if self.cpu_rows:
-            self.cpu_dev[i].copy_(self.cpu_host[i], non_blocking=self._pin)
-
     def _decide(self, i: int, layer: int) -> None:
-        ids, ws = self._idx_np[i].tolist(), self._w_np[i].tolist()
+        io = self.io
+        ids, ws = io.idx_np[i].tolist(), io.w_np[i].tolist()
         if all(0 <= e < self.n_experts for e in ids):
             slots = self._on_layer(layer, ids, ws)
         else:
             keep = [k for k, e in enumerate(ids) if 0 <= e < self.n_experts]
             slots = self._on_layer(layer, [ids[k] for k in keep], [ws[k] for k in keep])
-        self._plan_np[i] = plan_rows(ids, list(slots), self.n_experts, self.n_slots)
+        io.plan_np[i] = plan_rows(ids, list(slots), self.n_experts, self.n_slots)
 
     def _experts(self, i: int, x: torch.Tensor, top_k_weights: torch.Tensor, act) -> torch.Tensor:
-        """x [1,H] -> [1,H]: layer i's K selections from their slots, combined in ascending expert order."""
-        K, H = self.k, x.shape[-1]
-        plan = self.plan_dev[i]
-        slot_e, perm, valid = plan[SLOT], plan[PERM], plan[VALID]
-        if self.kernel == "slots" and slot_kernels.is_silu(act):
-            y_ext = self._lore_out(i, x, plan[EXPERT], act).to(x.dtype) if self.lore is not None else None
-            if self.cpu_rows:
-                y_ext = self.cpu_dev[i] if y_ext is None else \
-                    torch.where((plan[KIND] == KIND_CPU).view(K, 1), self.cpu_dev[i], y_ext)
-            h = torch.empty((K, self.lm.layout.intermediate), dtype=x.dtype, device=x.device)
-            out = torch.empty((1, H), dtype=x.dtype, device=x.device)
-            return slot_kernels.slot_experts_forward(x.view(1, H), self.buffer, slot_e, plan[KIND], perm,
-                                                     top_k_weights.view(-1), y_ext, self.lm.layout, h, out)
-        w = top_k_weights.view(-1).index_select(0, perm).view(K, 1)       # router dtype
-        if self.kernel != "grouped":
-            y = gathered_experts_forward(x, self.buffer, slot_e, self.lm.layout, act)   # [K,H]
-        else:
-            offs = torch.searchsorted(plan[BY_SLOT], self._slot_ids, right=True).to(torch.int32)   # group ends
-            gate, up = F.grouped_mm(x.expand(K, H).contiguous(), self._gu.transpose(1, 2), offs=offs).chunk(2, -1)
-            y = F.grouped_mm((act(gate) * up).contiguous(), self._dn.transpose(1, 2), offs=offs)
-            y = y.index_select(0, plan[INV])                                 # slot order -> expert order
-        if self.lore is not None:
-            y = torch.where(plan[APPROX].view(K, 1) != 0, self._lore_out(i, x, plan[EXPERT], act).to(y.dtype), y)
-        if self.cpu_rows:
-            y = torch.where((plan[KIND] == KIND_CPU).view(K, 1), self.cpu_dev[i].to(y.dtype), y)
-        p = torch.where(valid.view(K, 1) != 0, (y * w).to(x.dtype), 0.0)
-        acc = p[0]
-        for k in range(1, K):   # bf16 adds in ascending expert order, as the stock loop
-            acc = acc + p[k]
-        return acc.view(1, H)
-
-    def _lore_out(self, i: int, x: torch.Tensor, expert: torch.Tensor, act) -> torch.Tensor:
-        """Every selection's LoRE surrogate, [K,H] (the plan's approx row picks which are used): the rank-r
-        expert G·x, U·x -> act·mul -> B + b, plus α·S(x) when the layer's surrogates use the shared expert."""
-        layer = self.lm.moe_layers[i]
-        a = self.lore._active[layer]
-        K, H = expert.shape[0], x.shape[-1]
-        gu = a.gate_up.index_select(0, expert)                                   # [K,2r,H]
-        xs = x.to(gu.dtype).expand(K, 1, H)
-        gate, up = torch.bmm(xs, gu.transpose(1, 2)).chunk(2, dim=-1)            # [K,1,r]
-        y = torch.baddbmm(a.bias.index_select(0, expert).unsqueeze(1), self.lore.act(gate) * up,
-                          a.down.index_select(0, expert)).view(K, H)
-        if self._lore_alpha.get(layer):
-            shared = self.lore.shared_fn(layer, x).to(y.dtype)                    # [1,H]
-            y = y + a.alpha.index_select(0, expert).view(K, 1) * shared
-        return y
+        """x [1,H] -> [1,H]: layer i's K selections by its device plan row (`SlotExpertStep.forward`)."""
+        return self.experts.forward(i, x, top_k_weights, act, self.io.plan_dev[i],
+                                    self.io.cpu_dev[i] if self.cpu_rows else None)
 
     # ------------------------------------------------------------------ prefill experts (eager, T tokens)
     def _prefill_experts(self, layer: int, x, top_k_index, top_k_weights, act):
-        routes: dict[int, tuple[list[int], list[int]]] = {}
-        for t, row in enumerate(top_k_index.tolist()):
-            for p, e in enumerate(row):
-                if 0 <= e < self.n_experts:
-                    toks, poss = routes.setdefault(e, ([], []))
-                    toks.append(t)
-                    poss.append(p)
-        final = torch.zeros_like(x)
-        for e in sorted(routes):
-            gate_up, down = self._prefill_weights(layer, e)
-            tp = torch.tensor(routes[e], dtype=torch.long).to(x.device, non_blocking=True)
-            y = expert_forward(x[tp[0]], gate_up, down, act) * top_k_weights[tp[0], tp[1], None]
-            final.index_add_(0, tp[0], y.to(final.dtype))
-        return final
+        return self.experts.prefill(x, top_k_index, top_k_weights, act, self.n_experts,
+                                    lambda e: self._prefill_weights(layer, e))
 
     def _prefill_weights(self, layer: int, e: int):
         if self._on_expert is not None:
@@ -415,9 +314,9 @@ class GraphedDecoder:
             slot = self._on_expert(layer, e)
             if self.copy_stream is not None:
                 torch.cuda.current_stream().wait_stream(self.copy_stream)
-            return self._gu[slot], self._dn[slot]
+            return self.experts.slot_views(slot)
         if self._staging is None:
-            self._staging = torch.empty(self.lm.layout.numel, dtype=self.buffer.dtype, device=self.device)
+            self._staging = torch.empty(self.lm.layout.numel, dtype=self.lm.layout.dtype, device=self.device)
         self._staging.copy_(self.lm.host.flat(ExpertKey(layer, e)), non_blocking=self._pin)
         return self.lm.layout.views(self._staging)
 
@@ -435,7 +334,7 @@ class GraphedDecoder:
                                         "decoder does not build: use the eager executor")
             self.cache.reset()        # the warm-up read arbitrary slots: clear K/V and lengths
             self.pos.zero_()
-            self.captured_host_io = self._probe_captured_host_io()
+            self.captured_host_io = probe_captured(self.device, self._stream)
         gc.collect()
         torch.cuda.synchronize(self.device)
         self._pool = torch.cuda.graph_pool_handle()
@@ -462,31 +361,13 @@ class GraphedDecoder:
         log.info("captured %d decode segments in %.2f s (in-graph copies: %s)", len(self._graphs), self.capture_s,
                  self.captured_host_io)
 
-    def _probe_captured_host_io(self) -> bool:
-        """Whether D2H into / H2D from pinned memory can be captured here (else the host issues them)."""
-        try:
-            src = torch.arange(4, device=self.device)
-            h_out = torch.zeros(4, dtype=torch.long, pin_memory=True)
-            h_in = torch.zeros(4, dtype=torch.long, pin_memory=True)
-            d_in = torch.zeros(4, dtype=torch.long, device=self.device)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=self._stream):
-                h_out.copy_(src * 2, non_blocking=True)
-                d_in.copy_(h_in, non_blocking=True)
-            h_in.fill_(7)
-            g.replay()
-            torch.cuda.synchronize(self.device)
-            return h_out.tolist() == [0, 2, 4, 6] and d_in.tolist() == [7] * 4
-        except RuntimeError as err:
-            log.info("pinned copies cannot be captured here (%s): the host issues them", err)
-            return False
-
     def close(self) -> None:
         """Release the graphs, their memory pool's tensors and the slot buffer's views now (the decoder and its
         hook refer to each other, so otherwise they wait for the cyclic garbage collector). Unusable after."""
         self._graphs, self._pool = [], None
         self._hook = self._on_layer = self._on_expert = None
-        self.buffer = self._gu = self._dn = self._staging = None
+        self.experts.close()
+        self._staging = None
         self.cache = self.logits = self._token_dev = None
         self._route_src = self._draft_src = self._x_src = []
 

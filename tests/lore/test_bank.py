@@ -98,7 +98,7 @@ def test_lore_file_of_another_format_version_is_refused(lore_engines, tmp_path):
 
 @pytest.mark.parametrize("family", ["deepseek_v2", "qwen2_moe", "shipped"])
 def test_the_fast_path_s_batched_surrogates_equal_the_eager_bank_s(lore_engines, family):
-    """FASTPATH H7: the graphed step computes every selection's surrogate in one batch (GraphedDecoder._lore_out),
+    """FASTPATH H7: the graphed step computes every selection's surrogate in one batch (graphed_step.SlotExpertStep.lore_out),
     the eager path one expert at a time (LoreBank.apply). They are one function: equal to float rounding for
     every expert of every layer, shared-expert term included."""
     import torch
@@ -120,7 +120,7 @@ def test_the_fast_path_s_batched_surrogates_equal_the_eager_bank_s(lore_engines,
         x = torch.randn(1, lm.layout.hidden, generator=g).to(lm.model.dtype)
         experts = torch.arange(lm.n_experts)
         with torch.no_grad():
-            batched = dec._lore_out(i, x, experts, act).to(x.dtype)
+            batched = dec.experts.lore_out(i, x, experts, act).to(x.dtype)
         for e in range(lm.n_experts):
             one = bank.apply(ExpertKey(layer, e), x)
             # bf16 factors (the shipped model's) round each op's result: a last-place difference may surface
