@@ -366,9 +366,15 @@ class LayerPlanner:
         """A CPU-lane task failed: copy the expert in after all (exact). ``hold``: the layer's experts are still
         busy (the fast path falls back before it places them): keep this one busy too, until `release_fallback`.
         An expert whose prefetch is still in flight (the lane was picked over waiting for it) already has its slot:
-        it is copied again into that slot, behind the prefetch on the copy stream."""
+        it is copied again into that slot, behind the prefetch on the copy stream, and is a demand copy from then
+        on (its in-flight entry goes: a stale one outlived the expert's eviction and was waited for later)."""
         slot = self.residency.where.get(key)
-        order = CopyOrder(key, slot, "copy") if slot is not None else self._acquire(key, "copy", {key})
+        if slot is not None:
+            self.inflight.pop(key, None)
+            self.residency.book(key).prefetched = False
+            order = CopyOrder(key, slot, "copy")
+        else:
+            order = self._acquire(key, "copy", {key})
         assert order is not None, "cache smaller than one expert"
         if hold:
             self.residency.book(key).busy = True

@@ -263,3 +263,8 @@ def test_regression_a_failed_cpu_job_for_an_expert_still_in_flight_falls_back_in
     assert fallback.slot == order.slot and fallback.evicted is None
     p.release_fallback(ExpertKey(2, 3))
     assert p.residency.where[ExpertKey(2, 3)] == order.slot
+    # ... and it is a demand copy from then on: once evicted, no stale in-flight entry makes a later miss wait for it
+    assert ExpertKey(2, 3) not in p.inflight and not p.residency.book(ExpertKey(2, 3)).prefetched
+    p.residency.evict(ExpertKey(2, 3))
+    plan, _ = step(p, 2, [[3]], queues=Queues(now_ms=60.0, copy_free_at_ms=60.0))
+    assert plan.outcomes == {3: "cpu"}
