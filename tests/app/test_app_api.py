@@ -443,7 +443,7 @@ def test_about_shows_the_latest_benchmark_table_with_its_source(served, client):
 def test_about_quotes_the_measured_headline(served, client):
     text = client.predict(api_name="/headline")
     if "No measured headline" in text:
-        pytest.skip("no docs/benchmarks/full-scale/headline/results.json in this checkout")
+        pytest.skip("no docs/benchmarks/headline/results.json in this checkout")
     assert "**measured**" in text and "| PCIe 5.0 x16 (native) |" in text and "headline/results.json" in text
 
 
