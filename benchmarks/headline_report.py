@@ -422,8 +422,10 @@ python3 -m pytest -q -m cuda --ignore=tests/app                       # raw/cuda
 python3 -m spice_core bench --config docs/benchmarks/headline/config-native-25.json --device cuda --out native-25
 python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-25.json --device cuda --shard 0/2 --out x8-25-shard0
 python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-25.json --device cuda --shard 1/2 --out x8-25-shard1
-# still to run: 10% and 50% (copy a config with "budgets": [0.1, 0.5], shard it in ~4 per link), the Qwen2 lift,
-# and the peers: bash docs/benchmarks/peers/run.sh peers
+# still to run: 10% and 50%, about 4 shards a link of <= 9 minutes each:
+#   python3 -m spice_core bench --config docs/benchmarks/headline/config-native-10-50.json --device cuda --shard K/2 --out native-1050-shardK
+#   python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-10-50.json --device cuda --shard K/4 --out x8-1050-shardK
+# the Qwen2-57B-A14B lift at 25%, and the peers: bash docs/benchmarks/peers/run.sh peers
 ```
 
 On the CPU:
