@@ -65,6 +65,11 @@ def lane_pays(costs: CostModel) -> bool:
     return costs.cpu_expert_ms(1) < costs.copy_ms()
 
 
+def int8_pays(costs: CostModel) -> bool:
+    """`lane_pays` for the lossy int8 kernel (half the bytes, the same task overhead)."""
+    return costs.cpu_int8_expert_ms(1) < costs.copy_ms()
+
+
 class SpiceEngine:
     def __init__(self, lm: LoadedModel, *, timing: str | None = None, hw_profile=None,
                  link_gbps: float | None = None, prefetch_after_experts: bool | None = None,
@@ -103,6 +108,7 @@ class SpiceEngine:
         self.artifacts = None    # calibration artifacts (draft heads, LoRE), see load_artifacts
         self._cpu_lane = None
         self._cpu_lane_error = ""
+        self._int8_store = None   # the experts' int8 copy, made by the first run that may take cpu_int8
 
     @classmethod
     def load(cls, model: str | Path | None = None, device: str | None = None, dtype: torch.dtype | None = None,
@@ -281,7 +287,7 @@ class SpiceEngine:
         return {"run_id": rec.run_id, "model": self.lm.name, "policy": s.policy, "timing": self.timing,
                 "profile": s.profile if self.timing == "modeled" else "this machine", "shape": s.shape,
                 "cache_frac": s.cache_frac, "tau_prefetch": s.tau_prefetch, "tau_approx": s.tau_approx,
-                "max_lookahead": s.max_lookahead}
+                "tau_int8": s.tau_int8, "max_lookahead": s.max_lookahead}
 
     # ------------------------------------------------------------------ the machine, as the engine's callers see it
     @property
@@ -430,19 +436,21 @@ class SpiceEngine:
             notes.append(f"CPU lane not offered: one expert takes ~{costs.cpu_expert_ms(1):.2f} ms there against a "
                          f"{costs.copy_ms():.2f} ms copy on this link, so misses are approximated or copied "
                          "(on a slower link, e.g. --link pcie4x8, the lane pays)")
+        int8 = self._offer_int8(s, spec, costs, cpu_lane, modeled_cpu, notes) if s.tau_int8 > 0 else None
         planner = LayerPlanner(spec, n_slots=n_slots, n_experts=lm.n_experts, top_k=lm.top_k, moe_layers=lm.moe_layers,
                                costs=costs, tau_prefetch=s.tau_prefetch, tau_approx=s.tau_approx if lore else 0.0,
                                max_lookahead=s.max_lookahead, can_approx=lore is not None,
-                               can_cpu=can_cpu, host_aware=self.host_aware)
+                               can_cpu=can_cpu, host_aware=self.host_aware,
+                               tau_int8=s.tau_int8 if int8 is not None else 0.0, can_int8=int8 is not None)
         clock = self._timeline(costs, modeled)
         recorder = Recorder(clock, lm.expert_bytes, costs.expert_bytes if clock.mode == "modeled" else None)
         measured = clock.mode == "measured"
         kw = dict(copy_stream=getattr(clock, "copy_stream", None), cpu_lane=cpu_lane,
-                  lore=lore, modeled_cpu=modeled_cpu, **(self._link_pacing() if measured else {}))
+                  lore=lore, modeled_cpu=modeled_cpu, int8=int8, **(self._link_pacing() if measured else {}))
         if fast:
             executor = GraphExecutor(lm, n_slots, clock, recorder, max_cache_len=max_cache_len,
                                      draft=predictor if spec.predictor == "draft" else None,
-                                     use_graphs=lm.device.type == "cuda", cpu_rows=can_cpu, **kw)
+                                     use_graphs=lm.device.type == "cuda", cpu_rows=can_cpu or int8 is not None, **kw)
         else:
             executor = EagerExecutor(lm, n_slots, clock, recorder, **kw)
         if spec.preload_all:
@@ -467,6 +475,36 @@ class SpiceEngine:
 
     def _draft(self):
         return self.artifacts.draft if self.artifacts else None
+
+    def _offer_int8(self, s: RunSettings, spec, costs: CostModel, cpu_lane, modeled_cpu: bool, notes: list):
+        """The experts' int8 copy when this run (tau_int8 > 0) may take the lossy cpu_int8 miss action, else None;
+        either way a note says what happened to tau_int8."""
+        if not spec.use_int8:
+            notes.append(f"tau_int8 {s.tau_int8:g} is ignored: policy {s.policy} never runs the lossy int8 experts "
+                         "(only spice does)")
+            return None
+        if not s.cpu_lane or (cpu_lane is None and not modeled_cpu):
+            notes.append(f"tau_int8 {s.tau_int8:g} is ignored: the int8 experts run on the CPU lane, which is off here")
+            return None
+        if cpu_lane is not None and not int8_pays(costs):
+            notes.append(f"tau_int8 {s.tau_int8:g} is ignored: an int8 expert takes ~{costs.cpu_int8_expert_ms(1):.2f} "
+                         f"ms on the CPU lane against a {costs.copy_ms():.2f} ms copy on this link")
+            return None
+        store = self.int8_store()
+        notes.append(f"cpu_int8 (lossy): a miss below router weight {s.tau_int8:g} (and not below tau_approx) may run "
+                     f"on the CPU lane from an int8 weight-only copy of the experts ({store.total_bytes / 1e6:.1f} MB "
+                     f"of host memory, {store.total_bytes / self.routed_bytes:.0%} of the experts' bytes)")
+        return store
+
+    def int8_store(self):
+        """The int8 weight-only copy of every routed expert (memory/int8_store.py), made on first use and kept."""
+        if self._int8_store is None:
+            from spice_core.memory.int8_store import Int8HostStore
+
+            self._int8_store = Int8HostStore(self.lm.host)
+            log.info("int8 copy of %d routed experts: %.1f MB, made in %.2f s", len(self._int8_store),
+                     self._int8_store.total_bytes / 1e6, self._int8_store.build_s)
+        return self._int8_store
 
     def _get_cpu_lane(self):
         if self._cpu_lane is None:

@@ -113,7 +113,7 @@ class Tuner:
         from spice_core.tools import quality as q
 
         self.engine, self.budget = engine, budget
-        self.base = replace(base, policy="spice", temperature=0.0)
+        self.base = replace(base, policy="spice", temperature=0.0, tau_int8=0.0)   # int8 runs are not searched yet
         engine._validate(self.base)
         self.q = q
         self.progress = progress or (lambda msg, done, total: None)

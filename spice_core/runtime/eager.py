@@ -1,7 +1,7 @@
 """EagerExecutor: carries out a layer's plan with PyTorch calls, one expert at a time (one batch on the CPU).
 
     read_routing ─► (idx rows, weight rows) as lists: ONE device-to-host readback per layer
-    start_layer  ─► CPU-lane tasks, demand copies into their slots (copy stream)
+    start_layer  ─► CPU-lane tasks (exact, or int8 where the plan says cpu_int8), demand copies into their slots
     issue        ─► prefetch copies (copy stream), each bracketed for the clock
     run_experts  ─► per expert, ascending: wait for its copy, its matmuls (or LoRE), free the slot;
                     on the CPU at one token, the slot experts' matmuls run as one gathered batch
@@ -26,8 +26,9 @@ from typing import Callable
 import torch
 
 from spice_core.exec.experts import combine_batch, combine_one_token, expert_forward, gathered_experts_forward
+from spice_core.exec.int8 import int8_expert_forward
 from spice_core.model.loader import cache_kwarg
-from spice_core.policy.planner import CopyOrder, ExpertRun, LayerPlan
+from spice_core.policy.planner import CopyOrder, ExpertRun, LayerPlan, int8_tasks
 from spice_core.runtime.slots import SlotBuffer
 from spice_core.types import ExpertKey
 
@@ -100,7 +101,8 @@ class EagerExecutor:
 
     def __init__(self, lm, n_slots: int, clock, recorder, *, copy_stream=None, cpu_lane=None, lore=None,
                  modeled_cpu: bool = False, pace_extra_ms_per_byte: float = 0.0,
-                 sleep_cycles_per_ms: float = 0.0) -> None:
+                 sleep_cycles_per_ms: float = 0.0, int8=None) -> None:
+        """``int8``: the experts' int8 copy (memory/int8_store.py) for the plan's cpu_int8 misses, when offered."""
         self.lm, self.clock, self.recorder = lm, clock, recorder
         self.device = lm.device
         self.cuda = self.device.type == "cuda"
@@ -109,7 +111,7 @@ class EagerExecutor:
         self.compute_stream = getattr(clock, "compute_stream", None)
         if self.cuda and self.compute_stream is None:
             self.compute_stream = torch.cuda.current_stream(self.device)
-        self.cpu_lane, self.lore, self.modeled_cpu = cpu_lane, lore, modeled_cpu
+        self.cpu_lane, self.lore, self.modeled_cpu, self.int8 = cpu_lane, lore, modeled_cpu, int8
         self.pace_extra_ms_per_byte = pace_extra_ms_per_byte    # link emulation: extra copy time per byte
         self.sleep_cycles_per_ms = sleep_cycles_per_ms
         self._ready: dict[int, object] = {}        # slot -> clock handle of the copy that filled it
@@ -221,7 +223,9 @@ class EagerExecutor:
     def start_layer(self, plan: LayerPlan, x: torch.Tensor, act: Callable):
         """CPU-lane tasks first (they overlap everything after), then the demand copies that have slots."""
         rows = _Rows(plan.routes, plan.needed, x.shape[0], x.device)
-        cpu = {e: self._submit_cpu(ExpertKey(plan.layer, e), rows(x, e), len(plan.routes[e][0]), act)
+        int8 = int8_tasks(plan.cpu)
+        cpu = {e: (self._submit_cpu_int8 if e in int8 else self._submit_cpu)(
+                   ExpertKey(plan.layer, e), rows(x, e), len(plan.routes[e][0]), act)
                for e in plan.cpu}
         for order in plan.copies:
             self.issue(order)
@@ -333,6 +337,16 @@ class EagerExecutor:
         lane = self.cpu_lane.submit(xs, gate_up, down, act, self.device if out_device is None else out_device,
                                     stream=self.compute_stream if xs.device.type == "cuda" else None)
         return self.clock.cpu_expert(key, n), lane
+
+    def _submit_cpu_int8(self, key: ExpertKey, xs: torch.Tensor, n: int, act, out_device=None):
+        """`_submit_cpu` with the lossy int8 kernel, from the experts' int8 copy (a cpu_int8 miss)."""
+        weights = self.int8.weights(key)
+        if self.cpu_lane is None:   # modeled on this machine: compute here, time it as the CPU lane
+            out = int8_expert_forward(xs.to("cpu"), weights, act).to(xs.device)
+            return self.clock.cpu_expert(key, n, int8=True), out
+        lane = self.cpu_lane.submit_int8(xs, weights, act, self.device if out_device is None else out_device,
+                                         stream=self.compute_stream if xs.device.type == "cuda" else None)
+        return self.clock.cpu_expert(key, n, int8=True), lane
 
     def _collect_cpu_host(self, key: ExpertKey, handle) -> torch.Tensor | None:
         """A CPU job's output, timed for the clock; None (counted as a fallback) when the job failed."""

@@ -20,8 +20,9 @@ the lane computes them from the pinned slab), issues the demand copies, then joi
 captured H2D uploads with the plan row. The join comes before that segment's launch, so a job that
 failed or ran past the lane's timeout is copied in instead, exactly, before anything reads it: the
 worker returns its output to the driver and never writes a row itself, so a late worker cannot
-race the upload. On the CPU the decoder runs the same step op by op (`use_graphs=False`), which is how
-it is tested there.
+race the upload. A miss the plan marks cpu_int8 is the same job with the int8 kernel (`CpuTasks.int8`),
+its output in the same CPU row. On the CPU the decoder runs the same step op by op (`use_graphs=False`),
+which is how it is tested there.
 
 Timing: one GPU-lane interval per segment (the layer's dense part plus the previous layer's
 experts), copy intervals per expert, and stall intervals where the compute stream waits for a copy.
@@ -32,6 +33,7 @@ import contextlib
 
 import torch
 
+from spice_core.policy.planner import int8_tasks
 from spice_core.runtime.eager import EagerExecutor
 from spice_core.runtime.graphed import GraphedDecoder
 from spice_core.runtime.graphed_plan import CPU_SLOT, selection_rows
@@ -87,10 +89,14 @@ class GraphExecutor(EagerExecutor):
     # ------------------------------------------------------------------ the CPU lane, inside the step
     def submit_cpu(self, layer: int, experts) -> dict:
         """Start layer ``layer``'s CPU experts (ascending ids) from the host slab, on the hidden state the segment
-        read back (``decoder.x_host``; its D2H landed before the host step). Returns expert -> job."""
+        read back (``decoder.x_host``; its D2H landed before the host step). ``experts``: the plan's `LayerPlan.cpu`,
+        which says which of them run the int8 kernel. Returns expert -> job."""
         x = self.decoder.x_host[self._moe_pos[layer]].view(1, -1)
         act = self.lm.experts_modules[layer].act_fn
-        return {e: self._submit_cpu(ExpertKey(layer, e), x, 1, act, out_device="cpu") for e in experts}
+        int8 = int8_tasks(experts)
+        return {e: (self._submit_cpu_int8 if e in int8 else self._submit_cpu)(ExpertKey(layer, e), x, 1, act,
+                                                                              out_device="cpu")
+                for e in experts}
 
     def join_cpu(self, layer: int, jobs: dict, expert_ids: list[int], fallback) -> dict:
         """Wait for the CPU jobs of ``layer`` and write each output into the decoder's pinned CPU row of its

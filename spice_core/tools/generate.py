@@ -40,6 +40,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="default: measured on CUDA, modeled elsewhere")
     p.add_argument("--tau-prefetch", type=ca.fraction, default=DEFAULTS.tau_prefetch)
     p.add_argument("--tau-approx", type=ca.fraction, default=DEFAULTS.tau_approx)
+    p.add_argument("--tau-int8", type=ca.fraction, default=DEFAULTS.tau_int8,
+                   help="spice only, lossy: a miss below this router weight (and not below --tau-approx) may run on "
+                        "the CPU lane from an int8 weight-only copy of the experts when that finishes first "
+                        "(0 = off; the copy takes about half the experts' bytes of host memory)")
     p.add_argument("--max-lookahead", type=ca.int_in(1, 64), default=DEFAULTS.max_lookahead)
     p.add_argument("--lore-rank", type=ca.positive_int, default=DEFAULTS.lore_rank)
     p.add_argument("--cpu-lane", action=argparse.BooleanOptionalAction, default=True)
@@ -54,6 +58,7 @@ def settings_from_args(args, engine, **over) -> RunSettings:
     else:
         frac = 0.25 if args.cache_frac is None else args.cache_frac
     kw = dict(policy=args.policy, cache_frac=frac, tau_prefetch=args.tau_prefetch, tau_approx=args.tau_approx,
+              tau_int8=args.tau_int8,
               max_lookahead=args.max_lookahead, lore_rank=args.lore_rank, cpu_lane=args.cpu_lane,
               profile=args.profile, shape=args.shape or own_shape(engine.info()) or DEFAULTS.shape)
     kw.update(over)
@@ -265,6 +270,8 @@ def format_summary(summ) -> str:
             ("bytes copied / token", f"{summ.bytes_per_token:,.0f}"),
             ("stall ms / token", f"{summ.stall_ms_per_token:.3f}"),
             ("misses (approx/cpu/copy)", "/".join(str(summ.miss_split.get(k, 0)) for k in ("approx", "cpu", "copy")))]
+    if summ.miss_split.get("cpu_int8", 0):
+        rows.append(("misses on the CPU from int8 (lossy)", str(summ.miss_split["cpu_int8"])))
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
     lines += [f"note: {n}" for n in summ.notes]

@@ -66,6 +66,7 @@ class QualityReport:
     source: str = ""
     notes: tuple = ()
     step_ms_median: float = 0.0     # modeled ms per teacher-forced step (one decode-like token each)
+    tau_int8: float = 0.0           # lossy int8 CPU runs below this router weight (0: off)
 
     @property
     def approx_share(self) -> float:
@@ -255,7 +256,7 @@ def evaluate(engine, settings: RunSettings, ref: ExactReference) -> QualityRepor
         miss_split=dict(sorted(split.items())), prompts=len(ref.data.prompts),
         new_tokens=ref.new_tokens, greedy_agreement=same / total if total else 1.0, first_divergence=tuple(firsts),
         source=ref.data.source, notes=tuple(sorted(notes)),
-        step_ms_median=statistics.median(step_ms) if step_ms else 0.0)
+        step_ms_median=statistics.median(step_ms) if step_ms else 0.0, tau_int8=settings.tau_int8)
 
 
 # ---------------------------------------------------------------------- CLI
@@ -327,6 +328,8 @@ def format_report(rep: QualityReport) -> str:
             ("perplexity delta", f"{rep.ppl_delta_pct:+.3f}%"), ("mean KL (nats/token)", f"{rep.mean_kl:.5f}"),
             ("top-1 agreement (forced)", f"{rep.top1_agreement:.4f}"),
             ("misses approx/cpu/copy", "/".join(str(rep.miss_split.get(k, 0)) for k in ("approx", "cpu", "copy"))),
+            *([("tau_int8, misses on the CPU from int8", f"{rep.tau_int8:g}, {rep.miss_split.get('cpu_int8', 0)}")]
+              if rep.tau_int8 > 0 else []),
             ("greedy agreement", f"{rep.greedy_agreement:.4f} over {rep.prompts} prompts x {rep.new_tokens} tokens"),
             ("first divergence", f"{len(firsts)} of {rep.prompts} prompts diverge"
                                  + (f", first at token {min(firsts)}" if firsts else "")),

@@ -46,6 +46,9 @@ def run(args) -> int:
 
     if args.policy != "spice":
         raise ConfigError(f"tune searches spice's settings: drop --policy {args.policy} (or pass --policy spice)")
+    if args.tau_int8 > 0:
+        raise ConfigError(f"tune does not search tau_int8 (its exact stage would not be exact): drop --tau-int8 "
+                          f"{args.tau_int8:g}")
     budget = Budget(ppl_pct=args.budget_ppl, agreement=args.budget_agreement)
     out = args.out if args.out is not None else default_tuned_path(args.model)
     if out.exists() and out.is_dir():

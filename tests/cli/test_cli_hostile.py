@@ -131,6 +131,7 @@ CASES = {
     "cache-frac-above-one": lambda t, m: (gen("--cache-frac", "1.5")(m), ["--cache-frac", "[0, 1]"]),
     "tau-prefetch-nan": lambda t, m: (gen("--tau-prefetch", "nan")(m), ["--tau-prefetch"]),
     "tau-approx-negative": lambda t, m: (gen("--tau-approx", "-0.1")(m), ["--tau-approx"]),
+    "tau-int8-above-one": lambda t, m: (gen("--tau-int8", "1.5")(m), ["--tau-int8", "[0, 1]"]),
     "temperature-inf": lambda t, m: (gen("--temperature", "inf")(m), ["--temperature"]),
     "top-p-zero": lambda t, m: (gen("--top-p", "0")(m), ["--top-p"]),
     "max-lookahead-zero": lambda t, m: (gen("--max-lookahead", "0")(m), ["--max-lookahead"]),
@@ -200,6 +201,7 @@ CASES = {
                                                  ["--model", "spice-maxi", "spice-mini, spice-mini-qwen2"]),
     "calibrate-model-unknown-name": lambda t, m: (["calibrate", "--model", "qwen2"], ["--model", "spice-mini-qwen2"]),
     "quality-model-unknown-name": lambda t, m: (["quality", "--model", "mini"], ["--model", "spice-mini"]),
+    "tune-tau-int8": lambda t, m: (["tune", "--model", m, "--tau-int8", "0.3"], ["tune", "--tau-int8"]),
     "lift-model-unknown-name": lambda t, m: (["lift", "--model", "deepseek"], ["--model", "spice-mini-qwen2"]),
 }
 

@@ -129,7 +129,8 @@ def test_prompt_longer_than_context(engines):
 
 
 @pytest.mark.parametrize("field,value", [("tau_prefetch", 1.5), ("tau_approx", -0.1), ("cache_frac", 2.0),
-                                         ("max_lookahead", 0), ("max_new_tokens", 0), ("policy", "nope")])
+                                         ("max_lookahead", 0), ("max_new_tokens", 0), ("policy", "nope"),
+                                         ("tau_int8", 1.5), ("tau_int8", -0.1), ("tau_int8", float("nan"))])
 def test_run_settings_validate_with_the_field_name(field, value):
     with pytest.raises(ConfigError, match=field):
         RunSettings(**{field: value})
