@@ -45,12 +45,15 @@ OUTCOME_COLOURS = {
 # Simulated deuteranopia and protanopia bring two pairs of these colours close (CIE76 distance about 18) in a
 # cell 10 px wide: green and reddish purple (hit, approximated) and orange and vermillion (CPU, copied; orange is
 # as close to a late prefetch's yellow). Any six of Okabe–Ito's seven colours hold such a pair, so approximated
-# and CPU cells also carry a mark, the legend's first word; outcomes without one stay at least 33 apart. The
+# and CPU cells also carry a mark (a dot, a cross), which the legend's first character draws; outcomes without
+# one stay at least 33 apart. The marks are markers, not cell text (Plotly lays out every text apart: 260 marks
+# in text made a live refresh of the heatmap twice as long), and while a reply streams only the token's grid
+# has them (tens of cells; the right grid's run to a thousand and more, drawn once, when the reply ends). The
 # lane chart hatches the LoRE surrogate's bars, which sit beside the routed experts' on the GPU lane.
-OUTCOME_MARKS = {"approx": "≈", "cpu": "C"}
+OUTCOME_MARKS = {"approx": ("•", "circle"), "cpu": ("×", "x-thin-open")}   # (the legend's, the cell's)
 OUTCOME_LABELS = {
     "not selected": "not selected", "hit": "hit (resident)", "prefetch_hit": "prefetched hit",
-    "approx": "≈ approximated (LoRE)", "cpu": "C CPU lane", "copy": "copied on demand",
+    "approx": "• approximated (LoRE)", "cpu": "× CPU lane", "copy": "copied on demand",
     "prefetch_late": "prefetched late (stalled)",
 }
 KIND_COLOURS = {
@@ -74,6 +77,7 @@ POLICY_COLOURS = (OKABE_ITO["blue"], OKABE_ITO["vermillion"], OKABE_ITO["green"]
 INK = "#27313c"
 MUTED = "#6b7785"
 MID = "#7a8694"           # markers and lines that must show on light and dark backgrounds
+MARK_INK = "rgba(39,49,60,0.75)"   # the heatmap's marks (OUTCOME_MARKS): INK, a little lighter over the cells
 GRID = "rgba(140,150,162,0.25)"
 TRANSPARENT = "rgba(0,0,0,0)"
 
@@ -217,7 +221,7 @@ def usual_outcome_z(live: LiveRun) -> np.ndarray:
 
 
 SHORT_OUTCOMES = ("", "hit", "prefetched", "approx", "CPU", "copied", "late prefetch (stalled)")   # by heatmap code
-MARKS = tuple(OUTCOME_MARKS.get(name, "") for name in CATEGORIES)                                      # by heatmap code
+MARK_SYMBOLS = tuple(OUTCOME_MARKS.get(name, ("", ""))[1] for name in CATEGORIES)                    # by heatmap code
 
 
 HEATMAP_TITLE_LINES = 2         # the top margin fits this many lines of `heatmap_titles`
@@ -234,12 +238,22 @@ def heatmap_delta(live: LiveRun) -> dict:
     [L, E] outcome codes and the subtitles, no figure.
 
     The browser restyles the figure it already has (``assets/static/spice_live.js``) and rebuilds the
-    hover names and the cells' marks from the codes, so a refresh is about 20 kB (26 layers x 64 experts) and skips Plotly's full
-    re-layout.
+    hover names and the left grid's marks from the codes, so a refresh is about 20 kB (26 layers x 64 experts)
+    and skips Plotly's full re-layout.
     """
     current = live.current.tolist()
     return {"z": [current, usual_outcome_z(live).tolist()], "codes": [current, live.totals_mode().tolist()],
-            "titles": heatmap_titles(live), "names": list(SHORT_OUTCOMES), "marks": list(MARKS)}
+            "titles": heatmap_titles(live), "names": list(SHORT_OUTCOMES), "symbols": list(MARK_SYMBOLS)}
+
+
+def _marks(codes: np.ndarray, rows: list[str], xaxis: str) -> dict:
+    """One grid's marks (OUTCOME_MARKS): a marker over each cell whose outcome has one, taking no hover."""
+    symbols = np.array(MARK_SYMBOLS, dtype=object)[codes]
+    at = np.argwhere(symbols != "")                          # row-major, as symbols[...] below
+    return {"type": "scatter", "mode": "markers", "x": at[:, 1].tolist(), "y": [rows[i] for i in at[:, 0]],
+            "xaxis": xaxis, "yaxis": "y", "hoverinfo": "skip", "showlegend": False,
+            "marker": {"symbol": symbols[symbols != ""].tolist(), "size": 4, "color": MARK_INK,
+                       "line": {"width": 1, "color": MARK_INK}}}
 
 
 def outcome_heatmap(live: LiveRun, *, counts: bool = True, meta: str = "") -> Figure:
@@ -247,19 +261,18 @@ def outcome_heatmap(live: LiveRun, *, counts: bool = True, meta: str = "") -> Fi
     paler the fewer tokens used it (`usual_outcome_z`; the legend says so).
 
     ``counts=False`` (the live figure, updated in place by `heatmap_delta`) leaves out the per-outcome
-    counts behind the right grid's hover; the figure sent when the reply ends carries them.
+    counts behind the right grid's hover and the right grid's marks (OUTCOME_MARKS); the figure sent when the
+    reply ends carries them.
     """
     rows = [f"L{layer}" for layer in live.layers]
     experts = list(range(live.n_experts))
-    short, marks = np.array(SHORT_OUTCOMES, dtype=object), np.array(MARKS, dtype=object)
+    short = np.array(SHORT_OUTCOMES, dtype=object)
     scale = _discrete_scale()
-    # Cells show their mark (`text`, OUTCOME_MARKS); the hover names the outcome (`hovertext`).
     common = {"type": "heatmap", "x": experts, "y": rows, "zmin": -0.5, "zmax": len(CATEGORIES) - 0.5,
-              "colorscale": scale, "showscale": False, "xgap": 1, "ygap": 1, "texttemplate": "%{text}",
-              "textfont": {"size": 9, "color": INK}}
+              "colorscale": scale, "showscale": False, "xgap": 1, "ygap": 1}
     totals, used = live.totals_mode(), live.tokens_used()
     right = {**common, "z": usual_outcome_z(live).tolist(), "colorscale": _frequency_scale(), "xaxis": "x2",
-             "yaxis": "y", "text": marks[totals].tolist()}
+             "yaxis": "y"}
     if counts:
         right |= {"customdata": np.concatenate([live.counts, used[..., None]], axis=-1).tolist(),
                   "hovertemplate": f"%{{y}} · expert %{{x}}: used by %{{customdata[6]}} of {live.n_tokens} tokens "
@@ -269,13 +282,12 @@ def outcome_heatmap(live: LiveRun, *, counts: bool = True, meta: str = "") -> Fi
                                    "late prefetch %{customdata[5]}"
                                    "<extra>all tokens</extra>"}
     else:
-        right |= {"hovertext": short[totals].tolist(),
-                  "hovertemplate": "%{y} · expert %{x}: mostly %{hovertext}<extra>all tokens so far</extra>"}
+        right |= {"text": short[totals].tolist(),
+                  "hovertemplate": "%{y} · expert %{x}: mostly %{text}<extra>all tokens so far</extra>"}
     data = [
-        {**common, "z": live.current.tolist(), "text": marks[live.current].tolist(),
-         "hovertext": short[live.current].tolist(), "xaxis": "x", "yaxis": "y",
-         "hovertemplate": "%{y} · expert %{x}: %{hovertext}<extra>this token</extra>"},
-        right,
+        {**common, "z": live.current.tolist(), "text": short[live.current].tolist(), "xaxis": "x", "yaxis": "y",
+         "hovertemplate": "%{y} · expert %{x}: %{text}<extra>this token</extra>"},
+        right, _marks(live.current, rows, "x"), _marks(totals if counts else np.zeros_like(totals), rows, "x2"),
     ]
     data += [_legend_square(OUTCOME_LABELS[c], OUTCOME_COLOURS[c]) for c in CATEGORIES]
     data += [_legend_square("right grid, pale: used by few tokens", _faded(MID, USUAL_MIN_ALPHA)),
@@ -288,10 +300,12 @@ def outcome_heatmap(live: LiveRun, *, counts: bool = True, meta: str = "") -> Fi
     layout = _layout(
         plot_px + 126 + top_px, "heatmap", margin={"l": 46, "r": 12, "t": top_px, "b": 40},
         legend=_bottom_legend(),
-        xaxis=_axis(domain=[0, 0.485], title={"text": "expert", "standoff": 2}, showgrid=False, zeroline=False),
-        xaxis2=_axis(domain=[0.515, 1], title={"text": "expert", "standoff": 2}, anchor="y", showgrid=False,
-                     zeroline=False),
-        yaxis=_axis(autorange="reversed", dtick=max(1, len(rows) // 14), showgrid=False, zeroline=False),
+        # Ranges fixed at the cells' edges: the marks' markers would widen an automatic range.
+        xaxis=_axis(domain=[0, 0.485], range=[-0.5, live.n_experts - 0.5], title={"text": "expert", "standoff": 2},
+                    showgrid=False, zeroline=False),
+        xaxis2=_axis(domain=[0.515, 1], range=[-0.5, live.n_experts - 0.5], title={"text": "expert", "standoff": 2},
+                     anchor="y", showgrid=False, zeroline=False),
+        yaxis=_axis(range=[len(rows) - 0.5, -0.5], dtick=max(1, len(rows) // 14), showgrid=False, zeroline=False),
         annotations=[_subtitle(titles[0], 0), _subtitle(titles[1], 0.515)])
     if meta:
         layout["meta"] = meta

@@ -17,11 +17,20 @@
     const gd = document.querySelector(`#spice-${name} .js-plotly-plot`);
     if (!Plotly || !gd || !gd.layout || gd.layout.meta !== p.meta) return false;   // base figure not drawn yet
     if (name === "heatmap") {
-      // z is what is drawn (the right grid shaded by how many tokens used each expert), codes the outcomes:
-      // a cell's hover names its outcome, its text is the outcome's mark (pages/figures.OUTCOME_MARKS).
-      const by = (table) => (p.codes || p.z).map((grid) => grid.map((row) => row.map((c) => (table || [])[c] || "")));
+      // z is what is drawn (the right grid shaded by how many tokens used each expert), codes the outcomes.
+      const names = p.names || [], symbols = p.symbols || [];
+      const text = p.codes.map((grid) => grid.map((row) => row.map((c) => names[c] || "")));
+      // Trace 2 marks the token's approximated and CPU cells (pages/figures.OUTCOME_MARKS; the right grid's
+      // marks come with the reply's last figure).
+      const rows = gd.data[0].y, mark = { x: [], y: [], symbol: [] };
+      p.codes[0].forEach((row, i) => row.forEach((c, j) => {
+        if (symbols[c]) { mark.x.push(j); mark.y.push(rows[i]); mark.symbol.push(symbols[c]); }
+      }));
       const ann = (gd.layout.annotations || []).map((a, i) => (i < p.titles.length ? { ...a, text: p.titles[i] } : a));
-      Plotly.update(gd, { z: p.z, hovertext: by(p.names), text: by(p.marks) }, { annotations: ann }, [0, 1]);   // one redraw
+      // One redraw; restyle leaves a trace alone where its value is undefined.
+      Plotly.update(gd, { z: [...p.z, undefined], text: [...text, undefined], x: [undefined, undefined, mark.x],
+                          y: [undefined, undefined, mark.y], "marker.symbol": [undefined, undefined, mark.symbol] },
+                    { annotations: ann }, [0, 1, 2]);
     } else {
       const layout = { ...gd.layout };
       for (const [k, v] of Object.entries(p.layout || {})) layout[k] = (v && typeof v === "object" && !Array.isArray(v))

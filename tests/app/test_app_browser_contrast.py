@@ -99,15 +99,18 @@ def _lab(hex_colour: str, vision: str) -> np.ndarray:
 
 
 # What the page drew: the heatmap's colour per outcome code (its colour scale's stops), its legend, each cell of
-# "this token" as (mark, outcome), the marks in the SVG, and each lane-chart trace's hatching.
+# "this token" as [outcome, the mark's symbol over it or ""], how many marks the SVG holds over that grid, and each
+# lane-chart trace's hatching.
 DRAWN_JS = """() => {
   const heat = document.querySelector('#spice-heatmap .js-plotly-plot');
   const lanes = document.querySelector('#spice-gantt .js-plotly-plot');
-  const grid = heat.data[0];
+  const [grid, , marks] = heat.data;
+  const symbol = (k) => (Array.isArray(marks.marker.symbol) ? marks.marker.symbol[k] : marks.marker.symbol);
+  const at = Object.fromEntries(marks.x.map((x, k) => [`${marks.y[k]}/${x}`, symbol(k)]));
   return {scale: grid.colorscale.filter((_, i) => i % 2 === 0).map(([_, c]) => c),
           legend: [...heat.querySelectorAll('.legendtext')].map((t) => t.textContent),
-          cells: grid.text.flat().map((mark, i) => [mark, grid.hovertext.flat()[i]]),
-          drawn: [...heat.querySelectorAll('.heatmap-label text')].map((t) => t.textContent),
+          cells: grid.text.flatMap((row, i) => row.map((name, j) => [name, at[`${grid.y[i]}/${j}`] || ''])),
+          drawn: heat.querySelectorAll('.scatterlayer .trace')[0].querySelectorAll('.point').length,
           bars: Object.fromEntries(lanes.data.map((d) => [d.name, ((d.marker || {}).pattern || {}).shape || '']))};
 }"""
 
@@ -116,7 +119,7 @@ def test_outcomes_that_colour_blind_eyes_see_alike_carry_different_marks(browser
     """Regression (issue 24, defect 10): under deuteranopia hit and approximated cells (green, reddish purple)
     and CPU and copied ones (orange, vermillion) were one colour each, 10 px wide, with nothing else to tell
     them apart; so were the lane chart's routed experts and LoRE surrogates."""
-    from pages.figures import CATEGORIES, SHORT_OUTCOMES
+    from pages.figures import CATEGORIES, OUTCOME_MARKS, SHORT_OUTCOMES
 
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.set_default_timeout(60_000)
@@ -132,7 +135,7 @@ def test_outcomes_that_colour_blind_eyes_see_alike_carry_different_marks(browser
     drawn = page.evaluate(DRAWN_JS)
     page.close()
     # An outcome's mark is its legend entry's first word when that is one character (the legend lists the
-    # outcomes in code order).
+    # outcomes in code order); the cells draw it as the marker symbol OUTCOME_MARKS pairs with that character.
     legend = dict(zip(CATEGORIES, drawn["legend"]))
     marks = {name: (label.split()[0] if len(label.split()[0]) == 1 else "") for name, label in legend.items()}
     colours = {name: c for name, c in zip(CATEGORIES, drawn["scale"]) if re.fullmatch(r"#[0-9A-Fa-f]{6}", c)}
@@ -141,7 +144,11 @@ def test_outcomes_that_colour_blind_eyes_see_alike_carry_different_marks(browser
     assert {(a, b) for a, b, _ in alike} >= {("hit", "approx"), ("cpu", "copy")}, alike   # what the marks are for
     assert not [(a, b, vision) for a, b, vision in alike if marks[a] == marks[b]], (alike, marks)
     # Each cell carries its outcome's mark, and the SVG draws them (this reply approximated some experts).
+    symbol_of = {char: symbol for char, symbol in OUTCOME_MARKS.values()}
     by_name = dict(zip(SHORT_OUTCOMES, CATEGORIES))
-    assert all(mark == marks[by_name[name]] for mark, name in drawn["cells"] if name), drawn["cells"]
-    assert drawn["drawn"].count(marks["approx"]) > 0, sorted(set(drawn["drawn"]))
+    wrong = [(name, symbol) for name, symbol in drawn["cells"]
+             if name and symbol != symbol_of.get(marks[by_name[name]], "")]
+    assert not wrong, wrong[:5]
+    marked = sum(1 for name, symbol in drawn["cells"] if symbol)
+    assert marked and drawn["drawn"] == marked and any(name == "approx" for name, _ in drawn["cells"]), drawn["cells"]
     assert drawn["bars"].get("LoRE surrogate") and not drawn["bars"].get("routed expert"), drawn["bars"]

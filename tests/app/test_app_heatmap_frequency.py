@@ -79,5 +79,9 @@ def test_the_live_refresh_shades_the_grid_alike_and_names_cells_by_their_outcome
     live_fig = figures.outcome_heatmap(live, counts=False)
     assert delta["z"][1] == live_fig["data"][1]["z"] == figures.outcome_heatmap(live)["data"][1]["z"]
     assert delta["codes"] == [live.current.tolist(), live.totals_mode().tolist()]
-    assert live_fig["data"][1]["hovertext"] == np.array(figures.SHORT_OUTCOMES, dtype=object)[live.totals_mode()].tolist()
-    assert live_fig["data"][1]["text"] == np.array(figures.MARKS, dtype=object)[live.totals_mode()].tolist()
+    assert live_fig["data"][1]["text"] == np.array(figures.SHORT_OUTCOMES, dtype=object)[live.totals_mode()].tolist()
+    # The marks (approximated, CPU): the token's grid while the reply streams, both grids in the last figure.
+    marked = np.array([bool(s) for s in figures.MARK_SYMBOLS])
+    assert delta["symbols"] == list(figures.MARK_SYMBOLS)
+    assert len(live_fig["data"][2]["x"]) == marked[live.current].sum() and not live_fig["data"][3]["x"]
+    assert len(figures.outcome_heatmap(live)["data"][3]["x"]) == marked[live.totals_mode()].sum() > 0
