@@ -519,10 +519,12 @@ def lane_gantt(intervals: Iterable, *, uirevision: str = "gantt", max_bars: int 
     subtitle = "<br>".join(said)
     annotations = [_subtitle(subtitle, 0, 1.0)] if said else []
     top_px = _top_px(_lines(subtitle))
-    x_axis = _axis(title={"text": "ms from the start of the run", "standoff": 4})
+    # Unclipped, the range is said to be automatic: a live update merges this axis into the drawn one, which kept
+    # an earlier update's clipped range, and the last tokens' bars were drawn outside it (an empty chart).
+    x_axis = _axis(title={"text": "ms from the start of the run", "standoff": 4}, autorange=True)
     if span is not None and past_end:
         pad = 0.02 * max(span[1] - span[0], 1e-3)
-        x_axis["range"] = [span[0] - pad, span[1] + pad]
+        x_axis |= {"range": [span[0] - pad, span[1] + pad], "autorange": False}
     # A subtitle's extra lines make the figure taller, not the lanes thinner.
     layout = _layout(max(300, 190 + 34 * len(order)) + top_px - 44, uirevision, barmode="overlay", bargap=0.2,
                      margin={"l": 50, "r": 12, "t": top_px, "b": 40}, legend=_bottom_legend(),
