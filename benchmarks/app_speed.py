@@ -35,6 +35,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:          # run as a script from anywhere: import the repo's packages
     sys.path.insert(0, str(ROOT))
+
+from spice_core.machine import cpu_model_name  # noqa: E402
 CHROMIUM = "/usr/bin/chromium"
 BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync"]
@@ -48,15 +50,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def engine_alone(tokens: int, repeats: int) -> list[float]:
@@ -212,7 +205,7 @@ def main() -> None:
         f"Measured {today} with `python benchmarks/app_speed.py --tokens {args.tokens} --repeats {args.repeats}`: "
         f"the shipped model (`assets/spice-mini/`), policy `spice`, greedy, {args.tokens} new tokens per reply "
         f"(replies ended after {', '.join(map(str, n_tokens))} tokens), `python app.py` in its own process.",
-        f"Machine: {os.cpu_count()} CPU cores ({cpu_name()}), Python {platform.python_version()}; "
+        f"Machine: {os.cpu_count()} CPU cores ({cpu_model_name()}), Python {platform.python_version()}; "
         f"load average {load_before[0]:.1f} before and {load_after[0]:.1f} after (other work shared the cores, "
         "so these are upper bounds on what an idle machine shows).",
         "All times are wall clock as a user sees them; the engine's modeled times shown in the app are not used.",

@@ -23,6 +23,12 @@ import sys
 import time
 from pathlib import Path
 
+ROOT_DIR = Path(__file__).resolve().parents[1]
+if str(ROOT_DIR) not in sys.path:          # run as a script from anywhere: import the repo's packages
+    sys.path.insert(0, str(ROOT_DIR))
+
+from spice_core.machine import cpu_model_name  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "Tell me a story about a cat and a ball"
 
@@ -63,15 +69,6 @@ def run_one(args: argparse.Namespace, dtype: str, experts: str) -> dict:
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def verdict(rows: list[dict]) -> str:
@@ -141,7 +138,7 @@ Command (from the repository root):
 {command.strip()}
 ```
 
-Machine: {cpu_name()}, {os.cpu_count()} cores visible; torch {torch.__version__}, transformers
+Machine: {cpu_model_name()}, {os.cpu_count()} cores visible; torch {torch.__version__}, transformers
 {transformers.__version__}, {args.threads} torch thread(s). Load average (1/5/15 min) before the runs
 {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f}
 (other work on the machine slows every number here).

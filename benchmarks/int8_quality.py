@@ -33,6 +33,12 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
+ROOT_DIR = Path(__file__).resolve().parents[1]
+if str(ROOT_DIR) not in sys.path:          # run as a script from anywhere: import the repo's packages
+    sys.path.insert(0, str(ROOT_DIR))
+
+from spice_core.machine import cpu_model_name  # noqa: E402
+
 SHAPES = (("spice-mini", 128, 24), ("deepseek-v2-lite", 2048, 1408))
 SETTINGS = dict(policy="spice", cache_frac=0.25, tau_approx=0.05, lore_rank=4, tau_prefetch=0.2, max_lookahead=4,
                 cpu_lane=True, profile="h200-pcie5x16-graphed", shape="deepseek-v2-lite")
@@ -146,7 +152,7 @@ def main(argv=None) -> int:
     t0 = time.time()
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     out = {"command": "python benchmarks/int8_quality.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
+           "machine": {"cpu": cpu_model_name(), "cores": os.cpu_count(), "torch": torch.__version__,
                        "cpu_capability": torch.backends.cpu.get_cpu_capability(), "load_average_at_start": load},
            "kernel": {"timing": "measured (wall clock on this CPU)", "rows": kernel_rows(args.reps)}}
     if not args.skip_quality:
@@ -158,15 +164,6 @@ def main(argv=None) -> int:
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 if __name__ == "__main__":

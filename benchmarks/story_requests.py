@@ -46,6 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from spice_core.machine import cpu_model_name  # noqa: E402
+
 from training import lexicon  # noqa: E402
 from training.corpus import VALIDATION_SEED_BASE  # noqa: E402
 from training.stories import StoryRequest, random_request, request_from_text  # noqa: E402
@@ -183,15 +185,6 @@ def summary(stories: list[Story]) -> dict:
             **pair_scores([(s.text, s.asked) for s in stories])}
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -236,7 +229,7 @@ def main() -> None:
         del engine
     results |= {
         "command": "python benchmarks/story_requests.py " + " ".join(sys.argv[1:]),
-        "measured": "on the CPU", "date": time.strftime("%Y-%m-%d"), "cpu": cpu_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+        "measured": "on the CPU", "date": time.strftime("%Y-%m-%d"), "cpu": cpu_model_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
         "load_average_1min_at_end": round(os.getloadavg()[0], 1), "torch": torch.__version__,
         "settings": {"policy": "resident", "greedy": True, "max_new_tokens": args.max_new_tokens},
         "request_seed_base": REQUEST_SEED_BASE, "near_identical_jaccard": NEAR_IDENTICAL,

@@ -15,7 +15,9 @@ and "which executor?" question, so no module decides them again on its own:
 """
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from spice_core.errors import ConfigError
 from spice_core.timing.profiles import HardwareProfile, get_profile
@@ -79,3 +81,14 @@ class Machine:
         if self.link_gbps >= native:
             return 0.0
         return 1.0 / (self.link_gbps * 1e6) - 1.0 / (native * 1e6)
+
+
+def cpu_model_name() -> str:
+    """The host CPU's model name as the OS reports it (benchmarks print it beside what they measured)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
