@@ -94,7 +94,7 @@ def nav_js(pages: tuple[ModelPage, ...], current: str | None) -> str:
     so the links are fixed as it appears and whenever it changes."""
     paths = {p.name: {"chat": p.chat_path, "sweep": p.sweep_path} for p in pages}
     default = {"chat": pages[0].chat_path, "sweep": pages[0].sweep_path} if pages else {}
-    return """() => {
+    return r"""() => {
   const PATHS = %s, DEFAULT = %s, HERE = %s, KEY = %s;
   let chosen = HERE;
   try {

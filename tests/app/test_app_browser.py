@@ -59,7 +59,7 @@ _BROKEN_STAT_VALUES_JS = """() => [...document.querySelectorAll('#spice-stats .c
 }).filter(([_, lines, over]) => lines > 1 || over > 1)"""
 
 # Words of the trace table's headers drawn over two lines (a Range over one word gives one rectangle per line).
-_WORDS_SPLIT_IN_HEADERS_JS = """() => {
+_WORDS_SPLIT_IN_HEADERS_JS = r"""() => {
   const out = [];
   for (const th of document.querySelectorAll('#trace-table th')) {
     const walker = document.createTreeWalker(th, NodeFilter.SHOW_TEXT);
