@@ -29,14 +29,15 @@ from spice_core.policy.planner import LayerPlanner  # noqa: E402
 from spice_core.trace.recorder import Recorder  # noqa: E402
 from spice_core.engine import SpiceEngine  # noqa: E402
 from spice_core.heldout import DEFAULT_PROMPTS  # noqa: E402
+from spice_core.tools.args import int_in  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--link-gbps", type=float, default=13.0,
                     help="emulated link rate (default: PCIe 4.0 x8's 13; 0: the profile's native link)")
-    ap.add_argument("--prompts", type=int, default=3)
-    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--prompts", type=int_in(1), default=3)
+    ap.add_argument("--tokens", type=int_in(1), default=32)
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     torch.set_num_threads(1)

@@ -24,6 +24,7 @@ from prefetch_reference import plan_lookahead_reference  # noqa: E402
 from spice_core.api import RunSettings  # noqa: E402
 from spice_core.engine import SpiceEngine  # noqa: E402
 from spice_core.heldout import DEFAULT_PROMPTS  # noqa: E402
+from spice_core.tools.args import int_in  # noqa: E402
 from spice_core.policy.prefetch import plan_lookahead  # noqa: E402
 from spice_core.policy.residency import Residency  # noqa: E402
 
@@ -55,8 +56,8 @@ def record_calls(model: Path | None, tokens: int) -> list[tuple[list, dict, Resi
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None)
-    ap.add_argument("--tokens", type=int, default=24)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--tokens", type=int_in(1), default=24)
+    ap.add_argument("--repeats", type=int_in(1), default=5)
     a = ap.parse_args()
     torch.set_num_threads(1)
     calls = record_calls(a.model, a.tokens)

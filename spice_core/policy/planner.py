@@ -161,6 +161,7 @@ class LayerPlanner:
         self._copy_ms = costs.copy_ms()
         self._layer_ms = costs.gpu_layer_ms() + top_k * costs.gpu_expert_ms()
         self._plan_ms = costs.profile.host_plan_us / 1e3
+        self._lane_ms = self._lane_miss_ms()     # the lookahead asks every layer; spec, lane and costs are fixed
         self._expert_ms: dict[int, tuple] = {}   # n_tokens -> (CPU lane, GPU, CPU lane while the link reads the
                                                  # same DRAM, the int8 run, the int8 run so) ms of one expert
         # Each MoE layer's ExpertKeys, made once: a layer's plan looks up a dozen or more of them.
@@ -402,7 +403,7 @@ class LayerPlanner:
             tau_prefetch=self.tau_prefetch, max_lookahead=self.max_lookahead, now_ms=queues.now_ms,
             copy_free_at_ms=queues.copy_free_at_ms, copy_ms=self._copy_ms, layer_ms=layer_ms,
             top_k=self.top_k, max_items=max(0, res.n_slots - self.top_k), h_min_value=hm,
-            issue_ms=c.profile.host_copy_us / 1e3 if self.host_aware else 0.0, miss_ms=self._lane_miss_ms())
+            issue_ms=c.profile.host_copy_us / 1e3 if self.host_aware else 0.0, miss_ms=self._lane_ms)
         if len(self.next_use_abs) > 4 * res.n_slots + 256:
             self.next_use_abs = {k: v for k, v in self.next_use_abs.items() if v >= self.global_pos}
         pos, get = self.global_pos, self.next_use_abs.get
