@@ -136,6 +136,35 @@ def policy_table(records: list[dict], workload: str = "prompts") -> str:
     return "\n".join(lines)
 
 
+def peer_table(peers: list[dict], engine: list[dict]) -> str:
+    """The peers in their own columns (they have no router trace, lane or host step), each beside the
+    engine's `spice` and `resident` of the same link, budget and workload where this round measured them."""
+    eng = by_key(engine)
+    head = ("| peer | GPU budget | runs × decode steps | TPOT median ms [95% CI] | p90 | tokens/s | TTFT ms | GB copied/token | "
+            "GPU peak GB | greedy agr. with the engine's resident | experts impl. | cache | the engine's row beside it | its TPOT ms | "
+            "peer ÷ engine |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in sorted(peers, key=lambda r: (r["budget_frac"], r["policy"])):
+        ci = r.get("tpot_ms_median_ci95")
+        setup = r.get("peer_setup") or {}
+        if r["budget_frac"] >= 1.0:      # every expert on the GPU: beside the engine's resident (any budget's row)
+            name = "resident"
+            mine = next((e for k, e in sorted(eng.items()) if k[0] == r["workload"] and k[1] == r["link"]
+                         and k[3] == "resident"), None)
+        else:
+            name = f"spice at {r['budget_frac']:.0%}"
+            mine = eng.get((r["workload"], r["link"], round(r["budget_frac"], 3), "spice"))
+        ratio = r["tpot_ms_median"] / mine["tpot_ms_median"] if mine else None
+        lines.append(
+            f"| {r['policy']} | {r['budget_frac']:.0%} | {r['n_runs']} × {r['n_decode_tokens'] / max(1, r['n_runs']):g} | "
+            f"{_f(r['tpot_ms_median'])} [{_f(ci[0]) if ci else '–'}, {_f(ci[1]) if ci else '–'}] | {_f(r['tpot_ms_p90'])} | "
+            f"{_f(r.get('tokens_per_s'))} | {_f(r.get('ttft_ms_median'))} | {_f(r['bytes_per_token'] / 1e9, '.2f')} | "
+            f"{_f((r.get('gpu_peak_mb') or 0) / 1e3, '.1f')} | {_f(r.get('greedy_agreement'), '.3f')} | "
+            f"{setup.get('experts_implementation', '–')} | {setup.get('cache', '–')} | "
+            f"{name} | {_f(mine['tpot_ms_median']) if mine else 'not run'} | {_f(ratio, '.1f') + '×' if ratio else '–'} |")
+    return "\n".join(lines)
+
+
 CPU_LANE_PROFILE = Path("docs/benchmarks/cpu-lane/lane-profile/whole-experts.json")   # the lane's measured ms per expert
 HOST_DRAM_GBPS = 81.0          # the H200 host's DRAM read rate (FACTS.md, probes/cpu_expert.py)
 
@@ -357,7 +386,7 @@ def render_readme(records, target_table, figs, quality, history, lane_ms) -> str
              "## Every policy, 8 held-out prompts × 64 tokens\n\n" + policy_table(engine, "prompts") + "\n\n" + FLOOR_NOTE.format(
                  lane=f"{lane_ms:.3f} ms" if lane_ms else "not measured", dram=HOST_DRAM_GBPS),
              "## The 448-token prompt, 25% budget\n\n" + policy_table(engine, "long"),
-             "## Peers: what users run today\n\n" + (policy_table(peers, "prompts") if peers else PEERS_MISSING),
+             "## Peers: what users run today\n\n" + (peer_table(peers, engine) + "\n\n" + PEERS_NOTE if peers else PEERS_MISSING),
              "## Quality of the lossy setting (measured on the miniature, same settings)\n\n"
              "| link | budget | policies | perplexity exact → spice | mean KL (nats/token) | greedy agreement | "
              "selections approximated |\n|---|---|---|---|---|---|---|\n" + (q_table or "| – | – | – | not measured | | | |")
@@ -383,7 +412,7 @@ the CUDA test run of the same code (`cuda-tests.txt`) and the machine (`env.txt`
 
 COVERAGE_NOTE = """The protocol is **not complete**: this round ran the 25% budget on both links (one session's 30
 GPU-minutes, start-up included). Still to run, with the commands below: 10% and 50% on both links, the
-Qwen2-57B-A14B lift at 25% (never measured on the GPU), the peers (`benchmarks/peers.py`), the timing model
+Qwen2-57B-A14B lift at 25% (never measured on the GPU), the timing model
 against these traces (`recalibrate`, then `benchmarks/model_check.py`) and the routing-realism comparison.
 `bench --shard` and `--merge` pick up from here: new shards go under `raw/` and this report is regenerated."""
 
@@ -400,6 +429,18 @@ send misses to the CPU lane it includes the wait for the lane's results (the nex
 PEERS_MISSING = """**Not measured yet.** `benchmarks/peers.py` makes these rows in bench's record format: stock
 transformers with accelerate's offload at the same GPU budget, and stock transformers with every expert
 resident (eager; `batched_mm` with a static cache). Its command is below; it has not run on a GPU yet."""
+
+PEERS_NOTE = """Measured by `benchmarks/peers.py` on the same H200, model and prompts (`raw/peers/`, the command below;
+its README is `docs/benchmarks/peers/README.md`). `peer_hf_offload` is stock transformers dispatched with
+accelerate 1.15 at the same GPU routed-expert budget (whole MoE layers on the GPU while they fit, the others'
+experts in host memory and copied whole at every forward), on 2 prompts × 8 tokens (seconds a token); the
+resident rows hold every expert on the GPU (100%: no offload, the no-offload reference). "GB copied/token"
+for the offload row is what accelerate moves (the offloaded layers' whole experts), counted from the placement.
+The greedy agreement column is against the engine's own `resident` on the same prompts: stock transformers
+holding every expert on the GPU agrees with it on 0.754 of 64-token positions, the bf16 noise floor of this
+lifted model's greedy decoding (other kernels sum in another order, a near-tie flips and every later token
+differs). The engine's exact policies agree with `resident` bit for bit on the fast path (`pytest -m cuda`);
+a lossy row's GPU agreement is read against this floor, its perplexity change against 0."""
 
 QUALITY_NOTE = """Quality is measured on the shipped miniature itself (`benchmarks/headline_quality.py`, CPU): the same
 budget, thresholds, LoRE rank and fast-path decision profile, DeepSeek-V2-Lite's expert sizes in every cost,
@@ -425,7 +466,8 @@ python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-25.json 
 # still to run: 10% and 50%, about 4 shards a link of <= 9 minutes each:
 #   python3 -m spice_core bench --config docs/benchmarks/headline/config-native-10-50.json --device cuda --shard K/2 --out native-1050-shardK
 #   python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-10-50.json --device cuda --shard K/4 --out x8-1050-shardK
-# the Qwen2-57B-A14B lift at 25%, and the peers: bash docs/benchmarks/peers/run.sh peers
+bash docs/benchmarks/peers/run.sh peers                              # raw/peers
+# the Qwen2-57B-A14B lift at 25%
 ```
 
 On the CPU:

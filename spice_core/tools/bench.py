@@ -241,8 +241,8 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         hw = profile_from_file(cfg["hw_profile"])
 
     # Blocks: the config itself, or its "runs" (each may override policies, budgets, links, n_prompts, prompt_indices,
-    # max_new_tokens, long_prompt, repetitions, host_aware; "variant" labels its records), all on the
-    # one model built above.
+    # max_new_tokens, long_prompt, repetitions, host_aware, executor, cpu_lane and the thresholds of
+    # SETTING_DEFAULTS; "variant" labels its records), all on the one model built above.
     blocks = []
     for i_block, b in enumerate(cfg.get("runs") or [{}]):
         pols = b.get("policies", policies)
@@ -261,8 +261,14 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         blocks.append((b.get("links", links), [float(x) for x in b.get("budgets", budgets)], pols, wl,
                        int(b.get("max_new_tokens", max_new)), int(b.get("repetitions", reps)),
                        bool(b.get("host_aware", cfg.get("host_aware", True))), str(b.get("variant", "")),
-                       str(b.get("executor", cfg.get("executor", "auto"))), bool(b.get("cpu_lane", cfg.get("cpu_lane", True)))))
-    total = sum(len(ls) * r * len(bs) * len(wl) * len(ps) for ls, bs, ps, wl, _, r, _, _, _, _ in blocks)
+                       str(b.get("executor", cfg.get("executor", "auto"))), bool(b.get("cpu_lane", cfg.get("cpu_lane", True))),
+                       {k: b.get(k, cfg.get(k, d)) for k, d in SETTING_DEFAULTS.items()}))
+    settings_of: dict[str, dict] = {}        # variant -> its thresholds (a record says what it ran with)
+    for b in blocks:
+        if settings_of.setdefault(b[7], b[10]) != b[10]:
+            raise ConfigError(f"two \"runs\" blocks with variant {b[7]!r} set different thresholds ({settings_of[b[7]]} "
+                              f"and {b[10]}): give each setting its own \"variant\" label")
+    total = sum(len(ls) * r * len(bs) * len(wl) * len(ps) for ls, bs, ps, wl, _, r, _, _, _, _, _ in blocks)
     done = 0
     t0 = time.time()
     per: dict[tuple, list] = {}
@@ -287,7 +293,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         return eng
 
     for (b_links, b_budgets, b_policies, b_workloads, b_max_new, b_reps, b_host_aware, b_variant, b_executor,
-         b_cpu_lane) in blocks:
+         b_cpu_lane, b_set) in blocks:
         ref_policy = next((p for p in b_policies if p in EXACT_POLICIES), None)
         for link in b_links:
             eng = engine_for(link, b_host_aware, b_executor)
@@ -299,10 +305,10 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
                             s = RunSettings(policy=pol, cache_frac=budget, max_new_tokens=b_max_new,
                                             profile=cfg.get("profile", RunSettings().profile),
                                             shape=cfg.get("shape", "deepseek-v2-lite"),
-                                            tau_prefetch=float(cfg.get("tau_prefetch", 0.2)),
-                                            tau_approx=float(cfg.get("tau_approx", 0.0)),
-                                            max_lookahead=int(cfg.get("max_lookahead", 4)),
-                                            lore_rank=int(cfg.get("lore_rank", 16)), cpu_lane=b_cpu_lane)
+                                            tau_prefetch=float(b_set["tau_prefetch"]),
+                                            tau_approx=float(b_set["tau_approx"]),
+                                            max_lookahead=int(b_set["max_lookahead"]),
+                                            lore_rank=int(b_set["lore_rank"]), cpu_lane=b_cpu_lane)
                             if device == "cuda":
                                 torch.cuda.reset_peak_memory_stats()
                             run = eng.start_ids(ids, s)
@@ -328,10 +334,11 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
                                 (steps, agree, totals, run.summary()))
                             done += 1
                             _progress(done, total, t0, f"{link} {budget:.2f} {pol} {workload}")
-                        _write_partial(out, cfg, desc, lm, per, hw, prov)   # a run cut short keeps what finished
+                        _write_partial(out, cfg, desc, lm, per, hw, prov, settings_of)   # a run cut short keeps what finished
     sys.stderr.write("\n")
     for (link, budget, pol, workload, variant), runs in per.items():
-        records.append(dict(_aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload, variant), provenance=prov))
+        records.append(dict(_aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload, variant,
+                                       settings_of.get(variant)), provenance=prov))
     if stock_tpot is not None:
         records.append({"model": desc, "policy": "transformers_generate", "budget_frac": 1.0, "link": "native",
                         "timing": "measured", "tpot_ms_median": stock_tpot, "tpot_ms_p90": None, "hit_rate": 1.0,
@@ -357,11 +364,12 @@ def code_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def _write_partial(out: Path, cfg: dict, desc: str, lm, per: dict, hw, prov: dict) -> None:
+def _write_partial(out: Path, cfg: dict, desc: str, lm, per: dict, hw, prov: dict, settings_of: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     from spice_core.timing.profiles import get_profile
 
-    recs = [dict(_aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload, variant), provenance=prov)
+    recs = [dict(_aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload, variant, settings_of.get(variant)),
+                 provenance=prov)
             for (link, budget, pol, workload, variant), runs in per.items()]
     _add_floors(recs, lm, hw or get_profile(cfg.get("profile", RunSettings().profile)), cfg)   # merge needs them
     (out / "results.partial.json").write_text(json.dumps(recs, indent=1, default=float))
@@ -375,9 +383,15 @@ def _progress(done: int, total: int, t0: float, label: str) -> None:
     sys.stderr.flush()
 
 
-def _aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload: str = "prompts", variant: str = "") -> dict:
+SETTING_DEFAULTS = {"tau_prefetch": 0.2, "tau_approx": 0.0, "max_lookahead": 4, "lore_rank": 16}   # config or block
+
+
+def _aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload: str = "prompts", variant: str = "",
+               settings: dict | None = None) -> dict:
+    """One record; ``settings``: the thresholds its block ran with (default: the config's)."""
     from spice_core.tools.bench_records import derive, raw_from_runs
 
+    settings = settings or {k: cfg.get(k, d) for k, d in SETTING_DEFAULTS.items()}
     raw = raw_from_runs(runs)
     return {
         "model": desc, "policy": pol, "budget_frac": budget, "link": link, "timing": cfg["timing"],
@@ -385,7 +399,8 @@ def _aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload: str = "prom
         "profile": cfg.get("profile") if cfg["timing"] == "modeled" else (hw.name if hw else "this machine"),
         "shape": cfg.get("shape") if cfg["timing"] == "modeled" else "native",
         **derive(raw),
-        "ppl_delta_pct": 0.0 if pol in EXACT_POLICIES or float(cfg.get("tau_approx", 0)) == 0 else None,
+        "settings": settings,
+        "ppl_delta_pct": 0.0 if pol in EXACT_POLICIES or float(settings["tau_approx"]) == 0 else None,
         "notes": sorted({n for *_, summary in runs for n in summary.notes}),
         "raw": raw,
     }

@@ -129,7 +129,8 @@ def _check_common(where: str, d: dict) -> None:
 
 
 RUN_KEYS = ("policies", "budgets", "links", "n_prompts", "prompt_indices", "long_prompt", "max_new_tokens",
-            "repetitions", "host_aware", "variant", "executor", "cpu_lane")
+            "repetitions", "host_aware", "variant", "executor", "cpu_lane", "tau_prefetch", "tau_approx",
+            "max_lookahead", "lore_rank")
 CONFIG_KEYS = ("model", "policies", "budgets", "links", "timing", "profile", "shape", "prompts", "max_new_tokens",
                "repetitions", "reference_generate", "hw_profile", "export_traces", "export_trace_prompts", "runs",
                "tau_prefetch", "tau_approx", "max_lookahead", "lore_rank", "verify_lift", "prefetch_after_experts",
@@ -173,13 +174,7 @@ def check_config(cfg, where: str = "config") -> None:
             _policy(where, "export_traces")(p)
     if "export_trace_prompts" in cfg:
         _str(where, "export_trace_prompts", cfg["export_trace_prompts"], ("first", "all"))
-    for key in ("tau_prefetch", "tau_approx"):
-        if key in cfg:
-            _fraction(where, key, cfg[key])
-    if "max_lookahead" in cfg:
-        _int(where, "max_lookahead", cfg["max_lookahead"], 1, 64)
-    if "lore_rank" in cfg:
-        _int(where, "lore_rank", cfg["lore_rank"], 1, 1_000_000)
+    _check_thresholds(where, cfg)
     if "long_prompt_tokens" in cfg:
         _int(where, "long_prompt_tokens", cfg["long_prompt_tokens"], 0, MAX_PROMPT_TOKENS)
     if "lift_overrides" in cfg:
@@ -195,6 +190,7 @@ def check_config(cfg, where: str = "config") -> None:
             if unknown:
                 raise ConfigError(f"{w} has unknown keys {unknown}: allowed are {', '.join(RUN_KEYS)}")
             _check_common(w, r)
+            _check_thresholds(w, r)
             if "n_prompts" in r:     # 0: the block runs the long prompt alone
                 _int(w, "n_prompts", r["n_prompts"], 0 if r.get("long_prompt") else 1, MAX_PROMPTS)
             if "long_prompt" in r:
@@ -208,6 +204,17 @@ def check_config(cfg, where: str = "config") -> None:
                     _int(w, "prompt_indices", x, 0, MAX_PROMPTS - 1)
             if "variant" in r and not isinstance(r["variant"], str):
                 raise ConfigError(f"{w} \"variant\" is {_show(r['variant'])}: use a string label")
+
+
+def _check_thresholds(where: str, d: dict) -> None:
+    """The spice thresholds a config or one of its blocks may set."""
+    for key in ("tau_prefetch", "tau_approx"):
+        if key in d:
+            _fraction(where, key, d[key])
+    if "max_lookahead" in d:
+        _int(where, "max_lookahead", d["max_lookahead"], 1, 64)
+    if "lore_rank" in d:
+        _int(where, "lore_rank", d["lore_rank"], 1, 1_000_000)
 
 
 def load_config_file(path) -> dict:

@@ -214,3 +214,26 @@ def test_shards_of_two_configs_are_refused_at_merge_because_their_records_carry_
     assert set(rec["provenance"]) == {"config", "prompts", "code"}
     assert main(["bench", "--merge", str(tmp_path / "s0"), str(tmp_path / "s1"), "--out", str(tmp_path / "m")]) == 2
     assert "provenance" in capsys.readouterr().err
+
+
+def test_a_block_may_run_its_own_thresholds_and_its_records_say_which(tmp_path):
+    """Two settings of one policy in one run (e.g. a hand-picked and a tuned spice): each "variant" block sets
+    its own tau_approx/lore_rank, its records carry them, and one variant label with two settings is refused."""
+    cfg = {"model": "assets/spice-mini", "timing": "modeled", "prompts": {"heldout": 1}, "max_new_tokens": 4,
+           "tau_approx": 0.0, "lore_rank": 4,
+           "runs": [{"variant": "exact", "policies": ["resident", "spice"], "long_prompt": False},
+                    {"variant": "lossy", "policies": ["resident", "spice"], "long_prompt": False,
+                     "tau_approx": 0.2, "lore_rank": 2}]}
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(cfg))
+    recs = {(r["variant"], r["policy"]): r for r in run_bench(_load_config(path), tmp_path / "out", "cpu")}
+    assert recs[("exact", "spice")]["settings"]["tau_approx"] == 0.0
+    assert recs[("lossy", "spice")]["settings"] == {"tau_prefetch": 0.2, "tau_approx": 0.2, "max_lookahead": 4,
+                                                    "lore_rank": 2}
+    assert recs[("exact", "spice")]["miss_split"]["approx"] == 0
+    assert recs[("lossy", "spice")]["miss_split"]["approx"] > 0
+    assert recs[("exact", "spice")]["ppl_delta_pct"] == 0.0 and recs[("lossy", "spice")]["ppl_delta_pct"] is None
+    cfg["runs"][1]["variant"] = "exact"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="variant 'exact'"):
+        run_bench(_load_config(path), tmp_path / "out2", "cpu")
