@@ -44,6 +44,7 @@ class LayerRuntime:
         self._decide_hits = not planner.prefetching
         self._hit_path = getattr(executor, "batched", False) and hasattr(executor, "run_hits") and self._decide_hits
         self._deferred = None        # the graphed step's lookahead, planned after the next segment's launch
+        self._deferred_record = None  # ... and the last decided layer's outcomes, recorded then
         self.observers: list = []   # callables(layer, idx_rows, w_rows): the routing as read back ([T][K] lists)
         self.layer_observers: list = []   # callables(runtime, layer) after each MoE layer: accounting checks
 
@@ -79,6 +80,8 @@ class LayerRuntime:
         self.ctx.stream = getattr(self.executor, "compute_stream", None)
 
     def end_token(self) -> float:
+        if self._deferred_record is not None:     # a step that ended without its after-replay hook
+            self._record_deferred()
         for layer in self._tail_layers:
             self.clock.layer(layer, 1, dense=True)
         return self.clock.end_token()
@@ -126,20 +129,22 @@ class LayerRuntime:
         """The graphed executor's per-layer host step (T=1): the layer's routing has been read back and
         every earlier segment has finished. Plans the layer, issues its demand copies, makes the compute
         stream wait for what this layer needs, and returns the slot of each selection (the next segment
-        runs the experts from them). The lookahead is left for `run_deferred`, which the decoder calls once
-        that segment is launched, so the GPU need not wait for it: until then this layer's experts stay
-        protected from eviction (the segment reads their slots while the lookahead plans)."""
+        runs the experts from them). The lookahead and the layer's recording are left for `run_deferred`, which
+        the decoder calls once that segment is launched, so the GPU need not wait for them: until then this
+        layer's experts stay protected from eviction (the segment reads their slots while the lookahead plans)."""
         clock, planner, ex = self.clock, self.planner, self.executor
         for l_ in self._layers_before[layer]:
             clock.layer(l_, 1, dense=l_ != layer)
         for obs in self.observers:
             obs(layer, [expert_ids], [weights])
+        if self._deferred_record is not None:    # the decoder launched no segment since the last layer: record now
+            self._record_deferred()
         if self._decide_hits:       # an all-hit layer: one planner call, no plan objects (`plan_hits`)
             slots = planner.plan_hits(layer, expert_ids)
             if slots is not None:
                 for p in sorted(range(len(expert_ids)), key=expert_ids.__getitem__):   # as plan_experts orders them
                     ex.wait_ready(slots[p])
-                self._hits_done(layer, expert_ids)
+                self._deferred_record = (layer, expert_ids, None)
                 return slots
         plan = planner.plan_layer(layer, [expert_ids], [weights], self._queues())
         self.recorder.layer_counts(plan.hits, plan.misses)
@@ -165,16 +170,14 @@ class LayerRuntime:
             slot_of[r.expert] = r.slot
         for e in fell_back:            # fell back to a copy: an ordinary cached expert from here on
             planner.release_fallback(ExpertKey(layer, e))
-        self.recorder.layer_outcomes(layer, plan.needed, plan.outcomes)
-        for obs in self.layer_observers:
-            obs(self, layer)
+        # Recorded once the next segment is launched (`run_deferred`): the GPU need not wait for the bookkeeping.
+        self._deferred_record = (layer, plan.needed, plan.outcomes)
         if planner.prefetching and self.predictor is not None:
-            keys = self.lm_keys(layer, plan.needed)
             if draft_logits is not None:
                 predict = lambda: self.predictor.predictions_from_readback(layer, draft_logits)   # noqa: E731
             else:
                 predict = lambda: self.predictor.predict(layer, None, self.ctx)   # noqa: E731
-            self._deferred = (layer, predict, keys)
+            self._deferred = (layer, predict, plan.needed)
         return [slot_of[e] for e in expert_ids]
 
     @staticmethod
@@ -182,13 +185,26 @@ class LayerRuntime:
         return frozenset(ExpertKey(layer, e) for e in experts)
 
     def run_deferred(self) -> None:
-        """The lookahead `decide_layer` left, planned now (the decoder has launched the segment that reads the
-        layer's experts: their slots stay protected). Nothing when none is pending. ``draft_logits`` is read
-        here, before the next token's segment overwrites it (FASTPATH H5)."""
+        """What `decide_layer` left, done now that the decoder has launched the segment that reads the layer's
+        experts: the layer's outcomes recorded (and its observers called), then the lookahead planned (the
+        layer's slots stay protected meanwhile). Nothing when none is pending. ``draft_logits`` is read here,
+        before the next token's segment overwrites it (FASTPATH H5)."""
+        if self._deferred_record is not None:
+            self._record_deferred()
         job, self._deferred = self._deferred, None
         if job is not None:
-            layer, predict, protected = job
-            self._prefetch(layer, predict, protected)
+            layer, predict, needed = job
+            self._prefetch(layer, predict, self.lm_keys(layer, needed))
+
+    def _record_deferred(self) -> None:
+        """The recorder's and the observers' part of the last `decide_layer` (outcomes None: all plain hits)."""
+        (layer, experts, outcomes), self._deferred_record = self._deferred_record, None
+        if outcomes is None:
+            self._hits_done(layer, experts)
+            return
+        self.recorder.layer_outcomes(layer, experts, outcomes)
+        for obs in self.layer_observers:
+            obs(self, layer)
 
     def _hits_done(self, layer: int, expert_ids) -> None:
         """What the phases record of a layer whose selections were all plain hits, and its observers."""

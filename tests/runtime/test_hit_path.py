@@ -75,3 +75,40 @@ def test_the_fast_paths_host_step_takes_the_hit_path_and_reports_the_same(engine
     slow = _run(eng, policy)
     assert fast_waits == waits and fast_observed == observed and observed
     _assert_same_report(fast_steps, fast_logits, fast_events, *slow)
+
+
+@pytest.mark.parametrize("policy", ["lru", "on_demand"])
+def test_the_host_step_records_each_layer_after_it_returns_and_before_the_next(engines, monkeypatch, policy):
+    """The graphed host step leaves a layer's recording (outcomes, observers) to the after-replay hook, so the
+    GPU need not wait for it: each decided layer is recorded exactly once, after its decide_layer returned and
+    before the next layer is decided, and the run reports what it reported before (the test above)."""
+    from spice_core.engine import SpiceEngine
+    from spice_core.runtime.layer import LayerRuntime
+    from spice_core.trace.recorder import Recorder
+
+    base = engines["qwen2_moe"]
+    eng = SpiceEngine(base.lm, executor="graphed", timing=base.timing)
+    log = []
+    real_decide = LayerRuntime.decide_layer
+
+    def decide(self, layer, *a, **kw):
+        log.append(("decide", layer))
+        out = real_decide(self, layer, *a, **kw)
+        log.append(("decided", layer))
+        return out
+
+    monkeypatch.setattr(LayerRuntime, "decide_layer", decide)
+    for name in ("layer_outcomes", "layer_hits"):
+        real = getattr(Recorder, name)
+        monkeypatch.setattr(Recorder, name, lambda self, layer, *a, _real=real: log.append(("record", layer))
+                            or _real(self, layer, *a))
+    steps, _, _ = _run(eng, policy)
+    assert any(n.startswith("fast path:") for n in eng.list_runs()[0].notes)
+    decode = log[next(i for i, x in enumerate(log) if x[0] == "decide"):]   # the prefill records per layer, eagerly
+    decided = [x for x in decode if x[0] == "decided"]
+    assert decided and len([x for x in decode if x[0] == "record"]) == len(decided)
+    for i, (kind, layer) in enumerate(decode):
+        if kind == "decided":
+            nxt = next((k for k in decode[i + 1:] if k[0] != "decided"), None)
+            assert nxt == ("record", layer), f"layer {layer}: recorded out of turn ({nxt})"
+    assert sum(s.hits + s.misses for s in steps[1:]) > 0
