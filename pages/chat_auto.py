@@ -7,6 +7,8 @@
              says what the next message uses, the controls show it, and the side bar says which setting was
              picked and why (the record's reason)
     page load ──► TuneBook.take_for_chat(visitor) (a pick the sweep page handed over) ──► apply, the same way
+              └─ else a pick saved beside the model for this cache, profile and shape (TuneBook.saved_for) ──►
+                 the side bar offers it: Auto with its budget finds it in the book and applies it, without a tune
 
 Knows the chat page only through what it hands over (its session, controls, lock and settings handlers).
 """
@@ -35,6 +37,7 @@ class AutoTune:
 
     def __init__(self, page, tunes: tuning.TuneBook) -> None:
         self.page, self.ctx, self.book = page, page.ctx, tunes
+        tunes.offer_saved(self.ctx.key, self.ctx.info)
 
     def build(self) -> None:
         with gr.Group(elem_id="ctl-auto-group"):
@@ -109,12 +112,20 @@ class AutoTune:
         yield self.apply(session, record, how)
 
     def adopt(self, session, request: gr.Request = None):
-        """Page load: a pick the sweep page handed to this visitor's chat, applied; else nothing changes."""
+        """Page load: a pick the sweep page handed to this visitor's chat, applied; else one saved beside the
+        model for this session's cache, profile and shape, offered in the side bar; else nothing changes."""
         skip = gr.skip()
+        n_out = 4 + len(self.page.controls)
+        if not hasattr(session, "auto"):
+            return (skip,) * n_out
         record = self.book.take_for_chat(owner_of(request) + self.ctx.key) if owner_of(request) else None
-        if record is None or not hasattr(session, "auto"):
-            return (skip,) * (4 + len(self.page.controls))
-        return self.apply(session, record, "from the sweep page")
+        if record is not None:
+            return self.apply(session, record, "from the sweep page")
+        kept = self.book.saved_for(self.ctx.key, session.settings or self.page.defaults)
+        if kept is None:
+            return (skip,) * n_out
+        return (esc(tuning.saved_markdown(kept, "Auto (within budget) with that budget applies it at once, without "
+                                                "a tune.")), *[skip] * (n_out - 1))
 
     def apply(self, session, record, how: str) -> tuple:
         """The pick on top of the session's settings, through the chat's own settings path: (auto note, settings

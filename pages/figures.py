@@ -40,7 +40,7 @@ OKABE_ITO = {"orange": "#E69F00", "sky": "#56B4E9", "green": "#009E73", "yellow"
 OUTCOME_COLOURS = {
     "not selected": "rgba(140,150,162,0.16)", "hit": OKABE_ITO["green"], "prefetch_hit": OKABE_ITO["sky"],
     "approx": OKABE_ITO["purple"], "cpu": OKABE_ITO["orange"], "copy": OKABE_ITO["vermillion"],
-    "prefetch_late": OKABE_ITO["yellow"],
+    "prefetch_late": OKABE_ITO["yellow"], "cpu_int8": OKABE_ITO["blue"],
 }
 # Simulated deuteranopia and protanopia bring two pairs of these colours close (CIE76 distance about 18) in a
 # cell 10 px wide: green and reddish purple (hit, approximated) and orange and vermillion (CPU, copied; orange is
@@ -49,12 +49,15 @@ OUTCOME_COLOURS = {
 # one stay at least 33 apart. The marks are markers, not cell text (Plotly lays out every text apart: 260 marks
 # in text made a live refresh of the heatmap twice as long), and while a reply streams only the token's grid
 # has them (tens of cells; the right grid's run to a thousand and more, drawn once, when the reply ends). The
-# lane chart hatches the LoRE surrogate's bars, which sit beside the routed experts' on the GPU lane.
-OUTCOME_MARKS = {"approx": ("•", "circle"), "cpu": ("×", "x-thin-open")}   # (the legend's, the cell's)
+# int8 CPU run's blue, the seventh colour, comes as close to the prefetched hit's sky and the approximation's
+# purple, so it carries a mark of its own (a plus). The lane chart hatches the LoRE surrogate's bars, which sit
+# beside the routed experts' on the GPU lane.
+OUTCOME_MARKS = {"approx": ("•", "circle"), "cpu": ("×", "x-thin-open"),
+                 "cpu_int8": ("+", "cross-thin-open")}   # (the legend's, the cell's)
 OUTCOME_LABELS = {
     "not selected": "not selected", "hit": "hit (resident)", "prefetch_hit": "prefetched hit",
     "approx": "• approximated (LoRE)", "cpu": "× CPU lane", "copy": "copied on demand",
-    "prefetch_late": "prefetched late (stalled)",
+    "prefetch_late": "prefetched late (stalled)", "cpu_int8": "+ CPU lane, int8 (lossy)",
 }
 KIND_COLOURS = {
     "layer": "#9aa5b1", "expert": OKABE_ITO["green"], "approx": OKABE_ITO["purple"], "draft": OKABE_ITO["yellow"],
@@ -220,7 +223,11 @@ def usual_outcome_z(live: LiveRun) -> np.ndarray:
     return np.round(z, 3)
 
 
-SHORT_OUTCOMES = ("", "hit", "prefetched", "approx", "CPU", "copied", "late prefetch (stalled)")   # by heatmap code
+SHORT_OUTCOMES = ("", "hit", "prefetched", "approx", "CPU", "copied", "late prefetch (stalled)", "CPU int8")  # by code
+# The right grid's hover: each outcome's count, in code order (LiveRun.counts' last axis), then the tokens that
+# used the expert.
+HOVER_COUNTS = ("hit", "prefetched", "approx", "CPU", "copied", "late prefetch", "CPU int8")
+USED_INDEX = len(CATEGORIES) - 1             # customdata index of the tokens that used the expert
 MARK_SYMBOLS = tuple(OUTCOME_MARKS.get(name, ("", ""))[1] for name in CATEGORIES)                    # by heatmap code
 
 
@@ -275,12 +282,10 @@ def outcome_heatmap(live: LiveRun, *, counts: bool = True, meta: str = "") -> Fi
              "yaxis": "y"}
     if counts:
         right |= {"customdata": np.concatenate([live.counts, used[..., None]], axis=-1).tolist(),
-                  "hovertemplate": f"%{{y}} · expert %{{x}}: used by %{{customdata[6]}} of {live.n_tokens} tokens "
-                                   f"(the most-used expert: {int(used.max())}) · "
-                                   "hit %{customdata[0]} · prefetched %{customdata[1]} · "
-                                   "approx %{customdata[2]} · CPU %{customdata[3]} · copied %{customdata[4]} · "
-                                   "late prefetch %{customdata[5]}"
-                                   "<extra>all tokens</extra>"}
+                  "hovertemplate": f"%{{y}} · expert %{{x}}: used by %{{customdata[{USED_INDEX}]}} of {live.n_tokens} "
+                                   f"tokens (the most-used expert: {int(used.max())}) · "
+                                   + " · ".join(f"{name} %{{customdata[{i}]}}" for i, name in enumerate(HOVER_COUNTS))
+                                   + "<extra>all tokens</extra>"}
     else:
         right |= {"text": short[totals].tolist(),
                   "hovertemplate": "%{y} · expert %{x}: mostly %{text}<extra>all tokens so far</extra>"}

@@ -34,7 +34,7 @@ def is_pick(trial: dict, setting: dict) -> bool:
 
 
 def tune_pareto(record) -> dict:
-    """The tuner's trials as one figure (record: a spice_core.tuner.TuneRecord, or None before a tune)."""
+    """The tuner's trials as one figure (record: a spice_core.api.TuneRecord, or None before a tune)."""
     if record is None or not record.trials:
         return empty_figure("find the fastest setting within a budget to see every setting the tuner measured", 420)
     trials = record.trials

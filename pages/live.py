@@ -24,13 +24,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from spice_core.api import LATE_OUTCOME, OUTCOMES, EngineInfo, LaneInterval, PrefetchRecord, StepStats, late_keys
+from spice_core.api import (CPU_INT8_OUTCOME, LATE_OUTCOME, OUTCOMES, EngineInfo, LaneInterval, PrefetchRecord,
+                            StepStats, late_keys)
 
 # Heatmap codes: 0 = not selected, then the outcomes in schema order (hit, prefetch_hit, approx, cpu, copy),
-# then a prefetched expert that arrived late (the layer waited for it).
+# then a prefetched expert that arrived late (the layer waited for it), then a miss run on the CPU lane from the
+# experts' int8 copy (lossy; trace.metrics counts it in the miss split and the per-layer accounts, the exports
+# in experts_cpu_int8). Appended, so the older codes stay what they were.
 NOT_SELECTED = "not selected"
 LATE = LATE_OUTCOME
-CATEGORIES = (NOT_SELECTED, *OUTCOMES, LATE)
+CPU_INT8 = CPU_INT8_OUTCOME
+CATEGORIES = (NOT_SELECTED, *OUTCOMES, LATE, CPU_INT8)
 CODE = {name: i for i, name in enumerate(CATEGORIES)}
 HIT_OUTCOMES = ("hit", "prefetch_hit")
 

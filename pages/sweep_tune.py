@@ -6,6 +6,10 @@
                                                           table (fastest first, flagged), the pick in words
     "Use this setting in chat" ──► TuneBook.hand_to_chat(visitor) ──► the browser opens the chat page, whose
         load applies it through the chat's own settings path (pages.chat_auto.adopt)
+    "Save this pick beside the model" ──► TuneBook.save_beside_model ──► spice-tuned.json in the model's folder
+        (the CLI's file and format), one line saying where, or why not
+    page load ──► a pick saved beside the model for the page's cache, profile and shape (TuneBook.saved_for)
+        ──► shown as a tune's result is, ready to use in chat
 
 Why a hand-off and not a write into the chat's state: the chat and the sweep are separate pages, each with
 its own Gradio session; the visitor (pages.owners) is what they share.
@@ -36,7 +40,7 @@ class TuneSession:
     stop: bool = False
     running: bool = False
     reason: str = ""
-    record: object = None         # the last pick shown (spice_core.tuner.TuneRecord)
+    record: object = None         # the last pick shown (spice_core.api.TuneRecord)
 
 
 class TuneSection:
@@ -45,6 +49,7 @@ class TuneSection:
     def __init__(self, page) -> None:
         self.page, self.ctx = page, page.ctx
         self.book: tuning.TuneBook = page.tunes
+        self.book.offer_saved(self.ctx.key, self.ctx.info)
 
     def build(self) -> None:
         gr.Markdown("### Fastest setting within a quality budget\nThe tuner searches spice's τ_approx, LoRE rank, "
@@ -71,7 +76,9 @@ class TuneSection:
         self.pick = gr.Markdown("", elem_id="tune-pick")
         with gr.Row():
             self.use_btn = gr.Button("Use this setting in chat", interactive=False, elem_id="tune-use")
+            self.save_btn = gr.Button("Save this pick beside the model", interactive=False, elem_id="tune-save")
             self.go = gr.Textbox("", visible="hidden", elem_id="tune-go", show_label=False, container=False)
+        self.saved = gr.Markdown("", elem_id="tune-saved", elem_classes=["spice-note"])
 
     def wire(self, cache_frac, profile, shape) -> None:
         outputs = [self.status, self.plot, self.table, self.pick, self.use_btn]
@@ -80,11 +87,19 @@ class TuneSection:
                                  outputs=outputs, api_name="tune" + self.ctx.key, concurrency_id=ENGINE_GROUP,
                                  concurrency_limit=1, show_progress="minimal", show_progress_on=[self.status])
         ran.then(None, js=TUNING_OFF_JS, queue=False, api_visibility="private", show_progress="hidden")
+        ran.then(self.saveable, inputs=[self.session], outputs=[self.save_btn, self.saved], queue=False,
+                 api_visibility="private", show_progress="hidden")
         self.stop_btn.click(self.stop, inputs=[self.session], outputs=[self.status], queue=False,
                             api_name="tune_stop" + self.ctx.key)
         used = self.use_btn.click(self.use_in_chat, inputs=[self.session], outputs=[self.status, self.go], queue=False,
                                   api_name="tune_use" + self.ctx.key)
         used.then(None, inputs=[self.go], js=GO_JS, queue=False, api_visibility="private", show_progress="hidden")
+        self.save_btn.click(self.save, inputs=[self.session], outputs=[self.saved], queue=False,
+                            api_name="tune_save" + self.ctx.key)
+        root = gr.context.Context.root_block
+        if root is not None:
+            root.load(self.offer, inputs=[self.session], outputs=outputs, queue=False, api_visibility="private",
+                      show_progress="hidden")
 
     # --- handlers ------------------------------------------------------------------------
     def stop(self, session: TuneSession) -> str:
@@ -147,6 +162,32 @@ class TuneSection:
                    f"by hand ({esc(tuning.setting_words(record.setting))}).", ""
         self.book.hand_to_chat(owner + self.ctx.key, record)
         return f"Opening the chat with {esc(tuning.setting_words(record.setting))}…", self.chat_url()
+
+    def saveable(self, session: TuneSession):
+        """After a tune: the save button, usable when there is a whole tune's pick to save, and no saved line yet."""
+        record = session.record if isinstance(session, TuneSession) else None
+        return gr.update(interactive=record is not None and not record.stopped), ""
+
+    def save(self, session: TuneSession) -> str:
+        """Write the pick shown into spice-tuned.json beside the model; one line says where, or why not."""
+        record = session.record if isinstance(session, TuneSession) else None
+        if record is None:
+            return "⚠ Nothing to save yet: find the fastest setting first."
+        return esc(self.book.save_beside_model(self.ctx.key, self.ctx.info, record))
+
+    def offer(self, session: TuneSession):
+        """Page load: a pick saved beside the model for this page's cache, profile and shape, shown as a tune's
+        result (plot, table, the pick) and ready to use in chat; else nothing changes."""
+        skip = gr.skip()
+        kept = self.book.saved_for(self.ctx.key, self.page.defaults)
+        if kept is None or not isinstance(session, TuneSession) or session.running:
+            return skip, skip, skip, skip, skip
+        session.record = kept.record
+        return (esc(tuning.saved_markdown(kept, "“Find the fastest setting” with that budget reuses it; “Use this "
+                                                "setting in chat” applies it.")),
+                as_plot(figures_tune.tune_pareto(kept.record)), figures_tune.tune_table(kept.record),
+                tuning.pick_markdown(kept.record, f"saved beside the model (`{kept.saved_at}`)"),
+                gr.update(interactive=True))
 
     def chat_url(self) -> str:
         """This model's chat page, relative to its sweep page."""

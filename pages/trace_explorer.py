@@ -35,8 +35,11 @@ MAX_WINDOW_TOKENS = 4096
 MAX_FIRST_TOKEN = 10**9
 # "prefetched hit %" are prefetches in time; "late prefetch %" those whose copy came after the layer needed it
 # (a stall, not a hit: trace.metrics), so hit % + prefetched hit % is the layer's hit rate, as in the chat.
+# "CPU int8 %" are misses run on the CPU lane from the experts' int8 copy (lossy), apart from the exact "CPU %",
+# as the run summary's miss split and the exports' experts_cpu_int8 count them; the shares add up to 100.
 LAYER_COLUMNS = ["layer", "selections", "hit %", "prefetched hit %", "late prefetch %", "approx %", "CPU %",
-                 "copied %", "prefetches", "wasted prefetches", "MB copied / token (timed shape)", "stall ms / token"]
+                 "CPU int8 %", "copied %", "prefetches", "wasted prefetches", "MB copied / token (timed shape)",
+                 "stall ms / token"]
 
 
 # --- numbers from events (pure) ---------------------------------------------------------------
@@ -68,7 +71,8 @@ def per_layer_frame(events, n_tokens: int) -> pd.DataFrame:
         pct = (lambda n: round(100 * n / sel, 1)) if sel else (lambda n: 0.0)
         get = (lambda k: getattr(o, k)) if o is not None else (lambda k: 0)
         out.append([layer, sel, pct(get("hit")), pct(get("prefetch_hit")), pct(get("prefetch_late")),
-                    pct(get("approx")), pct(get("cpu")), pct(get("copy")), int(r["prefetches"]), int(r["wasted"]),
+                    pct(get("approx")), pct(get("cpu")), pct(get(metrics.CPU_INT8_OUTCOME)), pct(get("copy")),
+                    int(r["prefetches"]), int(r["wasted"]),
                     round(r["bytes"] / 1e6 / tokens, 2), round(r["stall_ms"] / tokens, 3)])
     return pd.DataFrame(out, columns=LAYER_COLUMNS)
 

@@ -1,12 +1,17 @@
 """The tuner in the app: a quality budget from the page, one tune as a job of the engine's runner, the picks
-kept for every visitor, and the words the pages show about a pick.
+kept for every visitor (those saved beside the model among them), saving a pick there, and the words the pages
+show about a pick.
 
     page (sweep or chat side bar) ──► budget(ppl %, agreement) ──► TuneBook.find: a pick for this model,
         cache, profile, shape and budget already made? ──► reuse it (the tuner is deterministic)
                                   └─ else ──► runner.start(owner, TuneJob) ──► pump thread iterates the job
-                                              job: a thread runs spice_core.tuner.tune(...)
+                                              job: a thread runs spice_core.api.tune(...)
                                                    progress ──► TuneProgress items ──► stream.take()
                                               Stop ──► stream.cancel ──► job.cancel ──► should_stop()
+    app start ──► TuneBook.offer_saved: the picks in spice-tuned.json beside the model (`python -m spice_core tune`
+                  wrote them, or "Save this pick beside the model" did) ──► kept like picks made here, so the
+                  pages offer the one that fits and a tune with its budget reuses it
+    "Save this pick beside the model" ──► save_beside_model ──► spice_core.api.save_tuned into that same file
 
 Why a job of the runner and not a thread of its own: the runner is the app's one-generation-at-a-time rule
 (pages.runner). A tune started through it waits for, or is refused by, another visitor's reply like any
@@ -19,21 +24,26 @@ Why a small evaluation (APP_EVAL): the app runs on a shared 2-core machine; one 
 with 64 teacher-forced tokens and 2 prompts x 8 greedy tokens measures its 19 settings in 1.5 to 3 minutes
 there (APP_TUNE_WORDS) (the CLI's default evaluation is larger and is what docs/benchmarks/tune/ reports).
 
-Knows nothing of Gradio; the engine is reached through the tuner and `spice_core.api`.
+Knows nothing of Gradio; the engine, the tuner and its file are reached through `spice_core.api` only.
 """
 from __future__ import annotations
 
+import errno
+import logging
 import queue
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
+from pathlib import Path
 
-from spice_core import tuner
-from spice_core.api import RunSettings
+from spice_core.api import (DEFAULT_BUDGET_AGREEMENT, DEFAULT_BUDGET_PPL_PCT, Budget, EngineInfo,
+                            RunSettings, TuneRecord, load_tuned, save_tuned, tune, tuned_path)
 from spice_core.errors import ConfigError, SpiceError
 from pages.limits import bounded_number
 from pages.runner import CANCEL_REASONS
+
+log = logging.getLogger(__name__)
 
 # The app's evaluation per tune (see the module's docstring for why it is small).
 APP_EVAL = {"max_tokens": 64, "n_prompts": 2, "new_tokens": 8, "speed_tokens": 32}
@@ -41,14 +51,15 @@ APP_EVAL = {"max_tokens": 64, "n_prompts": 2, "new_tokens": 8, "speed_tokens": 3
 # 95 s from the page's handler, 130-160 s with a browser and other tests on the same cores).
 APP_TUNE_WORDS = "1.5 to 3 minutes"
 MAX_PPL_PCT = 100.0    # the budget box's range: a perplexity increase beyond 100 % is no budget
-DEFAULT_PPL_PCT = tuner.DEFAULT_BUDGET_PPL_PCT
-DEFAULT_AGREEMENT = tuner.DEFAULT_BUDGET_AGREEMENT
+DEFAULT_PPL_PCT = DEFAULT_BUDGET_PPL_PCT
+DEFAULT_AGREEMENT = DEFAULT_BUDGET_AGREEMENT
 TUNED_FIELDS = ("tau_approx", "tau_prefetch", "max_lookahead", "lore_rank", "cpu_lane")
 MAX_PICKS = 64         # picks kept for reuse (oldest dropped)
 MAX_HANDOFFS = 256     # "use this setting in chat" requests waiting for the visitor's chat page
+READ_ONLY_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)    # a folder this app may not write
 
 
-def budget(ppl_pct, agreement) -> tuner.Budget:
+def budget(ppl_pct, agreement) -> Budget:
     """The budget from the two boxes (an empty box: not constrained); ConfigError naming the box otherwise."""
     empty = lambda v: v is None or (isinstance(v, str) and not v.strip())    # noqa: E731
     ppl = None if empty(ppl_pct) else bounded_number(ppl_pct, "Perplexity increase at most (%)", 0.0, MAX_PPL_PCT)
@@ -56,10 +67,10 @@ def budget(ppl_pct, agreement) -> tuner.Budget:
     if ppl is None and agr is None:
         raise ConfigError("Budget: both boxes are empty; give a perplexity increase (e.g. 1 %) and/or a greedy "
                           "agreement (e.g. 0.9)")
-    return tuner.Budget(ppl_pct=ppl, agreement=agr)
+    return Budget(ppl_pct=ppl, agreement=agr)
 
 
-def picked_settings(record: tuner.TuneRecord, current: RunSettings) -> RunSettings:
+def picked_settings(record: TuneRecord, current: RunSettings) -> RunSettings:
     """``current`` with the pick applied: policy spice, the tuned knobs, and the cache, profile and shape it was
     tuned for (the pick holds only there)."""
     return replace(record.settings(current), cache_frac=record.cache_frac, profile=record.profile,
@@ -81,10 +92,10 @@ class TuneJob:
 
     run_id = ""
 
-    def __init__(self, engine, base: RunSettings, tune_budget: tuner.Budget, evaluation: dict | None = None) -> None:
+    def __init__(self, engine, base: RunSettings, tune_budget: Budget, evaluation: dict | None = None) -> None:
         self.engine, self.base, self.budget = engine, base, tune_budget
         self.evaluation = dict(APP_EVAL if evaluation is None else evaluation)
-        self.record: tuner.TuneRecord | None = None
+        self.record: TuneRecord | None = None
         self.last = TuneProgress("starting", 0, 0)
         self._stop = threading.Event()
         self._items: queue.Queue = queue.Queue()
@@ -124,52 +135,137 @@ class TuneJob:
     # --- the worker thread ----------------------------------------------------------------
     def _work(self) -> None:
         try:
-            self.record = tuner.tune(self.engine, self.base, self.budget,
-                                     progress=lambda m, d, t: self._items.put(TuneProgress(m, d, t)),
-                                     should_stop=self._stop.is_set, **self.evaluation)
+            self.record = tune(self.engine, self.base, self.budget,
+                               progress=lambda m, d, t: self._items.put(TuneProgress(m, d, t)),
+                               should_stop=self._stop.is_set, **self.evaluation)
         except BaseException as exc:    # handed to the iterating thread, which raises it there
             self._items.put(exc)
         finally:
             self._items.put(None)
 
 
-def pick_key(model_key: str, base: RunSettings, tune_budget: tuner.Budget) -> tuple:
-    """What a pick depends on: the model, cache, profile, shape and budget. The base's exact knobs only seed the
-    tuner's search over them, so picks are shared across them (as the file beside the model shares them)."""
-    return (model_key, base.cache_frac, base.profile, base.shape, tune_budget.ppl_pct, tune_budget.agreement)
+def pick_key(model_key: str, where, tune_budget: Budget) -> tuple:
+    """What a pick depends on: the model, cache, profile, shape and budget (``where``: the base RunSettings, or a
+    TuneRecord, which names its cache, profile and shape alike). The base's exact knobs only seed the tuner's
+    search over them, so picks are shared across them (as the file beside the model shares them)."""
+    return (model_key, where.cache_frac, where.profile, where.shape, tune_budget.ppl_pct, tune_budget.agreement)
+
+
+def budget_of(record: TuneRecord) -> Budget:
+    """The budget a record was tuned for (SpiceError for a record whose budget is empty)."""
+    return Budget(record.budget["ppl_pct"], record.budget["agreement"])
+
+
+def saved_path(info: EngineInfo) -> Path | None:
+    """The file `python -m spice_core tune` writes by default and `generate --tuned` reads: spice-tuned.json in the
+    model's folder (tools.generate.default_tuned_path); None when the model has no folder (a test double)."""
+    return tuned_path(info.model_dir) if info.model_dir else None
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A pick in the book: ``made`` when (time.time()); ``saved_at`` the file beside the model it is in, or ""."""
+
+    record: TuneRecord
+    made: float
+    saved_at: str = ""
+
+    def how(self) -> str:
+        """How a page that reuses it got it, in words."""
+        if self.saved_at:
+            return (f"reused the pick saved beside the model (`{self.saved_at}`) for the same cache, profile, shape and "
+                    "budget")
+        return (f"reused the pick made {_ago(time.time() - self.made)} for the same model, cache, profile, shape and "
+                "budget (the tuner is deterministic)")
 
 
 class TuneBook:
-    """Picks made so far (shared by every visitor: same model, cache, profile, shape and budget, same pick) and
-    the settings each visitor asked to use in the chat, waiting for their chat page to load."""
+    """Picks made so far and those saved beside the models (shared by every visitor: same model, cache, profile,
+    shape and budget, same pick), and the settings each visitor asked to use in the chat, waiting for their chat
+    page to load."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._picks: OrderedDict[tuple, tuple[tuner.TuneRecord, float]] = OrderedDict()
-        self._handoffs: OrderedDict[str, tuner.TuneRecord] = OrderedDict()
+        self._file_lock = threading.Lock()      # one save at a time (each reads the file, then replaces it)
+        self._picks: OrderedDict[tuple, Kept] = OrderedDict()
+        self._handoffs: OrderedDict[str, TuneRecord] = OrderedDict()
+        self._offered: set[str] = set()         # model keys whose saved picks were read
 
-    def find(self, key: tuple) -> tuple[tuner.TuneRecord, float] | None:
-        """(record, when it was made, time.time()) or None."""
+    def find(self, key: tuple) -> Kept | None:
         with self._lock:
             return self._picks.get(key)
 
-    def keep(self, key: tuple, record: tuner.TuneRecord) -> None:
+    def keep(self, key: tuple, record: TuneRecord, saved_at: str = "") -> None:
         if record.stopped:          # the best of a part only: never reused
             return
         with self._lock:
             self._picks.pop(key, None)
-            self._picks[key] = (record, time.time())
+            self._picks[key] = Kept(record, time.time(), saved_at)
             while len(self._picks) > MAX_PICKS:
                 self._picks.popitem(last=False)
 
-    def hand_to_chat(self, owner: str, record: tuner.TuneRecord) -> None:
+    def offer_saved(self, model_key: str, info: EngineInfo) -> None:
+        """Keep the picks saved beside the model (read once per model; its chat and sweep pages both ask), so that
+        the pages offer the one fitting their cache, profile and shape (`saved_for`) and a tune with its budget
+        reuses it. A file that cannot be read is logged and offers nothing."""
+        path = saved_path(info)
+        with self._lock:
+            if path is None or model_key in self._offered:
+                return
+            self._offered.add(model_key)
+        try:
+            records = load_tuned(path) if path.is_file() else []
+        except (SpiceError, OSError) as exc:
+            log.warning("the tuned settings beside %s are not offered: %s", info.model_name, exc)
+            return
+        for record in records:
+            try:
+                key = pick_key(model_key, record, budget_of(record))
+            except (SpiceError, KeyError, TypeError) as exc:
+                log.warning("a tuned setting in %s is not offered (its budget: %s)", path, exc)
+                continue
+            self.keep(key, record, saved_at=str(path))
+
+    def saved_for(self, model_key: str, settings: RunSettings) -> Kept | None:
+        """The newest pick saved beside the model for ``settings``' cache, profile and shape (any budget), or None."""
+        where = (model_key, settings.cache_frac, settings.profile, settings.shape)
+        with self._lock:
+            return next((k for key, k in reversed(self._picks.items()) if k.saved_at and key[:4] == where), None)
+
+    def save_beside_model(self, model_key: str, info: EngineInfo, record: TuneRecord) -> str:
+        """Write ``record`` into the model's spice-tuned.json (`saved_path`: the file and format the CLI's `tune`
+        writes) and say where, in one line; or why not, in one line, changing nothing (the file is replaced only
+        once the new one is written: spice_core.api.save_tuned)."""
+        if record.stopped:
+            return ("⚠ Not saved: this pick is the best of a stopped tune, part of the search only: run the tune to "
+                    "its end to save it.")
+        path = saved_path(info)
+        if path is None:
+            return ("⚠ Not saved: this model has no folder of its own to save beside; the pick stays on this page "
+                    "(use it in chat).")
+        try:
+            with self._file_lock:
+                save_tuned(record, path)
+        except OSError as exc:
+            why = "the model's folder is not writable here (a read-only Space, say)" if exc.errno in READ_ONLY_ERRNOS \
+                else f"{exc.strerror or type(exc).__name__}"
+            return (f"⚠ Not saved: cannot write `{path}`: {why}. The pick stays on this page (use it in chat); "
+                    "`python -m spice_core tune` saves it where the folder is writable.")
+        except SpiceError:       # a file of that name that is not a tuned-settings file (load_tuned): left as it is
+            return (f"⚠ Not saved: `{path}` is there but is not a tuned-settings file, so it is left as it is: move "
+                    "it away, then save again.")
+        self.keep(pick_key(model_key, record, budget_of(record)), record, saved_at=str(path))
+        return (f"Saved beside the model: `{path}` (`python -m spice_core generate --policy spice --tuned` reads it; "
+                f"the app offers it when it loads this model).")
+
+    def hand_to_chat(self, owner: str, record: TuneRecord) -> None:
         with self._lock:
             self._handoffs.pop(owner, None)
             self._handoffs[owner] = record
             while len(self._handoffs) > MAX_HANDOFFS:
                 self._handoffs.popitem(last=False)
 
-    def take_for_chat(self, owner: str) -> tuner.TuneRecord | None:
+    def take_for_chat(self, owner: str) -> TuneRecord | None:
         with self._lock:
             return self._handoffs.pop(owner, None) if owner else None
 
@@ -178,16 +274,14 @@ class TuneBook:
 STATUS_INTERVAL_S = 1.0
 
 
-def run(ctx, book: TuneBook, owner: str, base: RunSettings, tune_budget: tuner.Budget, should_stop):
+def run(ctx, book: TuneBook, owner: str, base: RunSettings, tune_budget: Budget, should_stop):
     """A generator for a page's handler: yields progress lines (about once a second, so Gradio can end it when
     the page goes away) and returns (record | None, words for the page: why there is none, or how it was got).
-    A pick already made for the same key is reused at once."""
+    A pick already made (or saved beside the model) for the same key is reused at once."""
     key = pick_key(ctx.key, base, tune_budget)
     found = book.find(key)
     if found is not None:
-        record, made = found
-        return record, f"reused the pick made {_ago(time.time() - made)} for the same model, cache, profile, " \
-                       f"shape and budget (the tuner is deterministic)"
+        return found.record, found.how()
     try:
         stream = ctx.runner.start(owner, base, lambda: TuneJob(ctx.engine, base, tune_budget), kind="tune")
     except SpiceError as exc:
@@ -246,10 +340,18 @@ def setting_words(s: dict) -> str:
     return f"{approx}, τ_prefetch {s['tau_prefetch']:g}, max lookahead {s['max_lookahead']}, CPU lane {lane}"
 
 
-def pick_markdown(record: tuner.TuneRecord, how: str) -> str:
+def saved_markdown(kept: Kept, then: str) -> str:
+    """One line offering a pick saved beside the model: what it is, what it was tuned for, and ``then`` (what
+    the page does with it)."""
+    r = kept.record
+    return (f"**Saved beside the model** for this cache, profile and shape: {setting_words(r.setting)} · "
+            f"{r.speed_ms:.2f} ms per token, {r.speed_timing} · perplexity {r.ppl_pct:+.2f} %, greedy agreement "
+            f"{r.agreement:.3f}, tuned for {budget_of(r).words()}. {then}")
+
+
+def pick_markdown(record: TuneRecord, how: str) -> str:
     """What was picked and why (the record's reason), in words for the page."""
-    b = record.budget
-    budget_words = tuner.Budget(b["ppl_pct"], b["agreement"]).words()
+    budget_words = budget_of(record).words()
     return (f"**Picked: {setting_words(record.setting)}** (policy spice) · {record.speed_ms:.2f} ms per token, "
             f"{record.speed_timing} · perplexity {record.ppl_pct:+.2f} %, greedy agreement {record.agreement:.3f}.  \n"
             f"**Why:** {record.reason}.  \n"

@@ -4,110 +4,40 @@
                     │                                                  │ iterate: StepStats per token
                     │                                                  │ update_settings(): from next token
                     │                                                  │ cancel(): between tokens
-                    └─ runs (RunRegistry): finished runs ─► export_* (Chrome trace, TensorBoard zip, CSV)
+                    ├─ runs (RunRegistry): finished runs ─► export_* (Chrome trace, TensorBoard zip, CSV)
+                    └─ tune(engine, RunSettings, Budget) ─► TuneRecord ─► save_tuned / find_tuned (spice-tuned.json
+                       beside the model, the file `python -m spice_core tune` writes and `generate --tuned` reads)
 
 Everything that crosses this boundary is an immutable plain value (frozen dataclasses,
 tuples, str, numbers), so a UI can keep snapshots without locking and a test can pass a
 fake engine that implements the `EngineLike` protocol. This module knows nothing of
 Gradio or plotting.
+
+A front end's one door, and only that: it defines the protocols below and re-exports the rest from where it
+is defined (settings in `config`, records, metrics, the tuner and its file). The engine, the tuner and what
+they import take those from where they live, not from here, so this module may re-export what sits above the
+engine (the tuner) without an import cycle (tests/layout/test_import_graph.py checks that there is none, and that
+pages import only this module and `spice_core.errors`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Protocol
 
-from spice_core.errors import ConfigError
-from spice_core.policy.spec import POLICY_SPECS
+from spice_core.config import (  # noqa: F401 - re-exported: the settings a front end passes
+    BASELINE_POLICIES, DEFAULT_LORE_RANK, EXACT_POLICIES, LIVE_FIELDS, MAX_NEW_TOKENS_LIMIT, POLICIES, SPICE_POLICIES,
+    RunSettings, own_shape)
 from spice_core.records import (  # noqa: F401 - re-exported: the records front ends receive
     EngineInfo, ExpertOutcome, LaneInterval, PrefetchRecord, RunSummary, StepStats)
-from spice_core.timing.profiles import routing_shape
-from spice_core.trace.events import OUTCOMES  # noqa: F401 - re-exported for front ends
+from spice_core.trace.events import CPU_INT8_OUTCOME, OUTCOMES  # noqa: F401 - re-exported for front ends
 from spice_core.trace.metrics import (  # noqa: F401 - re-exported: one definition of every metric
     LATE_OUTCOME, first_divergence, greedy_agreement, identical_prefix_share, late_keys, matching_tokens,
     outcomes_from_events, per_layer_counts, per_layer_table, scope_tokens)
-
-# Names a user may pick, derived from the one policy table (policy/spec.py); the engine refuses anything
-# else with a ConfigError. Baselines predict nothing; exact policies never approximate nor run int8 experts.
-POLICIES = tuple(POLICY_SPECS)
-BASELINE_POLICIES = tuple(n for n, s in POLICY_SPECS.items() if s.predictor is None)
-SPICE_POLICIES = tuple(n for n in POLICIES if n not in BASELINE_POLICIES)
-EXACT_POLICIES = tuple(n for n, s in POLICY_SPECS.items() if not s.use_lore and not s.use_int8)
-# Settings a running generation takes from its next token (GenerationRun.update_settings); any other
-# change applies from the next message.
-LIVE_FIELDS = ("tau_prefetch", "tau_approx", "max_lookahead", "temperature", "top_p")
-
-MAX_NEW_TOKENS_LIMIT = 4096
-
-
-def _check_range(name: str, value: float, lo: float, hi: float) -> None:
-    if not (lo <= value <= hi):
-        raise ConfigError(f"{name}={value!r} is out of range: use a value in [{lo}, {hi}]")
-
-
-DEFAULT_LORE_RANK = 16
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """Per-session, per-generation settings. Validated on construction.
-
-    ``cache_frac`` is the GPU budget for routed experts as a fraction of all routed
-    experts' bytes (LoRE factors and draft heads are counted inside it).
-    ``profile``/``shape`` only matter in modeled timing: the hardware profile and the
-    real-model shape the modeled times stand for.
-    ``tau_int8`` (0 = off): a miss whose router weight is below it, and not below ``tau_approx`` (LoRE
-    keeps the lowest), may run on the CPU lane from an int8 weight-only copy of the experts when that
-    finishes before the copy and the exact CPU run; lossy, taken only by ``spice``.
-    """
-
-    policy: str = "spice"
-    cache_frac: float = 0.25
-    tau_prefetch: float = 0.2
-    tau_approx: float = 0.0
-    tau_int8: float = 0.0
-    max_lookahead: int = 4
-    lore_rank: int = DEFAULT_LORE_RANK   # the default means "up to 16": smaller LoRE factors are used whole
-    cpu_lane: bool = True
-    profile: str = "rtx4090-pcie4x16"
-    shape: str = "deepseek-v2-lite"
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    stop: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ConfigError(f"policy={self.policy!r} is unknown: choose one of {', '.join(POLICIES)}")
-        _check_range("cache_frac", self.cache_frac, 0.0, 1.0)
-        _check_range("tau_prefetch", self.tau_prefetch, 0.0, 1.0)
-        _check_range("tau_approx", self.tau_approx, 0.0, 1.0)
-        if not (isinstance(self.tau_int8, (int, float)) and not isinstance(self.tau_int8, bool)
-                and 0.0 <= self.tau_int8 <= 1.0):
-            raise ConfigError(f"tau_int8={self.tau_int8!r} is out of range: use a value in [0, 1] (--tau-int8; "
-                              "0 = no int8 CPU runs)")
-        if not isinstance(self.max_lookahead, int) or not 1 <= self.max_lookahead <= 64:
-            raise ConfigError(f"max_lookahead={self.max_lookahead!r} is out of range: use an integer in [1, 64]")
-        if not isinstance(self.lore_rank, int) or self.lore_rank < 1:
-            raise ConfigError(f"lore_rank={self.lore_rank!r} is out of range: use an integer >= 1")
-        if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
-            raise ConfigError(
-                f"max_new_tokens={self.max_new_tokens!r} is out of range: use an integer in [1, {MAX_NEW_TOKENS_LIMIT}]")
-        _check_range("temperature", self.temperature, 0.0, 10.0)
-        _check_range("top_p", self.top_p, 1e-6, 1.0)
-
-    @property
-    def exact(self) -> bool:
-        """True when the settings cannot change the output (no approximation, no int8 CPU run)."""
-        return self.policy in EXACT_POLICIES or (self.tau_approx == 0.0 and self.tau_int8 == 0.0)
-
-
-def own_shape(info: EngineInfo) -> str | None:
-    """The timing shape whose real model has this model's routing (a shipped miniature's, e.g.
-    deepseek-v2-lite for spice-mini), or None: modeled times at it stand for that real model, while any
-    other shape only resizes this model's routing."""
-    return routing_shape(info.family, len(info.moe_layers), info.n_experts, info.top_k)
+from spice_core.tuned import (  # noqa: F401 - re-exported: the tuner's record and its file beside the model
+    TUNED_FILE, TuneRecord, tuned_path)
+from spice_core.tuned import find as find_tuned, load_all as load_tuned, save as save_tuned  # noqa: F401
+from spice_core.tuner import (  # noqa: F401 - re-exported: the tuner and its quality budget
+    DEFAULT_BUDGET_AGREEMENT, DEFAULT_BUDGET_PPL_PCT, Budget, Tuner, tune)
 
 
 class Generation(Protocol):

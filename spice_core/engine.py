@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from spice_core.api import DEFAULT_LORE_RANK, POLICIES, EngineInfo, RunSettings, RunSummary, StepStats
+from spice_core.config import DEFAULT_LORE_RANK, POLICIES, RunSettings
+from spice_core.records import EngineInfo, RunSummary, StepStats
 from spice_core.errors import ConfigError, PromptError, SpiceError
 from spice_core.exec.experts import installed
 from spice_core.generation import build_prompt_ids
@@ -145,7 +146,7 @@ class SpiceEngine:
             default_timing=self.timing, policies=POLICIES, profiles=profile_names(), shapes=shape_names(),
             has_draft=bool(self.artifacts and self.artifacts.draft is not None),
             has_lore=bool(self.artifacts and self.artifacts.lore is not None),
-            max_context_tokens=lm.max_context_tokens, lore_ranks=self._lore_ranks())
+            max_context_tokens=lm.max_context_tokens, lore_ranks=self._lore_ranks(), model_dir=str(lm.path))
 
     def _lore_ranks(self) -> tuple[int, ...]:
         lore = self.artifacts.lore if self.artifacts else None

@@ -136,3 +136,4 @@ class EngineInfo:
     has_lore: bool
     max_context_tokens: int
     lore_ranks: tuple[int, ...] = ()   # LoRE ranks the shipped factors offer (empty without LoRE)
+    model_dir: str = ""                # the model's folder (where `tune` saves spice-tuned.json); "": none

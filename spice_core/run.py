@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from spice_core.api import LIVE_FIELDS, RunSettings, RunSummary, StepStats
+from spice_core.config import LIVE_FIELDS, RunSettings
+from spice_core.records import RunSummary, StepStats
 from spice_core.errors import SpiceError
 from spice_core.exec.experts import installed
 from spice_core.generation import TextStreamer, sample_next

@@ -6,10 +6,11 @@ knows nothing of how the setting was searched (`spice_core.tuner`).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from spice_core.api import RunSettings
+from spice_core.config import RunSettings
 from spice_core.errors import ConfigError
 
 TUNED_FILE = "spice-tuned.json"
@@ -53,12 +54,21 @@ def tuned_path(model_dir: Path | str) -> Path:
 
 
 def save(record: TuneRecord, path: Path) -> None:
-    """Add ``record`` to the tuned file at ``path``, replacing one for the same profile, shape and cache."""
+    """Add ``record`` to the tuned file at ``path``, replacing one for the same profile, shape and cache.
+
+    Written beside it first and then renamed over it, so a write that fails (a read-only folder, a full disk)
+    leaves the file as it was: OSError then, and the records already saved are kept."""
+    path = Path(path)
     records = [r for r in load_all(path) if not r.matches(profile=record.profile, shape=record.shape,
                                                           cache_frac=record.cache_frac)] if path.exists() else []
     records.append(record)
-    path.write_text(json.dumps({"format": 1, "records": [r.as_dict() for r in records]}, indent=1, allow_nan=False)
-                    + "\n", encoding="utf-8")
+    text = json.dumps({"format": 1, "records": [r.as_dict() for r in records]}, indent=1, allow_nan=False) + "\n"
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    try:
+        part.write_text(text, encoding="utf-8")
+        os.replace(part, path)
+    finally:
+        part.unlink(missing_ok=True)
 
 
 def load_all(path: Path) -> list[TuneRecord]:

@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
-from spice_core.api import RunSettings
+from spice_core.config import RunSettings
 from spice_core.errors import ConfigError
 from spice_core.tuned import TuneRecord, find, save, tuned_path  # noqa: F401 - the record and its file, re-exported
 

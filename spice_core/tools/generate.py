@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from spice_core.tools import args as ca
-from spice_core.api import MAX_NEW_TOKENS_LIMIT, POLICIES, RunSettings, own_shape
+from spice_core.config import MAX_NEW_TOKENS_LIMIT, POLICIES, RunSettings, own_shape
 from spice_core.errors import ConfigError, SpiceError
 from spice_core.model.shipped import NAMES, model_argument
 from spice_core.user_files import check_writable_dir

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-from spice_core.api import DEFAULT_LORE_RANK, RunSettings, first_divergence, matching_tokens
+from spice_core.config import DEFAULT_LORE_RANK, RunSettings
+from spice_core.trace.metrics import first_divergence, matching_tokens
 from spice_core.exec.experts import installed
 from spice_core.errors import ConfigError
 
@@ -262,7 +263,7 @@ def evaluate(engine, settings: RunSettings, ref: ExactReference) -> QualityRepor
 # ---------------------------------------------------------------------- CLI
 def add_cli(sub) -> None:
     from spice_core.tools import args as ca
-    from spice_core.api import MAX_NEW_TOKENS_LIMIT
+    from spice_core.config import MAX_NEW_TOKENS_LIMIT
     from spice_core.tools.generate import add_engine_args
 
     p = sub.add_parser("quality", help="perplexity, KL and greedy agreement of a policy against the exact model",

@@ -32,7 +32,7 @@ from pathlib import Path
 from spice_core.api import (EXACT_POLICIES, POLICIES, EngineInfo, LaneInterval, PrefetchRecord,
                             RunSettings, RunSummary, StepStats)
 from spice_core.errors import ConfigError, PromptError, SpiceError
-from spice_core.trace.events import TraceEvent
+from spice_core.trace.events import CPU_INT8_OUTCOME, CPU_INT8_RUN, TraceEvent
 from spice_core.trace.metrics import summarize
 from spice_core.trace.recorder import Recorder
 
@@ -185,6 +185,13 @@ class FakeGeneration:
                 elif lossy and rng.random() < s.tau_approx:
                     outcome = "approx"
                     approx_n += 1
+                elif s.tau_int8 > 0 and s.policy == "spice" and s.cpu_lane and rng.random() < s.tau_int8:
+                    outcome = CPU_INT8_OUTCOME          # the lossy int8 CPU run: on the lane, in half an exact one
+                    lane = min(cpu_free, key=cpu_free.get)
+                    a = max(cpu_free[lane], t)
+                    add(lane, CPU_INT8_RUN, a, a + cpu_ms / 2, layer, expert)
+                    cpu_free[lane] = a + cpu_ms / 2
+                    ready = max(ready, a + cpu_ms / 2)
                 elif cpu_ok and cpu_ms < copy_ms or s.policy == "cpu_compute":
                     outcome = "cpu"
                     lane = min(cpu_free, key=cpu_free.get)
@@ -255,7 +262,7 @@ class FakeEngine:
 
     def __init__(self, *, n_layers: int = 8, n_experts: int = 16, top_k: int = 4, token_delay_s: float = 0.005,
                  prefill_delay_s: float = 0.0, eos_after: int | None = None, max_context_tokens: int = 1024,
-                 max_runs: int = 64, fail_at_token: int | None = None) -> None:
+                 max_runs: int = 64, fail_at_token: int | None = None, model_dir: str = "") -> None:
         self.n_layers, self.n_experts, self.top_k = n_layers, n_experts, top_k
         self.moe_layers = tuple(range(1, n_layers))
         self.expert_bytes = 3 * 256 * 128 * 2
@@ -264,6 +271,7 @@ class FakeEngine:
         self.max_context_tokens = max_context_tokens
         self.max_runs = max_runs
         self.fail_at_token = fail_at_token      # raise a RuntimeError (an engine bug) at this token
+        self.model_dir = model_dir              # the model's folder (EngineInfo.model_dir): "" none
         self.generations: list[FakeGeneration] = []
         self.concurrent_violations = 0          # a generation started while another one ran
         self._busy = threading.Semaphore(1)
@@ -275,7 +283,8 @@ class FakeEngine:
                           moe_layers=self.moe_layers, n_experts=self.n_experts, top_k=self.top_k,
                           expert_bytes=self.expert_bytes, device="cpu", default_timing="modeled",
                           policies=POLICIES, profiles=tuple(PROFILES), shapes=tuple(SHAPES),
-                          has_draft=True, has_lore=True, max_context_tokens=self.max_context_tokens)
+                          has_draft=True, has_lore=True, max_context_tokens=self.max_context_tokens,
+                          model_dir=self.model_dir)
 
     def start_chat(self, messages: list[dict], settings: RunSettings) -> FakeGeneration:
         if not messages:

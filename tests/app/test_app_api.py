@@ -158,7 +158,7 @@ def test_trace_run_shows_timeline_overview_and_per_layer_table(served, client):
     assert message == "" and run_id in summary
     assert "bar" in _trace_types(_plot(timeline)) and "bar" in _trace_types(_plot(overview))
     assert table["headers"][0] == "layer" and len(table["data"]) == len(served.engine.moe_layers)
-    shares = [sum(row[2:8]) for row in table["data"]]        # hit, prefetched, late prefetch, approx, CPU, copied %
+    shares = [sum(row[2:9]) for row in table["data"]]   # hit, prefetched, late prefetch, approx, CPU, CPU int8, copied %
     assert all(abs(s - 100) < 0.6 for s in shares), shares
     assert out[5] is None, "no export is written until one is asked for"
 

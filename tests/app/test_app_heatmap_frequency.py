@@ -69,9 +69,9 @@ def test_the_legend_and_the_hover_say_how_many_tokens_used_an_expert(live):
     names = [d.get("name", "") for d in fig["data"]]
     assert any("pale" in n and "few tokens" in n for n in names), names
     assert any("solid" in n and "most-used" in n for n in names), names
-    assert f"used by %{{customdata[6]}} of {live.n_tokens} tokens" in right["hovertemplate"]
+    assert f"used by %{{customdata[{figures.USED_INDEX}]}} of {live.n_tokens} tokens" in right["hovertemplate"]
     used = live.counts.sum(axis=-1)
-    assert np.array(right["customdata"])[..., 6].tolist() == used.tolist()
+    assert np.array(right["customdata"])[..., figures.USED_INDEX].tolist() == used.tolist()
 
 
 def test_the_live_refresh_shades_the_grid_alike_and_names_cells_by_their_outcome(live):

@@ -225,7 +225,7 @@ def test_per_layer_frame_and_per_token_series_from_trace_events():
     events = engine.get_events(gen.run_id)
     frame = per_layer_frame(events, 6)
     assert list(frame["layer"]) == list(engine.moe_layers)
-    shares = ["hit %", "prefetched hit %", "late prefetch %", "approx %", "CPU %", "copied %"]
+    shares = ["hit %", "prefetched hit %", "late prefetch %", "approx %", "CPU %", "CPU int8 %", "copied %"]
     assert (frame[shares].sum(axis=1) - 100).abs().max() < 0.6
     tokens, step_ms, stall_ms, mb = per_token_series(events)
     assert tokens == list(range(6)) and all(s >= w for s, w in zip(step_ms, stall_ms))

@@ -1,6 +1,7 @@
-"""The package's layout: no import cycles between spice_core's modules, and nothing in spice_core
-imports the front end (pages, app) or the training scripts. Function-level imports count too:
-a cycle hidden inside a function is still a cycle in the design."""
+"""The package's layout: no import cycles between spice_core's modules, nothing in spice_core
+imports the front end (pages, app) or the training scripts, and the pages reach the engine only
+through spice_core.api (STYLE.md). Function-level imports count too: a cycle hidden inside a
+function is still a cycle in the design."""
 from __future__ import annotations
 
 import ast
@@ -8,6 +9,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "spice_core"
+PAGES = ROOT / "pages"
+# What a page may import of the engine: the API, and its error types (plain types a handler catches).
+PAGE_ENGINE_MODULES = ("spice_core.api", "spice_core.errors")
 
 
 def _module_name(path: Path) -> str:
@@ -19,9 +23,14 @@ def _module_name(path: Path) -> str:
 
 
 def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    out = set()
     pkg = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    return _source_imports(path.read_text(encoding="utf-8"), pkg)
+
+
+def _source_imports(source: str, pkg: str) -> set[str]:
+    """Every module (and module.name) imported anywhere in ``source``, relative imports resolved from ``pkg``."""
+    tree = ast.parse(source)
+    out = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
@@ -96,3 +105,26 @@ def test_spice_core_imports_neither_the_front_end_nor_training():
         if up:
             bad[_module_name(path)] = up
     assert bad == {}
+
+
+def _engine_imports_of_a_page(imports: set[str]) -> list[str]:
+    """The spice_core modules (or names in them) among a page's ``imports`` beyond PAGE_ENGINE_MODULES; ``from
+    spice_core import tuner`` names spice_core.tuner."""
+    return sorted(i for i in imports if i.startswith("spice_core.")
+                  and not any(i == m or i.startswith(m + ".") for m in PAGE_ENGINE_MODULES))
+
+
+def test_pages_reach_the_engine_only_through_the_api():
+    """Regression: pages/tuning.py imported spice_core.tuner itself (the api re-exports the tuner now)."""
+    files = sorted(PAGES.rglob("*.py")) + sorted(PAGES.rglob("*.pyi"))
+    assert files
+    bad = {str(p.relative_to(ROOT)): up for p in files if (up := _engine_imports_of_a_page(_imports(p)))}
+    assert bad == {}
+
+
+def test_the_page_rule_sees_every_way_of_importing_the_tuner():
+    for source in ("from spice_core import tuner", "import spice_core.tuner", "from spice_core.tuner import tune",
+                   "def f():\n    from spice_core.tuned import save\n"):
+        assert _engine_imports_of_a_page(_source_imports(source, "pages")), source
+    allowed = "from spice_core import api\nfrom spice_core.api import tune\nfrom spice_core.errors import SpiceError\n"
+    assert _engine_imports_of_a_page(_source_imports(allowed, "pages")) == []

@@ -42,7 +42,7 @@ def test_summary_explorer_chrome_counters_and_csv_agree(shipped_engine, policy, 
     for row in table.itertuples(index=False):
         hits_pct = row[2] + row[3]                                      # hit % + prefetched hit % (in time)
         assert hits_pct == pytest.approx(100 * summary.hit_rate_per_layer[row.layer], abs=0.1)
-        assert sum(row[2:8]) == pytest.approx(100.0, abs=0.3)          # ... + late prefetch %, approx, CPU, copied
+        assert sum(row[2:9]) == pytest.approx(100.0, abs=0.3)     # ... + late prefetch %, approx, CPU, CPU int8, copied
 
     # The Chrome trace's counters, per token.
     trace = json.loads(eng.export_chrome_trace(run.run_id, tmp_path).read_text())
@@ -126,7 +126,7 @@ def test_late_prefetches_are_counted_apart_in_the_summary_the_explorer_and_every
     assert (table["prefetched hit %"] * table["selections"] / 100).sum() == pytest.approx(in_time_pre, abs=0.5)
     for row in table.itertuples(index=False):
         assert row[2] + row[3] == pytest.approx(100 * summary.hit_rate_per_layer[row.layer], abs=0.1)
-    shares = ["hit %", "prefetched hit %", "late prefetch %", "approx %", "CPU %", "copied %"]
+    shares = ["hit %", "prefetched hit %", "late prefetch %", "approx %", "CPU %", "CPU int8 %", "copied %"]
     assert (table[shares].sum(axis=1) - 100).abs().max() < 0.6
 
     # The Chrome trace: valid, late instants named apart, the per-token counter's late series.

@@ -1,0 +1,97 @@
+"""The settings a run takes (`RunSettings`), the policy names a user may pick, and the timing shape that is a
+model's own: plain values, built once at the edge (CLI, app) and passed down.
+
+Front ends read these through `spice_core.api`, which re-exports them; the engine's own modules import them
+from here, so that `spice_core.api` may also re-export what sits above the engine (the tuner) without an
+import cycle. Knows nothing of how a run is executed, timed or shown.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spice_core.errors import ConfigError
+from spice_core.policy.spec import POLICY_SPECS
+from spice_core.records import EngineInfo
+from spice_core.timing.profiles import routing_shape
+
+# Names a user may pick, derived from the one policy table (policy/spec.py); the engine refuses anything
+# else with a ConfigError. Baselines predict nothing; exact policies never approximate nor run int8 experts.
+POLICIES = tuple(POLICY_SPECS)
+BASELINE_POLICIES = tuple(n for n, s in POLICY_SPECS.items() if s.predictor is None)
+SPICE_POLICIES = tuple(n for n in POLICIES if n not in BASELINE_POLICIES)
+EXACT_POLICIES = tuple(n for n, s in POLICY_SPECS.items() if not s.use_lore and not s.use_int8)
+# Settings a running generation takes from its next token (GenerationRun.update_settings); any other
+# change applies from the next message.
+LIVE_FIELDS = ("tau_prefetch", "tau_approx", "max_lookahead", "temperature", "top_p")
+
+MAX_NEW_TOKENS_LIMIT = 4096
+
+
+def _check_range(name: str, value: float, lo: float, hi: float) -> None:
+    if not (lo <= value <= hi):
+        raise ConfigError(f"{name}={value!r} is out of range: use a value in [{lo}, {hi}]")
+
+
+DEFAULT_LORE_RANK = 16
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Per-session, per-generation settings. Validated on construction.
+
+    ``cache_frac`` is the GPU budget for routed experts as a fraction of all routed
+    experts' bytes (LoRE factors and draft heads are counted inside it).
+    ``profile``/``shape`` only matter in modeled timing: the hardware profile and the
+    real-model shape the modeled times stand for.
+    ``tau_int8`` (0 = off): a miss whose router weight is below it, and not below ``tau_approx`` (LoRE
+    keeps the lowest), may run on the CPU lane from an int8 weight-only copy of the experts when that
+    finishes before the copy and the exact CPU run; lossy, taken only by ``spice``.
+    """
+
+    policy: str = "spice"
+    cache_frac: float = 0.25
+    tau_prefetch: float = 0.2
+    tau_approx: float = 0.0
+    tau_int8: float = 0.0
+    max_lookahead: int = 4
+    lore_rank: int = DEFAULT_LORE_RANK   # the default means "up to 16": smaller LoRE factors are used whole
+    cpu_lane: bool = True
+    profile: str = "rtx4090-pcie4x16"
+    shape: str = "deepseek-v2-lite"
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigError(f"policy={self.policy!r} is unknown: choose one of {', '.join(POLICIES)}")
+        _check_range("cache_frac", self.cache_frac, 0.0, 1.0)
+        _check_range("tau_prefetch", self.tau_prefetch, 0.0, 1.0)
+        _check_range("tau_approx", self.tau_approx, 0.0, 1.0)
+        if not (isinstance(self.tau_int8, (int, float)) and not isinstance(self.tau_int8, bool)
+                and 0.0 <= self.tau_int8 <= 1.0):
+            raise ConfigError(f"tau_int8={self.tau_int8!r} is out of range: use a value in [0, 1] (--tau-int8; "
+                              "0 = no int8 CPU runs)")
+        if not isinstance(self.max_lookahead, int) or not 1 <= self.max_lookahead <= 64:
+            raise ConfigError(f"max_lookahead={self.max_lookahead!r} is out of range: use an integer in [1, 64]")
+        if not isinstance(self.lore_rank, int) or self.lore_rank < 1:
+            raise ConfigError(f"lore_rank={self.lore_rank!r} is out of range: use an integer >= 1")
+        if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
+            raise ConfigError(
+                f"max_new_tokens={self.max_new_tokens!r} is out of range: use an integer in [1, {MAX_NEW_TOKENS_LIMIT}]")
+        _check_range("temperature", self.temperature, 0.0, 10.0)
+        _check_range("top_p", self.top_p, 1e-6, 1.0)
+
+    @property
+    def exact(self) -> bool:
+        """True when the settings cannot change the output (no approximation, no int8 CPU run)."""
+        return self.policy in EXACT_POLICIES or (self.tau_approx == 0.0 and self.tau_int8 == 0.0)
+
+
+def own_shape(info: EngineInfo) -> str | None:
+    """The timing shape whose real model has this model's routing (a shipped miniature's, e.g.
+    deepseek-v2-lite for spice-mini), or None: modeled times at it stand for that real model, while any
+    other shape only resizes this model's routing."""
+    return routing_shape(info.family, len(info.moe_layers), info.n_experts, info.top_k)
