@@ -56,6 +56,11 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--tau-approx", type=float, default=SETTINGS["tau_approx"],
                     help="LoRE's gate-weight threshold (default: the headline run's)")
+    ap.add_argument("--lore-rank", type=int, default=SETTINGS["lore_rank"], help="LoRE rank (default: the headline's)")
+    ap.add_argument("--tau-prefetch", type=float, default=SETTINGS["tau_prefetch"],
+                    help="the draft's prefetch confidence threshold (default: the headline's)")
+    ap.add_argument("--max-lookahead", type=int, default=SETTINGS["max_lookahead"],
+                    help="the lookahead's deepest layer distance (default: the headline's)")
     ap.add_argument("--cases", nargs="+", default=None, metavar="LINK:BUDGET",
                     help="only these settings, e.g. native:0.25 pcie4x8:0.25 (default: all six)")
     ap.add_argument("--cpu-lane", action="store_true",
@@ -67,10 +72,16 @@ def main(argv=None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if not 0.0 <= args.tau_approx <= 1.0:
-        print(f"error: --tau-approx {args.tau_approx} must be between 0 and 1", file=sys.stderr)
-        return 2
-    settings = dict(SETTINGS, tau_approx=args.tau_approx, cpu_lane=args.cpu_lane)
+    for name, v, ok in (("--tau-approx", args.tau_approx, 0.0 <= args.tau_approx <= 1.0),
+                        ("--tau-prefetch", args.tau_prefetch, 0.0 <= args.tau_prefetch <= 1.0),
+                        ("--lore-rank", args.lore_rank, args.lore_rank >= 1),
+                        ("--max-lookahead", args.max_lookahead, 1 <= args.max_lookahead <= 64)):
+        if not ok:
+            print(f"error: {name} {v} is out of range (thresholds in [0, 1], rank >= 1, lookahead 1..64)",
+                  file=sys.stderr)
+            return 2
+    settings = dict(SETTINGS, tau_approx=args.tau_approx, cpu_lane=args.cpu_lane, lore_rank=args.lore_rank,
+                    tau_prefetch=args.tau_prefetch, max_lookahead=args.max_lookahead)
     torch.set_num_threads(1)
     from spice_core.api import RunSettings
     from spice_core.engine import SpiceEngine
