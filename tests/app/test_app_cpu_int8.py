@@ -30,11 +30,17 @@ def int8_run():
     return engine, steps, engine.get_events(gen.run_id), engine.get_summary(gen.run_id), n_int8
 
 
-def test_the_heatmap_counts_int8_cpu_runs_as_the_run_summary_does(int8_run):
-    engine, steps, _events, summary, n_int8 = int8_run
+def _live(engine, steps):
+    """The chat's heatmap state after the run's steps, as the page builds it."""
     live = LiveRun.for_engine(engine.info())
     for s in steps:
         live.add(s)
+    return live
+
+
+def test_the_heatmap_counts_int8_cpu_runs_as_the_run_summary_does(int8_run):
+    engine, steps, _events, summary, n_int8 = int8_run
+    live = _live(engine, steps)
     code = CODE[CPU_INT8]
     assert live.counts[..., code - 1].sum() == n_int8
     assert live.counts.sum() == sum(len(s.outcomes) for s in steps)       # no selection left out
@@ -47,9 +53,7 @@ def test_the_heatmap_counts_int8_cpu_runs_as_the_run_summary_does(int8_run):
 
 def test_the_heatmap_shows_int8_cpu_runs_with_a_legend_entry_colour_and_mark_of_their_own(int8_run):
     engine, steps, _events, _summary, n_int8 = int8_run
-    live = LiveRun.for_engine(engine.info())
-    for s in steps:
-        live.add(s)
+    live = _live(engine, steps)
     code = CODE[CPU_INT8]
     fig = figures.outcome_heatmap(live)
     legend = [d.get("name") for d in fig["data"] if d.get("name")]
