@@ -70,6 +70,25 @@ class Budget:
 
 
 @dataclass(frozen=True)
+class Confirm:
+    """The confirmation sample: a lossy setting is only picked once its quality also holds on ``max_tokens``
+    teacher-forced tokens and ``n_prompts`` prompts x ``new_tokens`` greedy tokens (a small screening sample
+    misjudges perplexity changes of 1-2 %, and greedy agreement over a few tokens per prompt runs high: divergence
+    comes later). ``max_settings``: how many settings it re-measures at most before it keeps the exact one."""
+
+    max_tokens: int = 512
+    n_prompts: int = 8
+    new_tokens: int = 32
+    max_settings: int = 3
+    data: object = None             # a `tools.quality.EvalSet` instead of the model's held-out text (None: that text)
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 16 or self.n_prompts < 1 or self.new_tokens < 1 or self.max_settings < 1:
+            raise ConfigError(f"confirmation sample {self}: use >= 16 tokens, >= 1 prompt, >= 1 new token and "
+                              ">= 1 setting")
+
+
+@dataclass(frozen=True)
 class Setting:
     """The knobs the tuner searches (the rest of RunSettings is the caller's)."""
 
@@ -94,6 +113,8 @@ class Trial:
     agreement: float                # greedy agreement with the exact model (1 for exact settings)
     stage: str                      # "exact" (speed only) or "lossy" (speed and quality measured)
     met: bool
+    confirm_ppl_pct: float | None = None     # re-measured on the confirmation sample (None: not re-measured)
+    confirm_agreement: float | None = None
 
 
 def _speed_words(engine, base: RunSettings) -> str:
@@ -107,9 +128,11 @@ class Tuner:
 
     def __init__(self, engine, base: RunSettings, budget: Budget, *, max_tokens: int = 128, n_prompts: int = 3,
                  new_tokens: int = 16, speed_tokens: int = 64, progress: Callable[[str, int, int], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None, data=None) -> None:
+                 should_stop: Callable[[], bool] | None = None, data=None, confirm: "Confirm | None" = None) -> None:
         """``data``: a `tools.quality.EvalSet` to measure quality on (default: the model's held-out text,
-        ``max_tokens`` teacher-forced tokens and ``n_prompts`` prompts x ``new_tokens`` greedy tokens)."""
+        ``max_tokens`` teacher-forced tokens and ``n_prompts`` prompts x ``new_tokens`` greedy tokens).
+        ``confirm``: re-measure the fastest lossy settings that met the budget on a larger sample before one
+        is picked (`Confirm`); None: the pick stands on the screening sample alone (its record says so)."""
         from spice_core.tools import quality as q
 
         self.engine, self.budget = engine, budget
@@ -127,6 +150,8 @@ class Tuner:
         self.lane_choices = (True, False)       # the lane is real on a GPU host and modeled elsewhere
         self._trials: dict[Setting, Trial] = {}
         self._ref = None
+        self.confirm = confirm
+        self._confirm_data = self._confirm_ref = None
         self._planned = (len(TAU_PREFETCH_VALUES) + len(MAX_LOOKAHEAD_VALUES) + len(self.lane_choices) - 2
                          + len(self.ranks) * len(TAU_APPROX_VALUES))
 
@@ -198,11 +223,52 @@ class Tuner:
                     break
             if stopped:
                 break
+        if self.confirm is not None and not stopped:
+            stopped = self._confirm_stage()
         return self._record(time.perf_counter() - t0, stopped)
+
+    # ------------------------------------------------------------------ confirming the pick
+    def _confirm_stage(self) -> bool:
+        """Stage 3: the fastest lossy settings that met the budget on the screening sample, fastest first, re-measured
+        on the confirmation sample until one holds (at most ``confirm.max_settings``). A setting that fails it no
+        longer counts as met, nor does any of its rank at a larger tau_approx with the same other knobs (quality
+        falls as tau_approx rises). Returns whether it was stopped."""
+        c = self.confirm
+        exact_ms = min(t.speed_ms for t in self._trials.values() if t.stage == "exact")
+        for _ in range(c.max_settings):
+            cands = sorted((t for t in self._trials.values() if t.met and t.stage == "lossy"
+                            and t.confirm_ppl_pct is None and t.speed_ms < exact_ms), key=lambda t: t.speed_ms)
+            if not cands:
+                return False
+            if self.should_stop():
+                return True
+            t = cands[0]
+            if self._confirm_ref is None:
+                self.progress("measuring the exact model's reference on the confirmation sample", len(self._trials),
+                              self._planned)
+                self._confirm_data = c.data or self.q.eval_set(
+                    self.engine, max_tokens=c.max_tokens, window=min(c.max_tokens, self.engine.lm.max_context_tokens),
+                    n_prompts=c.n_prompts, prompt_tokens=16)
+                self._confirm_ref = self.q.exact_reference(self.engine, self._confirm_data, c.new_tokens, base=self.base)
+            rep = self.q.evaluate(self.engine, self._run_settings(t.setting), self._confirm_ref)
+            held = self.budget.met(rep.ppl_delta_pct, rep.greedy_agreement)
+            self._trials[t.setting] = replace(t, met=held, confirm_ppl_pct=rep.ppl_delta_pct,
+                                              confirm_agreement=rep.greedy_agreement)
+            self.progress(f"{t.setting.words()}: on the confirmation sample perplexity {rep.ppl_delta_pct:+.2f} %, "
+                          f"agreement {rep.greedy_agreement:.3f} ({'holds' if held else 'fails'})",
+                          len(self._trials), self._planned)
+            if held:
+                return False
+            for s, other in list(self._trials.items()):
+                if (other.stage == "lossy" and other.met and other.confirm_ppl_pct is None
+                        and replace(s, tau_approx=t.setting.tau_approx) == t.setting
+                        and s.tau_approx >= t.setting.tau_approx):
+                    self._trials[s] = replace(other, met=False)
+        return False
 
     def _record(self, tune_s: float, stopped: bool) -> TuneRecord:
         trials = list(self._trials.values())
-        met = [t for t in trials if t.met]
+        met = [t for t in trials if t.met and (self.confirm is None or t.stage == "exact" or t.confirm_ppl_pct is not None)]
         if not met:      # cannot happen with a valid budget once one exact setting ran; stopped before that
             raise ConfigError("the tuner was stopped before it measured any setting: run it again")
         pick = min(met, key=lambda t: (t.speed_ms, t.ppl_pct, -t.agreement))
@@ -216,6 +282,16 @@ class Tuner:
             reason = (f"the fastest setting within {self.budget.words()}: {pick.speed_ms:.2f} ms against "
                       f"{exact_best.speed_ms:.2f} ms for the fastest exact one, at perplexity {pick.ppl_pct:+.2f} % "
                       f"and greedy agreement {pick.agreement:.3f}")
+        confirmed = pick.confirm_ppl_pct is not None
+        if confirmed:
+            reason += (f"; held on the confirmation sample (perplexity {pick.confirm_ppl_pct:+.2f} %, greedy agreement "
+                       f"{pick.confirm_agreement:.3f})")
+        failed = [t for t in trials if t.confirm_ppl_pct is not None and t is not pick]
+        if failed:
+            reason += (f"; {len(failed)} faster setting{'s' if len(failed) != 1 else ''} met the budget on the screening "
+                       "sample but not on the confirmation sample")
+        if self.confirm is None and pick.stage == "lossy":
+            reason += "; not confirmed on a larger sample (screening sample only)"
         if stopped:
             reason += " (stopped early: the best of what was measured)"
         return TuneRecord(
@@ -223,13 +299,22 @@ class Tuner:
             profile=self.base.profile, shape=self.base.shape, cache_frac=self.base.cache_frac,
             budget={"ppl_pct": self.budget.ppl_pct, "agreement": self.budget.agreement},
             setting=asdict(pick.setting), speed_ms=pick.speed_ms, speed_timing=_speed_words(self.engine, self.base),
-            ppl_pct=pick.ppl_pct, agreement=pick.agreement,
-            quality_measured_on=(f"{sum(len(w) - 1 for w in self.data.windows)} teacher-forced tokens and "
-                                 f"{len(self.data.prompts)} prompts x {self.new_tokens} greedy tokens of "
-                                 f"{self.data.source}, on the CPU path of this engine"),
+            ppl_pct=pick.confirm_ppl_pct if confirmed else pick.ppl_pct,
+            agreement=pick.confirm_agreement if confirmed else pick.agreement,
+            quality_measured_on=self._sample_words(self.data, self.new_tokens),
+            confirmed_on=(self._sample_words(self._confirm_data, self.confirm.new_tokens)
+                          if self._confirm_data is not None else ""),
             reason=reason, trials=[{**asdict(t.setting), "speed_ms": t.speed_ms, "ppl_pct": t.ppl_pct,
-                                    "agreement": t.agreement, "stage": t.stage, "met": t.met} for t in trials],
+                                    "agreement": t.agreement, "stage": t.stage, "met": t.met,
+                                    **({"confirm_ppl_pct": t.confirm_ppl_pct, "confirm_agreement": t.confirm_agreement}
+                                       if t.confirm_ppl_pct is not None else {})} for t in trials],
             stopped=stopped, tune_s=round(tune_s, 2), seed=self.base.seed)
+
+
+    def _sample_words(self, data, new_tokens: int) -> str:
+        where = "the CPU path of this engine" if self.engine.lm.device.type == "cpu" else f"this engine ({self.engine.lm.device})"
+        return (f"{sum(len(w) - 1 for w in data.windows)} teacher-forced tokens and {len(data.prompts)} prompts x "
+                f"{new_tokens} greedy tokens of {data.source}, on {where}")
 
 
 def tune(engine, base: RunSettings, budget: Budget, **kw) -> TuneRecord:

@@ -33,6 +33,17 @@ def add_cli(sub) -> None:
     p.add_argument("--max-tokens", type=ca.int_in(16, 100_000), default=256, help="teacher-forced tokens scored per setting")
     p.add_argument("--n-prompts", type=ca.int_in(1, 1000), default=4, help="prompts for greedy agreement")
     p.add_argument("--new-tokens", type=ca.int_in(1, 1024), default=24, help="greedy tokens per prompt")
+    p.add_argument("--confirm-tokens", type=ca.int_in(16, 100_000), default=512,
+                   help="teacher-forced tokens of the confirmation sample a lossy pick must also meet the budget on "
+                        "(default 512)")
+    p.add_argument("--confirm-prompts", type=ca.int_in(1, 1000), default=8,
+                   help="prompts of the confirmation sample (default 8)")
+    p.add_argument("--confirm-new-tokens", type=ca.int_in(1, 1024), default=32,
+                   help="greedy tokens per prompt of the confirmation sample (default 32)")
+    p.add_argument("--confirm-settings", type=ca.int_in(1, 100), default=3,
+                   help="fastest candidate settings re-measured on it at most (default 3)")
+    p.add_argument("--no-confirm", action="store_true",
+                   help="pick on the screening sample alone (faster; the record says it was not confirmed)")
     p.add_argument("--out", type=Path, default=None, help="tuned-settings file to write (default: spice-tuned.json "
                                                           "in the model's folder)")
     p.add_argument("--json", action="store_true", help="print the record as one JSON object")
@@ -42,7 +53,7 @@ def add_cli(sub) -> None:
 def run(args) -> int:
     from spice_core.tools.generate import default_tuned_path, load_engine, settings_from_args
     from spice_core.tuned import save
-    from spice_core.tuner import Budget, tune
+    from spice_core.tuner import Budget, Confirm, tune
 
     if args.policy != "spice":
         raise ConfigError(f"tune searches spice's settings: drop --policy {args.policy} (or pass --policy spice)")
@@ -62,8 +73,10 @@ def run(args) -> int:
         if not args.json:
             print(f"[{done}/{total}] {msg}", file=sys.stderr, flush=True)
 
+    confirm = None if args.no_confirm else Confirm(max_tokens=args.confirm_tokens, n_prompts=args.confirm_prompts,
+                                                   new_tokens=args.confirm_new_tokens, max_settings=args.confirm_settings)
     rec = tune(engine, base, budget, max_tokens=args.max_tokens, n_prompts=args.n_prompts, new_tokens=args.new_tokens,
-               progress=progress)
+               progress=progress, confirm=confirm)
     try:
         save(rec, out)
     except OSError as e:
@@ -76,7 +89,7 @@ def run(args) -> int:
           f"{s['tau_prefetch']:g} --max-lookahead {s['max_lookahead']} {'--cpu-lane' if s['cpu_lane'] else '--no-cpu-lane'}")
     print(f"speed: {rec.speed_ms:.2f} ms per token, {rec.speed_timing}")
     print(f"quality: perplexity {rec.ppl_pct:+.2f} %, greedy agreement {rec.agreement:.3f} "
-          f"(measured on {rec.quality_measured_on})")
+          f"(measured on {rec.confirmed_on or rec.quality_measured_on})")
     print(f"why: {rec.reason}")
     print(f"tuned in {rec.tune_s:.0f} s over {len(rec.trials)} settings; saved to {out} "
           f"(use it: python -m spice_core generate --policy spice --tuned ...)")

@@ -115,3 +115,40 @@ def test_generate_tuned_runs_with_the_saved_setting(model_dir, record, capsys):
     rc = main(["generate", "--model", str(model_dir), "--device", "cpu", "--policy", "lru", "--cache-frac", "0.3",
                "--raw", "--prompt", "hello", "--tuned"])
     assert rc == 2 and "--tuned sets spice's thresholds: use --policy spice" in capsys.readouterr().err
+
+
+def test_a_confirmed_pick_held_on_the_confirmation_sample_and_a_failure_rules_out_larger_taus(engine, data):
+    """Stage 3 re-measures the fastest lossy settings that met the budget on a second, larger sample: the pick's
+    reported quality is the confirmation's and meets the budget; a setting that failed it is not met, nor any of its
+    rank at a larger tau_approx that was never re-measured."""
+    from spice_core.tuner import Confirm
+
+    windows = tuple(tuple(r) for r in random_rows(96, n_rows=3, length=32, seed=11))
+    confirm = Confirm(max_tokens=96, n_prompts=3, new_tokens=12, max_settings=2,
+                      data=EvalSet(windows, tuple(w[:6] for w in windows), "random ids (confirmation)"))
+    budget = Budget(ppl_pct=1.0, agreement=0.9)
+    rec = tune(engine, BASE, budget, data=data, new_tokens=8, speed_tokens=16, confirm=confirm)
+    confirmed = [t for t in rec.trials if "confirm_ppl_pct" in t]
+    assert 1 <= len(confirmed) <= 2 and rec.confirmed_on.startswith("93 teacher-forced tokens and 3 prompts x 12")
+    for t in confirmed:
+        assert t["met"] == budget.met(t["confirm_ppl_pct"], t["confirm_agreement"])
+        if not t["met"]:
+            assert not any(o["met"] for o in rec.trials if o["stage"] == "lossy" and o["lore_rank"] == t["lore_rank"]
+                           and o["tau_approx"] >= t["tau_approx"] and o["tau_prefetch"] == t["tau_prefetch"])
+    if rec.setting["tau_approx"] > 0:
+        pick = next(t for t in confirmed if {k: t[k] for k in rec.setting} == rec.setting)
+        assert (rec.ppl_pct, rec.agreement) == (pick["confirm_ppl_pct"], pick["confirm_agreement"]) and pick["met"]
+        assert "held on the confirmation sample" in rec.reason
+    else:
+        assert all(not t["met"] for t in confirmed)
+
+
+def test_confirming_on_the_screening_sample_itself_keeps_the_screened_pick(engine, data, record):
+    from spice_core.tuner import Confirm
+
+    rec = tune(engine, BASE, Budget(ppl_pct=1.0, agreement=0.9), data=data, new_tokens=8, speed_tokens=16,
+               confirm=Confirm(max_tokens=16, new_tokens=8, data=data))
+    assert rec.setting == record.setting
+    if record.setting["tau_approx"] > 0:
+        assert "not confirmed on a larger sample" in record.reason
+        assert (rec.ppl_pct, rec.agreement) == pytest.approx((record.ppl_pct, record.agreement))
