@@ -37,7 +37,7 @@ class TuneRecord:
     stopped: bool = False
     tune_s: float = 0.0
     seed: int = 0
-    confirmed_on: str = ""          # the confirmation sample the pick's quality held on ("": not confirmed)
+    confirmed_on: str = ""          # the confirmation sample lossy candidates were re-measured on ("": none ran)
 
     def settings(self, base: RunSettings) -> RunSettings:
         """``base`` with the picked setting applied (policy spice)."""

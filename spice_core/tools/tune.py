@@ -89,7 +89,8 @@ def run(args) -> int:
           f"{s['tau_prefetch']:g} --max-lookahead {s['max_lookahead']} {'--cpu-lane' if s['cpu_lane'] else '--no-cpu-lane'}")
     print(f"speed: {rec.speed_ms:.2f} ms per token, {rec.speed_timing}")
     print(f"quality: perplexity {rec.ppl_pct:+.2f} %, greedy agreement {rec.agreement:.3f} "
-          f"(measured on {rec.confirmed_on or rec.quality_measured_on})")
+          + ("(exact: nothing approximated)" if s["tau_approx"] == 0 else
+             f"(measured on {rec.confirmed_on or rec.quality_measured_on})"))
     print(f"why: {rec.reason}")
     print(f"tuned in {rec.tune_s:.0f} s over {len(rec.trials)} settings; saved to {out} "
           f"(use it: python -m spice_core generate --policy spice --tuned ...)")
