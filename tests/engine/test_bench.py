@@ -219,11 +219,10 @@ def test_shards_of_two_configs_are_refused_at_merge_because_their_records_carry_
 def test_a_block_may_run_its_own_thresholds_and_its_records_say_which(tmp_path):
     """Two settings of one policy in one run (e.g. a hand-picked and a tuned spice): each "variant" block sets
     its own tau_approx/lore_rank, its records carry them, and one variant label with two settings is refused."""
-    cfg = {"model": "assets/spice-mini", "timing": "modeled", "prompts": {"heldout": 1}, "max_new_tokens": 4,
+    cfg = {"model": "assets/spice-mini", "timing": "modeled", "prompts": {"heldout": 1}, "max_new_tokens": 3,
            "tau_approx": 0.0, "lore_rank": 4,
-           "runs": [{"variant": "exact", "policies": ["resident", "spice"], "long_prompt": False},
-                    {"variant": "lossy", "policies": ["resident", "spice"], "long_prompt": False,
-                     "tau_approx": 0.2, "lore_rank": 2}]}
+           "runs": [{"variant": "exact", "policies": ["spice"], "long_prompt": False},
+                    {"variant": "lossy", "policies": ["spice"], "long_prompt": False, "tau_approx": 0.2, "lore_rank": 2}]}
     path = tmp_path / "cfg.json"
     path.write_text(json.dumps(cfg))
     recs = {(r["variant"], r["policy"]): r for r in run_bench(_load_config(path), tmp_path / "out", "cpu")}
