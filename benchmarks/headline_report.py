@@ -183,14 +183,18 @@ def routing_realism_table(path: Path = ROUTING_REALISM) -> str:
             lines.append(f"| {m['model']} ({real}) | {b['budget']:.0%} | {b['engine_lru_hit_rate']:.1%} | "
                          f"{'–' if per_layer is None else format(per_layer, '.1%')} | {b['static_oracle_hit_rate']:.1%} | "
                          f"{published if abs(b['budget'] - 0.25) < 1e-9 else '–'} |")
-    return "\n".join(lines) + "\n\n" + ROUTING_NOTE
+    ent = [m["routing_skew"]["summary"]["entropy_norm"] for m in doc["models"]]
+    at25 = [b["engine_lru_hit_rate"] for m in doc["models"] for b in m["budgets"] if abs(b["budget"] - 0.25) < 1e-9]
+    return "\n".join(lines) + "\n\n" + ROUTING_NOTE.format(
+        ent=f"{min(e['min'] for e in ent):.2f}–{max(e['max'] for e in ent):.2f}",
+        lru25=f"{min(at25):.1%}–{max(at25):.1%}" if at25 else "–")
 
 
 ROUTING_NOTE = """From `docs/benchmarks/routing-realism/` (its README has the method, the sources and the routing skew). The
 published figures are HybriMoE's (arXiv 2504.05897) for the real models at a 25% cache, as the protocol quotes them;
 their workload is not stated in what could be found. The miniatures' routing is close to uniform (usage entropy
-0.98–0.99 of the maximum), so their LRU hits ~28% where the real models are reported near 45–48%: the misses per
-token here are more than the real models would have, and `lru` is weaker here than it would be there."""
+{ent} of the maximum per layer), so their LRU hits {lru25} at 25% where the real models are reported near 45–48%:
+the misses per token here are more than the real models would have, and `lru` is weaker here than it would be there."""
 
 
 CPU_LANE_PROFILE = Path("docs/benchmarks/cpu-lane/lane-profile/whole-experts.json")   # the lane's measured ms per expert

@@ -286,7 +286,7 @@ class Tuner:
         if confirmed:
             reason += (f"; held on the confirmation sample (perplexity {pick.confirm_ppl_pct:+.2f} %, greedy agreement "
                        f"{pick.confirm_agreement:.3f})")
-        failed = [t for t in trials if t.confirm_ppl_pct is not None and t is not pick]
+        failed = [t for t in trials if t.confirm_ppl_pct is not None and not t.met]
         if failed:
             reason += (f"; {len(failed)} faster setting{'s' if len(failed) != 1 else ''} met the budget on the screening "
                        "sample but not on the confirmation sample")
@@ -309,7 +309,6 @@ class Tuner:
                                     **({"confirm_ppl_pct": t.confirm_ppl_pct, "confirm_agreement": t.confirm_agreement}
                                        if t.confirm_ppl_pct is not None else {})} for t in trials],
             stopped=stopped, tune_s=round(tune_s, 2), seed=self.base.seed)
-
 
     def _sample_words(self, data, new_tokens: int) -> str:
         where = "the CPU path of this engine" if self.engine.lm.device.type == "cpu" else f"this engine ({self.engine.lm.device})"
