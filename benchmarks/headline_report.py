@@ -7,8 +7,10 @@ keeps each prompt it finished: all policies of that prompt), merges records of t
 configuration exactly (every decode step kept, medians recomputed: `bench_records.merge_records`),
 attaches the quality of the lossy settings from ``DIR/quality.json``
 (`benchmarks/headline_quality.py`) and writes ``results.json`` (bench's record format),
-``tpot-<link>.html`` (plotly, one figure per link: TPOT per policy and budget, p90 whiskers, the
-physical floor marked) and ``README.md``. Every number in the README comes from those files.
+``tpot-<model>-<link>.html`` (plotly, one figure per model and link: TPOT per policy and budget, p90
+whiskers, the three-lane floor marked) and ``README.md``. Every number in the README comes from those files.
+Two models: the miniature lifted to DeepSeek-V2-Lite's shapes (10/25/50% budgets) and the second miniature
+lifted to Qwen2-57B-A14B's (25% at least); every table, target and floor is per model.
 
 Beside BENCHMARK.md's two-lane floor (compute, link) each record gets the three-lane floor
 (`three_lane_floor`: compute, the link and the CPU lane sharing host DRAM) and its TPOT as a multiple
@@ -28,6 +30,9 @@ from spice_core.tools.bench_records import add_floors, merge_records
 
 PROTOCOL_PROMPTS = 8           # BENCHMARK.md: 8 held-out prompts x 64 new tokens
 PROTOCOL_BUDGETS = (0.10, 0.25, 0.50)
+# The protocol's models: what each lifted miniature stands for, its short name in file names, its budgets.
+MODELS = {"lift:spice-mini": ("DeepSeek-V2-Lite", "dsv2-lite", PROTOCOL_BUDGETS),
+          "lift:spice-mini-qwen2": ("Qwen2-57B-A14B", "qwen2-57b", (0.25,))}
 PROTOCOL_LINKS = ("native", "pcie4x8")
 LOSSY = ("spice", "spice_no_cpu")
 NATIVE_GBPS_FALLBACK = 53.8    # the H200's measured pinned host-to-device rate (full-scale README)
@@ -57,15 +62,30 @@ def fill_floor_inputs(records: list[dict], native_gbps: float) -> None:
         r.setdefault("link_gbps", LINKS_GBPS.get(r["link"]) or native_gbps)
 
 
+def model_name(model: str | None) -> str:
+    """What a lifted miniature stands for ("DeepSeek-V2-Lite"), or the model's own name."""
+    return MODELS[model][0] if model in MODELS else str(model)
+
+
+def models_of(records: list[dict]) -> list[str]:
+    """The records' models, the protocol's first (in MODELS order), then any other."""
+    present = {r.get("model") for r in records}
+    return [m for m in MODELS if m in present] + sorted(m for m in present - set(MODELS) if m)
+
+
+QUALITY_MODEL = "lift:spice-mini"     # quality.json rows without a "model" are the first headline's model's
+
+
 def attach_quality(records: list[dict], quality: dict | None) -> None:
     """ppl_delta_pct / mean_kl: 0 where no miss was approximated (every output exact), else the quality
-    run of the same link and budget for the lossy policies, else None (not measured)."""
-    rows = {(q["link"], round(q["budget_frac"], 3)): q for q in (quality or {}).get("rows", [])}
+    run of the same model, link and budget for the lossy policies, else None (not measured)."""
+    rows = {(q.get("model", QUALITY_MODEL), q["link"], round(q["budget_frac"], 3)): q
+            for q in (quality or {}).get("rows", [])}
     for r in records:
         if (r.get("miss_split") or {}).get("approx", 0) == 0:
             r["ppl_delta_pct"], r["mean_kl"] = 0.0, 0.0
             continue
-        q = rows.get((r["link"], round(r["budget_frac"], 3)))
+        q = rows.get((r.get("model"), r["link"], round(r["budget_frac"], 3)))
         if q is not None and r["policy"] not in q.get("policies", LOSSY):
             q = None
         r["ppl_delta_pct"] = q["ppl_delta_pct"] if q else None
@@ -80,7 +100,7 @@ def _order(r: dict) -> int:
 
 
 def by_key(records):
-    return {(r["workload"], r["link"], round(r["budget_frac"], 3), r["policy"]): r for r in records}
+    return {(r.get("model"), r["workload"], r["link"], round(r["budget_frac"], 3), r["policy"]): r for r in records}
 
 
 def _f(v, fmt=".1f"):
@@ -93,25 +113,49 @@ def _span(values) -> str:
     return str(vs[0]) if len(vs) == 1 else f"{vs[0]}–{vs[-1]}"
 
 
-def coverage_table(records: list[dict]) -> str:
-    lines = ["| link | budget | workload | prompts run (of 8) | decode steps per policy | policies |", "|---|---|---|---|---|---|"]
+N_POLICIES = 10               # the protocol's engine policies (BENCHMARK.md)
+
+
+def coverage(records: list[dict]) -> tuple[str, list[str]]:
+    """The coverage table (model x link x budget x workload against the protocol) and what is still to run, one
+    line per gap. The `engine code` column is the digest of spice_core the rows ran on (bench's provenance):
+    shards merge only within one digest, so a cell's remaining prompts run on that code (or the cell again)."""
+    lines = ["| model | link | budget | workload | prompts run (of 8) | decode steps per policy | policies | engine code |",
+             "|---|---|---|---|---|---|---|---|"]
+    gaps = []
     seen = {}
     for r in records:
-        k = (r["link"], r["budget_frac"], r["workload"])
-        seen.setdefault(k, []).append(r)
-    for link in PROTOCOL_LINKS:
-        for b in PROTOCOL_BUDGETS:
-            for wl in ("prompts", "long"):
-                rs = seen.get((link, b, wl))
-                if wl == "long" and b != 0.25:
-                    continue
-                if not rs:
-                    lines.append(f"| {link} | {b:.0%} | {wl} | **not run** | 0 | 0 |")
-                    continue
-                runs = _span(r["n_runs"] for r in rs)
-                steps = _span(r["n_decode_tokens"] for r in rs)
-                lines.append(f"| {link} | {b:.0%} | {wl} | {runs if wl == 'prompts' else '1 (448 tokens)'} | {steps} | {len(rs)} |")
-    return "\n".join(lines)
+        seen.setdefault((r.get("model"), r["link"], r["budget_frac"], r["workload"]), []).append(r)
+    for model in list(MODELS) + [m for m in models_of(records) if m not in MODELS]:
+        budgets = sorted(set(MODELS.get(model, ("", "", PROTOCOL_BUDGETS))[2])
+                         | {b for (m, _, b, _) in seen if m == model})
+        for link in PROTOCOL_LINKS:
+            for b in budgets:
+                for wl in ("prompts", "long"):
+                    if wl == "long" and b != 0.25:
+                        continue
+                    rs = seen.get((model, link, b, wl))
+                    cell = f"{model_name(model)}, {link}, {b:.0%}, {'8 prompts' if wl == 'prompts' else 'the long prompt'}"
+                    if not rs:
+                        lines.append(f"| {model_name(model)} | {link} | {b:.0%} | {wl} | **not run** | 0 | 0 | – |")
+                        gaps.append(f"{cell}: not run")
+                        continue
+                    runs = _span(r["n_runs"] for r in rs)
+                    steps = _span(r["n_decode_tokens"] for r in rs)
+                    code = ", ".join(sorted({(r.get("provenance") or {}).get("code") or "?" for r in rs}))
+                    lines.append(f"| {model_name(model)} | {link} | {b:.0%} | {wl} | "
+                                 f"{runs if wl == 'prompts' else '1 (448 tokens)'} | {steps} | {len(rs)} | `{code}` |")
+                    short = [why for why in (
+                        f"{min(r['n_runs'] for r in rs)} of {PROTOCOL_PROMPTS} prompts"
+                        if wl == "prompts" and min(r["n_runs"] for r in rs) < PROTOCOL_PROMPTS else "",
+                        f"{len(rs)} of {N_POLICIES} policies" if len(rs) < N_POLICIES else "") if why]
+                    if short:
+                        gaps.append(f"{cell}: {', '.join(short)} (engine code `{code}`)")
+    return "\n".join(lines), gaps
+
+
+def coverage_table(records: list[dict]) -> str:
+    return coverage(records)[0]
 
 
 def policy_table(records: list[dict], workload: str = "prompts") -> str:
@@ -121,6 +165,7 @@ def policy_table(records: list[dict], workload: str = "prompts") -> str:
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in sorted((r for r in records if r["workload"] == workload),
                     key=lambda r: (PROTOCOL_LINKS.index(r["link"]), r["budget_frac"], _order(r))):
+        # (one model's records: render_readme gives each model its own table)
         ci = r.get("tpot_ms_median_ci95")
         ms = r.get("miss_split") or {}
         fast = any(n.startswith("fast path: decode steps replay") for n in r.get("notes", []))
@@ -149,11 +194,11 @@ def peer_table(peers: list[dict], engine: list[dict]) -> str:
         setup = r.get("peer_setup") or {}
         if r["budget_frac"] >= 1.0:      # every expert on the GPU: beside the engine's resident (any budget's row)
             name = "resident"
-            mine = next((e for k, e in sorted(eng.items()) if k[0] == r["workload"] and k[1] == r["link"]
-                         and k[3] == "resident"), None)
+            mine = next((e for k, e in sorted(eng.items(), key=lambda kv: str(kv[0]))
+                         if k[:3] == (r.get("model"), r["workload"], r["link"]) and k[4] == "resident"), None)
         else:
             name = f"spice at {r['budget_frac']:.0%}"
-            mine = eng.get((r["workload"], r["link"], round(r["budget_frac"], 3), "spice"))
+            mine = eng.get((r.get("model"), r["workload"], r["link"], round(r["budget_frac"], 3), "spice"))
         ratio = r["tpot_ms_median"] / mine["tpot_ms_median"] if mine else None
         lines.append(
             f"| {r['policy']} | {r['budget_frac']:.0%} | {r['n_runs']} × {r['n_decode_tokens'] / max(1, r['n_runs']):g} | "
@@ -210,7 +255,29 @@ def lane_ms_per_expert(path: Path = CPU_LANE_PROFILE) -> float | None:
     return float(lane[0]["wall_ms"]) if lane else None
 
 
-def three_lane_floor(records: list[dict], lane_ms: float | None, dram_gbps: float = HOST_DRAM_GBPS) -> None:
+def lane_expert_bytes(path: Path = CPU_LANE_PROFILE) -> float | None:
+    """The bytes of the expert the lane profile timed (DeepSeek-V2-Lite's: 17.3 MB)."""
+    if not path.exists():
+        return None
+    mb = json.loads(path.read_text()).get("expert_mb")
+    return float(mb) * 1e6 if mb else None
+
+
+def three_lane_floor(records: list[dict], lane_ms: float | None, dram_gbps: float = HOST_DRAM_GBPS,
+                     lane_bytes: float | None = None) -> None:
+    """`three_lane_floor_one` for each model's records apart (each has its own compute and expert size).
+    ``lane_bytes``: the bytes of the expert ``lane_ms`` was measured on; a model whose experts are larger gets
+    the lane's time scaled by bytes (the lane reads the expert's weights once: its time is near linear in them);
+    None: ``lane_ms`` is taken for every model's expert as it is."""
+    groups: dict = {}
+    for r in records:
+        groups.setdefault(r.get("model"), []).append(r)
+    for rs in groups.values():
+        three_lane_floor_one(rs, lane_ms, dram_gbps, lane_bytes)
+
+
+def three_lane_floor_one(records: list[dict], lane_ms: float | None, dram_gbps: float = HOST_DRAM_GBPS,
+                         lane_bytes: float | None = None) -> None:
     """``floor3_ms`` and ``tpot_over_floor3`` on every record with the inputs: the fastest a token could go
     when its N exact misses (copied or computed on the CPU, per token) are split between the link (a ms per
     expert) and the CPU lane (c ms per expert) so that both finish together, both reading host DRAM:
@@ -232,6 +299,8 @@ def three_lane_floor(records: list[dict], lane_ms: float | None, dram_gbps: floa
             break
     if expert_bytes is None or lane_ms is None:
         return
+    if lane_bytes:
+        lane_ms = lane_ms * expert_bytes / lane_bytes
     for r in records:
         ms, n_tok = r.get("miss_split") or {}, r.get("n_decode_tokens")
         compute = resident.get(r.get("workload", "prompts"))
@@ -248,8 +317,8 @@ def targets(records: list[dict]) -> tuple[str, list[dict]]:
     """BENCHMARK.md's targets at 25%, each marked met or missed."""
     k = by_key(records)
     rows, marks = [], []
-    for link in PROTOCOL_LINKS:
-        g = lambda p: k.get(("prompts", link, 0.25, p))   # noqa: E731
+    for model, link in ((m, lk) for m in models_of(records) for lk in PROTOCOL_LINKS):
+        g = lambda p: k.get((model, "prompts", link, 0.25, p))   # noqa: E731
         sp, od, lru, orc, spp, res = (g(p) for p in ("spice", "on_demand", "lru", "oracle_prefetch", "spice_prefetch",
                                                     "resident"))
         if not all((sp, od, lru, orc, spp, res)):
@@ -284,15 +353,19 @@ def targets(records: list[dict]) -> tuple[str, list[dict]]:
                 over = t(r) / link_floor - 1
                 checks.append((f"`{pol}` within 10% of its link floor (transfer + unhidden compute)", over,
                                f"{over:+.0%} over {link_floor:.1f} ms", over <= 0.10))
-        f3 = [r for r in records if r["link"] == link and r["workload"] == "prompts" and r.get("tpot_over_floor3")]
+        f3 = [r for r in records if r.get("model") == model and r["link"] == link and r["workload"] == "prompts"
+              and round(r["budget_frac"], 3) == 0.25 and r.get("tpot_over_floor3")]
         within = [r for r in f3 if r["tpot_over_floor3"] <= 1.5]
         if f3:
             checks.append(("every row within 1.5× of its three-lane floor", len(within) / len(f3),
                            f"{len(within)} of {len(f3)} rows", len(within) == len(f3)))
         for name, value, shown, met in checks:
-            rows.append(f"| {link} | {name} | {shown} | {'**met**' if met else '**missed**'} |")
-            marks.append({"link": link, "target": name, "value": value, "met": bool(met)})
-    table = "| link | target (25% budget) | measured | |\n|---|---|---|---|\n" + "\n".join(rows)
+            # A target with nothing measured is neither met nor missed yet: it says so ("met": None in targets.json).
+            state = "**not measured**" if value is None and shown == "not measured" else "**met**" if met else "**missed**"
+            rows.append(f"| {model_name(model)} | {link} | {name} | {shown} | {state} |")
+            marks.append({"model": model, "link": link, "target": name, "value": value,
+                          "met": None if state == "**not measured**" else bool(met)})
+    table = "| model | link | target (25% budget) | measured | |\n|---|---|---|---|---|\n" + "\n".join(rows)
     return table, marks
 
 
@@ -301,8 +374,8 @@ def needed_for_312(records: list[dict]) -> str:
     per token that the link could move in that time if every copy were hidden behind compute."""
     k = by_key(records)
     lines = ["What the speed-up target over `on_demand` would take (floor arithmetic, 25%):", ""]
-    for link in PROTOCOL_LINKS:
-        od, sp, res = (k.get(("prompts", link, 0.25, p)) for p in ("on_demand", "spice", "resident"))
+    for model, link in ((m, lk) for m in models_of(records) for lk in PROTOCOL_LINKS):
+        od, sp, res = (k.get((model, "prompts", link, 0.25, p)) for p in ("on_demand", "spice", "resident"))
         if not (od and sp and res):
             continue
         x = 3.12 if link == "native" else 3.5
@@ -310,7 +383,7 @@ def needed_for_312(records: list[dict]) -> str:
         gb_at_goal = goal_ms * sp["link_gbps"] / 1e3
         ms = sp.get("miss_split") or {}
         lines.append(
-            f"- **{link}**: {od['tpot_ms_median']:.1f} / {x} = {goal_ms:.1f} ms per token. In that time the link "
+            f"- **{model_name(model)}, {link}**: {od['tpot_ms_median']:.1f} / {x} = {goal_ms:.1f} ms per token. In that time the link "
             f"({sp['link_gbps']:.1f} GB/s) moves at most {gb_at_goal:.2f} GB; `spice` copied "
             f"{sp['bytes_per_token'] / 1e9:.2f} GB per token ({sp['bytes_per_token'] / 1e9 / gb_at_goal:.0%} of that), "
             f"sent {ms.get('cpu', 0) / sp['n_decode_tokens']:.1f} experts per token to the CPU lane and approximated "
@@ -325,9 +398,10 @@ def history_table(records: list[dict], history: list[dict] | None) -> str:
         return "No earlier headline to compare with."
     now, then = by_key(records), by_key(history)
     lines = ["| link | policy | first headline, ms | this round, ms | change |", "|---|---|---|---|---|"]
+    model = QUALITY_MODEL          # the first headline measured this model only
     for link in PROTOCOL_LINKS:
         for pol in POLICIES:
-            a, b = then.get(("prompts", link, 0.25, pol)), now.get(("prompts", link, 0.25, pol))
+            a, b = (d.get((model, "prompts", link, 0.25, pol)) for d in (then, now))
             if not (a and b):
                 continue
             lines.append(f"| {link} | {pol} | {a['tpot_ms_median']:.1f} | {b['tpot_ms_median']:.1f} | "
@@ -342,8 +416,9 @@ def write_figures(records: list[dict], out: Path) -> list[str]:
         print("plotly is not installed: no figures (pip install plotly)", file=sys.stderr)
         return []
     names = []
-    for link in PROTOCOL_LINKS:
-        rs = [r for r in records if r["link"] == link and r["workload"] == "prompts"]
+    for model, link in ((m, lk) for m in models_of(records) for lk in PROTOCOL_LINKS):
+        rs = [r for r in records if r.get("model") == model and r["link"] == link and r["workload"] == "prompts"
+              and not r.get("peer")]
         if not rs:
             continue
         fig = go.Figure()
@@ -358,10 +433,10 @@ def write_figures(records: list[dict], out: Path) -> list[str]:
             fig.add_scatter(name=f"three-lane floor, {b:.0%}", x=pols, y=[r.get("floor3_ms") for r in sel],
                             mode="markers", marker=dict(symbol="line-ew-open", size=26, line=dict(width=3)),
                             hovertemplate="%{x}: three-lane floor %{y:.1f} ms<extra></extra>")
-        fig.update_layout(title=f"TPOT per policy, {link} link (measured, one H200, lifted miniature at DeepSeek-V2-Lite shapes)",
+        fig.update_layout(title=f"TPOT per policy, {link} link (measured, one H200, lifted miniature at {model_name(model)} shapes)",
                           barmode="group", yaxis_title="TPOT median, ms (measured)", xaxis_title="policy",
                           legend=dict(orientation="h", y=-0.3), margin=dict(t=60))
-        name = f"tpot-{link}.html"
+        name = f"tpot-{MODELS[model][1] if model in MODELS else 'model'}-{link}.html"
         fig.write_html(out / name, include_plotlyjs="cdn")
         names.append(name)
     return names
@@ -388,12 +463,15 @@ def main(argv=None) -> int:
     for r in records:
         runs.setdefault(json.dumps((r.get("provenance") or {}).get("config")), []).append(r)
     merged = [m for run in runs.values() for m in merge_records(run)]
-    add_floors(merged)
+    for model in models_of(merged):       # each model's floor has its own compute (its resident step)
+        add_floors([r for r in merged if r.get("model") == model])
     lane_ms = lane_ms_per_expert()
-    three_lane_floor(merged, lane_ms)
+    three_lane_floor(merged, lane_ms, lane_bytes=lane_expert_bytes())
     quality = json.loads((d / "quality.json").read_text()) if (d / "quality.json").exists() else None
     attach_quality(merged, quality)
-    merged.sort(key=lambda r: (r["workload"] != "prompts", PROTOCOL_LINKS.index(r["link"]), r["budget_frac"], _order(r)))
+    order = models_of(merged)
+    merged.sort(key=lambda r: (order.index(r.get("model")), r["workload"] != "prompts", PROTOCOL_LINKS.index(r["link"]),
+                               r["budget_frac"], _order(r)))
     (d / "results.json").write_text(json.dumps(merged, indent=1, default=float) + "\n")
     figs = write_figures(merged, d)
     table, marks = targets(merged)
@@ -412,12 +490,19 @@ def render_readme(records, target_table, figs, quality, history, lane_ms) -> str
         f"{q['greedy_agreement']:.3f} | {q['approx_share']:.0%} |" for q in q_rows)
     engine = [r for r in records if not r.get("peer")]
     peers = [r for r in records if r.get("peer")]
+    cov, gaps = coverage(engine)
+    per_model = []
+    for model in models_of(engine):
+        mine = [r for r in engine if r.get("model") == model]
+        name = model_name(model)
+        per_model.append(f"## {name}: every policy, 8 held-out prompts × 64 tokens\n\n" + policy_table(mine, "prompts"))
+        if any(r["workload"] == "long" for r in mine):
+            per_model.append(f"## {name}: the 448-token prompt, 25% budget\n\n" + policy_table(mine, "long"))
+    per_model[0] += "\n\n" + FLOOR_NOTE.format(lane=f"{lane_ms:.3f} ms" if lane_ms else "not measured", dram=HOST_DRAM_GBPS)
     parts = [HEADER,
-             "## Coverage: what ran, against the protocol\n\n" + coverage_table(engine) + "\n\n" + COVERAGE_NOTE,
+             "## Coverage: what ran, against the protocol\n\n" + cov + "\n\n" + coverage_note(gaps),
              "## Targets (BENCHMARK.md), 25% budget\n\n" + target_table + "\n\n" + needed_for_312(records),
-             "## Every policy, 8 held-out prompts × 64 tokens\n\n" + policy_table(engine, "prompts") + "\n\n" + FLOOR_NOTE.format(
-                 lane=f"{lane_ms:.3f} ms" if lane_ms else "not measured", dram=HOST_DRAM_GBPS),
-             "## The 448-token prompt, 25% budget\n\n" + policy_table(engine, "long"),
+             *per_model,
              "## Peers: what users run today\n\n" + (peer_table(peers, engine) + "\n\n" + PEERS_NOTE if peers else PEERS_MISSING),
              "## Routing realism: the miniatures' LRU hit rate beside the real models'\n\n" + routing_realism_table(),
              "## Quality of the lossy setting (measured on the miniature, same settings)\n\n"
@@ -431,25 +516,36 @@ def render_readme(records, target_table, figs, quality, history, lane_ms) -> str
     return "\n\n".join(parts) + "\n"
 
 
-HEADER = """# The headline, round 2: every policy on the engine with the CPU lane and the lean host step (measured)
+HEADER = """# The headline: every policy on the engine with the CPU lane and the lean host step, two models (measured)
 
 **Timing: measured** (CUDA events and wall clock, TPOT as the engine's wall time from one delivered token to
 the next, bookkeeping included) on one H200, on the CUDA-graph fast path with the CPU lane inside the graphed
-step (`cpu_compute`, `gate_prefetch` on the eager executor; each record's notes say which). Model: the shipped
-miniature lifted exactly into DeepSeek-V2-Lite's shapes (`lift:assets/spice-mini`, 28.8 GB of routed experts
-in one pinned host slab). Protocol: BENCHMARK.md's, 8 held-out prompts × 64 new tokens, greedy, one
-repetition, and the 448-token prompt at 25%; `spice`, `spice_no_cpu`, `spice_no_lore` at τ_approx 0.05,
-LoRE rank 4, τ_prefetch 0.2, max lookahead 4 (the first headline's setting). This README is generated by
-`benchmarks/headline_report.py` from `raw/` and `quality.json`; `raw/` holds each shard's records and log,
-the CUDA test run of the same code (`cuda-tests.txt`) and the machine (`env.txt`)."""
+step where a policy can run there (the `executor` column and each record's notes say which). Models: the shipped
+miniatures lifted exactly into the real models' tensor shapes, each with every routed expert in one pinned host
+slab: `spice-mini` into DeepSeek-V2-Lite's (`lift:assets/spice-mini`, 28.8 GB of routed experts) and
+`spice-mini-qwen2` into Qwen2-57B-A14B's (`lift:assets/spice-mini-qwen2`, 98.7 GB). Protocol: BENCHMARK.md's,
+8 held-out prompts × 64 new tokens, greedy, one repetition, and the 448-token prompt at 25%; `spice`,
+`spice_no_cpu`, `spice_no_lore` at τ_approx 0.05, LoRE rank 4, τ_prefetch 0.2, max lookahead 4 (the first
+headline's setting). This README is generated by `benchmarks/headline_report.py` from `raw/` and `quality.json`;
+`raw/` holds each shard's records and log, the CUDA test run (`cuda-tests.txt`) and the machine (`env.txt`)."""
 
-COVERAGE_NOTE = """The protocol is **not complete**: this round ran the 25% budget on both links (one session's 30
-GPU-minutes, start-up included). Still to run, with the commands below: 10% and 50% on both links, the
-Qwen2-57B-A14B lift at 25% (never measured on the GPU) and the timing model against these traces
-(`recalibrate`, then `benchmarks/model_check.py`). Since this round, the CPU lane's round 3
-(`docs/benchmarks/cpu-lane/round3/`) measured 6 of the policies again on the changed lookahead (x8 `spice` 48.8 ms,
-native 27.9); the next headline round runs every policy on that code.
-`bench --shard` and `--merge` pick up from here: new shards go under `raw/` and this report is regenerated."""
+def coverage_note(gaps: list[str]) -> str:
+    """Whether the protocol is complete, and what is still to run (from `coverage`)."""
+    if not gaps:
+        head = "The protocol's runs are **complete**."
+    else:
+        head = "The protocol is **not complete**. Still to run, with the commands below:\n\n" + "\n".join(f"- {g}" for g in gaps)
+    return head + "\n\n" + CODE_NOTE
+
+
+CODE_NOTE = """Rows of one cell ran on one engine code (the `engine code` column: the digest of every `spice_core/*.py` that
+bench records in each record's provenance); `bench --merge` refuses shards of different code, so a cell's remaining
+prompts run on its digest's code (`python benchmarks/code_commit.py DIGEST` names the commits that have it, and
+`git archive COMMIT spice_core` gives it back) or the whole cell runs again. `58f0270ac544a039` is the round-2 engine
+(commits 2ecfaef–aaf9c72), before round 3 of the CPU lane changed the lookahead (`docs/benchmarks/cpu-lane/round3/`:
+x8 `spice` 70.4 → 48.8 ms); `fa4cbd20a9b7570c` is the engine of 11d747e, round 3's. Rows of different digests are
+different engines: compare rows within one digest. The timing model against these traces (`recalibrate`, then
+`benchmarks/model_check.py`) is not run yet."""
 
 FLOOR_NOTE = """`floor ms` is BENCHMARK.md's two-lane floor, max(compute, (1 − hit rate) × routed bytes per token ÷ link
 rate). `3-lane floor ms` adds the CPU lane (`three_lane_floor` in `benchmarks/headline_report.py`): the row's
@@ -491,18 +587,23 @@ before the fast path had its CPU lane, the leaner host step and the slot-indexed
 50% native rows are there; they are not repeated here until this round runs those budgets. Host timings
 swing from one H200 host to another (FACTS.md): compare rows of one run before rows across runs."""
 
-COMMANDS = """Run on one H200 (each command ≤ 9 minutes; output folders copied to `raw/`):
+COMMANDS = """Run on one H200 (each command ≤ 9 minutes; output folders copied to `raw/`; the code each ran is in the
+coverage table's `engine code` column):
 
 ```bash
 python3 -m pytest -q -m cuda --ignore=tests/app                       # raw/cuda-tests.txt
+# DeepSeek-V2-Lite shapes, 25% (engine 58f0270ac544a039)
 python3 -m spice_core bench --config docs/benchmarks/headline/config-native-25.json --device cuda --out native-25
 python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-25.json --device cuda --shard 0/2 --out x8-25-shard0
 python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-25.json --device cuda --shard 1/2 --out x8-25-shard1
-# still to run: 10% and 50%, about 4 shards a link of <= 9 minutes each:
-#   python3 -m spice_core bench --config docs/benchmarks/headline/config-native-10-50.json --device cuda --shard K/2 --out native-1050-shardK
-#   python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-10-50.json --device cuda --shard K/4 --out x8-1050-shardK
+# DeepSeek-V2-Lite shapes, 10% and 50%, native (engine fa4cbd20a9b7570c; 478 and 425 s)
+python3 -m spice_core bench --config docs/benchmarks/headline/config-native-10-50.json --device cuda --shard 0/2 --out native-1050-shard0
+python3 -m spice_core bench --config docs/benchmarks/headline/config-native-10-50.json --device cuda --shard 1/2 --out native-1050-shard1
+# Qwen2-57B-A14B shapes, 25%, native (engine fa4cbd20a9b7570c; shard 0: 3 prompts in 520 s, 98.7 GB slab)
+python3 -m spice_core bench --config docs/benchmarks/headline/config-qwen2-native-25.json --device cuda --shard 0/3 --out qwen2-native-25-shard0
+# still to run (the coverage above): shards 1/3 and 2/3 of the Qwen2 config (2/3 holds the long prompt),
+# the x8 link's 10% and 50% (config-x8-10-50.json --shard K/4), the Qwen2 lift on x8 and the 25% rows on round 3's engine
 bash docs/benchmarks/peers/run.sh peers                              # raw/peers
-# the Qwen2-57B-A14B lift at 25%
 ```
 
 On the CPU:

@@ -42,3 +42,29 @@ def test_peers_and_runs_without_a_lane_measurement_get_no_floor():
     rows = [rec("resident", 7.0), rec("on_demand", 220.0, copy=1560)]
     three_lane_floor(rows, lane_ms=None)
     assert all("floor3_ms" not in r for r in rows)
+
+
+def test_each_model_has_its_own_compute_and_the_lane_scales_with_its_expert_bytes():
+    big = 3 * EXPERT
+    rows = [rec("resident", 7.0, model="a"), rec("on_demand", 220.0, copy=1560, model="a"),
+            rec("resident", 14.0, model="b"),
+            dict(rec("on_demand", 900.0, copy=1560, model="b"), bytes_per_token=156 * big)]
+    three_lane_floor(rows, lane_ms=0.7, dram_gbps=81.0, lane_bytes=EXPERT)
+    a_small, a_big = EXPERT / 13e6, big / 13e6
+    assert rows[1]["floor3_ms"] == pytest.approx(156 * a_small * 0.7 / (a_small + 0.7))
+    assert rows[3]["floor3_ms"] == pytest.approx(max(156 * big / 81e6, 156 * a_big * 2.1 / (a_big + 2.1)))
+    assert rows[2]["floor3_ms"] == 14.0                 # b's compute, not a's
+
+
+def test_coverage_lists_what_is_still_to_run_per_model():
+    from headline_report import coverage
+    full = [dict(rec(p, 10.0, model="lift:spice-mini"), link=link, budget_frac=b, n_runs=8,
+                 provenance={"code": "c0de"}) for p in [f"p{i}" for i in range(10)]
+            for link in ("native", "pcie4x8") for b in (0.1, 0.25, 0.5)]
+    part = [dict(rec(p, 10.0, model="lift:spice-mini-qwen2"), link="native", budget_frac=0.25, n_runs=3,
+                 provenance={"code": "c0de"}) for p in [f"p{i}" for i in range(9)]]
+    table, gaps = coverage(full + part)
+    assert "| DeepSeek-V2-Lite | pcie4x8 | 50% | prompts | 8 |" in table
+    assert "Qwen2-57B-A14B, native, 25%, 8 prompts: 3 of 8 prompts, 9 of 10 policies (engine code `c0de`)" in gaps
+    assert "Qwen2-57B-A14B, pcie4x8, 25%, 8 prompts: not run" in gaps
+    assert not [g for g in gaps if g.startswith("DeepSeek-V2-Lite") and "8 prompts" in g]
