@@ -63,6 +63,9 @@ def main(argv=None) -> int:
                     help="the lookahead's deepest layer distance (default: the headline's)")
     ap.add_argument("--cases", nargs="+", default=None, metavar="LINK:BUDGET",
                     help="only these settings, e.g. native:0.25 pcie4x8:0.25 (default: all six)")
+    ap.add_argument("--shape", default=SETTINGS["shape"],
+                    help="the real model whose expert sizes every cost uses (default: deepseek-v2-lite; "
+                         "qwen2-57b-a14b for spice-mini-qwen2)")
     ap.add_argument("--cpu-lane", action="store_true",
                     help="offer the CPU lane, as bench does (the engine keeps it where it pays: the x8 link, not native)")
     ap.add_argument("--out", type=Path, required=True)
@@ -80,7 +83,11 @@ def main(argv=None) -> int:
             print(f"error: {name} {v} is out of range (thresholds in [0, 1], rank >= 1, lookahead 1..64)",
                   file=sys.stderr)
             return 2
-    settings = dict(SETTINGS, tau_approx=args.tau_approx, cpu_lane=args.cpu_lane, lore_rank=args.lore_rank,
+    from spice_core.timing.profiles import shape_names
+    if args.shape not in shape_names():
+        print(f"error: --shape {args.shape!r} is not one of {', '.join(shape_names())}", file=sys.stderr)
+        return 2
+    settings = dict(SETTINGS, shape=args.shape, tau_approx=args.tau_approx, cpu_lane=args.cpu_lane, lore_rank=args.lore_rank,
                     tau_prefetch=args.tau_prefetch, max_lookahead=args.max_lookahead)
     torch.set_num_threads(1)
     from spice_core.api import RunSettings
@@ -99,7 +106,9 @@ def main(argv=None) -> int:
         rep = evaluate(eng, replace(base, policy="spice", cache_frac=budget), ref)
         # without the lane spice_no_cpu makes spice's decisions; with it they differ where the lane is kept
         same = ["spice", "spice_no_cpu"] if not args.cpu_lane else ["spice"]
-        row = {"link": link, "budget_frac": budget, "policies": same, **rep.as_dict()}
+        # The lifted model's name in bench's records ("lift:<folder>"): the headline report matches rows by it.
+        row = {"model": f"lift:{Path(base_engine.lm.path).name}", "link": link, "budget_frac": budget,
+               "policies": same, **rep.as_dict()}
         rows.append(row)
         print(json.dumps({k: row[k] for k in ("link", "budget_frac", "ppl_delta_pct", "mean_kl", "greedy_agreement",
                                                "approx_share")}), flush=True)

@@ -5,7 +5,7 @@
 Reads every shard under ``DIR/raw/*/results{,.partial}.json`` (a shard cut short by its time limit
 keeps each prompt it finished: all policies of that prompt), merges records of the same
 configuration exactly (every decode step kept, medians recomputed: `bench_records.merge_records`),
-attaches the quality of the lossy settings from ``DIR/quality.json``
+attaches the quality of the lossy settings from ``DIR/quality*.json`` (one file per model)
 (`benchmarks/headline_quality.py`) and writes ``results.json`` (bench's record format),
 ``tpot-<model>-<link>.html`` (plotly, one figure per model and link: TPOT per policy and budget, p90
 whiskers, the three-lane floor marked) and ``README.md``. Every number in the README comes from those files.
@@ -192,10 +192,11 @@ def peer_table(peers: list[dict], engine: list[dict]) -> str:
     for r in sorted(peers, key=lambda r: (r["budget_frac"], r["policy"])):
         ci = r.get("tpot_ms_median_ci95")
         setup = r.get("peer_setup") or {}
-        if r["budget_frac"] >= 1.0:      # every expert on the GPU: beside the engine's resident (any budget's row)
+        if r["budget_frac"] >= 1.0:      # every expert on the GPU: beside the engine's resident (25%'s, else any budget's)
             name = "resident"
-            mine = next((e for k, e in sorted(eng.items(), key=lambda kv: str(kv[0]))
-                         if k[:3] == (r.get("model"), r["workload"], r["link"]) and k[4] == "resident"), None)
+            mine = eng.get((r.get("model"), r["workload"], r["link"], 0.25, "resident")) or next(
+                (e for k, e in sorted(eng.items(), key=lambda kv: str(kv[0]))
+                 if k[:3] == (r.get("model"), r["workload"], r["link"]) and k[4] == "resident"), None)
         else:
             name = f"spice at {r['budget_frac']:.0%}"
             mine = eng.get((r.get("model"), r["workload"], r["link"], round(r["budget_frac"], 3), "spice"))
@@ -393,19 +394,21 @@ def needed_for_312(records: list[dict]) -> str:
 
 
 def history_table(records: list[dict], history: list[dict] | None) -> str:
-    """The 25% TPOT of each policy, this round beside the first headline (same model, protocol and settings)."""
+    """Each policy's TPOT, this headline beside the first (same model, protocol and settings), for every link and
+    budget both measured."""
     if not history:
         return "No earlier headline to compare with."
     now, then = by_key(records), by_key(history)
-    lines = ["| link | policy | first headline, ms | this round, ms | change |", "|---|---|---|---|---|"]
+    lines = ["| link | budget | policy | first headline, ms | this headline, ms | change |", "|---|---|---|---|---|---|"]
     model = QUALITY_MODEL          # the first headline measured this model only
     for link in PROTOCOL_LINKS:
-        for pol in POLICIES:
-            a, b = (d.get((model, "prompts", link, 0.25, pol)) for d in (then, now))
-            if not (a and b):
-                continue
-            lines.append(f"| {link} | {pol} | {a['tpot_ms_median']:.1f} | {b['tpot_ms_median']:.1f} | "
-                         f"{b['tpot_ms_median'] / a['tpot_ms_median'] - 1:+.0%} |")
+        for budget in PROTOCOL_BUDGETS:
+            for pol in POLICIES:
+                a, b = (d.get((model, "prompts", link, round(budget, 3), pol)) for d in (then, now))
+                if not (a and b):
+                    continue
+                lines.append(f"| {link} | {budget:.0%} | {pol} | {a['tpot_ms_median']:.1f} | {b['tpot_ms_median']:.1f} | "
+                             f"{b['tpot_ms_median'] / a['tpot_ms_median'] - 1:+.0%} |")
     return "\n".join(lines)
 
 
@@ -467,7 +470,7 @@ def main(argv=None) -> int:
         add_floors([r for r in merged if r.get("model") == model])
     lane_ms = lane_ms_per_expert()
     three_lane_floor(merged, lane_ms, lane_bytes=lane_expert_bytes())
-    quality = json.loads((d / "quality.json").read_text()) if (d / "quality.json").exists() else None
+    quality = load_quality(d)
     attach_quality(merged, quality)
     order = models_of(merged)
     merged.sort(key=lambda r: (order.index(r.get("model")), r["workload"] != "prompts", PROTOCOL_LINKS.index(r["link"]),
@@ -482,10 +485,20 @@ def main(argv=None) -> int:
     return 0
 
 
+def load_quality(d: Path) -> dict | None:
+    """Every ``quality*.json`` of the folder (benchmarks/headline_quality.py, one per model) as one {"rows": [...]}
+    (each row keeps its file's command)."""
+    rows = []
+    for path in sorted(d.glob("quality*.json")):
+        doc = json.loads(path.read_text())
+        rows += [dict(q, command=doc.get("command"), file=path.name) for q in doc.get("rows", [])]
+    return {"rows": rows} if rows else None
+
+
 def render_readme(records, target_table, figs, quality, history, lane_ms) -> str:
     q_rows = (quality or {}).get("rows", [])
     q_table = "\n".join(
-        f"| {q['link']} | {q['budget_frac']:.0%} | {', '.join(q.get('policies', LOSSY))} | "
+        f"| {model_name(q.get('model', QUALITY_MODEL))} | {q['link']} | {q['budget_frac']:.0%} | {', '.join(q.get('policies', LOSSY))} | "
         f"{q['ppl_exact']:.3f} → {q['ppl']:.3f} ({q['ppl_delta_pct']:+.2f}%) | {q['mean_kl']:.4f} | "
         f"{q['greedy_agreement']:.3f} | {q['approx_share']:.0%} |" for q in q_rows)
     engine = [r for r in records if not r.get("peer")]
@@ -506,10 +519,10 @@ def render_readme(records, target_table, figs, quality, history, lane_ms) -> str
              "## Peers: what users run today\n\n" + (peer_table(peers, engine) + "\n\n" + PEERS_NOTE if peers else PEERS_MISSING),
              "## Routing realism: the miniatures' LRU hit rate beside the real models'\n\n" + routing_realism_table(),
              "## Quality of the lossy setting (measured on the miniature, same settings)\n\n"
-             "| link | budget | policies | perplexity exact → spice | mean KL (nats/token) | greedy agreement | "
-             "selections approximated |\n|---|---|---|---|---|---|---|\n" + (q_table or "| – | – | – | not measured | | | |")
+             "| model | link | budget | policies | perplexity exact → spice | mean KL (nats/token) | greedy agreement | "
+             "selections approximated |\n|---|---|---|---|---|---|---|---|\n" + (q_table or "| – | – | – | – | not measured | | | |")
              + "\n\n" + QUALITY_NOTE,
-             "## History: the first headline beside this round (25%)\n\n" + history_table(engine, history) + "\n\n" + HISTORY_NOTE,
+             "## History: the first headline beside this one\n\n" + history_table(engine, history) + "\n\n" + HISTORY_NOTE,
              "## Figures\n\n" + ("\n".join(f"- [`{f}`]({f}): TPOT median per policy (whiskers: p90), the three-lane floor "
                                            "marked (plotly; open in a browser)" for f in figs) or "plotly was not installed: none"),
              "## Commands\n\n" + COMMANDS]
@@ -573,18 +586,20 @@ lifted model's greedy decoding (other kernels sum in another order, a near-tie f
 differs). The engine's exact policies agree with `resident` bit for bit on the fast path (`pytest -m cuda`);
 a lossy row's GPU agreement is read against this floor, its perplexity change against 0."""
 
-QUALITY_NOTE = """Quality is measured on the shipped miniature itself (`benchmarks/headline_quality.py`, CPU): the same
-budget, thresholds, LoRE rank and fast-path decision profile, DeepSeek-V2-Lite's expert sizes in every cost,
-the link's rate and the CPU lane offered as in bench (the engine keeps it where one CPU expert beats a copy:
-the x8 link, not native). Teacher-forced perplexity and mean KL against the exact model on the evaluation
+QUALITY_NOTE = """Quality is measured on each shipped miniature itself (`benchmarks/headline_quality.py`, CPU): the same
+budget, thresholds, LoRE rank and fast-path decision profile, the lifted model's expert sizes in every cost
+(DeepSeek-V2-Lite's, or Qwen2-57B-A14B's with `--shape qwen2-57b-a14b`), the link's rate and the CPU lane offered
+as in bench (the engine keeps it where one CPU expert beats a copy: the x8 link, not native; the Qwen2 row runs
+without the lane, as the native link does, so it holds for `spice` and `spice_no_cpu` alike). Teacher-forced perplexity and mean KL against the exact model on the evaluation
 half of the held-out set, greedy agreement over held-out prompts. The `greedy agr.` column above is the GPU
 run's own, against `resident`'s tokens over 64 tokens (bf16 on the GPU; a flipped near-tie changes every later
 token). Exact policies approximate nothing, so their perplexity change is 0 by construction; `cpu_compute`
 sums on the CPU in another order, so its tokens can drift from the GPU's after a near-tie."""
 
 HISTORY_NOTE = """The first headline (`docs/benchmarks/full-scale/headline/`, the same model, protocol and settings) ran
-before the fast path had its CPU lane, the leaner host step and the slot-indexed expert kernel. Its 10% and
-50% native rows are there; they are not repeated here until this round runs those budgets. Host timings
+before the fast path had its CPU lane, the leaner host step and the slot-indexed expert kernel, and its TPOT left the
+per-token bookkeeping out (~2.4–3 ms a token, fast-path round 2): a policy that gained nothing from those changes
+reads a few percent slower here than there (e.g. `oracle_prefetch`), since this TPOT counts it. Host timings
 swing from one H200 host to another (FACTS.md): compare rows of one run before rows across runs."""
 
 COMMANDS = """Run on one H200 (each command ≤ 9 minutes; output folders copied to `raw/`; the code each ran is in the
@@ -610,6 +625,7 @@ On the CPU:
 
 ```bash
 python benchmarks/headline_quality.py --cpu-lane --cases native:0.25 pcie4x8:0.25 --out docs/benchmarks/headline/quality.json
+python benchmarks/headline_quality.py --model assets/spice-mini-qwen2 --shape qwen2-57b-a14b --cases native:0.25 --out docs/benchmarks/headline/quality-qwen2.json
 python benchmarks/headline_report.py
 ```"""
 
