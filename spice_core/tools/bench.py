@@ -292,6 +292,10 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         engines[(link, host_aware, executor)] = eng
         return eng
 
+    # Each prompt's exact tokens, by (link, budget, workload, prompt, max new tokens): every exact policy makes the same
+    # ones whatever the thresholds, so a block without an exact policy of its own (e.g. spice at another setting) is
+    # compared with an earlier block's.
+    exact_tokens: dict[tuple, list[int]] = {}
     for (b_links, b_budgets, b_policies, b_workloads, b_max_new, b_reps, b_host_aware, b_variant, b_executor,
          b_cpu_lane, b_set) in blocks:
         ref_policy = next((p for p in b_policies if p in EXACT_POLICIES), None)
@@ -300,7 +304,8 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
             for rep in range(b_reps):
                 for budget in b_budgets:
                     for workload, pi, ids in b_workloads:
-                        ref_tokens = None
+                        ref_key = (link, budget, workload, pi, b_max_new)
+                        ref_tokens = exact_tokens.get(ref_key) if ref_policy is None else None
                         for pol in b_policies:
                             s = RunSettings(policy=pol, cache_frac=budget, max_new_tokens=b_max_new,
                                             profile=cfg.get("profile", RunSettings().profile),
@@ -316,6 +321,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
                             toks = [st.token_id for st in steps]
                             if pol == ref_policy:
                                 ref_tokens = toks
+                                exact_tokens.setdefault(ref_key, toks)
                             agree = None
                             if ref_tokens is not None:
                                 agree = greedy_agreement(ref_tokens, toks)

@@ -59,6 +59,21 @@ def test_bench_runs_blocks_on_one_model_and_a_long_prompt_workload(tmp_path):
     assert spice["greedy_agreement"] == 1.0     # lru is this block's exact reference
 
 
+def test_a_block_without_an_exact_policy_is_compared_with_an_earlier_blocks_exact_tokens(tmp_path):
+    """A block of spice alone at another setting still gets its greedy agreement: every exact policy makes the
+    same tokens, so an earlier block's (same link, budget, prompt and length) is the reference."""
+    cfg = {"model": "random:tiny-deepseek", "timing": "modeled", "profile": "h200-pcie5x16", "prompts": {"random_ids": 2, "length": 8},
+           "max_new_tokens": 4, "budgets": [0.3], "links": ["native"],
+           "runs": [{"policies": ["lru"], "long_prompt": False},
+                    {"variant": "other", "policies": ["spice"], "tau_prefetch": 0.5, "tau_approx": 0.3, "long_prompt": False},
+                    {"variant": "alone", "policies": ["spice"], "budgets": [0.5], "long_prompt": False}]}
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(cfg))
+    recs = {(r["variant"], r["budget_frac"]): r for r in run_bench(_load_config(path), tmp_path / "out", "cpu")}
+    assert 0.0 <= recs[("other", 0.3)]["greedy_agreement"] <= 1.0   # against block 1's lru tokens
+    assert recs[("alone", 0.5)]["greedy_agreement"] is None          # no exact run at 50%: nothing to compare with
+
+
 def test_a_block_can_resume_with_named_prompt_indices_and_refuses_ones_it_does_not_have(tmp_path):
     """"prompt_indices" runs only those held-out prompts (to finish a block cut short), and they keep
     their indices, so the records merge with the earlier run's."""
