@@ -25,6 +25,10 @@ EXACT_POLICIES = tuple(n for n, s in POLICY_SPECS.items() if not s.use_lore and 
 LIVE_FIELDS = ("tau_prefetch", "tau_approx", "max_lookahead", "temperature", "top_p")
 
 MAX_NEW_TOKENS_LIMIT = 4096
+# When the engine offers the CPU lane to spice-like policies: "auto" where one CPU expert beats a copy over the link
+# (the planner's costs; elsewhere offering it cost more than it saved, docs/benchmarks/cpu-lane/ab), "always" on any
+# link (an A/B of that rule).
+LANE_OFFERS = ("auto", "always")
 
 
 def _check_range(name: str, value: float, lo: float, hi: float) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from spice_core.config import DEFAULT_LORE_RANK, POLICIES, RunSettings
+from spice_core.config import DEFAULT_LORE_RANK, LANE_OFFERS, POLICIES, RunSettings
 from spice_core.records import EngineInfo, RunSummary, StepStats
 from spice_core.errors import ConfigError, PromptError, SpiceError
 from spice_core.exec.experts import installed
@@ -66,6 +66,12 @@ def lane_pays(costs: CostModel) -> bool:
     return costs.cpu_expert_ms(1) < costs.copy_ms()
 
 
+def check_lane_offer(value: str) -> str:
+    if value not in LANE_OFFERS:
+        raise ConfigError(f"lane_offer={value!r}: use one of {', '.join(LANE_OFFERS)}")
+    return value
+
+
 def int8_pays(costs: CostModel) -> bool:
     """`lane_pays` for the lossy int8 kernel (half the bytes, the same task overhead)."""
     return costs.cpu_int8_expert_ms(1) < costs.copy_ms()
@@ -74,14 +80,17 @@ def int8_pays(costs: CostModel) -> bool:
 class SpiceEngine:
     def __init__(self, lm: LoadedModel, *, timing: str | None = None, hw_profile=None,
                  link_gbps: float | None = None, prefetch_after_experts: bool | None = None,
-                 host_aware: bool = True, executor: str = "auto") -> None:
+                 host_aware: bool = True, executor: str = "auto", lane_offer: str = "auto") -> None:
         """``executor``: "auto" (the graphed fast path for decode steps on CUDA with measured timing, when
         the run's features allow it; eager otherwise), "eager" (per-expert PyTorch calls, per-expert trace
         detail) or "graphed" (ask for the fast path anywhere; on the CPU it runs the same step op by op).
         ``hw_profile``: the calibrated profile whose costs drive decisions in measured mode.
         ``link_gbps``: emulate a slower host-to-device link (measured mode) by pacing copies.
         ``prefetch_after_experts``: plan prefetches after launching a layer's experts (default:
-        when timing is measured, see runtime/layer.py)."""
+        when timing is measured, see runtime/layer.py).
+        ``lane_offer``: "auto" offers the real CPU lane to spice-like policies only where one CPU expert beats a
+        copy over the link (`lane_pays`); "always" on any link (an A/B of that rule)."""
+        self.lane_offer = check_lane_offer(lane_offer)
         self.lm = lm
         # Where and how runs execute, resolved once (machine.py): every modeled-or-measured, profile,
         # link and executor question below reads it.
@@ -116,6 +125,7 @@ class SpiceEngine:
              **kw) -> "SpiceEngine":
         """``dtype`` None: the checkpoint's, except on the CPU, where a half-precision checkpoint computes in
         float32 (several times faster there) and keeps its own dtype for byte accounting and modeled times."""
+        check_lane_offer(kw.get("lane_offer", "auto"))     # before the model loads
         engine = cls(load_model(model, device, dtype, float32_on_cpu=True), **kw)
         engine.load_artifacts()
         # What is alive once the model is loaded (torch, transformers and the model: ~430k Python objects with the
@@ -430,13 +440,17 @@ class SpiceEngine:
             notes.append(f"CPU lane unavailable ({self._cpu_lane_error}): exact misses are copied")
         if fast and self.machine.run_timing(modeled) == "measured":
             costs = self._costs(s, fast=True)       # the fast path's GPU and host costs decide
-        if can_cpu and cpu_lane is not None and spec.miss_mode == "orchestrate" and not lane_pays(costs):
+        if can_cpu and cpu_lane is not None and spec.miss_mode == "orchestrate" and self.lane_offer == "auto" \
+                and not lane_pays(costs):
             # Measured on the H200's native link (docs/benchmarks/cpu-lane/ab): spice with the lane offered ran
             # 34.6 ms a token against 26.4 without it, though it sent only ~0.2 misses a token there.
             can_cpu = False
             notes.append(f"CPU lane not offered: one expert takes ~{costs.cpu_expert_ms(1):.2f} ms there against a "
                          f"{costs.copy_ms():.2f} ms copy on this link, so misses are approximated or copied "
                          "(on a slower link, e.g. --link pcie4x8, the lane pays)")
+        elif can_cpu and cpu_lane is not None and spec.miss_mode == "orchestrate" and not lane_pays(costs):
+            notes.append(f"CPU lane offered on this link by lane_offer=always: one expert takes ~{costs.cpu_expert_ms(1):.2f} "
+                         f"ms there against a {costs.copy_ms():.2f} ms copy")
         int8 = self._offer_int8(s, spec, costs, cpu_lane, modeled_cpu, notes) if s.tau_int8 > 0 else None
         planner = LayerPlanner(spec, n_slots=n_slots, n_experts=lm.n_experts, top_k=lm.top_k, moe_layers=lm.moe_layers,
                                costs=costs, tau_prefetch=s.tau_prefetch, tau_approx=s.tau_approx if lore else 0.0,

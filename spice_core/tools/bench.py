@@ -12,7 +12,10 @@ Config (JSON):
      "timing": "measured" | "modeled", "profile": "h200-pcie5x16", "shape": "deepseek-v2-lite",
      "prompts": ["...", ...] | {"random_ids": 8, "length": 32},
      "max_new_tokens": 64, "repetitions": 1, "reference_generate": true, "hw_profile": "FILE",
-     "export_traces": ["spice"], "export_trace_prompts": "first" | "all"}
+     "export_traces": ["spice"], "export_trace_prompts": "first" | "all",
+     "cpu_lane": true, "lane_offer": "auto" | "always", "runs": [{...}, ...]}
+("lane_offer": "always" offers the real CPU lane to spice-like policies on a link where one CPU expert is slower
+than a copy, which "auto" does not: an A/B of that rule.)
 Everything is validated before any model is built (bench_config.py): unknown keys, wrong types and
 out-of-range values are refused with the key's name; "comment" may hold any note.
 Held-out prompts ({"heldout": N}, the long prompt) come from the spice-heldout.json.gz beside the model
@@ -34,6 +37,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -241,9 +245,9 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         hw = profile_from_file(cfg["hw_profile"])
 
     # Blocks: the config itself, or its "runs" (each may override policies, budgets, links, n_prompts, prompt_indices,
-    # max_new_tokens, long_prompt, repetitions, host_aware, executor, cpu_lane and the thresholds of
+    # max_new_tokens, long_prompt, repetitions, host_aware, executor, cpu_lane, lane_offer and the thresholds of
     # SETTING_DEFAULTS; "variant" labels its records), all on the one model built above.
-    blocks = []
+    blocks: list[Block] = []
     for i_block, b in enumerate(cfg.get("runs") or [{}]):
         pols = b.get("policies", policies)
         n_p = int(b.get("n_prompts", len(prompts)))
@@ -258,30 +262,33 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         if b.get("long_prompt", True):
             wl += [w for w in workloads if w[0] == "long"]
         wl = [w for w in wl if w[1] % shard[1] == shard[0]]
-        blocks.append((b.get("links", links), [float(x) for x in b.get("budgets", budgets)], pols, wl,
-                       int(b.get("max_new_tokens", max_new)), int(b.get("repetitions", reps)),
-                       bool(b.get("host_aware", cfg.get("host_aware", True))), str(b.get("variant", "")),
-                       str(b.get("executor", cfg.get("executor", "auto"))), bool(b.get("cpu_lane", cfg.get("cpu_lane", True))),
-                       {k: b.get(k, cfg.get(k, d)) for k, d in SETTING_DEFAULTS.items()}))
+        blocks.append(Block(
+            links=b.get("links", links), budgets=[float(x) for x in b.get("budgets", budgets)], policies=pols,
+            workloads=wl, max_new=int(b.get("max_new_tokens", max_new)), reps=int(b.get("repetitions", reps)),
+            host_aware=bool(b.get("host_aware", cfg.get("host_aware", True))), variant=str(b.get("variant", "")),
+            executor=str(b.get("executor", cfg.get("executor", "auto"))),
+            cpu_lane=bool(b.get("cpu_lane", cfg.get("cpu_lane", True))),
+            settings={k: b.get(k, cfg.get(k, d)) for k, d in SETTING_DEFAULTS.items()},
+            lane_offer=str(b.get("lane_offer", cfg.get("lane_offer", "auto")))))
     settings_of: dict[str, dict] = {}        # variant -> its thresholds (a record says what it ran with)
     for b in blocks:
-        if settings_of.setdefault(b[7], b[10]) != b[10]:
-            raise ConfigError(f"two \"runs\" blocks with variant {b[7]!r} set different thresholds ({settings_of[b[7]]} "
-                              f"and {b[10]}): give each setting its own \"variant\" label")
-    total = sum(len(ls) * r * len(bs) * len(wl) * len(ps) for ls, bs, ps, wl, _, r, _, _, _, _, _ in blocks)
+        if settings_of.setdefault(b.variant, b.settings) != b.settings:
+            raise ConfigError(f"two \"runs\" blocks with variant {b.variant!r} set different thresholds "
+                              f"({settings_of[b.variant]} and {b.settings}): give each setting its own \"variant\" label")
+    total = sum(len(b.links) * b.reps * len(b.budgets) * len(b.workloads) * len(b.policies) for b in blocks)
     done = 0
     t0 = time.time()
     per: dict[tuple, list] = {}
     lifted_arts = None
     engines: dict[str, SpiceEngine] = {}
 
-    def engine_for(link: str, host_aware: bool, executor: str) -> SpiceEngine:
+    def engine_for(link: str, host_aware: bool, executor: str, lane_offer: str) -> SpiceEngine:
         nonlocal lifted_arts
-        if (link, host_aware, executor) in engines:
-            return engines[(link, host_aware, executor)]
+        if (link, host_aware, executor, lane_offer) in engines:
+            return engines[(link, host_aware, executor, lane_offer)]
         eng = SpiceEngine(lm, timing=cfg["timing"], hw_profile=hw, link_gbps=LINKS_GBPS[link],
                           prefetch_after_experts=cfg.get("prefetch_after_experts"), host_aware=host_aware,
-                          executor=executor)
+                          executor=executor, lane_offer=lane_offer)
         if cfg.get("artifacts", True) and cfg["model"].startswith("lift:"):
             if lifted_arts is None:
                 from spice_core.tools.lift import lift_artifacts
@@ -289,18 +296,20 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
             eng.artifacts = lifted_arts or None
         elif cfg.get("artifacts", True) and not cfg["model"].startswith("random:"):
             eng.load_artifacts()
-        engines[(link, host_aware, executor)] = eng
+        engines[(link, host_aware, executor, lane_offer)] = eng
         return eng
 
     # Each prompt's exact tokens, by (link, budget, workload, prompt, max new tokens): every exact policy makes the same
     # ones whatever the thresholds, so a block without an exact policy of its own (e.g. spice at another setting) is
     # compared with an earlier block's.
     exact_tokens: dict[tuple, list[int]] = {}
-    for (b_links, b_budgets, b_policies, b_workloads, b_max_new, b_reps, b_host_aware, b_variant, b_executor,
-         b_cpu_lane, b_set) in blocks:
+    for blk in blocks:
+        b_links, b_budgets, b_policies, b_workloads = blk.links, blk.budgets, blk.policies, blk.workloads
+        b_max_new, b_reps, b_host_aware, b_variant = blk.max_new, blk.reps, blk.host_aware, blk.variant
+        b_executor, b_cpu_lane, b_set = blk.executor, blk.cpu_lane, blk.settings
         ref_policy = next((p for p in b_policies if p in EXACT_POLICIES), None)
         for link in b_links:
-            eng = engine_for(link, b_host_aware, b_executor)
+            eng = engine_for(link, b_host_aware, b_executor, blk.lane_offer)
             for rep in range(b_reps):
                 for budget in b_budgets:
                     for workload, pi, ids in b_workloads:
@@ -387,6 +396,23 @@ def _progress(done: int, total: int, t0: float, label: str) -> None:
     eta = (time.time() - t0) / max(1, done) * (total - done)
     sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<32} eta {eta:5.0f}s")
     sys.stderr.flush()
+
+
+class Block(NamedTuple):
+    """One "runs" block of a bench config, resolved against the config's own values."""
+
+    links: list
+    budgets: list
+    policies: list
+    workloads: list          # (workload, prompt index, token ids)
+    max_new: int
+    reps: int
+    host_aware: bool
+    variant: str
+    executor: str
+    cpu_lane: bool
+    settings: dict           # the thresholds of SETTING_DEFAULTS
+    lane_offer: str = "auto"     # SpiceEngine's: "auto" or "always"
 
 
 SETTING_DEFAULTS = {"tau_prefetch": 0.2, "tau_approx": 0.0, "max_lookahead": 4, "lore_rank": 16}   # config or block

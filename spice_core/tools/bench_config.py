@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from spice_core.api import MAX_NEW_TOKENS_LIMIT, POLICIES
+from spice_core.api import LANE_OFFERS, MAX_NEW_TOKENS_LIMIT, POLICIES
 from spice_core.errors import ConfigError
 from spice_core.user_files import is_number, json_type, read_json
 
@@ -126,15 +126,18 @@ def _check_common(where: str, d: dict) -> None:
         _bool(where, "cpu_lane", d["cpu_lane"])
     if "executor" in d and d["executor"] not in ("auto", "eager", "graphed"):
         raise ConfigError(f"{where}: \"executor\" {d['executor']!r} is unknown: use \"auto\", \"eager\" or \"graphed\"")
+    if "lane_offer" in d and d["lane_offer"] not in LANE_OFFERS:
+        raise ConfigError(f"{where}: \"lane_offer\" {d['lane_offer']!r} is unknown: use \"auto\" (the CPU lane where one "
+                          "CPU expert beats a copy) or \"always\" (offer it on any link, an A/B)")
 
 
 RUN_KEYS = ("policies", "budgets", "links", "n_prompts", "prompt_indices", "long_prompt", "max_new_tokens",
-            "repetitions", "host_aware", "variant", "executor", "cpu_lane", "tau_prefetch", "tau_approx",
+            "repetitions", "host_aware", "variant", "executor", "cpu_lane", "lane_offer", "tau_prefetch", "tau_approx",
             "max_lookahead", "lore_rank")
 CONFIG_KEYS = ("model", "policies", "budgets", "links", "timing", "profile", "shape", "prompts", "max_new_tokens",
                "repetitions", "reference_generate", "hw_profile", "export_traces", "export_trace_prompts", "runs",
                "tau_prefetch", "tau_approx", "max_lookahead", "lore_rank", "verify_lift", "prefetch_after_experts",
-               "long_prompt_tokens", "host_aware", "artifacts", "lift_overrides", "executor", "cpu_lane", "comment")
+               "long_prompt_tokens", "host_aware", "artifacts", "lift_overrides", "executor", "lane_offer", "cpu_lane", "comment")
 
 
 def check_config(cfg, where: str = "config") -> None:

@@ -189,3 +189,29 @@ def test_a_failed_or_stalled_cpu_job_falls_back_to_a_copy_mid_token_and_the_toke
             stalled.close()
     assert toks == ref
     assert run.record.totals["cpu_fallbacks"] == calls[0] // 3 > 0      # each failed job was copied in instead
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the real CPU lane runs in measured timing, on a GPU")
+def test_lane_offer_always_offers_the_lane_where_auto_does_not_and_stays_exact():
+    """On the native link one CPU expert is slower than a copy, so "auto" keeps the lane off (and says so); "always"
+    offers it anyway, for an A/B of that rule, and an exact policy's tokens stay resident's."""
+    prompt = "Tell me a story about a cat and a ball"
+    settings = dict(cache_frac=0.9, max_new_tokens=16, cpu_lane=True)
+    notes = {}
+    for offer in ("auto", "always"):
+        eng = SpiceEngine.load(None, device="cuda", executor="graphed", lane_offer=offer)
+        ref = [s.token_id for s in eng.start_prompt(prompt, RunSettings(policy="resident", **settings))]
+        run = eng.start_prompt(prompt, RunSettings(policy="spice_no_lore", **settings))
+        assert [s.token_id for s in run] == ref
+        notes[offer] = eng.get_summary(run.run_id).notes
+    assert any(n.startswith("CPU lane not offered") for n in notes["auto"]), notes["auto"]
+    assert any("lane_offer=always" in n for n in notes["always"]), notes["always"]
+    assert not any(n.startswith("CPU lane not offered") for n in notes["always"]), notes["always"]
+
+
+def test_an_unknown_lane_offer_is_refused_with_the_choices():
+    from spice_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="auto, always"):
+        SpiceEngine.load(None, device="cpu", lane_offer="sometimes")
