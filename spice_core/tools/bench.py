@@ -300,8 +300,8 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         return eng
 
     # Each prompt's exact tokens, by (link, budget, workload, prompt, max new tokens): every exact policy makes the same
-    # ones whatever the thresholds, so a block without an exact policy of its own (e.g. spice at another setting) is
-    # compared with an earlier block's.
+    # ones whatever the thresholds, so a policy whose block has no exact policy of its own (e.g. spice at another
+    # setting), or runs before it, is compared with an earlier block's.
     exact_tokens: dict[tuple, list[int]] = {}
     for blk in blocks:
         b_links, b_budgets, b_policies, b_workloads = blk.links, blk.budgets, blk.policies, blk.workloads
@@ -314,7 +314,8 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
                 for budget in b_budgets:
                     for workload, pi, ids in b_workloads:
                         ref_key = (link, budget, workload, pi, b_max_new)
-                        ref_tokens = exact_tokens.get(ref_key) if ref_policy is None else None
+                        # until the block's own exact policy has run: an earlier block's exact tokens, if any
+                        ref_tokens = exact_tokens.get(ref_key)
                         for pol in b_policies:
                             s = RunSettings(policy=pol, cache_frac=budget, max_new_tokens=b_max_new,
                                             profile=cfg.get("profile", RunSettings().profile),

@@ -68,11 +68,13 @@ def test_a_block_without_an_exact_policy_is_compared_with_an_earlier_blocks_exac
            "max_new_tokens": 4, "budgets": [0.3], "links": ["native"],
            "runs": [{"policies": ["lru"], "long_prompt": False},
                     {"variant": "other", "policies": ["spice"], "tau_prefetch": 0.5, "tau_approx": 0.3, "long_prompt": False},
+                    {"variant": "before", "policies": ["spice", "spice_no_lore"], "long_prompt": False},
                     {"variant": "alone", "policies": ["spice"], "budgets": [0.5], "long_prompt": False}]}
     path = tmp_path / "cfg.json"
     path.write_text(json.dumps(cfg))
     recs = {(r["variant"], r["budget_frac"]): r for r in run_bench(_load_config(path), tmp_path / "out", "cpu")}
     assert 0.0 <= recs[("other", 0.3)]["greedy_agreement"] <= 1.0   # against block 1's lru tokens
+    assert recs[("before", 0.3)]["greedy_agreement"] is not None     # runs before its block's exact policy
     assert recs[("alone", 0.5)]["greedy_agreement"] is None          # no exact run at 50%: nothing to compare with
 
 
