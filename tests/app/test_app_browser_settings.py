@@ -23,11 +23,15 @@ import pytest
 from app_helpers import chat_inputs
 
 pytestmark = pytest.mark.browser
+REPLY_TOKENS = 16       # this page's replies ("Max new tokens", set on the page)
+OTHER_TOKENS = 32       # each of the other visitor's chats
 
 
 @pytest.fixture
 def busy(shipped_served):
-    """A process that keeps one core busy, and another visitor chatting on the same engine until the test ends."""
+    """A process that keeps one core busy, and another visitor chatting on the same engine until the test ends
+    (short chats, one after another: the engine is generating all the while, and a reply of this test's waits
+    for at most one of them)."""
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     stop = threading.Event()
     chats = []
@@ -37,10 +41,10 @@ def busy(shipped_served):
         client = Client(shipped_served.url, verbose=False)
         try:
             while not stop.is_set():
-                job = client.submit(*chat_inputs("Tell me a story about a fox and a drum.", max_new_tokens=160),
-                                    api_name="/chat")
+                job = client.submit(*chat_inputs("Tell me a story about a fox and a drum.",
+                                                 max_new_tokens=OTHER_TOKENS), api_name="/chat")
                 while not job.done() and not stop.is_set():
-                    stop.wait(0.1)
+                    stop.wait(0.02)
                 if stop.is_set():
                     job.cancel()
                 else:
@@ -101,6 +105,20 @@ def _open(browser, served):
     return page
 
 
+def _tokens(page) -> int:
+    """The numbers row's token count (its "tokens" card)."""
+    return int(page.evaluate("() => [...document.querySelectorAll('#spice-stats .card')]"
+                             ".find(c => c.querySelector('.k').textContent === 'tokens')"
+                             ".querySelector('.v').textContent"))
+
+
+def _short_replies(page, tokens: int) -> None:
+    """Open "Timing model and generation" and set "Max new tokens" as a person does: typed into its box, Enter."""
+    page.get_by_role("button", name="Timing model and generation").click()
+    _box(page, "ctl-max-new").wait_for(state="visible")
+    _type(page, "ctl-max-new", str(tokens))
+
+
 def _reply_ended(page, timeout_s: float = 240.0) -> None:
     """Waits for this page's reply to end (it may wait behind the other visitor's)."""
     page.wait_for_function("() => document.body.classList.contains('spice-generating')", timeout=10_000, polling=50)
@@ -158,6 +176,9 @@ def test_a_refused_value_never_applies_and_send_uses_what_was_applied(browser, s
     browser clamp it to 0.2, and the next event of any slider (a click into another box) or Send applied
     0.2: a reply ran at τ_approx 0.2 in 10 of 10 tries."""
     page = _open(browser, shipped_served)
+    # Short replies: what is checked is which settings a reply runs with, not what it says (a reply of the
+    # default length took most of this test's time behind the other visitor's).
+    _short_replies(page, REPLY_TOKENS)
     _type(page, "ctl-tau-approx", "0.05")
     _head_has(page, "approx 0.05")
     _type(page, "ctl-tau-approx", "0.9")
@@ -174,6 +195,7 @@ def test_a_refused_value_never_applies_and_send_uses_what_was_applied(browser, s
     _reply_ended(page)
     head = _head(page)
     assert "approx 0.05" in head and "approx 0.2" not in head and "cache 50%" in head, head
+    assert 0 < _tokens(page) <= REPLY_TOKENS, head      # it ran with the max new tokens applied too
 
     # A number typed and left by the click on Send is done with: that message uses it.
     box = _box(page, "ctl-tau-approx")
@@ -184,6 +206,8 @@ def test_a_refused_value_never_applies_and_send_uses_what_was_applied(browser, s
     page.locator("#spice-send").click()
     _reply_ended(page)
     head = _head(page)
-    assert "approx 0.1" in head and "approx 0.05" not in head, head
+    # From its first token: not sent to the running reply by a late event.
+    assert "approx 0.1" in head and "approx 0.05" not in head and "changed tau_approx" not in head, head
+    assert 0 < _tokens(page) <= REPLY_TOKENS, head
     assert busy, "the other visitor's chat never ended while this test ran"
     page.close()
