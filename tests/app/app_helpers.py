@@ -56,6 +56,11 @@ def serve(engine: FakeEngine, **kwargs) -> Served:
 
 
 SHIPPED = ROOT / "assets" / "spice-mini"
+# The tuner's evaluation in the app tests, far smaller than the app's (pages.tuning.APP_EVAL): what they test is
+# the pages around a tune (its progress, plot, table, pick and hand-off to the chat), not the pick's statistics.
+# Each of its 19 settings is still measured; a tune of the shipped model takes 10-20 s on 2 cores (45-60 s with 32
+# teacher-forced tokens, 6 greedy and 12 timed), and its pick is still a lossy one that meets the budget.
+TUNE_EVAL = {"max_tokens": 8, "n_prompts": 1, "new_tokens": 2, "speed_tokens": 4}
 
 
 def serve_shipped(fake_delay_s: float = 0.02) -> Served:

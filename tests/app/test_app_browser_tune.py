@@ -14,6 +14,7 @@ pytestmark = pytest.mark.browser
 
 TUNE_TIMEOUT_S = 900      # one tune measured 95-160 s on a loaded 2-core machine; this bounds a hung one
 REPLY_TIMEOUT_S = 300
+REPLY_TOKENS = 16
 
 
 def _text(page, selector: str) -> str:
@@ -35,11 +36,9 @@ def _has(selector: str, text: str) -> str:
 def test_a_budgeted_tune_applies_its_pick_to_the_chat_and_the_next_reply_runs_with_it(browser, shipped_served,
                                                                                      monkeypatch):
     import pages.tuning
-    # A smaller evaluation than the app's (the page is under test, not the pick's statistics): ~35 s a tune of the
-    # shipped model on 2 cores against ~80 s, and the same lossy pick there.
-    monkeypatch.setattr(pages.tuning, "APP_EVAL", {"max_tokens": 32, "n_prompts": 1, "new_tokens": 6,
-                                                   "speed_tokens": 12})
-    from app_helpers import SHIPPED
+    from app_helpers import SHIPPED, TUNE_EVAL
+    # A smaller evaluation than the app's (the page is under test, not the pick's statistics).
+    monkeypatch.setattr(pages.tuning, "APP_EVAL", TUNE_EVAL)
     if not (SHIPPED / "config.json").exists():
         pytest.skip("the shipped model is not in assets/spice-mini: this test is for the real engine")
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
@@ -95,7 +94,15 @@ def test_a_budgeted_tune_applies_its_pick_to_the_chat_and_the_next_reply_runs_wi
     _until(page, _has("#ctl-auto-note", "Why:"), 30, "the side bar saying why")
     assert page.locator("#ctl-tau-approx input[type=number]").input_value() == f"{tau:g}"
 
-    # The next reply runs with it.
+    # The next reply runs with it (a short one: "Max new tokens" set on the page, as a person does; nothing of
+    # the pick's).
+    page.get_by_role("button", name="Timing model and generation").click()
+    max_new = page.locator("#ctl-max-new input[type=number]")
+    max_new.wait_for(state="visible")
+    max_new.click()
+    max_new.press("Control+A")
+    max_new.press_sequentially(str(REPLY_TOKENS))
+    max_new.press("Enter")
     runs_before = {s.run_id for s in shipped_served.engine.list_runs()}
     page.fill("#spice-msg textarea", "Tell me a story about a cat and a ball.")
     page.press("#spice-msg textarea", "Enter")
@@ -104,7 +111,7 @@ def test_a_budgeted_tune_applies_its_pick_to_the_chat_and_the_next_reply_runs_wi
     stats = _text(page, "#spice-stats")
     assert f"approx {tau:g}" in stats and "Next message" not in stats, stats
     new = [s for s in shipped_served.engine.list_runs() if s.run_id not in runs_before]
-    assert len(new) == 1 and new[0].policy == "spice" and new[0].n_tokens > 0
+    assert len(new) == 1 and new[0].policy == "spice" and 0 < new[0].n_tokens <= REPLY_TOKENS
     if tau > 0:
         assert new[0].miss_split.get("approx", 0) > 0, new[0].miss_split    # it approximated: lossy, as tuned
     context.close()

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import gradio as gr
 import pytest
 
-from app_helpers import SHIPPED
+from app_helpers import SHIPPED, TUNE_EVAL
 from pages import chat, sweep
 from pages.chat import ChatSession
 from pages.common import AppContext
@@ -20,9 +20,6 @@ from pages.tuning import TuneBook
 
 pytestmark = pytest.mark.slow
 VISITOR = SimpleNamespace(cookies={"spice_owner": "ab" * 16}, session_hash="tune-test-page")
-# A smaller evaluation than the app's (what is tested is the page, not the pick's statistics): ~35 s a tune of the
-# shipped model on 2 cores against ~80 s, and the same lossy pick there.
-TEST_EVAL = {"max_tokens": 32, "n_prompts": 1, "new_tokens": 6, "speed_tokens": 12}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -30,7 +27,8 @@ def small_evaluation():
     import pages.tuning
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pages.tuning, "APP_EVAL", TEST_EVAL)
+        # A smaller evaluation than the app's (the page is under test, not the pick's statistics).
+        mp.setattr(pages.tuning, "APP_EVAL", TUNE_EVAL)
         yield
 
 
