@@ -20,8 +20,9 @@ def _chat(page) -> str:
 
 
 def _replies(page) -> list[str]:
-    """The model's replies on screen (the app's own notes left out)."""
-    return page.evaluate("""() => [...document.querySelectorAll('#spice-chat .message.bot')]
+    """The model's replies on screen (the app's own notes, and Gradio's "Loading content" dots while an event
+    that updates the chat is pending, left out)."""
+    return page.evaluate("""() => [...document.querySelectorAll('#spice-chat .message.bot:not(.pending)')]
         .map(m => m.innerText.trim()).filter(t => t && !t.startsWith('Run ') && !/^[ℹ⚠■]/.test(t))""")
 
 
@@ -34,15 +35,21 @@ def _open(page, url: str) -> None:
     page.locator("#spice-msg textarea").wait_for(state="visible")
 
 
+def _cap(page, max_new_tokens: int) -> None:
+    """Replies capped at ``max_new_tokens``, set on the page ("Timing model and generation" is folded when the
+    page loads; the settings are the page's own: a reload starts from the defaults again)."""
+    page.get_by_text("Timing model and generation").click()
+    page.fill("#ctl-max-new input[type=number]", str(max_new_tokens))
+    page.press("#ctl-max-new input[type=number]", "Tab")
+
+
 def _new_page(browser, url: str, max_new_tokens: int):
     """A fresh browser context on the chat page, replies capped at ``max_new_tokens``."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     context.set_default_timeout(60_000)
     page = context.new_page()
     _open(page, url)
-    page.get_by_text("Timing model and generation").click()
-    page.fill("#ctl-max-new input[type=number]", str(max_new_tokens))
-    page.press("#ctl-max-new input[type=number]", "Tab")
+    _cap(page, max_new_tokens)
     return context, page
 
 
@@ -77,6 +84,7 @@ def test_the_conversation_survives_a_reload_and_another_page(browser, shipped_se
 
     # The restored conversation is what the next message carries: the chat the server sends back is built
     # from the history the browser sent, so both exchanges on screen mean the first one reached the model.
+    _cap(page, 16)
     _send(page, "And then?", 1)
     text = _chat(page)
     assert text.index(ASK) < text.index("And then?"), text[:400]
@@ -98,7 +106,7 @@ def test_a_reload_mid_reply_keeps_the_message_and_the_reply_so_far(browser, ship
     ask = "1, 2, 3, 4, 5, 6, 7, 8,"            # the shipped model counts on for hundreds of tokens
     page.fill("#spice-msg textarea", ask)
     page.press("#spice-msg textarea", "Enter")
-    _wait_for(page, "() => { const b = document.querySelectorAll('#spice-chat .message.bot');"
+    _wait_for(page, "() => { const b = document.querySelectorAll('#spice-chat .message.bot:not(.pending)');"
                     " return b.length && b[b.length - 1].innerText.replace('▍', '').trim().length > 12; }", 120)
     page.reload(wait_until="load")
     page.locator("#spice-msg textarea").wait_for(state="visible")
@@ -110,6 +118,7 @@ def test_a_reload_mid_reply_keeps_the_message_and_the_reply_so_far(browser, ship
     assert len(reply) == 1 and len(reply[0]) > 12, (reply, text[:400])
     # The engine let go of the reply nobody reads, and the restored conversation goes on.
     assert shipped_served.ctx.runner.wait_idle(30)
+    _cap(page, 16)
     _send(page, "Go on.", 0)
     assert len(_replies(page)) == 2, _chat(page)[:600]
     context.close()
