@@ -110,8 +110,22 @@ def build_model(spec: str, device: str, overrides: dict | None = None):
         return lifted_whole(Path(spec.split(":", 1)[1]), device, overrides=overrides)
     from spice_core.model.loader import _load_tokenizer, resolve_model_path
     path = resolve_model_path(spec)
-    hf = load_safetensors_model(path).to(device).eval()
+    dtype = torch.float32 if cpu_float32_offload_dtype(path, device) is not None else "auto"
+    hf = load_safetensors_model(path, dtype=dtype).to(device).eval()
     return hf, _load_tokenizer(path), str(path)
+
+
+def cpu_float32_offload_dtype(path: Path, device: str) -> torch.dtype | None:
+    """On the CPU, a half-precision checkpoint computes in float32, as `load_model(float32_on_cpu=True)` does for the
+    app and the quality tools (half-precision matmuls there are several times slower: a modeled bench of the shipped
+    model spent ~0.6 s a token in bf16 kernels); the checkpoint's dtype, which budgets, byte counts and modeled
+    times keep counting in, or None where the model computes in its own dtype."""
+    from spice_core.model.loader import HALF_DTYPES, read_config
+
+    if torch.device(device).type != "cpu":
+        return None
+    cfg = read_config(path)
+    return HALF_DTYPES.get(str(cfg.get("dtype") or cfg.get("torch_dtype") or ""))
 
 
 def model_folder(spec: str) -> Path | None:
@@ -232,7 +246,9 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         stock_tpot = _stock_generate_tpot(hf, prompts[:2], min(max_new, 32))
         print(f"transformers generate (all experts on the GPU): TPOT {stock_tpot:.2f} ms", flush=True)
     if not streamed:
-        lm = offload_model(hf, torch.device(device), tokenizer=tok, path=Path(desc))
+        plain = not lifted and not cfg["model"].startswith("random:")
+        lm = offload_model(hf, torch.device(device), tokenizer=tok, path=Path(desc),
+                           offload_dtype=cpu_float32_offload_dtype(Path(desc), device) if plain else None)
     lift_check = None
     if lifted and cfg.get("verify_lift", True):
         from spice_core.tools.lift import verify
