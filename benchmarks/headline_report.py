@@ -557,8 +557,9 @@ prompts run on its digest's code (`python benchmarks/code_commit.py DIGEST` name
 `git archive COMMIT spice_core` gives it back) or the whole cell runs again. `58f0270ac544a039` is the round-2 engine
 (commits 2ecfaef–aaf9c72), before round 3 of the CPU lane changed the lookahead (`docs/benchmarks/cpu-lane/round3/`:
 x8 `spice` 70.4 → 48.8 ms); `fa4cbd20a9b7570c` is the engine of 11d747e, round 3's. Rows of different digests are
-different engines: compare rows within one digest. The timing model against these traces (`recalibrate`, then
-`benchmarks/model_check.py`) is not run yet."""
+different engines: compare rows within one digest. The timing model against the measured cells of engine
+`fa4cbd20a9b7570c` is in `model-check/` (modeled with the shipped decision profile, before any refit: these shards
+exported no traces for `recalibrate`; the next runs export them)."""
 
 FLOOR_NOTE = """`floor ms` is BENCHMARK.md's two-lane floor, max(compute, (1 − hit rate) × routed bytes per token ÷ link
 rate). `3-lane floor ms` adds the CPU lane (`three_lane_floor` in `benchmarks/headline_report.py`): the row's
