@@ -44,7 +44,8 @@ import torch
 from spice_core.api import EXACT_POLICIES, POLICIES, RunSettings, greedy_agreement
 from spice_core.tools.bench_config import LINKS_GBPS, load_config_file, load_results
 from spice_core.tools.bench_records import provenance
-from spice_core.tools.bench_models import check_host_memory, load_safetensors_model
+from spice_core.tools.bench_models import (check_host_memory, cpu_float32_offload_dtype, load_safetensors_model,
+                                          model_folder)
 from spice_core import heldout
 from spice_core.errors import ConfigError
 from spice_core.heldout import DEFAULT_PROMPTS
@@ -102,8 +103,8 @@ def build_model(spec: str, device: str, overrides: dict | None = None):
     """(hf model with experts still fused, tokenizer or None, description). A lift: model is built whole on
     ``device`` here; `run_bench` streams it into host memory instead unless it needs the whole model."""
     if spec.startswith("random:"):
-        from spice_core.tools.bench_models import random_model
         shape = spec.split(":", 1)[1]
+        from spice_core.tools.bench_models import random_model
         return random_model(shape, device, check_memory=_check_host_memory)
     if spec.startswith("lift:"):
         from spice_core.tools.lift import lifted_whole
@@ -113,27 +114,6 @@ def build_model(spec: str, device: str, overrides: dict | None = None):
     dtype = torch.float32 if cpu_float32_offload_dtype(path, device) is not None else "auto"
     hf = load_safetensors_model(path, dtype=dtype).to(device).eval()
     return hf, _load_tokenizer(path), str(path)
-
-
-def cpu_float32_offload_dtype(path: Path, device: str) -> torch.dtype | None:
-    """On the CPU, a half-precision checkpoint computes in float32, as `load_model(float32_on_cpu=True)` does for the
-    app and the quality tools (half-precision matmuls there are several times slower: a modeled bench of the shipped
-    model spent ~0.6 s a token in bf16 kernels); the checkpoint's dtype, which budgets, byte counts and modeled
-    times keep counting in, or None where the model computes in its own dtype."""
-    from spice_core.model.loader import HALF_DTYPES, read_config
-
-    if torch.device(device).type != "cpu":
-        return None
-    cfg = read_config(path)
-    return HALF_DTYPES.get(str(cfg.get("dtype") or cfg.get("torch_dtype") or ""))
-
-
-def model_folder(spec: str) -> Path | None:
-    """The checkpoint folder behind a bench model spec (a lift:'s miniature); None for random: models."""
-    if spec.startswith("random:"):
-        return None
-    from spice_core.model.loader import resolve_model_path
-    return resolve_model_path(spec.split(":", 1)[1] if spec.startswith("lift:") else spec)
 
 
 def heldout_prompt_ids(tokenizer, n: int, model_dir: Path | None = None) -> list[list[int]]:

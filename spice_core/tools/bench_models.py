@@ -1,4 +1,4 @@
-"""Benchmark-only models built in memory: random-weight models of a real model's shape.
+"""The models bench runs: a checkpoint, a lift of one, or random-weight models of a real model's shape built in memory.
 
 Random weights route unrealistically (near-uniform), so these are a stress case for the
 mechanisms and the timing, not a quality or hit-rate reference. Weights are initialised
@@ -7,6 +7,7 @@ on the target device (fast on a GPU) and offloaded afterwards by `offload_model`
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
@@ -162,3 +163,24 @@ def param_counts(cfg) -> tuple[int, int]:
     dense = (L - len(moe)) * 3 * h * cfg.intermediate_size
     other = embed + L * (attn + 2 * h) + len(moe) * shared + dense
     return routed, other
+
+
+def cpu_float32_offload_dtype(path: Path, device: str) -> torch.dtype | None:
+    """On the CPU, a half-precision checkpoint computes in float32, as `load_model(float32_on_cpu=True)` does for the
+    app and the quality tools (half-precision matmuls there are several times slower: a modeled bench of the shipped
+    model spent ~0.6 s a token in bf16 kernels on a loaded 2-core machine); the checkpoint's dtype, which budgets, byte counts and modeled
+    times keep counting in, or None where the model computes in its own dtype."""
+    from spice_core.model.loader import HALF_DTYPES, read_config
+
+    if torch.device(device).type != "cpu":
+        return None
+    cfg = read_config(path)
+    return HALF_DTYPES.get(str(cfg.get("dtype") or cfg.get("torch_dtype") or ""))
+
+
+def model_folder(spec: str) -> Path | None:
+    """The checkpoint folder behind a bench model spec (a lift:'s miniature); None for random: models."""
+    if spec.startswith("random:"):
+        return None
+    from spice_core.model.loader import resolve_model_path
+    return resolve_model_path(spec.split(":", 1)[1] if spec.startswith("lift:") else spec)
