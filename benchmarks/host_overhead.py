@@ -2,7 +2,7 @@
 
     python benchmarks/host_overhead.py [--model assets/spice-mini] [--device cuda|cpu]
         [--timing measured|modeled] [--policies lru spice_prefetch ...] [--tokens 32]
-        [--orders auto before after] [--profile-out FILE]
+        [--orders auto before after] [--profile-out FILE] [--lift] [--sections-out FILE]
 
 On the shipped miniature every kernel is tiny, so wall time per token is almost entirely
 the engine's host work: routing readback, grouping, miss planning, the draft and the
@@ -15,7 +15,10 @@ before or after the layer's experts are launched; auto = the engine's default): 
 per token (median of decode steps over prompts), experts copied per token, and ms per MoE
 layer of each engine section (instrumented by wrapping the engine's methods). With
 ``--profile-out`` also writes the cProfile of one generation per policy (top 40 by
-cumulative time). Timing label: *measured* wall clock on this machine.
+cumulative time). ``--lift``: the miniature lifted to DeepSeek-V2-Lite shapes with its draft heads and
+LoRE (the headline's model), where the fast path's host step plans real lookaheads. ``--sections-out``:
+a finer table per policy of the fast path's host step (`FAST_SECTIONS`: calls and µs per MoE layer,
+µs per call), nested sections included in their callers' time. Timing label: *measured* wall clock.
 """
 from __future__ import annotations
 
@@ -49,23 +52,69 @@ SECTIONS = {"run_layer": LayerRuntime, "decide_layer": LayerRuntime, "_prefetch"
             "issue": EagerExecutor}
 
 
-def _instrument(totals: dict, counts: collections.Counter) -> None:
+# The headline's spice setting (docs/benchmarks/headline/config-native-25.json), used with --lift.
+HEADLINE_SETTINGS = {"tau_approx": 0.05, "tau_prefetch": 0.2, "max_lookahead": 4, "lore_rank": 4}
+
+
+def _fast_sections() -> dict:
+    """The fast path's host step, finer: "Class.method" -> (owner, attribute). Nested ones are inside their
+    callers' time (e.g. `_issue_one` inside `issue_many`, `MeasuredTimeline.copy` inside `_issue_one`)."""
+    from spice_core.predictor.draft import DraftPredictor
+    from spice_core.runtime import graphed
+    from spice_core.runtime.graphed import GraphedDecoder
+    from spice_core.runtime.slots import SlotBuffer
+    from spice_core.timing.measured import MeasuredTimeline
+    from spice_core.trace.recorder import Recorder
+
+    owners = {"GraphedDecoder": (GraphedDecoder, ("_decide",)),
+              "LayerRuntime": (LayerRuntime, ("decide_layer", "run_deferred", "_prefetch", "_record_deferred")),
+              "LayerPlanner": (LayerPlanner, ("plan_layer", "plan_hits", "plan_experts", "plan_prefetch",
+                                              "prefetch_issued", "_acquire")),
+              "EagerExecutor": (EagerExecutor, ("issue_many", "_issue_one", "wait_ready")),
+              "SlotBuffer": (SlotBuffer, ("fill_from",)),
+              "MeasuredTimeline": (MeasuredTimeline, ("copy", "layer", "wait", "stamp", "end_token")),
+              "Recorder": (Recorder, ("layer_outcomes", "layer_hits", "layer_counts", "prefetch_used")),
+              "DraftPredictor": (DraftPredictor, ("predictions_from_readback",)),
+              "graphed": (graphed, ("plan_rows",))}
+    return {f"{o}.{a}": (cls, a) for o, (cls, attrs) in owners.items() for a in attrs}
+
+
+def _wrap(owner, attr: str, name: str, totals: dict, counts: collections.Counter) -> None:
+    """Replace ``owner.attr`` (a method, static method or module function) with a wall-clock timed one."""
+    fn = owner.__dict__[attr]
+    is_static = isinstance(fn, staticmethod)
+    raw = fn.__func__ if is_static else fn
+
+    def wrapped(*a, __fn=raw, **k):
+        t = time.perf_counter()
+        try:
+            return __fn(*a, **k)
+        finally:
+            totals[name] += time.perf_counter() - t
+            counts[name] += 1
+
+    setattr(owner, attr, staticmethod(wrapped) if is_static else wrapped)
+
+
+def _instrument(totals: dict, counts: collections.Counter, fast: bool = False) -> None:
     """Wrap each section's method with a wall-clock timer (a profiler's job, done by hand: cProfile's
     own overhead would swamp sections of a few microseconds)."""
     for name, cls in SECTIONS.items():
-        fn = cls.__dict__[name]
-        is_static = isinstance(fn, staticmethod)
-        raw = fn.__func__ if is_static else fn
+        _wrap(cls, name, name, totals, counts)
+    if fast:
+        for name, (owner, attr) in _fast_sections().items():
+            if attr not in SECTIONS or owner not in SECTIONS.values():
+                _wrap(owner, attr, name, totals, counts)
 
-        def wrapped(*a, __fn=raw, __name=name, **k):
-            t = time.perf_counter()
-            try:
-                return __fn(*a, **k)
-            finally:
-                totals[__name] += time.perf_counter() - t
-                counts[__name] += 1
 
-        setattr(cls, name, staticmethod(wrapped) if is_static else wrapped)
+def _section_rows(totals: dict, counts: collections.Counter, layers: int) -> list[str]:
+    """Markdown rows: section | calls per MoE layer | µs per MoE layer | µs per call."""
+    rows = []
+    for name in sorted(totals, key=lambda n: -totals[n]):
+        n = counts[name]
+        rows.append(f"| {name} | {n / layers:.2f} | {totals[name] / layers * 1e6:.1f} | "
+                    f"{totals[name] / max(1, n) * 1e6:.1f} |")
+    return rows
 
 
 def main(argv=None) -> int:
@@ -82,14 +131,27 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-out", type=Path, default=None)
     ap.add_argument("--executor", default="auto", choices=["auto", "eager", "graphed"],
                     help="the engine's executor (auto: the graphed fast path on CUDA)")
+    ap.add_argument("--lift", action="store_true",
+                    help="lift --model to DeepSeek-V2-Lite shapes (with its draft heads and LoRE), as the headline")
+    ap.add_argument("--sections-out", type=Path, default=None,
+                    help="write the fast path's finer host sections per policy (markdown) here")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     if args.device == "cpu":
         torch.set_num_threads(1)
     kw = {"timing": args.timing} if args.timing else {}
-    engine = SpiceEngine.load(args.model, device=args.device, executor=args.executor, **kw)
+    if args.lift:
+        from spice_core.tools.lift import lift_artifacts, lifted_model
+
+        lm, _, desc = lifted_model(Path(args.model), args.device)
+        engine = SpiceEngine(lm, executor=args.executor, **kw)
+        engine.artifacts = lift_artifacts(Path(args.model), lm) or None
+        args.model = desc
+    else:
+        engine = SpiceEngine.load(args.model, device=args.device, executor=args.executor, **kw)
     totals, counts = collections.defaultdict(float), collections.Counter()
-    _instrument(totals, counts)
+    _instrument(totals, counts, fast=args.sections_out is not None)
+    sections_md = []
     prompts = DEFAULT_PROMPTS[: args.prompts]
     print(f"# host overhead (measured wall clock), model {args.model}, device {args.device}, "
           f"timing {engine.timing}, executor {args.executor}, cache {args.cache_frac:.0%}, "
@@ -105,7 +167,7 @@ def main(argv=None) -> int:
         engine.prefetch_after_experts = {"auto": None, "before": False, "after": True}[order]
         for pol in args.policies:
             s = RunSettings(policy=pol, cache_frac=args.cache_frac, max_new_tokens=args.tokens,
-                            profile="h200-pcie5x16")
+                            profile="h200-pcie5x16", **HEADLINE_SETTINGS if args.lift else {})
             run = engine.start_prompt(prompts[0], s)   # warm-up (allocator, lazy imports)
             for _ in run:
                 pass
@@ -125,6 +187,9 @@ def main(argv=None) -> int:
             cells = " | ".join(f"{totals[n] / layers * 1e3:.3f}" for n in SECTIONS)
             print(f"| {pol} | {order} | {statistics.median(steps):.2f} | {statistics.mean(copies):.1f} | {cells} |",
                   flush=True)
+            sections_md += [f"\n## {pol} ({order}): {layers} MoE layers, wall {statistics.median(steps):.2f} ms/token\n",
+                            "| section | calls / layer | µs / layer | µs / call |", "|---|---|---|---|",
+                            *_section_rows(totals, counts, layers)]
             if args.profile_out is not None:
                 pr = cProfile.Profile()
                 run = engine.start_prompt(prompts[0], s)
@@ -138,6 +203,10 @@ def main(argv=None) -> int:
     if args.profile_out is not None:
         args.profile_out.parent.mkdir(parents=True, exist_ok=True)
         args.profile_out.write_text("\n".join(profiles))
+    if args.sections_out is not None:
+        args.sections_out.parent.mkdir(parents=True, exist_ok=True)
+        args.sections_out.write_text(f"# host sections (measured wall clock), model {args.model}, device {args.device}, "
+                                     f"cache {args.cache_frac:.0%}\n" + "\n".join(sections_md) + "\n")
     return 0
 
 

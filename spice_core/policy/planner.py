@@ -162,6 +162,11 @@ class LayerPlanner:
         self._layer_ms = costs.gpu_layer_ms() + top_k * costs.gpu_expert_ms()
         self._plan_ms = costs.profile.host_plan_us / 1e3
         self._lane_ms = self._lane_miss_ms()     # the lookahead asks every layer; spec, lane and costs are fixed
+        # What a later miss of a cached expert would cost (the copy's caching credit), and the miss options per
+        # live threshold: fixed but for tau_approx (set_thresholds), and each layer built them anew.
+        lane = spec.use_cpu and can_cpu
+        self._later_miss_ms = min(self._copy_ms, costs.cpu_expert_ms(1)) if lane else self._copy_ms
+        self._miss_opts: dict[tuple[float, float], MissOptions] = {}
         self._expert_ms: dict[int, tuple] = {}   # n_tokens -> (CPU lane, GPU, CPU lane while the link reads the
                                                  # same DRAM, the int8 run, the int8 run so) ms of one expert
         # Each MoE layer's ExpertKeys, made once: a layer's plan looks up a dozen or more of them.
@@ -227,7 +232,13 @@ class LayerPlanner:
                     hits += len(routes[e][0])
                     continue
                 # A prefetch still in flight: the miss decision weighs waiting for it against the others.
-            weight = max(w_rows[t][p] for t, p in zip(*routes[e])) if orchestrate else 0.0   # only weighed there
+            toks, poss = routes[e]
+            if not orchestrate:          # only weighed there
+                weight = 0.0
+            elif len(toks) == 1:         # one selection (a decode step): its weight
+                weight = w_rows[toks[0]][poss[0]]
+            else:
+                weight = max(w_rows[t][p] for t, p in zip(toks, poss))
             misses.append((e, weight, len(routes[e][0])))
         for (e, _, n_sel), action in zip(misses, self._decide_misses(layer, misses, queues)):
             if action == MissAction.WAIT_PREFETCH:
@@ -296,9 +307,7 @@ class LayerPlanner:
         # A copied expert stays cached: credit it with what a later use saves (recent hit rate x the cheaper of
         # the ways that later miss would take: a copy, or with a CPU lane its run there, FASTPATH §2.5; on a
         # slow link the lane is cheaper than a copy, and crediting the copy's full time overpaid the cache).
-        can_cpu = spec.use_cpu and self.can_cpu
-        later_ms = min(self._copy_ms, c.cpu_expert_ms(1)) if can_cpu else self._copy_ms
-        copy_value = (1.0 - self.miss_rate_ema) * later_ms if spec.keep_misses else 0.0
+        copy_value = (1.0 - self.miss_rate_ema) * self._later_miss_ms if spec.keep_misses else 0.0
         reqs = []
         keys, inflight, expert_ms = self._keys[layer], self.inflight, self._expert_ms
         for e, weight, n_tokens in misses:
@@ -313,10 +322,19 @@ class LayerPlanner:
                                     inf.arrival_ms if inf is not None else None, copy_value, *ms[2:]))
         # CPU-lane tasks are collected within their layer, so the lane is idle when a layer starts.
         q = QueueState(now_ms=queues.now_ms, copy_free_at_ms=queues.copy_free_at_ms)
-        opts = MissOptions(tau_approx=self.tau_approx, can_approx=spec.use_lore and self.can_approx,
-                           can_cpu=spec.use_cpu and self.can_cpu, can_copy=True, tau_int8=self.tau_int8,
-                           can_int8=spec.use_int8 and self.can_int8)
-        return plan_misses(reqs, q, opts)
+        return plan_misses(reqs, q, self._options())
+
+    def _options(self) -> MissOptions:
+        """The miss options at the current thresholds, made once per threshold pair."""
+        key = (self.tau_approx, self.tau_int8)
+        opts = self._miss_opts.get(key)
+        if opts is None:
+            spec = self.spec
+            opts = self._miss_opts[key] = MissOptions(
+                tau_approx=self.tau_approx, can_approx=spec.use_lore and self.can_approx,
+                can_cpu=spec.use_cpu and self.can_cpu, can_copy=True, tau_int8=self.tau_int8,
+                can_int8=spec.use_int8 and self.can_int8)
+        return opts
 
     # ------------------------------------------------------------------ phase 3: the experts, in order
     def plan_experts(self, plan: LayerPlan, *, batched: bool = False) -> tuple[ExpertRun, ...]:

@@ -200,7 +200,22 @@ class EagerExecutor:
 
     def wait_ready(self, slot: int) -> None:
         """Make the compute stream wait for the copy that filled ``slot`` (a stall interval when it must)."""
-        handle = self._ready.pop(slot, None)
+        self._wait_for(self._ready.pop(slot, None))
+
+    def wait_ready_many(self, slots) -> None:
+        """`wait_ready` for every slot of ``slots`` at once, for a step that reads them all together (a graph
+        segment): copies run in issue order on the one copy stream, so waiting for the last one issued among
+        them waits for all of them. One readiness check and at most one stall interval instead of one per slot
+        (each cost the host ~10-16 µs a layer on the H200 host). Handles' ``end_ms`` grows in issue order on
+        both clocks (the measured one predicts it from the issue time, the modeled one queues the link)."""
+        ready, last = self._ready, None
+        for slot in slots:
+            handle = ready.pop(slot, None)
+            if handle is not None and (last is None or handle.end_ms >= last.end_ms):
+                last = handle
+        self._wait_for(last)
+
+    def _wait_for(self, handle) -> None:
         if handle is None:
             return
         ev = handle.native

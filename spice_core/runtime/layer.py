@@ -142,8 +142,7 @@ class LayerRuntime:
         if self._decide_hits:       # an all-hit layer: one planner call, no plan objects (`plan_hits`)
             slots = planner.plan_hits(layer, expert_ids)
             if slots is not None:
-                for p in sorted(range(len(expert_ids)), key=expert_ids.__getitem__):   # as plan_experts orders them
-                    ex.wait_ready(slots[p])
+                ex.wait_ready_many(slots)
                 self._deferred_record = (layer, expert_ids, None)
                 return slots
         plan = planner.plan_layer(layer, [expert_ids], [weights], self._queues())
@@ -157,6 +156,7 @@ class LayerRuntime:
             fallback = lambda key: planner.plan_fallback(key, hold=True)   # noqa: E731
             slot_of = ex.join_cpu(layer, jobs, expert_ids, fallback)
         fell_back = [e for e, slot in slot_of.items() if slot >= 0]
+        wait = []               # the slots the segment reads: waited for at once, after the late copies' issue
         for r in planner.plan_experts(plan, batched=True):
             key = (layer, r.expert)
             if r.late_copy is not None:
@@ -166,8 +166,9 @@ class LayerRuntime:
             if r.outcome == "approx":          # the segment's LoRE branch computes it
                 slot_of[r.expert] = APPROX_SLOT
                 continue
-            ex.wait_ready(r.slot)
+            wait.append(r.slot)
             slot_of[r.expert] = r.slot
+        ex.wait_ready_many(wait)
         for e in fell_back:            # fell back to a copy: an ordinary cached expert from here on
             planner.release_fallback(ExpertKey(layer, e))
         # Recorded once the next segment is launched (`run_deferred`): the GPU need not wait for the bookkeeping.

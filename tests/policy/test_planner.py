@@ -62,6 +62,19 @@ def test_spice_approximates_only_below_tau_approx_and_copies_the_rest():
     assert plan.hits == 0 and plan.misses == 2
 
 
+def test_a_live_tau_approx_change_decides_the_next_layer():
+    """The miss options are made once per threshold (the planner's cache): a slider move must still count."""
+    p = planner("spice", n_slots=4, top_k=2, tau_approx=0.1, can_approx=True)
+    plan, _ = step(p, 1, [[0, 1]], [[0.15, 0.6]])
+    assert plan.outcomes == {0: "copy", 1: "copy"}
+    p.tau_approx = 0.2
+    plan, _ = step(p, 2, [[0, 1]], [[0.15, 0.6]])
+    assert plan.outcomes == {0: "approx", 1: "copy"}
+    p.tau_approx = 0.1
+    plan, _ = step(p, 2, [[2, 3]], [[0.15, 0.6]])
+    assert plan.outcomes == {2: "copy", 3: "copy"}
+
+
 def test_a_miss_goes_to_the_cpu_lane_when_it_finishes_first():
     slow_link = CostModel(get_profile("rtx4060-pcie4x8"), get_shape("qwen2-57b-a14b"))
     p = LayerPlanner(get_spec("spice_no_lore"), n_slots=4, n_experts=4, top_k=1, moe_layers=(1, 2),
