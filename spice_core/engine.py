@@ -483,7 +483,9 @@ class SpiceEngine:
             except GraphCaptureError as err:
                 notes.append(f"fast path off: {err}; decode runs on the eager executor")
                 return self.build_runtime(s, notes=notes, oracle_routing=oracle_routing, modeled=modeled, eager=True)
-            notes.append(f"fast path: decode steps replay CUDA graphs ({len(lm.moe_layers) + 1} segments "
+            n_graphs = executor.decoder.n_graphs
+            shape = "one graph, no host step between layers" if n_graphs == 1 else f"{n_graphs} segments"
+            notes.append(f"fast path: decode steps replay CUDA graphs ({shape}, "
                          f"captured in {time.perf_counter() - t0:.2f} s)" if executor.decoder.use_graphs else
                          "fast path: decode steps run the graphed executor's step op by op (no CUDA here)")
         return rt

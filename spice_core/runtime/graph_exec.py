@@ -73,10 +73,22 @@ class GraphExecutor(EagerExecutor):
             readback, n_draft = self.draft.head_readback, 2 * self.draft.distances * self.draft.n_experts
         self.decoder = GraphedDecoder(self.lm, self.slots.buffer, self.copy_stream, self.max_cache_len,
                                       use_graphs=self.use_graphs, wait_for_copies=False, draft_readback=readback,
-                                      draft_numel=n_draft or 0, lore=self.lore, cpu_rows=self.cpu_rows)
+                                      draft_numel=n_draft or 0, lore=self.lore, cpu_rows=self.cpu_rows,
+                                      static_slots=self._static_slots(runtime.planner))
         self.runtime = runtime
         if self.cuda:
             self.compute_stream = self.decoder.stream
+
+    def _static_slots(self, planner):
+        """[M, E] the slot of every expert, when every expert is resident for the run's life (``resident``: its
+        decode step is one graph with no host step, `GraphedDecoder`); else None."""
+        if not planner.spec.preload_all or self.draft is not None or self.lore is not None or self.cpu_rows:
+            return None
+        where, layers = planner.residency.where, self.lm.moe_layers
+        keys = [[ExpertKey(layer, e) for e in range(self.lm.n_experts)] for layer in layers]
+        if not all(key in where for row in keys for key in row):
+            return None
+        return torch.tensor([[where[key] for key in row] for row in keys], dtype=torch.long, device=self.device)
 
     def start_token(self) -> None:
         if self.cuda:

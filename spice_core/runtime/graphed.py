@@ -20,6 +20,12 @@ each selection, in ascending expert order, and the stock loop's rounding, so any
 same experts gives the same bits (an LRU cache replays an all-resident run exactly). The pinned buffers the
 segments read back into and upload from are `graphed_io.HostIO`; this module captures and replays.
 
+With ``static_slots`` (a cache that never changes: every expert resident) the step needs no host decision:
+each layer's plan row is computed on the device from its routing (`graphed_step.static_plan_rows`), the whole
+step is ONE graph with no wait between layers, and the host hears of every layer's routing once the step is done
+(``on_layer`` per layer, its slots checked against the table's). Needs captured pinned copies (the routing is read
+back inside the graph); without them the decoder cuts segments as above.
+
 Deliberately does not know policies, the engine or timing: it takes a host callback per layer.
 """
 from __future__ import annotations
@@ -37,7 +43,7 @@ from spice_core.exec.experts import installed
 from spice_core.model.loader import cache_kwarg
 from spice_core.runtime.graphed_io import HostIO, probe_captured
 from spice_core.runtime.graphed_plan import plan_rows
-from spice_core.runtime.graphed_step import KERNELS, SlotExpertStep, default_kernel
+from spice_core.runtime.graphed_step import KERNELS, SlotExpertStep, default_kernel, static_plan_rows
 from spice_core.types import ExpertKey
 
 log = logging.getLogger(__name__)
@@ -74,7 +80,8 @@ class GraphedDecoder:
 
     def __init__(self, lm, slots_buffer: torch.Tensor, copy_stream, max_cache_len: int, *,
                  kernel: str | None = None, use_graphs: bool | None = None, wait_for_copies: bool = True,
-                 draft_readback: DraftReadback | None = None, draft_numel: int = 0, lore=None, cpu_rows: bool = False) -> None:
+                 draft_readback: DraftReadback | None = None, draft_numel: int = 0, lore=None, cpu_rows: bool = False,
+                 static_slots: torch.Tensor | None = None) -> None:
         """``wait_for_copies`` False: the caller makes `stream` wait for the copies a step needs (inside
         on_layer), so prefetches for later layers keep flowing behind the next segments.
         ``draft_readback(layer, x [1,H]) -> [draft_numel] float32``: device work captured into the segment just
@@ -83,7 +90,9 @@ class GraphedDecoder:
         marks approximate take its surrogate (plus α·shared expert) instead of a slot's expert. ``cpu_rows``: the
         hidden state x of each MoE layer is read back with its routing (``x_host[i]``, pinned), and selections
         the plan marks CPU take their output from ``cpu_host[i, row]`` (pinned, written by the host before the
-        next segment's launch, uploaded by that segment's captured H2D with the plan row)."""
+        next segment's launch, uploaded by that segment's captured H2D with the plan row). ``static_slots``
+        [M, E] long on the device: the slot of every expert of every MoE layer, fixed for the decoder's life
+        (see the module docstring)."""
         from transformers import StaticCache
 
         self.lm, self.model = lm, lm.model
@@ -99,6 +108,11 @@ class GraphedDecoder:
         self.copy_stream, self.max_cache_len = copy_stream, int(max_cache_len)
         self.wait_for_copies, self.draft_readback = wait_for_copies, draft_readback
         self.experts = SlotExpertStep(lm, slots_buffer, kernel, lore)
+        if static_slots is not None and (draft_readback is not None or cpu_rows or lore is not None):
+            raise ConfigError("static_slots is for a cache that never changes and decides nothing: no draft, "
+                              "CPU lane or LoRE with it")
+        self.static_slots = static_slots
+        self._static_host = static_slots.tolist() if static_slots is not None else None
         self.kernel, self.lore, self.n_slots = self.experts.kernel, lore, self.experts.n_slots
         self.moe_pos = {layer: i for i, layer in enumerate(lm.moe_layers)}
         self.k, self.n_experts = lm.top_k, lm.n_experts
@@ -140,6 +154,11 @@ class GraphedDecoder:
             self._capture()
 
     # ------------------------------------------------------------------ public
+    @property
+    def n_graphs(self) -> int:
+        """CUDA graphs a step replays: one per MoE layer plus one, or one (static slots); 0 on the CPU."""
+        return len(self._graphs)
+
     @property
     def stream(self):
         """The CUDA stream the decode segments replay on (None on the CPU)."""
@@ -185,6 +204,8 @@ class GraphedDecoder:
                     self.ids.fill_(token)
                 self.logits = self._body()
                 out = int(self.logits[0, -1].argmax())
+            if self.static_slots is not None:
+                self._tell_static_layers()
         else:
             out = self._replay(token)
         self._pos_host += 1
@@ -198,6 +219,8 @@ class GraphedDecoder:
 
     # ------------------------------------------------------------------ replay
     def _replay(self, token: int) -> int:
+        if self.static_slots is not None:
+            return self._replay_static(token)
         s, clock = self._stream, time.perf_counter
         with torch.cuda.stream(s):
             if token != self._next_token:
@@ -230,6 +253,36 @@ class GraphedDecoder:
         self.host_layers += len(self.lm.moe_layers)
         return int(self.io.token_np[0])
 
+    def _replay_static(self, token: int) -> int:
+        """The whole step as one graph (static slots): replay, wait once, then tell the host each layer's routing."""
+        s = self._stream
+        with torch.cuda.stream(s):
+            if token != self._next_token:
+                self.ids.fill_(token)
+            self._graphs[0].replay()
+            self._events[-1].record(s)
+            self._events[-1].synchronize()
+        self._tell_static_layers()
+        return int(self.io.token_np[0])
+
+    def _tell_static_layers(self) -> None:
+        """``on_layer`` for every MoE layer of a static step, after it ran: the host records what it did (the GPU is
+        idle meanwhile, so the time counts as host time). Each layer's slots must be the table's."""
+        t0 = time.perf_counter()
+        table = self._static_host
+        for i, layer in enumerate(self.lm.moe_layers):
+            ids, ws = self.io.idx_np[i].tolist(), self.io.w_np[i].tolist()
+            keep = [k for k, e in enumerate(ids) if 0 <= e < self.n_experts]
+            ids, ws = [ids[k] for k in keep], [ws[k] for k in keep]
+            slots = self._on_layer(layer, ids, ws)
+            if list(slots) != [table[i][e] for e in ids]:
+                raise SpiceError(f"layer {layer}: the host placed experts {ids} in slots {list(slots)}, not the static "
+                                 "table's: a static step needs a cache that never changes")
+            if self._after_replay is not None:    # nothing runs on the GPU now: host time, not overlap
+                self._after_replay()
+        self.host_s += time.perf_counter() - t0
+        self.host_layers += len(self.lm.moe_layers)
+
     def _run_after_replay(self) -> None:
         if self._after_replay is not None:
             t0 = time.perf_counter()
@@ -258,6 +311,10 @@ class GraphedDecoder:
             return self._prefill_experts(layer, x, top_k_index, top_k_weights, act)
         assert x.shape[0] == 1, "the graphed decoder runs T=1 steps only"
         i = self.moe_pos[layer]
+        if self.static_slots is not None:       # no host step: the plan row from the routing, on the device
+            self.io.readback(i, top_k_index, top_k_weights)
+            plan = static_plan_rows(self.static_slots[i], top_k_index, self.n_slots)
+            return self.experts.forward(i, x, top_k_weights, act, plan)
         draft = self.draft_readback(layer, x) if self.draft_readback is not None else None
         if self._mode == "capture":
             self._route_src[i] = (top_k_index, top_k_weights)
@@ -335,10 +392,14 @@ class GraphedDecoder:
             self.cache.reset()        # the warm-up read arbitrary slots: clear K/V and lengths
             self.pos.zero_()
             self.captured_host_io = probe_captured(self.device, self._stream)
+        if self.static_slots is not None and not self.captured_host_io:
+            log.info("pinned copies cannot be captured here: the static step is cut into segments like any other")
+            self.static_slots = None
         gc.collect()
         torch.cuda.synchronize(self.device)
         self._pool = torch.cuda.graph_pool_handle()
-        self._graphs = [torch.cuda.CUDAGraph() for _ in range(len(self.lm.moe_layers) + 1)]
+        n_graphs = 1 if self.static_slots is not None else len(self.lm.moe_layers) + 1
+        self._graphs = [torch.cuda.CUDAGraph() for _ in range(n_graphs)]
         self._capturing = 0
         t0 = time.perf_counter()
         try:
@@ -354,6 +415,12 @@ class GraphedDecoder:
                 except Exception:   # noqa: BLE001 - the capture is already invalid; report the first error
                     pass
             self._graphs = []
+            if self.static_slots is not None:     # the one-graph step failed: capture the segmented one instead
+                log.warning("%s: capturing the static step as one graph failed (%s: %s): cutting it into segments",
+                            family, type(err).__name__, err)
+                self.static_slots = None
+                self._capture()
+                return
             raise GraphCaptureError(f"{family}: capturing the decode step as CUDA graphs failed at segment "
                                     f"{self._capturing} ({type(err).__name__}: {err}): use the eager executor") from err
         torch.cuda.synchronize(self.device)

@@ -21,7 +21,8 @@ from torch.nn import functional as F
 from spice_core.errors import ConfigError
 from spice_core.exec import slot_kernels
 from spice_core.exec.experts import expert_forward, gathered_experts_forward
-from spice_core.runtime.graphed_plan import APPROX, BY_SLOT, EXPERT, INV, KIND, KIND_CPU, PERM, SLOT, VALID
+from spice_core.runtime.graphed_plan import (APPROX, BY_SLOT, EXPERT, INV, KIND, KIND_CPU, KIND_GPU, KIND_NONE, PERM,
+                                             PLAN_ROWS, SLOT, VALID)
 
 KERNELS = ("slots", "gather", "grouped")
 
@@ -135,3 +136,28 @@ class SlotExpertStep:
 
     def close(self) -> None:
         self.buffer = self._gu = self._dn = None
+
+
+def static_plan_rows(slot_of: torch.Tensor, top_k_index: torch.Tensor, n_slots: int) -> torch.Tensor:
+    """`graphed_plan.plan_rows` computed on the device for a cache that never changes (every expert resident):
+    ``slot_of`` [E] the slot of each expert of the layer, ``top_k_index`` [1,K] the router's picks -> the plan
+    row [PLAN_ROWS, K] (long), the same numbers the host writes for these picks: selections in ascending expert
+    order (a stable sort; dropped picks, ids outside [0, E), after them in top-k order), every valid one a GPU
+    slot. No host value is read, so it is captured into the step's one graph (`GraphedDecoder`, static slots)."""
+    E, K = slot_of.shape[0], top_k_index.shape[-1]
+    idx = top_k_index.reshape(K).to(torch.long)
+    valid = (idx >= 0) & (idx < E)
+    pos = torch.arange(K, device=idx.device)
+    order = torch.sort(torch.where(valid, idx, E + pos), stable=True).indices          # PERM
+    e_o, v_o = idx.index_select(0, order), valid.index_select(0, order)
+    slot = torch.where(v_o, slot_of.index_select(0, e_o.clamp(0, E - 1)), 0)
+    sort_key = torch.where(v_o, slot, n_slots)
+    by_slot = torch.sort(sort_key, stable=True).indices
+    inv = torch.empty_like(by_slot).scatter_(0, by_slot, pos)
+    rows = torch.zeros((PLAN_ROWS, K), dtype=torch.long, device=idx.device)
+    rows[SLOT], rows[PERM], rows[VALID] = slot, order, v_o.to(torch.long)
+    rows[BY_SLOT], rows[INV] = sort_key.index_select(0, by_slot), inv
+    rows[EXPERT] = torch.where(v_o, e_o, 0)
+    rows[KIND] = torch.where(v_o, KIND_GPU, KIND_NONE)
+    return rows
+

@@ -66,6 +66,32 @@ def test_on_a_gpu_the_fast_path_replays_cuda_graphs(graphed):
     assert any("replay CUDA graphs" in n for n in s.notes), s.notes
 
 
+@pytest.mark.parametrize("family", ("deepseek_v2", "mixtral"))
+def test_resident_decodes_without_a_host_step_and_still_reports_every_layer(graphed, family, monkeypatch):
+    """Every expert resident: each layer's plan row is computed on the device (one graph a step on a GPU), and the
+    host hears of each layer once the step is done. Same tokens and outcomes as the segmented step, which the
+    same decoder runs when the table is withheld."""
+    from spice_core.runtime.graph_exec import GraphExecutor
+
+    eng = graphed[family]
+    seen = []
+    real = GraphExecutor._static_slots
+    monkeypatch.setattr(GraphExecutor, "_static_slots", lambda self, planner: seen.append(t := real(self, planner)) or t)
+    static_run = eng.start_ids(PROMPTS[0], RunSettings(policy="resident", cache_frac=0.3, max_new_tokens=8,
+                                                       cpu_lane=False))
+    steps = list(static_run)
+    assert seen and seen[-1] is not None
+    n_moe, k = len(eng.lm.moe_layers), eng.lm.top_k
+    assert all(len(st.outcomes) == n_moe * k and {o.outcome for o in st.outcomes} == {"hit"} for st in steps[1:])
+    monkeypatch.setattr(GraphExecutor, "_static_slots", lambda self, planner: None)    # the segmented step
+    run = eng.start_ids(PROMPTS[0], RunSettings(policy="resident", cache_frac=0.3, max_new_tokens=8, cpu_lane=False))
+    segmented = list(run)
+    assert [st.token_id for st in segmented] == [st.token_id for st in steps]
+    assert [st.outcomes for st in segmented] == [st.outcomes for st in steps]
+    if torch.cuda.is_available():
+        assert any("one graph, no host step" in n for n in eng.get_summary(static_run.run_id).notes)
+
+
 def test_spice_approximates_with_lore_on_the_fast_path():
     """The shipped model's LoRE factors run as a branch of the graphed expert step."""
     cuda = torch.cuda.is_available()
