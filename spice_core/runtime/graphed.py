@@ -24,7 +24,9 @@ With ``static_slots`` (a cache that never changes: every expert resident) the st
 each layer's plan row is computed on the device from its routing (`graphed_step.static_plan_rows`), the whole
 step is ONE graph with no wait between layers, and the host hears of every layer's routing once the step is done
 (``on_layer`` per layer, its slots checked against the table's). Needs captured pinned copies (the routing is read
-back inside the graph); without them the decoder cuts segments as above.
+back inside the graph); without them the decoder cuts segments as above. A measured clock then sees the step's GPU
+work as one interval (it is told of the layers after the step: the first layer's interval spans it, the others are
+empty); the modeled clock times each layer as before.
 
 Deliberately does not know policies, the engine or timing: it takes a host callback per layer.
 """
