@@ -315,7 +315,8 @@ class GraphedDecoder:
         i = self.moe_pos[layer]
         if self.static_slots is not None:       # no host step: the plan row from the routing, on the device
             self.io.readback(i, top_k_index, top_k_weights)
-            plan = static_plan_rows(self.static_slots[i], top_k_index, self.n_slots)
+            plan = static_plan_rows(self.static_slots[i], top_k_index, self.n_slots,
+                                    slot_order=self.kernel == "grouped")
             return self.experts.forward(i, x, top_k_weights, act, plan)
         draft = self.draft_readback(layer, x) if self.draft_readback is not None else None
         if self._mode == "capture":

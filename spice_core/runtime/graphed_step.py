@@ -138,26 +138,32 @@ class SlotExpertStep:
         self.buffer = self._gu = self._dn = None
 
 
-def static_plan_rows(slot_of: torch.Tensor, top_k_index: torch.Tensor, n_slots: int) -> torch.Tensor:
+def static_plan_rows(slot_of: torch.Tensor, top_k_index: torch.Tensor, n_slots: int, *,
+                     slot_order: bool = True) -> torch.Tensor:
     """`graphed_plan.plan_rows` computed on the device for a cache that never changes (every expert resident):
     ``slot_of`` [E] the slot of each expert of the layer, ``top_k_index`` [1,K] the router's picks -> the plan
     row [PLAN_ROWS, K] (long), the same numbers the host writes for these picks: selections in ascending expert
     order (a stable sort; dropped picks, ids outside [0, E), after them in top-k order), every valid one a GPU
-    slot. No host value is read, so it is captured into the step's one graph (`GraphedDecoder`, static slots)."""
+    slot. No host value is read, so it is captured into the step's one graph (`GraphedDecoder`, static slots).
+    ``slot_order`` False leaves BY_SLOT and INV zero (only the "grouped" kernel reads them): captured once per
+    layer, every op here is a kernel launch in the step's graph, so it does no more than the kernel needs."""
     E, K = slot_of.shape[0], top_k_index.shape[-1]
     idx = top_k_index.reshape(K).to(torch.long)
-    valid = (idx >= 0) & (idx < E)
+    clamped = idx.clamp(0, E - 1)
+    valid = clamped == idx
     pos = torch.arange(K, device=idx.device)
-    order = torch.sort(torch.where(valid, idx, E + pos), stable=True).indices          # PERM
-    e_o, v_o = idx.index_select(0, order), valid.index_select(0, order)
-    slot = torch.where(v_o, slot_of.index_select(0, e_o.clamp(0, E - 1)), 0)
-    sort_key = torch.where(v_o, slot, n_slots)
-    by_slot = torch.sort(sort_key, stable=True).indices
-    inv = torch.empty_like(by_slot).scatter_(0, by_slot, pos)
-    rows = torch.zeros((PLAN_ROWS, K), dtype=torch.long, device=idx.device)
-    rows[SLOT], rows[PERM], rows[VALID] = slot, order, v_o.to(torch.long)
-    rows[BY_SLOT], rows[INV] = sort_key.index_select(0, by_slot), inv
-    rows[EXPERT] = torch.where(v_o, e_o, 0)
-    rows[KIND] = torch.where(v_o, KIND_GPU, KIND_NONE)
-    return rows
-
+    order = torch.sort(torch.where(valid, idx, E + pos), stable=True).indices           # PERM
+    v_o = valid.index_select(0, order).to(torch.long)                                   # VALID, and KIND (GPU = 1)
+    e_o = clamped.index_select(0, order)
+    slot = slot_of.index_select(0, e_o) * v_o
+    if slot_order:
+        sort_key = torch.where(v_o != 0, slot, n_slots)
+        by_slot = torch.sort(sort_key, stable=True).indices
+        key_by_slot, inv = sort_key.index_select(0, by_slot), torch.empty_like(by_slot).scatter_(0, by_slot, pos)
+    else:
+        key_by_slot = inv = torch.zeros_like(order)
+    kind = v_o if KIND_GPU == 1 and KIND_NONE == 0 else torch.where(v_o != 0, KIND_GPU, KIND_NONE)
+    rows = [None] * PLAN_ROWS
+    rows[SLOT], rows[PERM], rows[VALID], rows[BY_SLOT], rows[INV] = slot, order, v_o, key_by_slot, inv
+    rows[APPROX], rows[EXPERT], rows[KIND] = torch.zeros_like(order), e_o * v_o, kind
+    return torch.stack(rows)

@@ -1,10 +1,11 @@
 """A static cache's plan row, computed on the device from the routing (`static_plan_rows`), is the row the host
-writes for the same picks (`plan_rows`): every row, dropped picks (ids outside [0, E)) included."""
+writes for the same picks (`plan_rows`): every row, dropped picks (ids outside [0, E)) included; without the slot order (BY_SLOT, INV: the
+grouped kernel's), every row the other kernels read."""
 import random
 
 import torch
 
-from spice_core.runtime.graphed_plan import plan_rows
+from spice_core.runtime.graphed_plan import APPROX, BY_SLOT, EXPERT, INV, KIND, PERM, SLOT, VALID, plan_rows
 from spice_core.runtime.graphed_step import static_plan_rows
 
 
@@ -20,3 +21,7 @@ def test_the_device_plan_row_is_the_host_plan_row_for_any_picks():
         host = plan_rows(ids, slots, n_experts, n_slots)
         dev = static_plan_rows(torch.tensor(slot_of), torch.tensor([ids]), n_slots)
         assert dev.dtype == torch.long and dev.tolist() == host, (ids, host, dev.tolist())
+        lean = static_plan_rows(torch.tensor(slot_of), torch.tensor([ids]), n_slots, slot_order=False).tolist()
+        for row in (SLOT, PERM, VALID, APPROX, EXPERT, KIND):       # what the slots and gather kernels read
+            assert lean[row] == host[row], (row, ids)
+        assert lean[BY_SLOT] == lean[INV] == [0] * k
