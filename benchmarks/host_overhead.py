@@ -103,7 +103,7 @@ def _instrument(totals: dict, counts: collections.Counter, fast: bool = False) -
         _wrap(cls, name, name, totals, counts)
     if fast:
         for name, (owner, attr) in _fast_sections().items():
-            if attr not in SECTIONS or owner not in SECTIONS.values():
+            if SECTIONS.get(attr) is not owner:      # the coarse table's sections are wrapped once, above
                 _wrap(owner, attr, name, totals, counts)
 
 

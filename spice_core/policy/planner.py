@@ -239,7 +239,7 @@ class LayerPlanner:
                 weight = w_rows[toks[0]][poss[0]]
             else:
                 weight = max(w_rows[t][p] for t, p in zip(toks, poss))
-            misses.append((e, weight, len(routes[e][0])))
+            misses.append((e, weight, len(toks)))
         for (e, _, n_sel), action in zip(misses, self._decide_misses(layer, misses, queues)):
             if action == MissAction.WAIT_PREFETCH:
                 res.book(keys[e]).busy = True

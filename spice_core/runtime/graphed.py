@@ -273,9 +273,7 @@ class GraphedDecoder:
         t0 = time.perf_counter()
         table = self._static_host
         for i, layer in enumerate(self.lm.moe_layers):
-            ids, ws = self.io.idx_np[i].tolist(), self.io.w_np[i].tolist()
-            keep = [k for k, e in enumerate(ids) if 0 <= e < self.n_experts]
-            ids, ws = [ids[k] for k in keep], [ws[k] for k in keep]
+            _, ids, ws = self._routed(i)
             slots = self._on_layer(layer, ids, ws)
             if list(slots) != [table[i][e] for e in ids]:
                 raise SpiceError(f"layer {layer}: the host placed experts {ids} in slots {list(slots)}, not the static "
@@ -347,15 +345,19 @@ class GraphedDecoder:
             return out
         return self._experts(i, x, top_k_weights, act)
 
-    def _decide(self, i: int, layer: int) -> None:
-        io = self.io
-        ids, ws = io.idx_np[i].tolist(), io.w_np[i].tolist()
+    def _routed(self, i: int) -> tuple[list, list, list]:
+        """Layer i's routing as read back: (every pick's expert id, the routed picks' ids, their weights); a pick
+        outside [0, E) is dropped from the last two."""
+        ids, ws = self.io.idx_np[i].tolist(), self.io.w_np[i].tolist()
         if all(0 <= e < self.n_experts for e in ids):
-            slots = self._on_layer(layer, ids, ws)
-        else:
-            keep = [k for k, e in enumerate(ids) if 0 <= e < self.n_experts]
-            slots = self._on_layer(layer, [ids[k] for k in keep], [ws[k] for k in keep])
-        io.plan_np[i] = plan_rows(ids, list(slots), self.n_experts, self.n_slots)
+            return ids, ids, ws
+        keep = [k for k, e in enumerate(ids) if 0 <= e < self.n_experts]
+        return ids, [ids[k] for k in keep], [ws[k] for k in keep]
+
+    def _decide(self, i: int, layer: int) -> None:
+        ids, routed, ws = self._routed(i)
+        slots = self._on_layer(layer, routed, ws)
+        self.io.plan_np[i] = plan_rows(ids, list(slots), self.n_experts, self.n_slots)
 
     def _experts(self, i: int, x: torch.Tensor, top_k_weights: torch.Tensor, act) -> torch.Tensor:
         """x [1,H] -> [1,H]: layer i's K selections by its device plan row (`SlotExpertStep.forward`)."""

@@ -21,8 +21,7 @@ from torch.nn import functional as F
 from spice_core.errors import ConfigError
 from spice_core.exec import slot_kernels
 from spice_core.exec.experts import expert_forward, gathered_experts_forward
-from spice_core.runtime.graphed_plan import (APPROX, BY_SLOT, EXPERT, INV, KIND, KIND_CPU, KIND_GPU, KIND_NONE, PERM,
-                                             PLAN_ROWS, SLOT, VALID)
+from spice_core.runtime.graphed_plan import APPROX, BY_SLOT, EXPERT, INV, KIND, KIND_CPU, PERM, PLAN_ROWS, SLOT, VALID
 
 KERNELS = ("slots", "gather", "grouped")
 
@@ -162,8 +161,8 @@ def static_plan_rows(slot_of: torch.Tensor, top_k_index: torch.Tensor, n_slots: 
         key_by_slot, inv = sort_key.index_select(0, by_slot), torch.empty_like(by_slot).scatter_(0, by_slot, pos)
     else:
         key_by_slot = inv = torch.zeros_like(order)
-    kind = v_o if KIND_GPU == 1 and KIND_NONE == 0 else torch.where(v_o != 0, KIND_GPU, KIND_NONE)
     rows = [None] * PLAN_ROWS
     rows[SLOT], rows[PERM], rows[VALID], rows[BY_SLOT], rows[INV] = slot, order, v_o, key_by_slot, inv
-    rows[APPROX], rows[EXPERT], rows[KIND] = torch.zeros_like(order), e_o * v_o, kind
+    rows[APPROX], rows[EXPERT] = torch.zeros_like(order), e_o * v_o
+    rows[KIND] = v_o          # KIND_GPU is 1 and KIND_NONE 0: the validity row (tests/runtime/test_static_plan.py)
     return torch.stack(rows)
