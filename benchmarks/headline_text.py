@@ -26,7 +26,10 @@ prompts run on its digest's code (`python benchmarks/code_commit.py DIGEST` name
 (commits 2ecfaef–aaf9c72), before round 3 of the CPU lane changed the lookahead (`docs/benchmarks/cpu-lane/round3/`:
 x8 `spice` 70.4 → 48.8 ms); `fa4cbd20a9b7570c` is the engine of 11d747e, round 3's; `f78ad76e50faf5c8` is the
 engine of 355fa36 (the fast path's round 3: a layer's copies waited for at once, `docs/benchmarks/fast-path/round-3/`),
-whose native 25% run replaced round 2's here (round 2's rows stay in `docs/benchmarks/fast-path/round-2/`). Rows of different digests are
+whose native 25% run replaced round 2's here (round 2's rows stay in `docs/benchmarks/fast-path/round-2/`);
+`960a48a409945974` is the engine of 439c009 (round 3 plus `resident`'s one-graph step, each layer planned by ~20 small
+kernels in the graph; `spice`'s path unchanged), on which the x8 25% cell ran in three parts (prompts 0, 2, 4, 6;
+shard 1/2; the long prompt: `cuda-tests-439c009.txt` is that engine's CUDA test run) and replaced round 2's. Rows of different digests are
 different engines: compare rows within one digest. The timing model against the measured cells of engine
 `fa4cbd20a9b7570c` is in `model-check/` (modeled with the shipped decision profile, before any refit: these shards
 exported no traces for `recalibrate`; the next runs export them)."""
@@ -78,18 +81,19 @@ coverage table's `engine code` column):
 
 ```bash
 python3 -m pytest -q -m cuda --ignore=tests/app                       # raw/cuda-tests.txt
-# DeepSeek-V2-Lite shapes, 25%: native (engine f78ad76e50faf5c8, 471 s), x8 (engine 58f0270ac544a039)
+# DeepSeek-V2-Lite shapes, 25%: native (engine f78ad76e50faf5c8, 471 s)
 python3 -m spice_core bench --config docs/benchmarks/headline/config-native-25.json --device cuda --out native-25
-python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-25.json --device cuda --shard 0/2 --out x8-25-shard0
+# x8 (engine 960a48a409945974: 527, 486 and 77 s; the two resume configs differ from config-x8-25.json only in "runs")
+python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-25-even.json --device cuda --out x8-25-even
 python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-25.json --device cuda --shard 1/2 --out x8-25-shard1
+python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-25-long.json --device cuda --out x8-25-long
 # DeepSeek-V2-Lite shapes, 10% and 50%, native (engine fa4cbd20a9b7570c; 478 and 425 s)
 python3 -m spice_core bench --config docs/benchmarks/headline/config-native-10-50.json --device cuda --shard 0/2 --out native-1050-shard0
 python3 -m spice_core bench --config docs/benchmarks/headline/config-native-10-50.json --device cuda --shard 1/2 --out native-1050-shard1
 # Qwen2-57B-A14B shapes, 25%, native (engine fa4cbd20a9b7570c; shard 0: 3 prompts in 520 s, 98.7 GB slab)
 python3 -m spice_core bench --config docs/benchmarks/headline/config-qwen2-native-25.json --device cuda --shard 0/3 --out qwen2-native-25-shard0
 # still to run (the coverage above): shards 1/3 and 2/3 of the Qwen2 config (2/3 holds the long prompt),
-# the x8 link's 10% and 50% (config-x8-10-50.json --shard K/4), the Qwen2 lift on x8, and x8 25% on a current engine
-# (shard 0/2 of it ran on f78ad76e50faf5c8 without its long prompt: docs/benchmarks/fast-path/round-3/pcie4x8-shard0-partial)
+# the x8 link's 10% and 50% (config-x8-10-50.json --shard K/4) and the Qwen2 lift on x8
 bash docs/benchmarks/peers/run.sh peers                              # raw/peers
 ```
 

@@ -21,7 +21,8 @@ same experts gives the same bits (an LRU cache replays an all-resident run exact
 segments read back into and upload from are `graphed_io.HostIO`; this module captures and replays.
 
 With ``static_slots`` (a cache that never changes: every expert resident) the step needs no host decision:
-each layer's plan row is computed on the device from its routing (`graphed_step.static_plan_rows`), the whole
+each layer's plan row is computed on the device from its routing (`static_plan.StaticPlanner`: one Triton kernel a
+layer on CUDA, which also stages the routing for one readback at the step's end), the whole
 step is ONE graph with no wait between layers, and the host hears of every layer's routing once the step is done
 (``on_layer`` per layer, its slots checked against the table's). Needs captured pinned copies (the routing is read
 back inside the graph); without them the decoder cuts segments as above. A measured clock then sees the step's GPU
@@ -45,7 +46,8 @@ from spice_core.exec.experts import installed
 from spice_core.model.loader import cache_kwarg
 from spice_core.runtime.graphed_io import HostIO, probe_captured
 from spice_core.runtime.graphed_plan import plan_rows
-from spice_core.runtime.graphed_step import KERNELS, SlotExpertStep, default_kernel, static_plan_rows
+from spice_core.runtime.graphed_step import KERNELS, SlotExpertStep, default_kernel
+from spice_core.runtime.static_plan import StaticPlanner
 from spice_core.types import ExpertKey
 
 log = logging.getLogger(__name__)
@@ -128,6 +130,8 @@ class GraphedDecoder:
         self.io = io = HostIO(M, self.k, lm.layout.hidden, self.model.dtype, dev, draft_numel=draft_numel,
                               cpu_rows=cpu_rows)
         self.cpu_rows = io.cpu_rows
+        self._static_plan = StaticPlanner(static_slots, self.n_slots, io, slot_order=self.kernel == "grouped") \
+            if static_slots is not None else None
         self.draft_np = io.draft_np                   # the host step reads these (graph_exec)
         if self.cpu_rows:
             self.x_host, self.cpu_host = io.x_host, io.cpu_host
@@ -302,6 +306,8 @@ class GraphedDecoder:
         self.ids.copy_(tok.view(1, 1))
         self.pos.add_(1)
         self._token_dev = tok
+        if self.static_slots is not None:
+            self._static_plan.flush()       # every layer's routing to the host rows, when it was staged
         if self.captured_host_io:
             self.io.read_token(tok)
         return logits
@@ -312,9 +318,7 @@ class GraphedDecoder:
         assert x.shape[0] == 1, "the graphed decoder runs T=1 steps only"
         i = self.moe_pos[layer]
         if self.static_slots is not None:       # no host step: the plan row from the routing, on the device
-            self.io.readback(i, top_k_index, top_k_weights)
-            plan = static_plan_rows(self.static_slots[i], top_k_index, self.n_slots,
-                                    slot_order=self.kernel == "grouped")
+            plan = self._static_plan.plan(i, top_k_index, top_k_weights)
             return self.experts.forward(i, x, top_k_weights, act, plan)
         draft = self.draft_readback(layer, x) if self.draft_readback is not None else None
         if self._mode == "capture":

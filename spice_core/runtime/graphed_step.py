@@ -21,7 +21,7 @@ from torch.nn import functional as F
 from spice_core.errors import ConfigError
 from spice_core.exec import slot_kernels
 from spice_core.exec.experts import expert_forward, gathered_experts_forward
-from spice_core.runtime.graphed_plan import APPROX, BY_SLOT, EXPERT, INV, KIND, KIND_CPU, PERM, PLAN_ROWS, SLOT, VALID
+from spice_core.runtime.graphed_plan import APPROX, BY_SLOT, EXPERT, INV, KIND, KIND_CPU, PERM, SLOT, VALID
 
 KERNELS = ("slots", "gather", "grouped")
 
@@ -135,34 +135,3 @@ class SlotExpertStep:
 
     def close(self) -> None:
         self.buffer = self._gu = self._dn = None
-
-
-def static_plan_rows(slot_of: torch.Tensor, top_k_index: torch.Tensor, n_slots: int, *,
-                     slot_order: bool = True) -> torch.Tensor:
-    """`graphed_plan.plan_rows` computed on the device for a cache that never changes (every expert resident):
-    ``slot_of`` [E] the slot of each expert of the layer, ``top_k_index`` [1,K] the router's picks -> the plan
-    row [PLAN_ROWS, K] (long), the same numbers the host writes for these picks: selections in ascending expert
-    order (a stable sort; dropped picks, ids outside [0, E), after them in top-k order), every valid one a GPU
-    slot. No host value is read, so it is captured into the step's one graph (`GraphedDecoder`, static slots).
-    ``slot_order`` False leaves BY_SLOT and INV zero (only the "grouped" kernel reads them): captured once per
-    layer, every op here is a kernel launch in the step's graph, so it does no more than the kernel needs."""
-    E, K = slot_of.shape[0], top_k_index.shape[-1]
-    idx = top_k_index.reshape(K).to(torch.long)
-    clamped = idx.clamp(0, E - 1)
-    valid = clamped == idx
-    pos = torch.arange(K, device=idx.device)
-    order = torch.sort(torch.where(valid, idx, E + pos), stable=True).indices           # PERM
-    v_o = valid.index_select(0, order).to(torch.long)                                   # VALID, and KIND (GPU = 1)
-    e_o = clamped.index_select(0, order)
-    slot = slot_of.index_select(0, e_o) * v_o
-    if slot_order:
-        sort_key = torch.where(v_o != 0, slot, n_slots)
-        by_slot = torch.sort(sort_key, stable=True).indices
-        key_by_slot, inv = sort_key.index_select(0, by_slot), torch.empty_like(by_slot).scatter_(0, by_slot, pos)
-    else:
-        key_by_slot = inv = torch.zeros_like(order)
-    rows = [None] * PLAN_ROWS
-    rows[SLOT], rows[PERM], rows[VALID], rows[BY_SLOT], rows[INV] = slot, order, v_o, key_by_slot, inv
-    rows[APPROX], rows[EXPERT] = torch.zeros_like(order), e_o * v_o
-    rows[KIND] = v_o          # KIND_GPU is 1 and KIND_NONE 0: the validity row (tests/runtime/test_static_plan.py)
-    return torch.stack(rows)
