@@ -146,7 +146,8 @@ class GenerationRun:
             self.token_index = i
             with stepper.context():       # the graphed executor's stream, for this token only
                 rt.begin_token(i)
-                logits = stepper.forward(cur)
+                # Greedy with another token to come: the graphed static step may start the next step early.
+                logits = stepper.forward(cur, run_ahead=self.settings.temperature <= 0 and i < max_new - 1)
                 tok = sample_next(logits, self.settings.temperature, self.settings.top_p, gen)
                 step_ms = rt.end_token()
                 self.last_logits = logits.clone() if rt.executor.name == "graphed" else logits

@@ -405,7 +405,8 @@ class EagerStepper:
     def context(self):
         return contextlib.nullcontext()
 
-    def forward(self, ids: list[int]) -> torch.Tensor:
-        """``ids``: the prompt on the first call, then the one new token. Returns the next-token logits [V]."""
+    def forward(self, ids: list[int], *, run_ahead: bool = False) -> torch.Tensor:
+        """``ids``: the prompt on the first call, then the one new token. Returns the next-token logits [V].
+        ``run_ahead`` is the graphed stepper's hint; the eager step runs as it is called."""
         x = torch.tensor([ids], device=self.lm.device)
         return self.lm.model(input_ids=x, use_cache=True, **{self._cache_kw: self.cache}).logits[0, -1]

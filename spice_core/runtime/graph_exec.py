@@ -155,12 +155,13 @@ class GraphStepper:
         s = self.ex.decoder.stream
         return torch.cuda.stream(s) if s is not None else contextlib.nullcontext()
 
-    def forward(self, ids: list[int]) -> torch.Tensor:
-        """``ids``: the prompt on the first call, then the one new token. Returns the next-token logits [V]."""
+    def forward(self, ids: list[int], *, run_ahead: bool = False) -> torch.Tensor:
+        """``ids``: the prompt on the first call, then the one new token. Returns the next-token logits [V].
+        ``run_ahead``: the caller will most likely feed back the greedy token (`GraphedDecoder.step`)."""
         dec = self.ex.decoder
         if not self._started:
             self._started = True
             dec.prefill(ids, own_experts=False)
             return dec.prefill_logits
-        dec.step(ids[-1], self.ex.on_layer, self.ex.runtime.run_deferred)
+        dec.step(ids[-1], self.ex.on_layer, self.ex.runtime.run_deferred, run_ahead=run_ahead)
         return dec.last_logits

@@ -27,7 +27,9 @@ step is ONE graph with no wait between layers, and the host hears of every layer
 (``on_layer`` per layer, its slots checked against the table's). Needs captured pinned copies (the routing is read
 back inside the graph); without them the decoder cuts segments as above. A measured clock then sees the step's GPU
 work as one interval (it is told of the layers after the step: the first layer's interval spans it, the others are
-empty); the modeled clock times each layer as before.
+empty); the modeled clock times each layer as before. With ``step(run_ahead=True)`` (greedy decoding) the next static
+step is launched, on a stream of its own, before the host books this one, so the booking and the caller's
+per-token work overlap the GPU; a different token at the next call rolls it back (position and cache lengths).
 
 Deliberately does not know policies, the engine or timing: it takes a host callback per layer.
 """
@@ -145,6 +147,8 @@ class GraphedDecoder:
         self._route_src: list = [None] * M     # (top_k_index, top_k_weights) of each layer, pool memory
         self._token_dev, self.logits = None, None
         self._pos_host, self._next_token = 0, None
+        self._ahead = False                      # a static step launched before the host booked the last one
+        self._ahead_logits = None                # the last step's logits, kept from the step launched after it
         self.host_s, self.host_layers = 0.0, 0   # host time between segments (after the wait, to the replay): GPU idle
         self.overlap_s = 0.0                     # host time after a replay, while its segment runs (after_replay)
         self._after_replay: AfterReplay | None = None
@@ -156,6 +160,7 @@ class GraphedDecoder:
             self._stream = torch.cuda.Stream(dev)
             self._events = [torch.cuda.Event() for _ in range(M + 1)]
             self._copies_done = torch.cuda.Event()
+            self._ahead_stream = torch.cuda.Stream(dev)      # a step run ahead replays here (see `step`)
         if self.use_graphs:
             self._capture()
 
@@ -178,6 +183,7 @@ class GraphedDecoder:
         T = len(input_ids)
         if T < 1 or T + 1 > self.max_cache_len:
             raise ConfigError(f"prompt of {T} tokens does not fit max_cache_len {self.max_cache_len}: raise it")
+        self._settle_ahead()
         self.cache.reset()
         self._on_expert = on_expert
         with self._on_stream(), self._hooked("prefill" if own_experts else None), torch.no_grad():
@@ -192,7 +198,8 @@ class GraphedDecoder:
         self._pos_host, self._next_token = T, token
         return token
 
-    def step(self, token: int, on_layer: OnLayer, after_replay: AfterReplay | None = None) -> int:
+    def step(self, token: int, on_layer: OnLayer, after_replay: AfterReplay | None = None, *,
+             run_ahead: bool = False) -> int:
         """One decode step at the next position; returns the greedy next token. For each MoE layer l in
         order, once its routing sits in pinned memory: on_layer(l, expert_ids, weights) -> the slot of each
         selection (routed selections only, in top-k order); then the next segment is launched and
@@ -200,18 +207,23 @@ class GraphedDecoder:
         With ``wait_for_copies`` the compute stream waits for every copy the callbacks issued; without it
         the callback makes it wait for what the layer reads. Inside on_layer every earlier segment has
         finished; inside after_replay the segment just launched may still read layer l's slots, so
-        after_replay must not overwrite them (the planner keeps them protected)."""
+        after_replay must not overwrite them (the planner keeps them protected).
+
+        ``run_ahead`` (static slots only; the caller will most likely feed this step's greedy token back): the
+        next step is launched before the host is told of this one's layers, so its GPU work overlaps the host's
+        bookkeeping and the caller's. A different token at the next call rolls that step back (its position and
+        the cache's lengths) and runs the right one; `prefill` and `close` wait for it."""
         if self._pos_host + 1 > self.max_cache_len:
             raise ConfigError(f"the sequence reached max_cache_len {self.max_cache_len}: raise it")
         self._on_layer, self._after_replay = on_layer, after_replay
-        if not self.use_graphs:
+        if self.static_slots is not None:
+            out = self._static_step(token, run_ahead and self._pos_host + 2 <= self.max_cache_len)
+        elif not self.use_graphs:
             with self._on_stream(), self._hooked("eager"), torch.no_grad():
                 if token != self._next_token:
                     self.ids.fill_(token)
                 self.logits = self._body()
                 out = int(self.logits[0, -1].argmax())
-            if self.static_slots is not None:
-                self._tell_static_layers()
         else:
             out = self._replay(token)
         self._pos_host += 1
@@ -221,12 +233,10 @@ class GraphedDecoder:
     @property
     def last_logits(self) -> torch.Tensor:
         """Logits of the last step [V] (graph memory: clone to keep)."""
-        return self.logits[0, -1]
+        return self._ahead_logits if self._ahead_logits is not None else self.logits[0, -1]
 
     # ------------------------------------------------------------------ replay
     def _replay(self, token: int) -> int:
-        if self.static_slots is not None:
-            return self._replay_static(token)
         s, clock = self._stream, time.perf_counter
         with torch.cuda.stream(s):
             if token != self._next_token:
@@ -259,32 +269,85 @@ class GraphedDecoder:
         self.host_layers += len(self.lm.moe_layers)
         return int(self.io.token_np[0])
 
-    def _replay_static(self, token: int) -> int:
-        """The whole step as one graph (static slots): replay, wait once, then tell the host each layer's routing."""
-        s = self._stream
+    # ------------------------------------------------------------------ the static step (one graph)
+    def _static_step(self, token: int, run_ahead: bool) -> int:
+        """The whole step at once (one graph on CUDA): run it, or take the one run ahead for ``token``, read its
+        token and routing, run the next step ahead if asked, then tell the host each layer's routing."""
+        if self._ahead:
+            self._settle_ahead()
+            if token != self._next_token:        # the step run ahead took another token: undo it, run this one
+                self._roll_back()
+                self._launch_static(token)
+        else:
+            self._launch_static(token)
+        if self.use_graphs:
+            self._events[-1].synchronize()
+            out = int(self.io.token_np[0])
+        else:
+            out = int(self.logits[0, -1].argmax())
+        routing = (self.io.idx_np.copy(), self.io.w_np.copy())     # the next step's readback overwrites them
+        self._ahead_logits = None
+        if run_ahead:
+            with self._on_stream():
+                self._ahead_logits = self.logits[0, -1].clone()
+            self._launch_static(out, ahead=True)
+        self._tell_static_layers(routing, overlapped=run_ahead and self.use_graphs)
+        return out
+
+    def _launch_static(self, token: int, ahead: bool = False) -> None:
+        """One static step at the device's position; ``ahead``: its input is the last step's greedy token, which
+        the step itself left in ``ids``, replayed on a stream of its own so the caller's work does not queue
+        behind it."""
+        if not self.use_graphs:
+            with self._on_stream(), self._hooked("eager"), torch.no_grad():
+                if not ahead and token != self._next_token:
+                    self.ids.fill_(token)
+                self.logits = self._body()
+            self._ahead = ahead
+            return
+        s = self._ahead_stream if ahead else self._stream
+        if ahead:
+            s.wait_stream(self._stream)
         with torch.cuda.stream(s):
-            if token != self._next_token:
+            if not ahead and token != self._next_token:
                 self.ids.fill_(token)
             self._graphs[0].replay()
             self._events[-1].record(s)
-            self._events[-1].synchronize()
-        self._tell_static_layers()
-        return int(self.io.token_np[0])
+        # Not made to wait for it: the caller's work on the decoder's stream reads `last_logits` (a copy made
+        # before the launch); whatever touches the step's state waits for it on the host (`_settle_ahead`).
+        self._ahead = ahead
 
-    def _tell_static_layers(self) -> None:
-        """``on_layer`` for every MoE layer of a static step, after it ran: the host records what it did (the GPU is
-        idle meanwhile, so the time counts as host time). Each layer's slots must be the table's."""
+    def _settle_ahead(self) -> None:
+        """Wait for a step run ahead (its results are read next)."""
+        if self._ahead and self.use_graphs:
+            self._events[-1].synchronize()
+        self._ahead = False
+
+    def _roll_back(self) -> None:
+        """Undo the last step's advance of the position and the cache's lengths: the next step rewrites its K/V."""
+        with self._on_stream():
+            self.pos.sub_(1)
+            for layer in self.cache.layers:
+                layer.cumulative_length.sub_(1)
+
+    def _tell_static_layers(self, routing, overlapped: bool = False) -> None:
+        """``on_layer`` for every MoE layer of a static step, after it ran, from ``routing`` (its (ids, weights)
+        rows): the host records what it did. Host time, unless the next step runs meanwhile (``overlapped``).
+        Each layer's slots must be the table's."""
         t0 = time.perf_counter()
         table = self._static_host
         for i, layer in enumerate(self.lm.moe_layers):
-            _, ids, ws = self._routed(i)
+            _, ids, ws = self._routed(i, routing)
             slots = self._on_layer(layer, ids, ws)
             if list(slots) != [table[i][e] for e in ids]:
                 raise SpiceError(f"layer {layer}: the host placed experts {ids} in slots {list(slots)}, not the static "
                                  "table's: a static step needs a cache that never changes")
-            if self._after_replay is not None:    # nothing runs on the GPU now: host time, not overlap
+            if self._after_replay is not None:
                 self._after_replay()
-        self.host_s += time.perf_counter() - t0
+        if overlapped:
+            self.overlap_s += time.perf_counter() - t0
+        else:
+            self.host_s += time.perf_counter() - t0
         self.host_layers += len(self.lm.moe_layers)
 
     def _run_after_replay(self) -> None:
@@ -349,10 +412,11 @@ class GraphedDecoder:
             return out
         return self._experts(i, x, top_k_weights, act)
 
-    def _routed(self, i: int) -> tuple[list, list, list]:
-        """Layer i's routing as read back: (every pick's expert id, the routed picks' ids, their weights); a pick
-        outside [0, E) is dropped from the last two."""
-        ids, ws = self.io.idx_np[i].tolist(), self.io.w_np[i].tolist()
+    def _routed(self, i: int, routing=None) -> tuple[list, list, list]:
+        """Layer i's routing as read back (or from ``routing``, (ids, weights) rows kept earlier): (every pick's
+        expert id, the routed picks' ids, their weights); a pick outside [0, E) is dropped from the last two."""
+        idx_rows, w_rows = routing if routing is not None else (self.io.idx_np, self.io.w_np)
+        ids, ws = idx_rows[i].tolist(), w_rows[i].tolist()
         if all(0 <= e < self.n_experts for e in ids):
             return ids, ids, ws
         keep = [k for k, e in enumerate(ids) if 0 <= e < self.n_experts]
@@ -440,6 +504,7 @@ class GraphedDecoder:
     def close(self) -> None:
         """Release the graphs, their memory pool's tensors and the slot buffer's views now (the decoder and its
         hook refer to each other, so otherwise they wait for the cyclic garbage collector). Unusable after."""
+        self._settle_ahead()
         self._graphs, self._pool = [], None
         self._hook = self._on_layer = self._on_expert = None
         self.experts.close()

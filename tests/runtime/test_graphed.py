@@ -141,3 +141,73 @@ def test_plan_rows_short_way_gives_the_general_rows_and_refuses_the_same_slots()
         for fn in (plan_rows, plan_rows_general):
             with pytest.raises(ValueError, match="must be distinct and in"):
                 fn([4, 9], bad, 64, 20)
+
+
+def _static_decoder(lm, room):
+    from spice_core.runtime.graphed import GraphedDecoder
+    from spice_core.runtime.graphed_slots import ResidentSlots, resident_buffer
+
+    table = torch.arange(len(lm.moe_layers) * lm.n_experts, device=lm.device).view(len(lm.moe_layers), lm.n_experts)
+    cb = ResidentSlots(lm)
+    copy_stream = torch.cuda.Stream() if lm.device.type == "cuda" else None
+    dec = GraphedDecoder(lm, resident_buffer(lm), copy_stream, len(PROMPT) + room, static_slots=table)
+    return dec, cb
+
+
+@pytest.mark.parametrize("family", ("qwen2_moe", "deepseek_v2"))
+def test_a_static_step_run_ahead_gives_the_same_steps_and_rolls_back_for_another_token(tiny_dirs, family):
+    """`step(run_ahead=True)` launches the next step before the host books this one: the same tokens, logits and
+    per-layer routing as stepping one at a time; a token other than the greedy one undoes the step run ahead (its
+    position and the cache's lengths) and runs the right one; a new prefill after a step run ahead starts clean;
+    no step is run ahead past the cache. Op by op on the CPU."""
+    from spice_core.model.loader import load_model
+
+    _check_run_ahead(load_model(tiny_dirs[family], "cpu"))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_static_step_run_ahead_replays_on_its_own_stream_with_the_same_steps(tiny_dirs, family):
+    """The same on a GPU: the step run ahead is a replay of the one graph on the decoder's second stream."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from spice_core.model.loader import load_model
+
+    _check_run_ahead(load_model(tiny_dirs[family], "cuda"))
+
+
+def _check_run_ahead(lm):
+    from spice_core.errors import ConfigError
+
+    n = 10
+    forced = {4: 7, 7: 3}          # step index -> a token fed instead of the greedy one
+
+    def run(run_ahead):
+        dec, cb = _static_decoder(lm, n + 2)
+        seen = []
+
+        def on_layer(layer, ids, ws):
+            seen.append((layer, tuple(ids), tuple(round(w, 6) for w in ws)))
+            return cb(layer, ids, ws)
+
+        toks, logits = [dec.prefill(PROMPT, cb.prefill)], []
+        for i in range(n):
+            tok = dec.step(forced.get(i, toks[-1]), on_layer, run_ahead=run_ahead)
+            toks.append(tok)
+            logits.append(dec.last_logits.float().cpu().clone())
+        again = dec.prefill(PROMPT, cb.prefill)     # after a step run ahead: the cache starts clean
+        after = dec.step(again, on_layer, run_ahead=run_ahead)
+        dec.close()
+        return toks, torch.stack(logits), seen, (again, after)
+
+    toks, logits, seen, restart = run(run_ahead=False)
+    a_toks, a_logits, a_seen, a_restart = run(run_ahead=True)
+    assert a_toks == toks and torch.equal(a_logits, logits)
+    assert a_seen == seen and len(seen) == (n + 1) * len(lm.moe_layers)
+    assert a_restart == restart == (toks[0], toks[1])
+
+    dec, cb = _static_decoder(lm, 1)          # room for one step after the prompt: nothing runs ahead past it
+    tok = dec.step(dec.prefill(PROMPT, cb.prefill), cb, run_ahead=True)
+    assert not dec._ahead
+    with pytest.raises(ConfigError, match="max_cache_len"):
+        dec.step(tok, cb, run_ahead=True)
