@@ -30,6 +30,8 @@ work as one interval (it is told of the layers after the step: the first layer's
 empty); the modeled clock times each layer as before. With ``step(run_ahead=True)`` (greedy decoding) the next static
 step is launched, on a stream of its own, before the host books this one, so the booking and the caller's
 per-token work overlap the GPU; a different token at the next call rolls it back (position and cache lengths).
+A measured clock then sees a step run ahead only as the host's wait for it (its GPU work overlapped the last
+token's bookkeeping, outside this token's window); TPOT, the wall time per delivered token, is unaffected.
 
 Deliberately does not know policies, the engine or timing: it takes a host callback per layer.
 """
@@ -184,9 +186,9 @@ class GraphedDecoder:
         if T < 1 or T + 1 > self.max_cache_len:
             raise ConfigError(f"prompt of {T} tokens does not fit max_cache_len {self.max_cache_len}: raise it")
         self._settle_ahead()
-        self.cache.reset()
         self._on_expert = on_expert
         with self._on_stream(), self._hooked("prefill" if own_experts else None), torch.no_grad():
+            self.cache.reset()        # on the stream the prefill runs on: it clears before it writes
             ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
             pos = torch.arange(T, device=self.device).view(1, T)
             logits = self.model(input_ids=ids, position_ids=pos, use_cache=True, **{self._cache_kw: self.cache}).logits
@@ -217,8 +219,8 @@ class GraphedDecoder:
             raise ConfigError(f"the sequence reached max_cache_len {self.max_cache_len}: raise it")
         self._on_layer, self._after_replay = on_layer, after_replay
         if self.static_slots is not None:
-            out = self._static_step(token, run_ahead and self._pos_host + 2 <= self.max_cache_len)
-        elif not self.use_graphs:
+            return self._static_step(token, run_ahead and self._pos_host + 2 <= self.max_cache_len)
+        if not self.use_graphs:
             with self._on_stream(), self._hooked("eager"), torch.no_grad():
                 if token != self._next_token:
                     self.ids.fill_(token)
@@ -284,14 +286,23 @@ class GraphedDecoder:
             self._events[-1].synchronize()
             out = int(self.io.token_np[0])
         else:
-            out = int(self.logits[0, -1].argmax())
+            with self._on_stream():          # waits for the step's readback too (eager on CUDA)
+                out = int(self.logits[0, -1].argmax())
         routing = (self.io.idx_np.copy(), self.io.w_np.copy())     # the next step's readback overwrites them
         self._ahead_logits = None
         if run_ahead:
             with self._on_stream():
                 self._ahead_logits = self.logits[0, -1].clone()
             self._launch_static(out, ahead=True)
-        self._tell_static_layers(routing, overlapped=run_ahead and self.use_graphs)
+        self._pos_host += 1
+        self._next_token = out
+        try:
+            self._tell_static_layers(routing, overlapped=run_ahead and self.use_graphs)
+        except BaseException:
+            if self._ahead:     # the step is done, its booking failed: the caller may not feed its token back
+                self._settle_ahead()
+                self._roll_back()
+            raise
         return out
 
     def _launch_static(self, token: int, ahead: bool = False) -> None:
@@ -318,17 +329,18 @@ class GraphedDecoder:
         self._ahead = ahead
 
     def _settle_ahead(self) -> None:
-        """Wait for a step run ahead (its results are read next)."""
+        """Wait for a step run ahead (its results are read next); the last step's kept logits go."""
         if self._ahead and self.use_graphs:
             self._events[-1].synchronize()
-        self._ahead = False
+        self._ahead, self._ahead_logits = False, None
 
     def _roll_back(self) -> None:
-        """Undo the last step's advance of the position and the cache's lengths: the next step rewrites its K/V."""
+        """Undo the last step's advance of the position and the cache's lengths (`crop(-1)`: every length a cache
+        layer keeps): the next step rewrites its K/V."""
         with self._on_stream():
             self.pos.sub_(1)
             for layer in self.cache.layers:
-                layer.cumulative_length.sub_(1)
+                layer.crop(-1)
 
     def _tell_static_layers(self, routing, overlapped: bool = False) -> None:
         """``on_layer`` for every MoE layer of a static step, after it ran, from ``routing`` (its (ids, weights)

@@ -156,7 +156,8 @@ class StaticPlanner:
         try:
             got = kernel_plan_rows(self.slot_of[i], top_k_index, top_k_weights, self.n_slots,
                                    self.idx_stage[i], self.w_stage[i])
-            same = torch.equal(got, want) and torch.equal(self.idx_stage[i], top_k_index.reshape(-1).long())
+            same = (torch.equal(got, want) and torch.equal(self.idx_stage[i], top_k_index.reshape(-1).long())
+                    and torch.equal(self.w_stage[i], top_k_weights.reshape(-1).float()))
         except Exception as err:     # noqa: BLE001 - any compile or launch failure: the PyTorch rows still work
             log.warning("the static plan kernel failed (%s: %s): using the PyTorch plan rows", type(err).__name__, err)
             self.use_kernel = False

@@ -1,6 +1,8 @@
 """The graphed decoder: plan rows and LRU bookkeeping (pure), the step run op by op on the CPU, and on
 a GPU the captured segments. Exact slot mechanisms must be bitwise identical to all-resident."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -190,13 +192,15 @@ def _check_run_ahead(lm):
             seen.append((layer, tuple(ids), tuple(round(w, 6) for w in ws)))
             return cb(layer, ids, ws)
 
-        toks, logits = [dec.prefill(PROMPT, cb.prefill)], []
-        for i in range(n):
-            tok = dec.step(forced.get(i, toks[-1]), on_layer, run_ahead=run_ahead)
-            toks.append(tok)
-            logits.append(dec.last_logits.float().cpu().clone())
-        again = dec.prefill(PROMPT, cb.prefill)     # after a step run ahead: the cache starts clean
-        after = dec.step(again, on_layer, run_ahead=run_ahead)
+        # On the decoder's stream, as the engine's run reads the logits (graph_exec.GraphStepper.context).
+        with torch.cuda.stream(dec.stream) if dec.stream is not None else contextlib.nullcontext():
+            toks, logits = [dec.prefill(PROMPT, cb.prefill)], []
+            for i in range(n):
+                tok = dec.step(forced.get(i, toks[-1]), on_layer, run_ahead=run_ahead)
+                toks.append(tok)
+                logits.append(dec.last_logits.float().cpu().clone())
+            again = dec.prefill(PROMPT, cb.prefill)     # after a step run ahead: the cache starts clean
+            after = dec.step(again, on_layer, run_ahead=run_ahead)
         dec.close()
         return toks, torch.stack(logits), seen, (again, after)
 
@@ -211,3 +215,26 @@ def _check_run_ahead(lm):
     assert not dec._ahead
     with pytest.raises(ConfigError, match="max_cache_len"):
         dec.step(tok, cb, run_ahead=True)
+
+    # A booking that fails leaves the decoder after its step with nothing run ahead: fed that step's token (the
+    # reference run's), it goes on as if nothing had happened.
+    dec, cb = _static_decoder(lm, n + 2)
+    calls = []
+
+    def flaky(layer, ids, ws):
+        calls.append(layer)
+        if len(calls) == 2 * len(lm.moe_layers) + 1:      # the third step's first layer
+            raise RuntimeError("booking failed")
+        return cb(layer, ids, ws)
+
+    with torch.cuda.stream(dec.stream) if dec.stream is not None else contextlib.nullcontext():
+        got = [dec.prefill(PROMPT, cb.prefill)]
+        for i in range(n):
+            tok_in = forced.get(i, got[-1])
+            try:
+                got.append(dec.step(tok_in, flaky, run_ahead=True))
+            except RuntimeError:
+                assert i == 2 and not dec._ahead
+                got.append(toks[i + 1])
+    dec.close()
+    assert got == toks
