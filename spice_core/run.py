@@ -186,11 +186,16 @@ class GenerationRun:
             cur = [tok]
         if finish == "cancelled" or not finish:
             finish = finish or "length"
+        host_totals = host_step_totals(rt.executor)
+        if host_totals.get("steps_run_ahead"):
+            notes.append(f"fast path: {host_totals['steps_run_ahead']} steps launched before the last one's "
+                         f"bookkeeping (run ahead), {host_totals['steps_rolled_back']} of them rolled back for "
+                         "another token")
         self.record.notes = notes
         self.record.totals = dict(rt.totals, cache_slots=rt.slots.n_slots,
                                   cache_capacity_bytes=rt.slots.n_slots * lm.expert_bytes,
                                   expert_bytes=lm.expert_bytes, routed_bytes=eng.routed_bytes,
-                                  **host_step_totals(rt.executor))
+                                  **host_totals)
         self._finish(streamer, finish, notes)
 
     def _finish(self, streamer: TextStreamer, finish: str, notes: list[str]) -> None:
@@ -215,8 +220,10 @@ def host_step_totals(executor) -> dict:
     dec = getattr(executor, "decoder", None)
     if dec is None or not dec.host_layers:
         return {}
+    ahead = {"steps_run_ahead": dec.steps_run_ahead, "steps_rolled_back": dec.steps_rolled_back} \
+        if getattr(dec, "steps_run_ahead", 0) else {}
     return {"host_layers": dec.host_layers, "host_critical_us": dec.host_s * 1e6 / dec.host_layers,
-            "host_overlap_us": dec.overlap_s * 1e6 / dec.host_layers}
+            "host_overlap_us": dec.overlap_s * 1e6 / dec.host_layers, **ahead}
 
 
 def _eos_ids(lm) -> set[int]:

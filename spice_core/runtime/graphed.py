@@ -151,6 +151,7 @@ class GraphedDecoder:
         self._pos_host, self._next_token = 0, None
         self._ahead = False                      # a static step launched before the host booked the last one
         self._ahead_logits = None                # the last step's logits, kept from the step launched after it
+        self.steps_run_ahead, self.steps_rolled_back = 0, 0
         self.host_s, self.host_layers = 0.0, 0   # host time between segments (after the wait, to the replay): GPU idle
         self.overlap_s = 0.0                     # host time after a replay, while its segment runs (after_replay)
         self._after_replay: AfterReplay | None = None
@@ -278,6 +279,7 @@ class GraphedDecoder:
         if self._ahead:
             self._settle_ahead()
             if token != self._next_token:        # the step run ahead took another token: undo it, run this one
+                self.steps_rolled_back += 1
                 self._roll_back()
                 self._launch_static(token)
         else:
@@ -294,6 +296,7 @@ class GraphedDecoder:
             with self._on_stream():
                 self._ahead_logits = self.logits[0, -1].clone()
             self._launch_static(out, ahead=True)
+            self.steps_run_ahead += 1
         self._pos_host += 1
         self._next_token = out
         try:

@@ -2,6 +2,7 @@
 `resident` on the same path, in all five families; what the fast path cannot run falls back to the
 eager executor with a note. On the CPU the graphed step runs op by op; on a GPU it replays CUDA graphs."""
 
+import dataclasses
 import gc
 import weakref
 
@@ -83,6 +84,9 @@ def test_resident_decodes_without_a_host_step_and_still_reports_every_layer(grap
     assert seen and seen[-1] is not None
     n_moe, k = len(eng.lm.moe_layers), eng.lm.top_k
     assert all(len(st.outcomes) == n_moe * k and {o.outcome for o in st.outcomes} == {"hit"} for st in steps[1:])
+    # Greedy: every decode step but the last launched the next one early (the first token is the prefill's).
+    assert any(n.startswith("fast path: 6 steps launched before") and "0 of them rolled back" in n
+               for n in eng.get_summary(static_run.run_id).notes), eng.get_summary(static_run.run_id).notes
     monkeypatch.setattr(GraphExecutor, "_static_slots", lambda self, planner: None)    # the segmented step
     run = eng.start_ids(PROMPTS[0], RunSettings(policy="resident", cache_frac=0.3, max_new_tokens=8, cpu_lane=False))
     segmented = list(run)
@@ -241,3 +245,28 @@ def test_an_unknown_lane_offer_is_refused_with_the_choices():
 
     with pytest.raises(ConfigError, match="auto, always"):
         SpiceEngine.load(None, device="cpu", lane_offer="sometimes")
+
+
+def test_a_live_switch_to_sampling_stops_running_ahead_with_the_segmented_steps_tokens(graphed, monkeypatch):
+    """`resident` decodes greedily, running each static step ahead; switched to sampling mid-run it stops (a
+    sampled token is not the one a step run ahead took): the same tokens as the segmented step, same seed."""
+    from spice_core.runtime.graph_exec import GraphExecutor
+
+    eng = graphed["qwen2_moe"]
+    greedy = RunSettings(policy="resident", cache_frac=0.3, max_new_tokens=10, cpu_lane=False)
+
+    def tokens():
+        torch.manual_seed(0)
+        run = eng.start_ids(PROMPTS[1], greedy)
+        toks = []
+        for st in run:
+            toks.append(st.token_id)
+            if len(toks) == 4:
+                run.update_settings(dataclasses.replace(greedy, temperature=1.5))
+        return toks, eng.get_summary(run.run_id).notes
+
+    ahead, notes = tokens()
+    monkeypatch.setattr(GraphExecutor, "_static_slots", lambda self, planner: None)    # the segmented step
+    segmented, _ = tokens()
+    assert ahead == segmented
+    assert any(n.startswith("fast path: 3 steps launched before") for n in notes), notes
