@@ -221,7 +221,7 @@ def host_step_totals(executor) -> dict:
     if dec is None or not dec.host_layers:
         return {}
     ahead = {"steps_run_ahead": dec.steps_run_ahead, "steps_rolled_back": dec.steps_rolled_back} \
-        if getattr(dec, "steps_run_ahead", 0) else {}
+        if dec.steps_run_ahead else {}
     return {"host_layers": dec.host_layers, "host_critical_us": dec.host_s * 1e6 / dec.host_layers,
             "host_overlap_us": dec.overlap_s * 1e6 / dec.host_layers, **ahead}
 

@@ -290,7 +290,8 @@ class GraphedDecoder:
         else:
             with self._on_stream():          # waits for the step's readback too (eager on CUDA)
                 out = int(self.logits[0, -1].argmax())
-        routing = (self.io.idx_np.copy(), self.io.w_np.copy())     # the next step's readback overwrites them
+        # A step run ahead overwrites the host rows while this one is booked: book from a copy then.
+        routing = (self.io.idx_np.copy(), self.io.w_np.copy()) if run_ahead else None
         self._ahead_logits = None
         if run_ahead:
             with self._on_stream():

@@ -108,9 +108,10 @@ def kernel_plan_rows(slot_of: torch.Tensor, top_k_index: torch.Tensor, top_k_wei
     K = top_k_index.shape[-1]
     plan = torch.empty((PLAN_ROWS, K), dtype=torch.long, device=top_k_index.device)
     block = max(16, 1 << (K - 1).bit_length())
-    _kernel()[(1,)](slot_of, top_k_index.reshape(K).contiguous(), top_k_weights.reshape(K).contiguous(), plan, idx_stage, w_stage,
-                    slot_of.shape[0], n_slots, K=K, BK=block, R_SLOT=SLOT, R_PERM=PERM, R_VALID=VALID,
-                    R_BY_SLOT=BY_SLOT, R_INV=INV, R_APPROX=APPROX, R_EXPERT=EXPERT, R_KIND=KIND, num_warps=1)
+    idx, w = top_k_index.reshape(K).contiguous(), top_k_weights.reshape(K).contiguous()
+    _kernel()[(1,)](slot_of, idx, w, plan, idx_stage, w_stage, slot_of.shape[0], n_slots, K=K, BK=block,
+                    R_SLOT=SLOT, R_PERM=PERM, R_VALID=VALID, R_BY_SLOT=BY_SLOT, R_INV=INV, R_APPROX=APPROX,
+                    R_EXPERT=EXPERT, R_KIND=KIND, num_warps=1)
     return plan
 
 
@@ -151,7 +152,7 @@ class StaticPlanner:
     def _check(self, i: int, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> None:
         self._checked = True
         if torch.cuda.is_current_stream_capturing():
-            return      # no warm-up ran eagerly first: trust the kernel's test (tests/cuda)
+            return      # no warm-up ran eagerly first: trust the kernel's GPU test (tests/runtime/test_static_plan.py)
         want = static_plan_rows(self.slot_of[i], top_k_index, self.n_slots)
         try:
             got = kernel_plan_rows(self.slot_of[i], top_k_index, top_k_weights, self.n_slots,

@@ -1,6 +1,7 @@
 """A static cache's plan row, computed on the device from the routing (`static_plan_rows`), is the row the host
-writes for the same picks (`plan_rows`): every row, dropped picks (ids outside [0, E)) included; without the slot order (BY_SLOT, INV: the
-grouped kernel's), every row the other kernels read; on a GPU, the one Triton kernel the step captures instead."""
+writes for the same picks (`plan_rows`): every row, dropped picks (ids outside [0, E)) included; without the slot
+order (BY_SLOT, INV: the grouped kernel's), every row the other kernels read; on a GPU, the one Triton kernel the
+step captures instead."""
 import random
 
 import pytest
