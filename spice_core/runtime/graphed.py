@@ -306,6 +306,7 @@ class GraphedDecoder:
             if self._ahead:     # the step is done, its booking failed: the caller may not feed its token back
                 self._settle_ahead()
                 self._roll_back()
+                self._next_token = None      # `ids` hold the undone step's token now: the next step writes its own
             raise
         return out
 
