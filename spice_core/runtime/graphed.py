@@ -77,6 +77,22 @@ class _Hook:
         return self.decoder._experts_call(layer, x, top_k_index, top_k_weights, act)
 
 
+
+def _rewind_one_token(layer) -> None:
+    """Take back a static cache layer's last token in place (its buffers keep their addresses): `crop(-1)` where
+    the layer has it (transformers 5.24), else every in-place length counter it keeps (5.17's static layers have
+    no `crop`)."""
+    if hasattr(layer, "crop"):
+        layer.crop(-1)
+        return
+    counters = [getattr(layer, n) for n in ("cumulative_length", "indexer_cumulative_length")
+                if isinstance(getattr(layer, n, None), torch.Tensor)]
+    if not counters:
+        raise SpiceError(f"cannot take a token back from a {type(layer).__name__} cache layer: it has no crop() "
+                         "and no length tensor; decode without running ahead (sampling) or update transformers")
+    for c in counters:
+        c.sub_(1)
+
 class GraphedDecoder:
     """Decode steps (T=1) of a LoadedModel as one CUDA-graph segment per MoE layer, cut at the experts call.
 
@@ -340,12 +356,11 @@ class GraphedDecoder:
         self._ahead, self._ahead_logits = False, None
 
     def _roll_back(self) -> None:
-        """Undo the last step's advance of the position and the cache's lengths (`crop(-1)`: every length a cache
-        layer keeps): the next step rewrites its K/V."""
+        """Undo the last step's advance of the position and the cache's lengths: the next step rewrites its K/V."""
         with self._on_stream():
             self.pos.sub_(1)
             for layer in self.cache.layers:
-                layer.crop(-1)
+                _rewind_one_token(layer)
 
     def _tell_static_layers(self, routing, overlapped: bool = False) -> None:
         """``on_layer`` for every MoE layer of a static step, after it ran, from ``routing`` (its (ids, weights)

@@ -240,3 +240,26 @@ def _check_run_ahead(lm):
                 got_logits.append(logits[i])
     dec.close()
     assert got == toks and torch.equal(torch.stack(got_logits), logits)
+
+
+def test_a_token_is_taken_back_from_static_cache_layers_with_or_without_crop():
+    """Roll-back on transformers 5.24 (`crop(-1)`) and on 5.17, whose static layers keep only length tensors."""
+    from transformers.cache_utils import StaticLayer
+
+    from spice_core.errors import SpiceError
+    from spice_core.runtime.graphed import _rewind_one_token
+
+    layer = StaticLayer(max_cache_len=8)
+    layer.update(torch.zeros(1, 1, 3, 4), torch.zeros(1, 1, 3, 4))
+    _rewind_one_token(layer)
+    assert int(layer.get_seq_length()) == 2
+
+    class LengthsOnly:                       # the 5.17 shape: no crop(), in-place length counters
+        cumulative_length = torch.tensor(5)
+        indexer_cumulative_length = torch.tensor(5)
+
+    old = LengthsOnly()
+    _rewind_one_token(old)
+    assert int(old.cumulative_length) == 4 and int(old.indexer_cumulative_length) == 4
+    with pytest.raises(SpiceError, match="no crop"):
+        _rewind_one_token(object())
