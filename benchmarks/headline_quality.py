@@ -68,6 +68,8 @@ def main(argv=None) -> int:
                          "qwen2-57b-a14b for spice-mini-qwen2)")
     ap.add_argument("--cpu-lane", action="store_true",
                     help="offer the CPU lane, as bench does (the engine keeps it where it pays: the x8 link, not native)")
+    ap.add_argument("--prefetch-admission", choices=("exact", "all"), default="exact",
+                    help="spice's prefetch admission (the engine's default: exact; all is the rule before it)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     try:
@@ -89,6 +91,7 @@ def main(argv=None) -> int:
         return 2
     settings = dict(SETTINGS, shape=args.shape, tau_approx=args.tau_approx, cpu_lane=args.cpu_lane, lore_rank=args.lore_rank,
                     tau_prefetch=args.tau_prefetch, max_lookahead=args.max_lookahead)
+    admission = args.prefetch_admission
     torch.set_num_threads(1)
     from spice_core.api import RunSettings
     from spice_core.engine import SpiceEngine
@@ -101,7 +104,7 @@ def main(argv=None) -> int:
     ref = exact_reference(base_engine, data, args.new_tokens, base=base)
     rows = []
     for link, gbps, budget in cases:
-        eng = SpiceEngine(base_engine.lm, timing="modeled", link_gbps=gbps)
+        eng = SpiceEngine(base_engine.lm, timing="modeled", link_gbps=gbps, prefetch_admission=admission)
         eng.artifacts = base_engine.artifacts
         rep = evaluate(eng, replace(base, policy="spice", cache_frac=budget), ref)
         # without the lane spice_no_cpu makes spice's decisions; with it they differ where the lane is kept
@@ -112,7 +115,8 @@ def main(argv=None) -> int:
         rows.append(row)
         print(json.dumps({k: row[k] for k in ("link", "budget_frac", "ppl_delta_pct", "mean_kl", "greedy_agreement",
                                                "approx_share")}), flush=True)
-    out = {"timing": "modeled (quality is measured; decisions replayed with the profile below)", "settings": settings,
+    out = {"timing": "modeled (quality is measured; decisions replayed with the profile below)",
+           "settings": dict(settings, prefetch_admission=admission),
            "tokens": rows[0]["tokens"] if rows else 0, "source": data.source, "seconds": round(time.time() - t0, 1),
            "command": "python benchmarks/headline_quality.py " + " ".join(argv if argv is not None else sys.argv[1:]), "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ from spice_core.generation import build_prompt_ids
 from spice_core.machine import Machine
 from spice_core.model.loader import LoadedModel, cache_kwarg, load_model
 from spice_core.policy.cache import cache_slots_for_budget
-from spice_core.policy.planner import LayerPlanner
+from spice_core.policy.planner import PREFETCH_ADMISSIONS, LayerPlanner
 from spice_core.policy.spec import get_spec
 from spice_core.runtime.eager import EagerExecutor
 from spice_core.runtime.graph_exec import GraphExecutor, fast_path_refusal
@@ -80,7 +80,8 @@ def int8_pays(costs: CostModel) -> bool:
 class SpiceEngine:
     def __init__(self, lm: LoadedModel, *, timing: str | None = None, hw_profile=None,
                  link_gbps: float | None = None, prefetch_after_experts: bool | None = None,
-                 host_aware: bool = True, executor: str = "auto", lane_offer: str = "auto") -> None:
+                 host_aware: bool = True, executor: str = "auto", lane_offer: str = "auto",
+                 prefetch_admission: str = "exact") -> None:
         """``executor``: "auto" (the graphed fast path for decode steps on CUDA with measured timing, when
         the run's features allow it; eager otherwise), "eager" (per-expert PyTorch calls, per-expert trace
         detail) or "graphed" (ask for the fast path anywhere; on the CPU it runs the same step op by op).
@@ -89,8 +90,14 @@ class SpiceEngine:
         ``prefetch_after_experts``: plan prefetches after launching a layer's experts (default:
         when timing is measured, see runtime/layer.py).
         ``lane_offer``: "auto" offers the real CPU lane to spice-like policies only where one CPU expert beats a
-        copy over the link (`lane_pays`); "always" on any link (an A/B of that rule)."""
+        copy over the link (`lane_pays`); "always" on any link (an A/B of that rule).
+        ``prefetch_admission``: "exact" (spice and other approximating policies prefetch only experts whose
+        predicted router weight reaches tau_approx) or "all" (an A/B of that rule; policy/planner.py)."""
         self.lane_offer = check_lane_offer(lane_offer)
+        if prefetch_admission not in PREFETCH_ADMISSIONS:
+            raise ConfigError(f"prefetch_admission={prefetch_admission!r} is unknown: use one of "
+                              f"{', '.join(PREFETCH_ADMISSIONS)}")
+        self.prefetch_admission = prefetch_admission
         self.lm = lm
         # Where and how runs execute, resolved once (machine.py): every modeled-or-measured, profile,
         # link and executor question below reads it.
@@ -456,7 +463,8 @@ class SpiceEngine:
                                costs=costs, tau_prefetch=s.tau_prefetch, tau_approx=s.tau_approx if lore else 0.0,
                                max_lookahead=s.max_lookahead, can_approx=lore is not None,
                                can_cpu=can_cpu, host_aware=self.host_aware,
-                               tau_int8=s.tau_int8 if int8 is not None else 0.0, can_int8=int8 is not None)
+                               tau_int8=s.tau_int8 if int8 is not None else 0.0, can_int8=int8 is not None,
+                               prefetch_admission=self.prefetch_admission)
         clock = self._timeline(costs, modeled)
         recorder = Recorder(clock, lm.expert_bytes, costs.expert_bytes if clock.mode == "modeled" else None)
         measured = clock.mode == "measured"

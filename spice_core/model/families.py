@@ -57,3 +57,14 @@ SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 def is_moe_block(mlp: nn.Module) -> bool:
     """Structural test: an MoE block has a router ``gate`` and an ``experts`` module."""
     return hasattr(mlp, "gate") and hasattr(mlp, "experts")
+
+
+def router_weight_rule(config) -> tuple[bool, float]:
+    """How the family's router turns its softmax q over all experts into the weights of its top-k: (renormalised
+    over the top-k, then scaled by). What the draft's predicted weights follow (predictor/draft.py)."""
+    model_type = getattr(config, "model_type", "")
+    if model_type == "mixtral":
+        return True, 1.0
+    if model_type == "deepseek_v2":
+        return False, float(getattr(config, "routed_scaling_factor", 1.0) or 1.0)
+    return bool(getattr(config, "norm_topk_prob", False)), 1.0

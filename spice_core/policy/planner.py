@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import AbstractSet, NamedTuple, Protocol, Sequence
 
+from spice_core.errors import ConfigError
 from spice_core.policy.cache import EVICTION_POLICIES, FarthestNextUseEviction
 from spice_core.policy.miss import MissAction, MissOptions, MissRequest, QueueState, plan_misses
 from spice_core.policy.prefetch import LayerPrediction, h_min, plan_lookahead, plan_pays
@@ -37,6 +38,8 @@ HIT, PREFETCH_HIT = "hit", "prefetch_hit"
 _APPROX, _CPU, _COPY = MissAction.APPROX.value, MissAction.CPU.value, MissAction.COPY.value
 _CPU_INT8 = MissAction.CPU_INT8.value
 _ACTION_NAMES = {a: a.value for a in MissAction}
+# How the lookahead admits a prefetch where the policy approximates cheap misses (LayerPlanner).
+PREFETCH_ADMISSIONS = ("exact", "all")
 
 
 class CpuTasks(tuple):
@@ -138,9 +141,16 @@ class LayerPlanner:
                  moe_layers: Sequence[int], costs: PlanCosts, tau_prefetch: float = 0.2,
                  tau_approx: float = 0.0, max_lookahead: int = 4, can_approx: bool = False,
                  can_cpu: bool = False, host_aware: bool = True, tau_int8: float = 0.0,
-                 can_int8: bool = False) -> None:
+                 can_int8: bool = False, prefetch_admission: str = "exact") -> None:
         """``tau_int8``/``can_int8``: misses below that router weight may run on the CPU lane from the int8 copy
-        (lossy; the engine offers it only to policies that may be lossy, `PolicySpec.use_int8`)."""
+        (lossy; the engine offers it only to policies that may be lossy, `PolicySpec.use_int8`).
+        ``prefetch_admission``: "exact" prefetches, for a policy that approximates, only experts whose predicted
+        router weight reaches tau_approx (the others' misses are approximated, so their copies buy no time);
+        "all" also copies those (an A/B of that rule)."""
+        if prefetch_admission not in PREFETCH_ADMISSIONS:
+            raise ConfigError(f"prefetch_admission={prefetch_admission!r} is unknown: use one of "
+                              f"{', '.join(PREFETCH_ADMISSIONS)}")
+        self.prefetch_admission = prefetch_admission
         self.spec, self.costs = spec, costs
         self.n_experts, self.top_k = n_experts, top_k
         self.moe_pos = {layer: p for p, layer in enumerate(moe_layers)}
@@ -421,7 +431,8 @@ class LayerPlanner:
             tau_prefetch=self.tau_prefetch, max_lookahead=self.max_lookahead, now_ms=queues.now_ms,
             copy_free_at_ms=queues.copy_free_at_ms, copy_ms=self._copy_ms, layer_ms=layer_ms,
             top_k=self.top_k, max_items=max(0, res.n_slots - self.top_k), h_min_value=hm,
-            issue_ms=c.profile.host_copy_us / 1e3 if self.host_aware else 0.0, miss_ms=self._lane_ms)
+            issue_ms=c.profile.host_copy_us / 1e3 if self.host_aware else 0.0, miss_ms=self._lane_ms,
+            min_weight=self._min_prefetch_weight())
         if len(self.next_use_abs) > 4 * res.n_slots + 256:
             self.next_use_abs = {k: v for k, v in self.next_use_abs.items() if v >= self.global_pos}
         pos, get = self.global_pos, self.next_use_abs.get
@@ -439,6 +450,13 @@ class LayerPlanner:
                 break
             orders.append(order)
         return PrefetchOrders(tuple(orders), depth, reason, hm if math.isfinite(hm) else -1.0)
+
+    def _min_prefetch_weight(self) -> float:
+        """The predicted router weight a prefetch must reach: tau_approx where this policy approximates the misses
+        below it and the admission is "exact", else 0 (read per plan: tau_approx is a live setting)."""
+        if self.prefetch_admission == "exact" and self.spec.use_lore and self.can_approx:
+            return self.tau_approx
+        return 0.0
 
     def _lane_miss_ms(self) -> float | None:
         """An exact miss's time on the CPU lane (busy link), where the policy sends exact misses there and that

@@ -26,6 +26,9 @@ layer where none is confident or max_lookahead. Of those:
   hits (a scheduling matroid). Copies are issued in order of need (nearer layers first, then
   confidence), the order their deadlines come in.
 
+Where the policy approximates cheap misses (LoRE below tau_approx), a candidate whose predicted router
+weight is below tau_approx is not copied: its miss costs no copy either way (``min_weight``).
+
 Predictions beyond max_lookahead (or past the first distance without a confident expert)
 are not prefetched, but their confident experts still get a predicted next use: the cache
 evicts by farthest predicted next use (policy/cache.py), and a longer view makes that closer
@@ -74,6 +77,8 @@ class LayerPrediction(NamedTuple):
     probs: Sequence[float]       # confidence per expert
     order: Sequence[int] | None = None     # experts by descending confidence, ties by index (optional:
                                            # predictors that sort on the device save the planner a sort)
+    weights: Sequence[float] | None = None   # predicted router weight per expert, as the family weighs its
+                                             # top-k (optional: the draft's; see `min_weight`)
 
     def ranked(self) -> Sequence[int]:
         if self.order is not None:
@@ -164,6 +169,7 @@ def plan_lookahead(
     issue_ms: float = 0.0,
     on_way_rows: Callable[[int, int], Sequence[int]] | None = None,
     miss_ms: float | None = None,
+    min_weight: float = 0.0,
 ) -> PrefetchPlan:
     """See the module docstring. ``predictions`` may come in any order; one per distance, each distance's
     confidences a sequence or a numpy row. ``is_resident_or_inflight``: a predicate, or any container of the
@@ -173,7 +179,11 @@ def plan_lookahead(
     ``miss_ms``: what an exact miss costs when it is not copied, where that is cheaper than a copy (the CPU
     lane's run of one expert). A miss then goes to the lane, not the link: the queue carries no expected demand
     copies, and a prefetch that lands later than ``miss_ms`` after its layer starts saves nothing (the lane
-    finishes first), so none is queued that late. None: misses are copied (the rules above)."""
+    finishes first), so none is queued that late. None: misses are copied (the rules above).
+    ``min_weight`` (> 0: the LoRE threshold tau_approx of a policy that approximates): a candidate whose
+    predicted router weight (``LayerPrediction.weights``) is below it is not copied, since its miss would be
+    approximated, not waited for (policy/miss.py rule 2): the copy would buy no time and, when it lands late,
+    not even the exact expert. It still informs eviction. Predictions without weights are not filtered."""
     preds = sorted(predictions, key=_by_distance)
     k = max(top_k, 1)
     queue_end = max(now_ms, copy_free_at_ms)
@@ -227,9 +237,10 @@ def plan_lookahead(
                 cov += u if u < 1.0 else 1.0
         covered[d] = cov
         cands[d] = []
+        weights = pred.weights if min_weight > 0 else None
         for e in confident:
             key = keys[e]
-            if key not in seen and not row[e]:
+            if key not in seen and not row[e] and (weights is None or weights[e] >= min_weight):
                 use = min(1.0, probs[e] * scale)
                 if use * copy_ms > issue_ms:
                     cands[d].append((probs[e], e, key, use))

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from spice_core.errors import ArtifactError
+from spice_core.model.families import router_weight_rule
 from spice_core.predictor.draft import DraftPredictor
 from spice_core.types import ExpertKey
 
@@ -114,7 +115,8 @@ def load_draft(path: Path, lm, fingerprint: dict | None = None) -> DraftPredicto
     # the half weights, without rounding their logits to half, see DraftPredictor).
     stored = lm.offload_dtype or lm.layout.dtype
     dtype = torch.float16 if lm.device.type == "cuda" or stored in (torch.float16, torch.bfloat16) else torch.float32
-    return DraftPredictor(tuple(lm.moe_layers), w, b, c, lm.top_k, device=lm.device, dtype=dtype)
+    return DraftPredictor(tuple(lm.moe_layers), w, b, c, lm.top_k, device=lm.device, dtype=dtype,
+                          router_rule=router_weight_rule(lm.model.config))
 
 
 # ---------------------------------------------------------------- calibration json

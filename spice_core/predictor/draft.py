@@ -44,6 +44,11 @@ log = logging.getLogger(__name__)
 MAX_DISTANCES = 64
 
 
+def _log_softmax_np(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
 def target_table(n_moe: int, distances: int) -> tuple[torch.Tensor, torch.Tensor]:
     """For head (p, d-1): the target's MoE position (p+d) mod n and token offset (p+d) div n. Both [n,D]."""
     q = torch.arange(n_moe)[:, None] + torch.arange(1, distances + 1)[None, :]
@@ -62,8 +67,10 @@ class DraftPredictor:
     name = "draft"
 
     def __init__(self, moe_layers: tuple[int, ...], weight: torch.Tensor, bias: torch.Tensor, calib: torch.Tensor,
-                 top_k: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float16) -> None:
-        """weight [n,D*E,H], bias [n,D*E], calib [n,D,3] (a, m, c)."""
+                 top_k: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float16,
+                 router_rule: tuple[bool, float] = (False, 1.0)) -> None:
+        """weight [n,D*E,H], bias [n,D*E], calib [n,D,3] (a, m, c). ``router_rule``: how the target's router
+        weighs its top-k (`families.router_weight_rule`), which the predicted weights follow."""
         n, de, h = weight.shape
         assert n == len(moe_layers) and bias.shape == (n, de) and calib.shape[:2] == (n, calib.shape[1])
         self.moe_layers = tuple(moe_layers)
@@ -82,6 +89,7 @@ class DraftPredictor:
         self._host32 = None
         if self.device.type == "cpu" and dtype == torch.float16:
             self._host32 = (self.weight.float(), self.bias.float())
+        self.router_rule = (bool(router_rule[0]), float(router_rule[1]))
         self.calib = calib.float().cpu()
         self._calib_np = self.calib.numpy()
         self._pos = {layer: p for p, layer in enumerate(self.moe_layers)}
@@ -119,14 +127,38 @@ class DraftPredictor:
     def _confidence_np(self, p: int, logits: np.ndarray) -> np.ndarray:
         """`confidence` for one token's [D', E] logits in numpy: at this size each torch op on the host
         costs ~10 µs against ~1 µs, and this runs after every MoE layer of every token."""
-        z = logits - logits.max(axis=-1, keepdims=True)
-        logq = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+        return self._confidence_from_logq(p, _log_softmax_np(logits))
+
+    def _confidence_from_logq(self, p: int, logq: np.ndarray) -> np.ndarray:
         E = logq.shape[-1]
         k = min(self.top_k, E)
         kth = np.partition(logq, E - k, axis=-1)[:, E - k:E - k + 1]
         c = self._calib_np[p, : logq.shape[0]]
         u = c[:, 0:1] * logq + c[:, 1:2] * (logq - kth) + c[:, 2:3]
         return np.exp(-np.logaddexp(0.0, -u)).astype(np.float32)     # sigmoid, without overflow
+
+    def _weights_np(self, logq: np.ndarray) -> np.ndarray:
+        """Predicted router weights [D', E] from log q: q as the target weighs its top-k (`router_rule`)."""
+        q = np.exp(logq)
+        normalised, scale = self.router_rule
+        if normalised:
+            E = q.shape[-1]
+            k = min(self.top_k, E)
+            q = q / np.partition(q, E - k, axis=-1)[:, E - k:].sum(axis=-1, keepdims=True)
+        return (q * scale).astype(np.float32) if scale != 1.0 else q.astype(np.float32)
+
+    def _weights(self, logq: torch.Tensor) -> torch.Tensor:
+        """`_weights_np` on the device, [D, E] float32."""
+        q = logq.exp()
+        normalised, scale = self.router_rule
+        if normalised:
+            q = q / torch.topk(q, min(self.top_k, q.shape[-1]), dim=-1).values.sum(dim=-1, keepdim=True)
+        return q * scale if scale != 1.0 else q
+
+    @property
+    def readback_numel(self) -> int:
+        """Floats per layer `head_readback` makes: confidences, the ranking and the predicted weights."""
+        return 3 * self.distances * self.n_experts
 
     def head_logits(self, layer: int, x_last: torch.Tensor) -> torch.Tensor:
         """x_last [1,H] -> every head's logits of this layer, [D*E] float32 (one matmul on x's device).
@@ -190,18 +222,19 @@ class DraftPredictor:
         """The heads' logits of ``layer`` (host, [D*E] or [D,E] float32) -> one LayerPrediction per distance."""
         p = self._pos[layer]
         depth, E = self.distances, self.n_experts
-        conf_np = self._confidence_np(p, np.asarray(logits_np, dtype=np.float32)[: depth * E].reshape(depth, E))
+        logq = _log_softmax_np(np.asarray(logits_np, dtype=np.float32)[: depth * E].reshape(depth, E))
+        conf_np = self._confidence_from_logq(p, logq)
         # The planner walks experts by descending confidence: one stable sort here instead of D in Python.
         order = np.argsort(-conf_np, axis=-1, kind="stable").tolist()
-        conf = conf_np.tolist()
+        conf, weights = conf_np.tolist(), self._weights_np(logq).tolist()
         n = len(self.moe_layers)
         layers = self.moe_layers
-        return [LayerPrediction(d + 1, layers[(p + d + 1) % n], conf[d], order[d]) for d in range(depth)]
+        return [LayerPrediction(d + 1, layers[(p + d + 1) % n], conf[d], order[d], weights[d]) for d in range(depth)]
 
     def head_readback(self, layer: int, x_last: torch.Tensor) -> torch.Tensor:
-        """x_last [1,H] -> what the graphed executor reads back per layer, [2*D*E] float32 on x's device: every
+        """x_last [1,H] -> what the graphed executor reads back per layer, [3*D*E] float32 on x's device: every
         head's confidence (`confidence`), then the experts by descending confidence, ties by index (ids as
-        floats, exact below 2^24). Captured into the layer's segment: the device ranks the 8 x 64 predictions,
+        floats, exact below 2^24), then the predicted router weights (`_weights`). Captured into the layer's segment: the device ranks the 8 x 64 predictions,
         so the host step only parses them (`predictions_from_readback`; numpy took ~85 µs a layer)."""
         p = self._pos[layer]
         D, E = self.distances, self.n_experts
@@ -212,16 +245,17 @@ class DraftPredictor:
         c = self._calib_dev[p, :D]
         conf = torch.sigmoid(c[:, 0:1] * logq + c[:, 1:2] * (logq - kth) + c[:, 2:3])
         order = torch.sort(conf, dim=-1, descending=True, stable=True).indices
-        return torch.cat([conf.reshape(-1), order.reshape(-1).to(torch.float32)])
+        return torch.cat([conf.reshape(-1), order.reshape(-1).to(torch.float32), self._weights(logq).reshape(-1)])
 
     def predictions_from_readback(self, layer: int, arr: np.ndarray) -> list[LayerPrediction]:
-        """`head_readback`'s numbers of ``layer`` (host, [2*D*E] float32) -> one LayerPrediction per distance."""
+        """`head_readback`'s numbers of ``layer`` (host, [3*D*E] float32) -> one LayerPrediction per distance."""
         p = self._pos[layer]
         D, E = self.distances, self.n_experts
         conf = arr[: D * E].reshape(D, E).tolist()
         order = arr[D * E: 2 * D * E].reshape(D, E).astype(np.int64).tolist()
+        weights = arr[2 * D * E: 3 * D * E].reshape(D, E).tolist()
         n, layers = len(self.moe_layers), self.moe_layers
-        return [LayerPrediction(d + 1, layers[(p + d + 1) % n], conf[d], order[d]) for d in range(D)]
+        return [LayerPrediction(d + 1, layers[(p + d + 1) % n], conf[d], order[d], weights[d]) for d in range(D)]
 
     @torch.no_grad()
     def predict_batch(self, p: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -70,7 +70,7 @@ class GraphExecutor(EagerExecutor):
         """Capture the decode step (raises GraphCaptureError when it cannot) and take the runtime's decisions."""
         readback = n_draft = None
         if self.draft is not None:
-            readback, n_draft = self.draft.head_readback, 2 * self.draft.distances * self.draft.n_experts
+            readback, n_draft = self.draft.head_readback, self.draft.readback_numel
         self.decoder = GraphedDecoder(self.lm, self.slots.buffer, self.copy_stream, self.max_cache_len,
                                       use_graphs=self.use_graphs, wait_for_copies=False, draft_readback=readback,
                                       draft_numel=n_draft or 0, lore=self.lore, cpu_rows=self.cpu_rows,

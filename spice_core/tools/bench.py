@@ -13,7 +13,8 @@ Config (JSON):
      "prompts": ["...", ...] | {"random_ids": 8, "length": 32},
      "max_new_tokens": 64, "repetitions": 1, "reference_generate": true, "hw_profile": "FILE",
      "export_traces": ["spice"], "export_trace_prompts": "first" | "all",
-     "cpu_lane": true, "lane_offer": "auto" | "always", "runs": [{...}, ...]}
+     "cpu_lane": true, "lane_offer": "auto" | "always", "prefetch_admission": "exact" | "all",
+     "runs": [{...}, ...]}
 ("lane_offer": "always" offers the real CPU lane to spice-like policies on a link where one CPU expert is slower
 than a copy, which "auto" does not: an A/B of that rule.)
 Everything is validated before any model is built (bench_config.py): unknown keys, wrong types and
@@ -265,7 +266,8 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
             executor=str(b.get("executor", cfg.get("executor", "auto"))),
             cpu_lane=bool(b.get("cpu_lane", cfg.get("cpu_lane", True))),
             settings={k: b.get(k, cfg.get(k, d)) for k, d in SETTING_DEFAULTS.items()},
-            lane_offer=str(b.get("lane_offer", cfg.get("lane_offer", "auto")))))
+            lane_offer=str(b.get("lane_offer", cfg.get("lane_offer", "auto"))),
+            prefetch_admission=str(b.get("prefetch_admission", cfg.get("prefetch_admission", "exact")))))
     settings_of: dict[str, dict] = {}        # variant -> its thresholds (a record says what it ran with)
     for b in blocks:
         if settings_of.setdefault(b.variant, b.settings) != b.settings:
@@ -278,13 +280,13 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
     lifted_arts = None
     engines: dict[str, SpiceEngine] = {}
 
-    def engine_for(link: str, host_aware: bool, executor: str, lane_offer: str) -> SpiceEngine:
+    def engine_for(link: str, host_aware: bool, executor: str, lane_offer: str, admission: str) -> SpiceEngine:
         nonlocal lifted_arts
-        if (link, host_aware, executor, lane_offer) in engines:
-            return engines[(link, host_aware, executor, lane_offer)]
+        if (link, host_aware, executor, lane_offer, admission) in engines:
+            return engines[(link, host_aware, executor, lane_offer, admission)]
         eng = SpiceEngine(lm, timing=cfg["timing"], hw_profile=hw, link_gbps=LINKS_GBPS[link],
                           prefetch_after_experts=cfg.get("prefetch_after_experts"), host_aware=host_aware,
-                          executor=executor, lane_offer=lane_offer)
+                          executor=executor, lane_offer=lane_offer, prefetch_admission=admission)
         if cfg.get("artifacts", True) and cfg["model"].startswith("lift:"):
             if lifted_arts is None:
                 from spice_core.tools.lift import lift_artifacts
@@ -292,7 +294,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
             eng.artifacts = lifted_arts or None
         elif cfg.get("artifacts", True) and not cfg["model"].startswith("random:"):
             eng.load_artifacts()
-        engines[(link, host_aware, executor, lane_offer)] = eng
+        engines[(link, host_aware, executor, lane_offer, admission)] = eng
         return eng
 
     # Each prompt's exact tokens, by (link, budget, workload, prompt, max new tokens): every exact policy makes the same
@@ -305,7 +307,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         b_executor, b_cpu_lane, b_set = blk.executor, blk.cpu_lane, blk.settings
         ref_policy = next((p for p in b_policies if p in EXACT_POLICIES), None)
         for link in b_links:
-            eng = engine_for(link, b_host_aware, b_executor, blk.lane_offer)
+            eng = engine_for(link, b_host_aware, b_executor, blk.lane_offer, blk.prefetch_admission)
             for rep in range(b_reps):
                 for budget in b_budgets:
                     for workload, pi, ids in b_workloads:
@@ -410,6 +412,7 @@ class Block(NamedTuple):
     cpu_lane: bool
     settings: dict           # the thresholds of SETTING_DEFAULTS
     lane_offer: str = "auto"     # SpiceEngine's: "auto" or "always"
+    prefetch_admission: str = "exact"   # SpiceEngine's: "exact" or "all"
 
 
 SETTING_DEFAULTS = {"tau_prefetch": 0.2, "tau_approx": 0.0, "max_lookahead": 4, "lore_rank": 16}   # config or block

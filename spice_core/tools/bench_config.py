@@ -14,6 +14,7 @@ from pathlib import Path
 
 from spice_core.api import LANE_OFFERS, MAX_NEW_TOKENS_LIMIT, POLICIES
 from spice_core.errors import ConfigError
+from spice_core.policy.planner import PREFETCH_ADMISSIONS
 from spice_core.user_files import is_number, json_type, read_json
 
 LINKS_GBPS = {"native": None, "pcie4x8": 13.0, "pcie4x16": 25.0}
@@ -126,6 +127,10 @@ def _check_common(where: str, d: dict) -> None:
         _bool(where, "cpu_lane", d["cpu_lane"])
     if "executor" in d and d["executor"] not in ("auto", "eager", "graphed"):
         raise ConfigError(f"{where}: \"executor\" {d['executor']!r} is unknown: use \"auto\", \"eager\" or \"graphed\"")
+    if "prefetch_admission" in d and d["prefetch_admission"] not in PREFETCH_ADMISSIONS:
+        raise ConfigError(f"{where}: \"prefetch_admission\" {d['prefetch_admission']!r} is unknown: use \"exact\" "
+                          "(approximating policies prefetch only experts predicted to weigh at least tau_approx) or "
+                          "\"all\" (an A/B of that rule)")
     if "lane_offer" in d and d["lane_offer"] not in LANE_OFFERS:
         raise ConfigError(f"{where}: \"lane_offer\" {d['lane_offer']!r} is unknown: use \"auto\" (the CPU lane where one "
                           "CPU expert beats a copy) or \"always\" (offer it on any link, an A/B)")
@@ -133,11 +138,12 @@ def _check_common(where: str, d: dict) -> None:
 
 RUN_KEYS = ("policies", "budgets", "links", "n_prompts", "prompt_indices", "long_prompt", "max_new_tokens",
             "repetitions", "host_aware", "variant", "executor", "cpu_lane", "lane_offer", "tau_prefetch", "tau_approx",
-            "max_lookahead", "lore_rank")
+            "max_lookahead", "lore_rank", "prefetch_admission")
 CONFIG_KEYS = ("model", "policies", "budgets", "links", "timing", "profile", "shape", "prompts", "max_new_tokens",
                "repetitions", "reference_generate", "hw_profile", "export_traces", "export_trace_prompts", "runs",
                "tau_prefetch", "tau_approx", "max_lookahead", "lore_rank", "verify_lift", "prefetch_after_experts",
-               "long_prompt_tokens", "host_aware", "artifacts", "lift_overrides", "executor", "lane_offer", "cpu_lane", "comment")
+               "long_prompt_tokens", "host_aware", "artifacts", "lift_overrides", "executor", "lane_offer", "cpu_lane",
+               "prefetch_admission", "comment")
 
 
 def check_config(cfg, where: str = "config") -> None:

@@ -520,7 +520,8 @@ def lift_artifacts(mini_dir: Path, big_lm):
         half = big_lm.device.type == "cuda" or big_lm.layout.dtype in (torch.float16, torch.bfloat16)
         lifted.draft = DraftPredictor(arts.draft.moe_layers, pad(d["weight"]), d["bias"], d["calib"],
                                       arts.draft.top_k, device=big_lm.device,
-                                      dtype=torch.float16 if half else torch.float32)     # as load_draft picks
+                                      dtype=torch.float16 if half else torch.float32,     # as load_draft picks
+                                      router_rule=arts.draft.router_rule)
     if arts.lore is not None:
         from spice_core.lore.bank import LoreBank, LoreLayer, shared_fn_for
 

@@ -31,7 +31,9 @@ def test_bench_writes_records_with_the_documented_keys(tmp_path):
 @pytest.mark.parametrize("patch,needle", [({"policies": ["fifo"]}, "policy"), ({"links": ["pcie9"]}, "link"),
                                           ({"budgets": [1.5]}, "budget"), ({"timing": "measured"}, "CUDA"),
                                           ({"lane_offer": "sometimes"}, "lane_offer"),
-                                          ({"runs": [{"lane_offer": 1}]}, "lane_offer")])
+                                          ({"runs": [{"lane_offer": 1}]}, "lane_offer"),
+                                          ({"prefetch_admission": "most"}, "prefetch_admission"),
+                                          ({"runs": [{"prefetch_admission": None}]}, "prefetch_admission")])
 def test_bad_config_is_refused_before_any_work(tmp_path, patch, needle):
     import torch
 

@@ -1,6 +1,7 @@
 """The LayerPlanner on hand-made routing: every decision of a layer as plain data, no tensors, no device."""
 import pytest
 
+from spice_core.errors import ConfigError
 from spice_core.policy.planner import CpuTasks, LayerPlanner, Queues, int8_tasks
 from spice_core.policy.prefetch import LayerPrediction
 from spice_core.policy.spec import get_spec
@@ -281,3 +282,20 @@ def test_regression_a_failed_cpu_job_for_an_expert_still_in_flight_falls_back_in
     p.residency.evict(ExpertKey(2, 3))
     plan, _ = step(p, 2, [[3]], queues=Queues(now_ms=60.0, copy_free_at_ms=60.0))
     assert plan.outcomes == {3: "cpu"}
+
+
+def test_spice_prefetches_only_experts_predicted_to_weigh_tau_approx_unless_told_to_admit_all():
+    weights = (0.0, 0.0, 0.01, 0.4)                                   # expert 2 would be approximated on a miss
+    preds = [LayerPrediction(1, 2, (0.0, 0.0, 0.8, 0.9), weights=weights)]
+
+    def prefetched(policy, **kw):
+        p = planner(policy, n_slots=4, tau_prefetch=0.5, max_lookahead=2, top_k=2, tau_approx=0.05,
+                    can_approx=True, **kw)
+        step(p, 1, [[0, 1]])
+        return sorted(o.key.expert for o in p.plan_prefetch(1, preds, NOW).copies)
+
+    assert prefetched("spice") == [3]
+    assert prefetched("spice", prefetch_admission="all") == [2, 3]
+    assert prefetched("spice_prefetch") == [2, 3]                     # exact: every miss costs a copy
+    with pytest.raises(ConfigError, match="prefetch_admission"):
+        planner("spice", n_slots=4, prefetch_admission="some")

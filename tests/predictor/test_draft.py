@@ -189,8 +189,31 @@ def test_the_device_ranked_readback_gives_the_predictions_the_host_computes_from
         assert [(p.distance, p.layer) for p in got] == [(p.distance, p.layer) for p in ref]
         for g, r in zip(got, ref):
             assert torch.allclose(torch.tensor(g.probs), torch.tensor(r.probs), atol=1e-5)
+            assert torch.allclose(torch.tensor(g.weights), torch.tensor(r.weights), atol=1e-5)
             assert sorted(g.order) == list(range(draft.n_experts))
             probs = torch.tensor(r.probs)
             assert all(probs[a] >= probs[b] - 1e-5 for a, b in zip(g.order, g.order[1:]))   # descending
             assert g.order[:6] == list(r.order[:6]) or torch.allclose(probs[g.order[:6]], probs[list(r.order[:6])],
                                                                       atol=1e-5)
+
+
+@pytest.mark.parametrize("rule", [(False, 1.0), (False, 1.5), (True, 1.0)])
+def test_predicted_weights_are_the_distilled_router_distribution_weighed_as_the_family_weighs_its_top_k(
+        lm, traces, trained, rule):
+    """q = softmax(head logits); renormalised over the top-k and scaled where the family's router does that."""
+    draft, _ = trained
+    draft.router_rule = rule
+    try:
+        layer = lm.moe_layers[1]
+        x = traces.hidden[1, 5:6].float()
+        logits = draft.head_logits(layer, x).view(draft.distances, draft.n_experts)
+        q = torch.softmax(logits, dim=-1)
+        if rule[0]:
+            q = q / torch.topk(q, draft.top_k, dim=-1).values.sum(-1, keepdim=True)
+        want = q * rule[1]
+        for path in (draft.predictions_from_logits(layer, logits.reshape(-1).numpy()),
+                     draft.predictions_from_readback(layer, draft.head_readback(layer, x).numpy())):
+            got = torch.tensor([p.weights for p in path])
+            assert torch.allclose(got, want, atol=1e-5)
+    finally:
+        draft.router_rule = (False, 1.0)

@@ -232,3 +232,16 @@ def test_with_a_cpu_lane_demand_misses_do_not_reserve_the_link():
     preds = [pred(1, 2, {0: 0.3, 1: 0.3}), pred(2, 3, {1: 0.9, 2: 0.9})]
     lane = plan(preds, copy_ms=1.0, layer_ms=2.1, miss_ms=0.7)
     assert {K(3, 1), K(3, 2)} <= {i.key for i in lane.items} and lane.depth == 2
+
+
+def test_a_candidate_predicted_to_weigh_less_than_min_weight_is_not_copied_but_still_informs_eviction():
+    """Where misses below tau_approx are approximated, a copy of an expert predicted below it buys no time."""
+    base = pred(1, 2, {0: 0.9, 1: 0.8})
+    weights = [0.0] * 8
+    weights[0], weights[1] = 0.30, 0.02           # expert 1: confident, but predicted to weigh 0.02
+    weighed = base._replace(weights=tuple(weights))
+    assert [i.key for i in plan([weighed], layer_ms=3.0, min_weight=0.05).items] == [K(2, 0)]
+    filtered = plan([weighed], layer_ms=3.0, min_weight=0.05)
+    assert filtered.next_use.get(K(2, 1)) == 1                       # still predicted: eviction knows
+    assert [i.key for i in plan([weighed], layer_ms=3.0).items] == [K(2, 0), K(2, 1)]     # min_weight 0: as before
+    assert [i.key for i in plan([base], layer_ms=3.0, min_weight=0.05).items] == [K(2, 0), K(2, 1)]   # no weights
