@@ -24,7 +24,20 @@ profile's host fields (profiles.py) from the engine's own measured Chrome traces
   the median measured task. During decoding the lane shares the cores with the driver thread,
   so a task takes longer than `calibrate-hw` measures on an idle machine.
 
-Decode tokens only (token index ≥ 1). Pure: JSON in, numbers out.
+Decode tokens only (token index ≥ 1).
+
+The fast path (CUDA-graph segments, `runtime/graphed.py`) records neither one launch per expert nor its host
+step in a trace, so its host costs are fitted from the records of a measured `bench` run instead
+(``--records``, `fit_fast_path_costs`): every record holds the host's time per MoE layer with the GPU idle
+(``host_us_per_layer``) and overlapped with a segment (``host_overlap_us_per_layer``), and what the layer moved.
+
+- ``host_layer_us`` and ``host_copy_us``: the least-squares line of the GPU-idle host time per layer over the
+  demand copies per layer, across the policies that neither prefetch nor use the CPU lane (``on_demand``,
+  ``lru``): the host step's fixed part and its cost per copy issued;
+- ``host_plan_us``: per prefetching record without the CPU lane, its overlapped host time per layer minus the
+  non-prefetching records' (the recording both do) and the issue of its prefetch copies, the median.
+
+Records of one link only (the emulated links pace copies on the host). Pure: JSON in, numbers out.
 """
 from __future__ import annotations
 
@@ -68,6 +81,21 @@ def read_trace_events(path: Path, flag: str = "--trace") -> list[dict]:
         out.append(e)
     if not out:
         raise ConfigError(f"{flag} {path}: has no measured engine events: recalibrate from a measured (GPU) run")
+    return out
+
+
+def read_records(paths: list[Path], flag: str = "--records") -> list[dict]:
+    """The records of several `bench` results.json files, as one list."""
+    from spice_core.user_files import read_json
+
+    out = []
+    for path in paths:
+        if not Path(path).exists():
+            raise ConfigError(f"{flag} {path}: no such file: pass the results.json a measured `bench` run wrote")
+        data = read_json(Path(path), flag, list)
+        if not all(isinstance(r, dict) for r in data):
+            raise ConfigError(f"{flag} {path}: holds something other than records: pass a bench results.json")
+        out.extend(data)
     return out
 
 
@@ -180,6 +208,61 @@ def fit_host_costs(events: list[dict], prefetch_events: list[dict] | None = None
     return fit
 
 
+FAST_PATH_BASELINES = ("on_demand", "lru")          # copy every miss, never prefetch: the host step's line
+FAST_PATH_PREFETCHERS = ("spice_prefetch", "spice", "spice_no_lore", "spice_no_cpu", "oracle_prefetch")
+
+
+def fit_fast_path_costs(records: list[dict], moe_layers: int) -> dict:
+    """Host costs in µs from measured fast-path `bench` records of one link (see the module docstring), with the
+    evidence each one rests on. ``moe_layers``: the measured model's MoE layers per token."""
+    if not isinstance(moe_layers, int) or moe_layers < 1:
+        raise ConfigError(f"--moe-layers {moe_layers!r}: use the measured model's number of MoE layers (26 for "
+                          "DeepSeek-V2-Lite's shapes, 28 for Qwen2-57B-A14B's)")
+    rows = [r for r in records if r.get("timing") == "measured" and r.get("host_us_per_layer") is not None
+            and r.get("n_decode_tokens")]
+    if not rows:
+        raise ConfigError("the records hold no measured fast-path run (host_us_per_layer): pass the results.json of "
+                          "a `bench` run on a GPU")
+    links = sorted({r.get("link") for r in rows})
+    if len(links) > 1:
+        raise ConfigError(f"the records mix links {links}: fit one link at a time (the emulated links pace copies "
+                          "on the host)")
+
+    def per_layer(r: dict, n: float) -> float:
+        return n / r["n_decode_tokens"] / moe_layers
+
+    def demand(r: dict) -> float:
+        return per_layer(r, (r.get("miss_split") or {}).get("copy", 0))
+
+    no_lane = [r for r in rows if not (r.get("miss_split") or {}).get("cpu")]
+    base = [r for r in no_lane if r["policy"] in FAST_PATH_BASELINES]
+    xs = [demand(r) for r in base]
+    if len(base) < 2 or max(xs) - min(xs) < 0.5:
+        raise ConfigError("fitting the host step needs on_demand and lru records (their copies per layer differ): "
+                          "run both in the same bench config")
+    intercept, slope = _fit_line(xs, [r["host_us_per_layer"] for r in base])
+    fit = {"host_layer_us": max(0.0, intercept), "host_copy_us": max(0.0, slope),
+           "evidence": {"link": links[0], "moe_layers": moe_layers,
+                        "baselines": {r["policy"] + (f" ({r['variant']})" if r.get("variant") else ""):
+                                      {"demand_copies_per_layer": round(demand(r), 3),
+                                       "host_us_per_layer": round(r["host_us_per_layer"], 1)} for r in base}}}
+    recording = statistics.mean(r.get("host_overlap_us_per_layer") or 0.0 for r in base)
+    # One expert's bytes, from a baseline (every byte it moved is a demand copy): prefetches are the rest.
+    expert_bytes = statistics.median(r["bytes_per_token"] / (demand(r) * moe_layers) for r in base if demand(r) > 0)
+    plans = {}
+    for r in no_lane:
+        if r["policy"] not in FAST_PATH_PREFETCHERS or r.get("host_overlap_us_per_layer") is None:
+            continue
+        prefetches = max(0.0, r["bytes_per_token"] / expert_bytes / moe_layers - demand(r))
+        plans[r["policy"] + (f" ({r['variant']})" if r.get("variant") else "")] = round(
+            r["host_overlap_us_per_layer"] - recording - fit["host_copy_us"] * prefetches, 1)
+    if plans:
+        fit["host_plan_us"] = max(0.0, statistics.median(plans.values()))
+        fit["evidence"]["plans_us"] = plans
+        fit["evidence"]["recording_us_per_layer"] = round(recording, 1)
+    return fit
+
+
 def recalibrated_profile(profile: HardwareProfile, fit: dict, note: str = "", shape=None) -> HardwareProfile:
     """``shape``: the measured model's shape, to turn a measured CPU task into ``cpu_task_us``."""
     keys = ("host_layer_us", "host_copy_us", "host_expert_us", "host_plan_us", "host_step_us")
@@ -189,7 +272,7 @@ def recalibrated_profile(profile: HardwareProfile, fit: dict, note: str = "", sh
         modeled = CostModel(profile, shape).cpu_expert_ms()
         new["cpu_task_us"] = round(max(profile.cpu_task_us, profile.cpu_task_us + 1e3 * (fit["cpu_task_ms_median"]
                                                                                       - modeled)), 1)
-    src = (profile.source + "; " if profile.source else "") + "host costs recalibrated from measured traces" + \
+    src = (profile.source + "; " if profile.source else "") + "host costs recalibrated from measured runs" + \
         (f" ({note})" if note else "")
     return replace(profile, name=profile.name + "+host", source=src, **new)
 
@@ -197,8 +280,15 @@ def recalibrated_profile(profile: HardwareProfile, fit: dict, note: str = "", sh
 def add_cli(sub) -> None:
     p = sub.add_parser("recalibrate", help="fit a profile's host costs from measured traces (see timing/recalibrate.py)")
     p.add_argument("--profile", type=Path, required=True, help="profile JSON from calibrate-hw")
-    p.add_argument("--trace", type=Path, nargs="+", required=True,
-                   help="measured Chrome trace(s) of a policy without prefetching (lru), e.g. one per prompt")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", type=Path, nargs="+",
+                     help="measured Chrome trace(s) of a policy without prefetching (lru), e.g. one per prompt")
+    src.add_argument("--records", type=Path, nargs="+",
+                     help="results.json of measured fast-path bench runs (one link; on_demand and lru, with "
+                          "prefetching policies for the plan cost): fits the fast path's host step")
+    p.add_argument("--link", default=None, help="with --records: the link whose records to fit (default: the only one)")
+    p.add_argument("--moe-layers", type=int, default=26,
+                   help="with --records: the measured model's MoE layers (26 for DeepSeek-V2-Lite, 28 for Qwen2-57B-A14B)")
     p.add_argument("--prefetch-trace", type=Path, nargs="+", default=None,
                    help="measured trace(s) of a prefetching policy")
     p.add_argument("--shape", default="deepseek-v2-lite", help="the measured model's shape (for CPU-lane tasks)")
@@ -213,9 +303,18 @@ def run(args) -> int:
     shape = get_shape(args.shape)
     check_writable_file(args.out, "--out")
     prof = profile_from_file(args.profile, "--profile")
-    fit = fit_host_costs(read_traces(args.trace), read_traces(args.prefetch_trace, "--prefetch-trace")
-                         if args.prefetch_trace else None)
-    names = ", ".join(p.name for p in [*args.trace, *(args.prefetch_trace or [])])
+    if args.records:
+        records = read_records(args.records)
+        if args.link is not None:
+            records = [r for r in records if r.get("link") == args.link]
+            if not records:
+                raise ConfigError(f"--link {args.link}: no record of that link in --records")
+        fit = fit_fast_path_costs(records, args.moe_layers)
+        names = ", ".join(p.name for p in args.records) + f" (fast path, {fit['evidence']['link']} link)"
+    else:
+        fit = fit_host_costs(read_traces(args.trace), read_traces(args.prefetch_trace, "--prefetch-trace")
+                             if args.prefetch_trace else None)
+        names = ", ".join(p.name for p in [*args.trace, *(args.prefetch_trace or [])])
     new = recalibrated_profile(prof, fit, note=names, shape=shape)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(new.as_dict(), indent=2))

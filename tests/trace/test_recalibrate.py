@@ -132,3 +132,54 @@ def test_several_traces_fit_like_one_longer_trace(tmp_path):
     fit = fit_host_costs(events)
     assert fit["host_copy_us"] == pytest.approx(COPY_MS * 1e3, rel=1e-6)
     assert fit["evidence"]["decode_moe_layers"] == 2 * fit_host_costs(_trace())["evidence"]["decode_moe_layers"]
+
+
+def _fast_rec(policy, copies_per_layer, host_us, overlap_us, prefetches_per_layer=0.0, cpu=0, link="native",
+              variant="", tokens=10, layers=4, expert_bytes=1000):
+    return {"policy": policy, "variant": variant, "link": link, "timing": "measured", "n_decode_tokens": tokens,
+            "host_us_per_layer": host_us, "host_overlap_us_per_layer": overlap_us,
+            "miss_split": {"copy": round(copies_per_layer * tokens * layers), "cpu": cpu, "approx": 0},
+            "bytes_per_token": (copies_per_layer + prefetches_per_layer) * layers * expert_bytes}
+
+
+def test_fast_path_records_give_the_host_steps_line_and_the_plan_cost():
+    """GPU-idle host time = 100 + 30 x demand copies per layer; a prefetcher's overlapped time is the
+    recording (12) + its plan (200) + 30 per prefetch copy issued."""
+    from spice_core.tools.recalibrate import fit_fast_path_costs
+
+    recs = [_fast_rec("on_demand", 6.0, 100 + 30 * 6.0, 12.0), _fast_rec("lru", 4.0, 100 + 30 * 4.0, 12.0),
+            _fast_rec("spice", 0.5, 100 + 30 * 0.5, 12.0 + 200 + 30 * 2.0, prefetches_per_layer=2.0),
+            _fast_rec("spice", 1.0, 500.0, 900.0, cpu=40, variant="lane")]      # the CPU lane's rows are left out
+    fit = fit_fast_path_costs(recs, moe_layers=4)
+    assert fit["host_layer_us"] == pytest.approx(100.0) and fit["host_copy_us"] == pytest.approx(30.0)
+    assert fit["host_plan_us"] == pytest.approx(200.0)
+    assert set(fit["evidence"]["plans_us"]) == {"spice"}
+
+
+@pytest.mark.parametrize("recs,needle", [
+    ([], "no measured fast-path run"),
+    ([_fast_rec("on_demand", 6.0, 280, 12), _fast_rec("lru", 4.0, 220, 12, link="pcie4x8")], "mix links"),
+    ([_fast_rec("on_demand", 6.0, 280, 12)], "on_demand and lru"),
+])
+def test_fast_path_fit_refuses_records_it_cannot_fit(recs, needle):
+    from spice_core.tools.recalibrate import fit_fast_path_costs
+
+    with pytest.raises(ConfigError, match=needle):
+        fit_fast_path_costs(recs, moe_layers=4)
+
+
+def test_recalibrate_cli_fits_the_fast_path_from_bench_records(tmp_path, capsys):
+    recs = [_fast_rec("on_demand", 6.0, 280, 12), _fast_rec("lru", 4.0, 220, 12),
+            _fast_rec("on_demand", 6.0, 400, 12, link="pcie4x8"), _fast_rec("lru", 4.0, 300, 12, link="pcie4x8")]
+    (tmp_path / "results.json").write_text(json.dumps(recs))
+    prof = tmp_path / "hw.json"
+    prof.write_text(json.dumps(get_profile("h200-pcie5x16-graphed").as_dict()))
+    out = tmp_path / "refit.json"
+    assert main(["recalibrate", "--profile", str(prof), "--records", str(tmp_path / "results.json"), "--link",
+                 "native", "--moe-layers", "4", "--out", str(out)]) == 0
+    fitted = json.loads(out.read_text())
+    assert fitted["host_layer_us"] == pytest.approx(100.0) and fitted["host_copy_us"] == pytest.approx(30.0)
+    assert fitted["host_plan_us"] == get_profile("h200-pcie5x16-graphed").host_plan_us      # no prefetcher: kept
+    assert main(["recalibrate", "--profile", str(prof), "--records", str(tmp_path / "results.json"), "--link",
+                 "pcie9", "--out", str(out)]) != 0
+    assert "no record of that link" in capsys.readouterr().err
