@@ -78,7 +78,7 @@ class LayerPrediction(NamedTuple):
     order: Sequence[int] | None = None     # experts by descending confidence, ties by index (optional:
                                            # predictors that sort on the device save the planner a sort)
     weights: Sequence[float] | None = None   # predicted router weight per expert, as the family weighs its
-                                             # top-k (optional: the draft's; see `min_weight`)
+                                             # top-k (optional: the draft's, a numpy row; see `min_weight`)
 
     def ranked(self) -> Sequence[int]:
         if self.order is not None:

@@ -226,7 +226,7 @@ class DraftPredictor:
         conf_np = self._confidence_from_logq(p, logq)
         # The planner walks experts by descending confidence: one stable sort here instead of D in Python.
         order = np.argsort(-conf_np, axis=-1, kind="stable").tolist()
-        conf, weights = conf_np.tolist(), self._weights_np(logq).tolist()
+        conf, weights = conf_np.tolist(), self._weights_np(logq)   # weights: read a few times a plan, kept in numpy
         n = len(self.moe_layers)
         layers = self.moe_layers
         return [LayerPrediction(d + 1, layers[(p + d + 1) % n], conf[d], order[d], weights[d]) for d in range(depth)]
@@ -253,7 +253,7 @@ class DraftPredictor:
         D, E = self.distances, self.n_experts
         conf = arr[: D * E].reshape(D, E).tolist()
         order = arr[D * E: 2 * D * E].reshape(D, E).astype(np.int64).tolist()
-        weights = arr[2 * D * E: 3 * D * E].reshape(D, E).tolist()
+        weights = arr[2 * D * E: 3 * D * E].reshape(D, E)      # rows read a few times a plan: no list (~12 µs)
         n, layers = len(self.moe_layers), self.moe_layers
         return [LayerPrediction(d + 1, layers[(p + d + 1) % n], conf[d], order[d], weights[d]) for d in range(D)]
 

@@ -1,6 +1,7 @@
 """The draft heads: targets across the token boundary, distillation, confidences, inference."""
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -189,7 +190,8 @@ def test_the_device_ranked_readback_gives_the_predictions_the_host_computes_from
         assert [(p.distance, p.layer) for p in got] == [(p.distance, p.layer) for p in ref]
         for g, r in zip(got, ref):
             assert torch.allclose(torch.tensor(g.probs), torch.tensor(r.probs), atol=1e-5)
-            assert torch.allclose(torch.tensor(g.weights), torch.tensor(r.weights), atol=1e-5)
+            assert torch.allclose(torch.as_tensor(np.asarray(g.weights)), torch.as_tensor(np.asarray(r.weights)),
+                                  atol=1e-5)
             assert sorted(g.order) == list(range(draft.n_experts))
             probs = torch.tensor(r.probs)
             assert all(probs[a] >= probs[b] - 1e-5 for a, b in zip(g.order, g.order[1:]))   # descending
@@ -213,7 +215,7 @@ def test_predicted_weights_are_the_distilled_router_distribution_weighed_as_the_
         want = q * rule[1]
         for path in (draft.predictions_from_logits(layer, logits.reshape(-1).numpy()),
                      draft.predictions_from_readback(layer, draft.head_readback(layer, x).numpy())):
-            got = torch.tensor([p.weights for p in path])
+            got = torch.as_tensor(np.stack([np.asarray(p.weights) for p in path]))
             assert torch.allclose(got, want, atol=1e-5)
     finally:
         draft.router_rule = (False, 1.0)
