@@ -186,6 +186,9 @@ class GenerationRun:
             cur = [tok]
         if finish == "cancelled" or not finish:
             finish = finish or "length"
+        if rt.totals.get("prefetch_skipped_approx", 0):      # the count is in the record's totals
+            notes.append("prefetch admission: confident predictions whose predicted router weight is below tau_approx "
+                         "were not copied (their misses are approximated; prefetch_admission=\"all\" copies them)")
         host_totals = host_step_totals(rt.executor)
         if host_totals.get("steps_run_ahead"):
             notes.append(f"fast path: {host_totals['steps_run_ahead']} steps launched before the last one's "

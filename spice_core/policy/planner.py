@@ -134,6 +134,7 @@ class PrefetchOrders:
     depth: int
     stop_reason: str
     h_min: float                                       # -1.0 when not finite or not planned
+    skipped_approx: int = 0                            # predicted experts not copied: their misses are approximated
 
 
 class LayerPlanner:
@@ -449,7 +450,7 @@ class LayerPlanner:
                 depth = min(depth, item.distance - 1)
                 break
             orders.append(order)
-        return PrefetchOrders(tuple(orders), depth, reason, hm if math.isfinite(hm) else -1.0)
+        return PrefetchOrders(tuple(orders), depth, reason, hm if math.isfinite(hm) else -1.0, plan.skipped_approx)
 
     def _min_prefetch_weight(self) -> float:
         """The predicted router weight a prefetch must reach: tau_approx where this policy approximates the misses

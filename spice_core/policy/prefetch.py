@@ -102,6 +102,7 @@ class PrefetchPlan:
     stop_reason: str
     h_min: float
     next_use: dict = field(default_factory=dict)   # ExpertKey -> predicted distance (confident ones)
+    skipped_approx: int = 0      # confident candidates not copied: predicted to weigh less than min_weight
 
 
 def h_min(missing_per_layer: float, expert_bytes: int, bandwidth_bytes_per_ms: float, layer_ms: float) -> float:
@@ -196,6 +197,7 @@ def plan_lookahead(
         on_way = _Contains(is_resident_or_inflight) if callable(is_resident_or_inflight) else is_resident_or_inflight
         on_way_rows = _rows_from(on_way)
     seen: set[ExpertKey] = set()
+    skipped_approx = 0
     collecting = True
     for pred in preds:
         d, probs, layer = pred.distance, pred.probs, pred.layer
@@ -240,12 +242,15 @@ def plan_lookahead(
         weights = pred.weights if min_weight > 0 else None
         for e in confident:
             key = keys[e]
-            if key not in seen and not row[e] and (weights is None or weights[e] >= min_weight):
-                use = min(1.0, probs[e] * scale)
-                if use * copy_ms > issue_ms:
-                    cands[d].append((probs[e], e, key, use))
+            if key not in seen and not row[e]:
+                if weights is not None and weights[e] < min_weight:
+                    skipped_approx += 1
                 else:
-                    not_worth.add(d)
+                    use = min(1.0, probs[e] * scale)
+                    if use * copy_ms > issue_ms:
+                        cands[d].append((probs[e], e, key, use))
+                    else:
+                        not_worth.add(d)
             seen.add(key)
     dists = sorted(cands)
     chosen: dict[int, list[tuple[float, int, ExpertKey, float]]] = {d: [] for d in dists}
@@ -319,4 +324,4 @@ def plan_lookahead(
         for c, e, key, _ in sorted(chosen[d], key=lambda x: (-x[0], x[1])):
             t += copy_ms
             items.append(PrefetchItem(key, d, c, t))
-    return PrefetchPlan(tuple(items), depth, reason, h_min_value, next_use)
+    return PrefetchPlan(tuple(items), depth, reason, h_min_value, next_use, skipped_approx)

@@ -227,4 +227,4 @@ class LayerRuntime:
         now = self.clock.now_ms
         for order, handle in zip(orders.copies, self.executor.issue_many(orders.copies)):
             planner.prefetch_issued(order, layer, now(), handle.end_ms)
-        self.recorder.lookahead(orders.depth, orders.stop_reason, orders.h_min)
+        self.recorder.lookahead(orders.depth, orders.stop_reason, orders.h_min, orders.skipped_approx)

@@ -46,6 +46,7 @@ def raw_from_runs(runs) -> dict:
         "host_critical_us_sum": sum(t.get("host_critical_us", 0.0) * t.get("host_layers", 0) for _, _, t, _ in runs),
         "host_overlap_us_sum": sum(t.get("host_overlap_us", 0.0) * t.get("host_layers", 0) for _, _, t, _ in runs),
         "device_ms": [st.device_ms for st in decode],
+        "prefetch_skipped_approx": sum(t.get("prefetch_skipped_approx", 0) for _, _, t, _ in runs),
     }
 
 
@@ -85,6 +86,9 @@ def derive(raw: dict) -> dict:
         "host_us_per_layer": _per_layer(raw, "host_critical_us_sum"),
         "host_overlap_us_per_layer": _per_layer(raw, "host_overlap_us_sum"),
         "device_ms_median": statistics.median(raw["device_ms"]) if raw.get("device_ms") else None,
+        # predicted experts the admission did not copy (their misses are approximated); None in older records
+        "prefetch_skipped_approx_per_token": raw["prefetch_skipped_approx"] / max(1, n)
+        if "prefetch_skipped_approx" in raw else None,
     }
 
 
@@ -106,6 +110,8 @@ def _combine(a: dict, b: dict) -> dict:
         "n_runs": a["n_runs"] + b["n_runs"],
         **{f: a.get(f, 0) + b.get(f, 0) for f in ("host_layers", "host_critical_us_sum", "host_overlap_us_sum")},
         "device_ms": a.get("device_ms", []) + b.get("device_ms", []),
+        **({"prefetch_skipped_approx": a["prefetch_skipped_approx"] + b["prefetch_skipped_approx"]}
+           if "prefetch_skipped_approx" in a and "prefetch_skipped_approx" in b else {}),
     }
 
 

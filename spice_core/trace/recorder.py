@@ -124,7 +124,10 @@ class Recorder:
         self.token.prefetches.append(PrefetchRecord(key.layer, key.expert, inflight.issued_at_layer, inflight.issued_ms,
                                                     inflight.arrival_ms, needed_ms, inflight.confidence))
 
-    def lookahead(self, depth: int, stop_reason: str, h_min: float) -> None:
+    def lookahead(self, depth: int, stop_reason: str, h_min: float, skipped_approx: int = 0) -> None:
+        """``skipped_approx``: predicted experts the plan did not copy because their misses would be approximated."""
+        if skipped_approx:
+            self.totals["prefetch_skipped_approx"] = self.totals.get("prefetch_skipped_approx", 0) + skipped_approx
         self.token.depths.append(depth)
         self.token.stop_reasons.append(stop_reason)
         self.token.h_mins.append(h_min)

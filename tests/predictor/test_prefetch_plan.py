@@ -243,5 +243,6 @@ def test_a_candidate_predicted_to_weigh_less_than_min_weight_is_not_copied_but_s
     assert [i.key for i in plan([weighed], layer_ms=3.0, min_weight=0.05).items] == [K(2, 0)]
     filtered = plan([weighed], layer_ms=3.0, min_weight=0.05)
     assert filtered.next_use.get(K(2, 1)) == 1                       # still predicted: eviction knows
+    assert filtered.skipped_approx == 1 and plan([weighed], layer_ms=3.0).skipped_approx == 0
     assert [i.key for i in plan([weighed], layer_ms=3.0).items] == [K(2, 0), K(2, 1)]     # min_weight 0: as before
     assert [i.key for i in plan([base], layer_ms=3.0, min_weight=0.05).items] == [K(2, 0), K(2, 1)]   # no weights
