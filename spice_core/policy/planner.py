@@ -319,9 +319,26 @@ class LayerPlanner:
         # the ways that later miss would take: a copy, or with a CPU lane its run there, FASTPATH §2.5; on a
         # slow link the lane is cheaper than a copy, and crediting the copy's full time overpaid the cache).
         copy_value = (1.0 - self.miss_rate_ema) * self._later_miss_ms if spec.keep_misses else 0.0
-        reqs = []
+        opts = self._options()
         keys, inflight, expert_ms = self._keys[layer], self.inflight, self._expert_ms
-        for e, weight, n_tokens in misses:
+        # Rule 2 first (policy/miss.py): a miss below tau_approx is approximated unless its prefetch has landed, and
+        # charges no queue, so it needs no request; the rest are decided in order as if it were not there. Most of
+        # spice's misses are such, and this runs with the GPU idle.
+        actions: list[MissAction | None] = [None] * len(misses)
+        rest = []
+        tau, now = (opts.tau_approx if opts.can_approx else 0.0), queues.now_ms
+        for i, (e, weight, _) in enumerate(misses):
+            if weight < tau:
+                inf = inflight.get(keys[e])
+                if inf is None or inf.arrival_ms > now:
+                    actions[i] = MissAction.APPROX
+                    continue
+            rest.append(i)
+        if not rest:
+            return actions
+        reqs = []
+        for i in rest:
+            e, weight, n_tokens = misses[i]
             inf = inflight.get(keys[e])   # only experts whose prefetch is still in flight
             ms = expert_ms.get(n_tokens)
             if ms is None:
@@ -333,7 +350,9 @@ class LayerPlanner:
                                     inf.arrival_ms if inf is not None else None, copy_value, *ms[2:]))
         # CPU-lane tasks are collected within their layer, so the lane is idle when a layer starts.
         q = QueueState(now_ms=queues.now_ms, copy_free_at_ms=queues.copy_free_at_ms)
-        return plan_misses(reqs, q, self._options())
+        for i, action in zip(rest, plan_misses(reqs, q, opts)):
+            actions[i] = action
+        return actions
 
     def _options(self) -> MissOptions:
         """The miss options at the current thresholds, made once per threshold pair."""

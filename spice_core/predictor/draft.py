@@ -234,8 +234,9 @@ class DraftPredictor:
     def head_readback(self, layer: int, x_last: torch.Tensor) -> torch.Tensor:
         """x_last [1,H] -> what the graphed executor reads back per layer, [3*D*E] float32 on x's device: every
         head's confidence (`confidence`), then the experts by descending confidence, ties by index (ids as
-        floats, exact below 2^24), then the predicted router weights (`_weights`). Captured into the layer's segment: the device ranks the 8 x 64 predictions,
-        so the host step only parses them (`predictions_from_readback`; numpy took ~85 µs a layer)."""
+        floats, exact below 2^24), then the predicted router weights (`_weights`). Captured into the layer's
+        segment: the device ranks the 8 x 64 predictions, so the host step only parses them
+        (`predictions_from_readback`; numpy took ~85 µs a layer)."""
         p = self._pos[layer]
         D, E = self.distances, self.n_experts
         if self._calib_dev is None or self._calib_dev.device != x_last.device:

@@ -288,7 +288,8 @@ def add_cli(sub) -> None:
                           "prefetching policies for the plan cost): fits the fast path's host step")
     p.add_argument("--link", default=None, help="with --records: the link whose records to fit (default: the only one)")
     p.add_argument("--moe-layers", type=int, default=26,
-                   help="with --records: the measured model's MoE layers (26 for DeepSeek-V2-Lite, 28 for Qwen2-57B-A14B)")
+                   help="with --records: the measured model's MoE layers (26 for DeepSeek-V2-Lite, "
+                        "28 for Qwen2-57B-A14B)")
     p.add_argument("--prefetch-trace", type=Path, nargs="+", default=None,
                    help="measured trace(s) of a prefetching policy")
     p.add_argument("--shape", default="deepseek-v2-lite", help="the measured model's shape (for CPU-lane tasks)")

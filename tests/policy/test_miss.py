@@ -234,3 +234,28 @@ def test_int8_makes_spice_lossy_but_no_exact_policy():
 
     assert not RunSettings(policy="spice", tau_int8=0.3).exact and RunSettings(policy="spice").exact
     assert RunSettings(policy="spice_no_lore", tau_int8=0.3).exact and "spice" not in EXACT_POLICIES
+
+
+def test_approximated_misses_charge_no_queue_so_the_others_are_decided_as_if_they_were_not_there():
+    """What the planner's rule-2 pre-pass relies on: plan_misses over every miss gives the non-approximated ones
+    the actions it gives them alone (the planner skips building requests for the approximated ones)."""
+    import random
+
+    rng = random.Random(3)
+    opts = MissOptions(tau_approx=0.05, can_approx=True, can_cpu=True, tau_int8=0.1, can_int8=True)
+    for _ in range(300):
+        reqs = []
+        for _ in range(rng.randint(1, 8)):
+            inflight = rng.choice([None, None, rng.uniform(-1.0, 2.0)])
+            reqs.append(MissRequest(rng.choice([0.01, 0.03, 0.2, 0.4]), 0.32, rng.uniform(0.2, 1.0), 0.05, inflight,
+                                    rng.uniform(0.0, 0.3), rng.uniform(0.3, 1.2), 0.3, 0.4))
+        state = dict(now_ms=0.0, copy_free_at_ms=rng.uniform(0.0, 1.0), cpu_free_at_ms=[rng.uniform(0.0, 1.0)] * 2)
+        def queues():
+            return QueueState(**{**state, "cpu_free_at_ms": list(state["cpu_free_at_ms"])})
+
+        every = plan_misses(reqs, queues(), opts)
+        rest = [i for i, a in enumerate(every) if a != MissAction.APPROX]
+        alone = plan_misses([reqs[i] for i in rest], queues(), opts)
+        assert [every[i] for i in rest] == alone
+        assert all(every[i] == MissAction.APPROX for i in range(len(reqs)) if reqs[i].router_weight < 0.05
+                   and not (reqs[i].inflight_arrival_ms is not None and reqs[i].inflight_arrival_ms <= 0.0))
