@@ -95,8 +95,8 @@ class GraphExecutor(EagerExecutor):
             self.compute_stream = self.decoder.stream
 
     def on_layer(self, layer: int, expert_ids: list[int], weights: list[float]) -> list[int]:
-        draft_logits = self.decoder.draft_np[self._moe_pos[layer]] if self.draft is not None else None
-        return self.runtime.decide_layer(layer, expert_ids, weights, draft_logits)
+        draft_row = self.decoder.draft_np[self._moe_pos[layer]] if self.draft is not None else None
+        return self.runtime.decide_layer(layer, expert_ids, weights, draft_row)
 
     # ------------------------------------------------------------------ the CPU lane, inside the step
     def submit_cpu(self, layer: int, experts) -> dict:

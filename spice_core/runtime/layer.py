@@ -125,7 +125,7 @@ class LayerRuntime:
             obs(self, layer)
         return final
 
-    def decide_layer(self, layer: int, expert_ids: list[int], weights: list[float], draft_logits=None) -> list[int]:
+    def decide_layer(self, layer: int, expert_ids: list[int], weights: list[float], draft_row=None) -> list[int]:
         """The graphed executor's per-layer host step (T=1): the layer's routing has been read back and
         every earlier segment has finished. Plans the layer, issues its demand copies, makes the compute
         stream wait for what this layer needs, and returns the slot of each selection (the next segment
@@ -174,8 +174,8 @@ class LayerRuntime:
         # Recorded once the next segment is launched (`run_deferred`): the GPU need not wait for the bookkeeping.
         self._deferred_record = (layer, plan.needed, plan.outcomes)
         if planner.prefetching and self.predictor is not None:
-            if draft_logits is not None:
-                predict = lambda: self.predictor.predictions_from_readback(layer, draft_logits)   # noqa: E731
+            if draft_row is not None:
+                predict = lambda: self.predictor.predictions_from_readback(layer, draft_row)   # noqa: E731
             else:
                 predict = lambda: self.predictor.predict(layer, None, self.ctx)   # noqa: E731
             self._deferred = (layer, predict, plan.needed)
@@ -188,7 +188,7 @@ class LayerRuntime:
     def run_deferred(self) -> None:
         """What `decide_layer` left, done now that the decoder has launched the segment that reads the layer's
         experts: the layer's outcomes recorded (and its observers called), then the lookahead planned (the
-        layer's slots stay protected meanwhile). Nothing when none is pending. ``draft_logits`` is read here,
+        layer's slots stay protected meanwhile). Nothing when none is pending. ``draft_row`` is read here,
         before the next token's segment overwrites it (FASTPATH H5)."""
         if self._deferred_record is not None:
             self._record_deferred()
