@@ -205,15 +205,16 @@ def plan_lookahead(
         keys = _layer_keys(layer, len(probs))
         # The 2k most confident at or above tau (ties: lower expert index): a prefix of the ranking. Every
         # prediction informs eviction, also beyond the prefetch horizon.
-        confident = []
-        for e in ranked[:2 * k]:
-            c = probs[e]
-            if c < tau_prefetch:
+        top = ranked[:2 * k]
+        n_conf = 0
+        for e in top:
+            if probs[e] < tau_prefetch:
                 break
-            confident.append(e)
-            key = keys[e]
-            if key not in next_use:
-                next_use[key] = d
+            n_conf += 1
+        confident = top[:n_conf]
+        setdefault = next_use.setdefault        # distances ascend: the nearest use of a key is kept
+        for e in confident:
+            setdefault(keys[e], d)
         if not collecting:
             continue
         if d > max_lookahead:
