@@ -32,7 +32,7 @@ from spice_core.generation import build_prompt_ids
 from spice_core.machine import Machine
 from spice_core.model.loader import LoadedModel, cache_kwarg, load_model
 from spice_core.policy.cache import cache_slots_for_budget
-from spice_core.policy.planner import PREFETCH_ADMISSIONS, LayerPlanner
+from spice_core.policy.planner import LayerPlanner, check_prefetch_admission
 from spice_core.policy.spec import get_spec
 from spice_core.runtime.eager import EagerExecutor
 from spice_core.runtime.graph_exec import GraphExecutor, fast_path_refusal
@@ -94,10 +94,7 @@ class SpiceEngine:
         ``prefetch_admission``: "exact" (spice and other approximating policies prefetch only experts whose
         predicted router weight reaches tau_approx) or "all" (an A/B of that rule; policy/planner.py)."""
         self.lane_offer = check_lane_offer(lane_offer)
-        if prefetch_admission not in PREFETCH_ADMISSIONS:
-            raise ConfigError(f"prefetch_admission={prefetch_admission!r} is unknown: use one of "
-                              f"{', '.join(PREFETCH_ADMISSIONS)}")
-        self.prefetch_admission = prefetch_admission
+        self.prefetch_admission = check_prefetch_admission(prefetch_admission)
         self.lm = lm
         # Where and how runs execute, resolved once (machine.py): every modeled-or-measured, profile,
         # link and executor question below reads it.

@@ -42,6 +42,12 @@ _ACTION_NAMES = {a: a.value for a in MissAction}
 PREFETCH_ADMISSIONS = ("exact", "all")
 
 
+def check_prefetch_admission(value: str) -> str:
+    if value not in PREFETCH_ADMISSIONS:
+        raise ConfigError(f"prefetch_admission={value!r} is unknown: use one of {', '.join(PREFETCH_ADMISSIONS)}")
+    return value
+
+
 class CpuTasks(tuple):
     """`LayerPlan.cpu` when some of the layer's CPU-lane experts run the lossy int8 kernel: the experts (ascending
     ids, a tuple like any other plan's) and ``int8``, those of them that do. A plain tuple: every one is exact.
@@ -148,10 +154,7 @@ class LayerPlanner:
         ``prefetch_admission``: "exact" prefetches, for a policy that approximates, only experts whose predicted
         router weight reaches tau_approx (the others' misses are approximated, so their copies buy no time);
         "all" also copies those (an A/B of that rule)."""
-        if prefetch_admission not in PREFETCH_ADMISSIONS:
-            raise ConfigError(f"prefetch_admission={prefetch_admission!r} is unknown: use one of "
-                              f"{', '.join(PREFETCH_ADMISSIONS)}")
-        self.prefetch_admission = prefetch_admission
+        self.prefetch_admission = check_prefetch_admission(prefetch_admission)
         self.spec, self.costs = spec, costs
         self.n_experts, self.top_k = n_experts, top_k
         self.moe_pos = {layer: p for p, layer in enumerate(moe_layers)}

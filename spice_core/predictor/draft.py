@@ -254,7 +254,9 @@ class DraftPredictor:
         D, E = self.distances, self.n_experts
         conf = arr[: D * E].reshape(D, E).tolist()
         order = arr[D * E: 2 * D * E].reshape(D, E).astype(np.int64).tolist()
-        weights = arr[2 * D * E: 3 * D * E].reshape(D, E)      # rows read a few times a plan: no list (~12 µs)
+        # Views of the read-back row, read by the plan this call feeds (before the next token overwrites the row),
+        # a few times each: no list (~12 µs).
+        weights = arr[2 * D * E: 3 * D * E].reshape(D, E)
         n, layers = len(self.moe_layers), self.moe_layers
         return [LayerPrediction(d + 1, layers[(p + d + 1) % n], conf[d], order[d], weights[d]) for d in range(D)]
 

@@ -13,8 +13,7 @@ Config (JSON):
      "prompts": ["...", ...] | {"random_ids": 8, "length": 32},
      "max_new_tokens": 64, "repetitions": 1, "reference_generate": true, "hw_profile": "FILE",
      "export_traces": ["spice"], "export_trace_prompts": "first" | "all",
-     "cpu_lane": true, "lane_offer": "auto" | "always", "prefetch_admission": "exact" | "all",
-     "runs": [{...}, ...]}
+     "cpu_lane": true, "lane_offer": "auto" | "always", "prefetch_admission": "exact" | "all", "runs": [{...}, ...]}
 ("lane_offer": "always" offers the real CPU lane to spice-like policies on a link where one CPU expert is slower
 than a copy, which "auto" does not: an A/B of that rule.)
 Everything is validated before any model is built (bench_config.py): unknown keys, wrong types and
@@ -278,12 +277,12 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
     t0 = time.time()
     per: dict[tuple, list] = {}
     lifted_arts = None
-    engines: dict[str, SpiceEngine] = {}
+    engines: dict[tuple, SpiceEngine] = {}
 
     def engine_for(link: str, host_aware: bool, executor: str, lane_offer: str, admission: str) -> SpiceEngine:
         nonlocal lifted_arts
-        if (link, host_aware, executor, lane_offer, admission) in engines:
-            return engines[(link, host_aware, executor, lane_offer, admission)]
+        if (key := (link, host_aware, executor, lane_offer, admission)) in engines:
+            return engines[key]
         eng = SpiceEngine(lm, timing=cfg["timing"], hw_profile=hw, link_gbps=LINKS_GBPS[link],
                           prefetch_after_experts=cfg.get("prefetch_after_experts"), host_aware=host_aware,
                           executor=executor, lane_offer=lane_offer, prefetch_admission=admission)
@@ -294,7 +293,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
             eng.artifacts = lifted_arts or None
         elif cfg.get("artifacts", True) and not cfg["model"].startswith("random:"):
             eng.load_artifacts()
-        engines[(link, host_aware, executor, lane_offer, admission)] = eng
+        engines[key] = eng
         return eng
 
     # Each prompt's exact tokens, by (link, budget, workload, prompt, max new tokens): every exact policy makes the same

@@ -228,14 +228,15 @@ def fit_fast_path_costs(records: list[dict], moe_layers: int) -> dict:
         raise ConfigError(f"the records mix links {links}: fit one link at a time (the emulated links pace copies "
                           "on the host)")
 
-    def per_layer(r: dict, n: float) -> float:
-        return n / r["n_decode_tokens"] / moe_layers
-
     def demand(r: dict) -> float:
-        return per_layer(r, (r.get("miss_split") or {}).get("copy", 0))
+        """Demand copies per MoE layer."""
+        return (r.get("miss_split") or {}).get("copy", 0) / r["n_decode_tokens"] / moe_layers
 
-    no_lane = [r for r in rows if not (r.get("miss_split") or {}).get("cpu")]
-    base = [r for r in no_lane if r["policy"] in FAST_PATH_BASELINES]
+    def label(r: dict) -> str:
+        return str(r.get("policy")) + (f" ({r['variant']})" if r.get("variant") else "")
+
+    no_lane = [r for r in rows if not (r.get("miss_split") or {}).get("cpu") and r.get("bytes_per_token") is not None]
+    base = [r for r in no_lane if r.get("policy") in FAST_PATH_BASELINES]
     xs = [demand(r) for r in base]
     if len(base) < 2 or max(xs) - min(xs) < 0.5:
         raise ConfigError("fitting the host step needs on_demand and lru records (their copies per layer differ): "
@@ -243,19 +244,18 @@ def fit_fast_path_costs(records: list[dict], moe_layers: int) -> dict:
     intercept, slope = _fit_line(xs, [r["host_us_per_layer"] for r in base])
     fit = {"host_layer_us": max(0.0, intercept), "host_copy_us": max(0.0, slope),
            "evidence": {"link": links[0], "moe_layers": moe_layers,
-                        "baselines": {r["policy"] + (f" ({r['variant']})" if r.get("variant") else ""):
-                                      {"demand_copies_per_layer": round(demand(r), 3),
-                                       "host_us_per_layer": round(r["host_us_per_layer"], 1)} for r in base}}}
+                        "baselines": {label(r): {"demand_copies_per_layer": round(demand(r), 3),
+                                                 "host_us_per_layer": round(r["host_us_per_layer"], 1)}
+                                      for r in base}}}
     recording = statistics.mean(r.get("host_overlap_us_per_layer") or 0.0 for r in base)
     # One expert's bytes, from a baseline (every byte it moved is a demand copy): prefetches are the rest.
     expert_bytes = statistics.median(r["bytes_per_token"] / (demand(r) * moe_layers) for r in base if demand(r) > 0)
     plans = {}
     for r in no_lane:
-        if r["policy"] not in FAST_PATH_PREFETCHERS or r.get("host_overlap_us_per_layer") is None:
+        if r.get("policy") not in FAST_PATH_PREFETCHERS or r.get("host_overlap_us_per_layer") is None:
             continue
         prefetches = max(0.0, r["bytes_per_token"] / expert_bytes / moe_layers - demand(r))
-        plans[r["policy"] + (f" ({r['variant']})" if r.get("variant") else "")] = round(
-            r["host_overlap_us_per_layer"] - recording - fit["host_copy_us"] * prefetches, 1)
+        plans[label(r)] = round(r["host_overlap_us_per_layer"] - recording - fit["host_copy_us"] * prefetches, 1)
     if plans:
         fit["host_plan_us"] = max(0.0, statistics.median(plans.values()))
         fit["evidence"]["plans_us"] = plans

@@ -42,9 +42,9 @@ def test_an_exact_prefetching_policy_copies_every_confident_prediction(engines):
     assert not any(n.startswith("prefetch admission:") for n in rec.notes)
 
 
-def test_an_unknown_admission_is_refused_with_the_choices():
+def test_an_unknown_admission_is_refused_with_the_choices(engines):
     from spice_core.errors import ConfigError
 
-    exact = SpiceEngine.load(None, device="cpu")
+    exact, _ = engines
     with pytest.raises(ConfigError, match="exact, all"):
         SpiceEngine(exact.lm, timing="modeled", prefetch_admission="most")
