@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.cpu_kernel_variants import measure  # noqa: E402
 from spice_core.exec.cpu_lane import CpuLane, available_cores  # noqa: E402
 from spice_core.exec.experts import expert_forward  # noqa: E402
 
@@ -46,22 +47,10 @@ def slab(n: int, hidden: int, inter: int, pin: bool):
 
 def kernel_rows(gu, dn, x, reps: int, cores: int) -> list[dict]:
     nbytes = (gu[0].numel() + dn[0].numel()) * 2
-    rows, k = [], [0]
+    rows, weights = [], list(zip(gu.unbind(0), dn.unbind(0)))
     for threads in sorted({1, 2, 4, max(1, (cores - 1) // 3), max(1, (cores - 1) // 2), cores - 1}):
         torch.set_num_threads(threads)
-
-        def one():
-            k[0] = (k[0] + 7) % gu.shape[0]
-            return expert_forward(x, gu[k[0]], dn[k[0]], F.silu)
-
-        for _ in range(5):
-            one()
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            one()
-            ts.append(time.perf_counter() - t0)
-        ms = statistics.median(ts) * 1e3
+        ms = measure(lambda x_, g, d: expert_forward(x_, g, d, F.silu), weights, x, reps)
         rows.append({"threads": threads, "ms_per_expert": round(ms, 4), "gbps": round(nbytes / ms / 1e6, 1)})
         print("kernel", rows[-1], flush=True)
     return rows
