@@ -86,12 +86,17 @@ def measure(fn, weights, x, reps: int) -> float:
     return statistics.median(ts) * 1e3
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def expert_slab_args(ap: argparse.ArgumentParser) -> None:
+    """The expert shape and slab options both host-kernel benchmarks take (DeepSeek-V2-Lite's by default)."""
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--intermediate", type=int, default=1408)
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--reps", type=int, default=40)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    expert_slab_args(ap)
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: every core but one)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.cpu_kernel_variants import measure  # noqa: E402
+from benchmarks.cpu_kernel_variants import expert_slab_args, measure  # noqa: E402
 from spice_core.exec.cpu_lane import CpuLane, available_cores  # noqa: E402
 from spice_core.exec.experts import expert_forward  # noqa: E402
 
@@ -130,10 +130,7 @@ def agreement(gu, dn, x, cores: int, repeats: int = 20) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--intermediate", type=int, default=1408)
-    ap.add_argument("--experts", type=int, default=64)
-    ap.add_argument("--reps", type=int, default=40)
+    expert_slab_args(ap)
     ap.add_argument("--busy-ms", type=float, default=0.3, help="driver-thread Python work while jobs run (part 3)")
     ap.add_argument("--switch-interval-us", type=float, default=0.0,
                     help="sys.setswitchinterval for the run (0: Python's default, 5000 us)")
