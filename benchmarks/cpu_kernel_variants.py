@@ -115,9 +115,9 @@ def main() -> None:
     refs = [_linear(x, gu[e], dn[e]) for e in range(4)]
     for name, (fn, weights) in vs.items():
         ms = measure(fn, weights, x, a.reps)
-        equal = min(float((fn(x, *weights[e]) == refs[e]).float().mean()) for e in range(4))
-        rel = max(float((fn(x, *weights[e]).float() - refs[e].float()).abs().max() / refs[e].float().abs().max())
-                  for e in range(4))
+        outs = [fn(x, *weights[e]) for e in range(len(refs))]
+        equal = min(float((y == r).float().mean()) for y, r in zip(outs, refs))
+        rel = max(float((y.float() - r.float()).abs().max() / r.float().abs().max()) for y, r in zip(outs, refs))
         row = {"variant": name, "ms_per_expert": round(ms, 4), "gbps": round(nbytes / ms / 1e6, 1),
                "bit_equal_share": round(equal, 4), "max_rel_diff": rel}
         res["variants"].append(row)
