@@ -123,6 +123,7 @@ def one_reply(page, *, panels: bool, stop_after_s: float | None = None, timeout_
     end = time.perf_counter()
     n = tokens_shown(page)
     return {"first_token_s": first - t0, "tokens": n, "streamed_tps": (n - 1) / (end - first) if n > 1 else 0.0,
+            "streamed_s": end - first, "probes": len(lags),
             "lag_max_s": max(lags) if lags else 0.0, "lag_median_s": statistics.median(lags) if lags else 0.0,
             "stop_s": stop_s}
 

@@ -1,6 +1,6 @@
 """A first visitor in chromium: responsive while streaming, usable on a phone, dark plots in dark mode.
 
-Bounds are generous (shared 2-core machines); benchmarks/app_stream.py measures the precise figures
+Bounds are relative to the run's own pace (any machine speed); benchmarks/app_stream.py measures the precise figures
 (docs/benchmarks/app/README.md). ``SPICE_SCREENSHOTS_DIR`` saves desktop, phone and dark screenshots.
 """
 from __future__ import annotations
@@ -53,11 +53,18 @@ def test_streaming_with_panels_on_stays_responsive_and_fast(browser, app_server,
     assert "dog" in text.lower() or "kite" in text.lower(), "the story stays on topic"
     bench.set_max_tokens(page, 512)         # a reply long enough to still be streaming when Stop is pressed
     stopped = bench.one_reply(page, panels=True, stop_after_s=1.5)
-    # The precise targets (lag < 1 s, rate >= 80%) are measured by the benchmark; here robust bounds.
-    assert on["lag_max_s"] < 3.0 and on["lag_median_s"] < 1.0, on
+    # The precise targets (lag < 1 s, rate >= 80%) are measured by the benchmark. Here every bound is relative to
+    # this run's own pace, so a slow or loaded machine passes and a page that freezes while streaming fails:
+    # typing goes through again and again while the reply streams, no key waits half the reply,
+    # and Stop cuts the reply short.
+    assert on["probes"] >= 3 and off["probes"] >= 3, (on, off)
+    assert on["lag_max_s"] < 0.5 * on["streamed_s"], on
+    assert on["lag_median_s"] < max(1.0, 3 * off["lag_median_s"]), (on, off)
+    assert on["streamed_tps"] >= 0.5 * off["streamed_tps"], (on, off)
     assert stopped["stop_s"] is not None, f"the reply ended before Stop was pressed: {stopped}"
-    assert stopped["stop_s"] < 5.0, stopped
-    assert on["streamed_tps"] >= 0.6 * off["streamed_tps"], (on, off)
+    assert stopped["tokens"] < 512, stopped
+    left_s = (512 - stopped["tokens"]) / max(stopped["streamed_tps"], 1e-9)   # what the reply had left at its pace
+    assert stopped["stop_s"] < max(5.0, 0.5 * left_s), stopped
 
 
 def test_phone_first_load_shows_chat_and_examples(browser, app_server, shots):
