@@ -8,7 +8,10 @@ Why int8 weight-only: a batch-1 expert on the CPU is bound by the bytes it strea
 is half of bf16's (`Int8HostStore.total_bytes`). Activations stay bf16 and accumulate in fp32 inside
 torch's ``_weight_int8pack_mm`` (its CPU kernel, in every torch build we pin), which on the dev CPU ran
 a DeepSeek-V2-Lite expert 3x faster than bf16 ``F.linear`` (docs/benchmarks/cpu-lane/int8/). Where the
-op is missing the rows are dequantised on the fly in blocks (the scale factors out of the dot product).
+op is missing, or cannot take the shape, the rows are dequantised on the fly in blocks (the scale factors
+out of the dot product). The op's AVX-512 kernel (Intel Xeons with AMX, torch 2.13) reads past the codes of
+a row whose length K is not a multiple of 16, returning garbage or crashing the process (the miniature's
+down projection has K = 24): it is used only where K is (`PACKED_K_MULTIPLE`).
 
 Never exact: the weights are rounded to 8 bits (relative output error ~1% on random weights). The
 planner takes it only as its own miss action (`MissAction.CPU_INT8`, outcome ``cpu_int8``) below its
@@ -25,6 +28,7 @@ from torch.nn import functional as F
 COMPUTE_DTYPE = torch.bfloat16      # activations and scales: what the int8 kernel takes fast on the CPU
 QMAX = 127                          # symmetric: codes in [-127, 127]
 DEQUANT_BLOCK_ROWS = 256            # rows dequantised at a time where the packed kernel is missing
+PACKED_K_MULTIPLE = 16              # the packed kernel's row length K must be a multiple of this (module docstring)
 
 
 class Int8Expert(NamedTuple):
@@ -48,15 +52,26 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @lru_cache(maxsize=1)
 def packed_kernel_available() -> bool:
-    """Does this torch run ``_weight_int8pack_mm`` on the CPU (asked once, on a tiny problem)?"""
+    """Does this torch run ``_weight_int8pack_mm`` on the CPU, right (asked once, on a small problem whose row
+    length is a multiple of `PACKED_K_MULTIPLE`, checked against the dequantised product)?"""
     op = getattr(torch.ops.aten, "_weight_int8pack_mm", None)
     if op is None:
         return False
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 2 * PACKED_K_MULTIPLE, generator=g).to(COMPUTE_DTYPE)
+    q = torch.randint(-QMAX, QMAX + 1, (24, 2 * PACKED_K_MULTIPLE), generator=g, dtype=torch.int8)
+    s = torch.rand(24, generator=g).add_(0.5).to(COMPUTE_DTYPE)
     try:
-        op(torch.zeros(1, 8, dtype=COMPUTE_DTYPE), torch.zeros(8, 8, dtype=torch.int8), torch.ones(8, dtype=COMPUTE_DTYPE))
+        got = op(x, q, s).float()
     except (RuntimeError, NotImplementedError):
         return False
-    return True
+    want = x.float() @ (q.float() * s.float()[:, None]).T
+    return bool(torch.isfinite(got).all()) and float((got - want).abs().max()) <= 0.02 * float(want.abs().max())
+
+
+def packed_kernel_takes(q: torch.Tensor) -> bool:
+    """May ``_weight_int8pack_mm`` run codes ``q`` [N,K] here: the op works, and K is a multiple of 16."""
+    return q.shape[-1] % PACKED_K_MULTIPLE == 0 and packed_kernel_available()
 
 
 def int8_linear_dequant(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -73,8 +88,8 @@ def int8_linear_dequant(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> to
 
 
 def int8_linear(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """x [n,K] bf16 · (q · s)ᵀ -> [n,N] bf16: the packed kernel where torch has it, else blockwise dequant."""
-    if packed_kernel_available():
+    """x [n,K] bf16 · (q · s)ᵀ -> [n,N] bf16: the packed kernel where it takes the shape, else blockwise dequant."""
+    if packed_kernel_takes(q):
         return torch._weight_int8pack_mm(x, q, s)
     return int8_linear_dequant(x, q, s)
 

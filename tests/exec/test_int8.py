@@ -1,6 +1,7 @@
 """The lossy int8 host expert: per-row quantization within half a step, the kernel within ~2% of the bf16
 expert on random weights, the dequantising fallback equal to the packed kernel, the int8 copy at about half
-the bf16 bytes, and the CPU lane running it through `submit_int8`."""
+the bf16 bytes, the kernel right for any row length (any x86 CPU), and the CPU lane running it through
+`submit_int8`."""
 import pytest
 import torch
 from torch.nn import functional as F
@@ -8,7 +9,7 @@ from torch.nn import functional as F
 from spice_core.exec import cpu_lane as cpu_lane_mod
 from spice_core.exec.cpu_lane import CpuLane
 from spice_core.exec.experts import expert_forward
-from spice_core.exec.int8 import (DEQUANT_BLOCK_ROWS, Int8Expert, int8_expert_forward, int8_linear_dequant,
+from spice_core.exec.int8 import (DEQUANT_BLOCK_ROWS, Int8Expert, int8_expert_forward, int8_linear, int8_linear_dequant,
                                   packed_kernel_available, quantize_rows)
 from spice_core.memory.host_store import ExpertLayout, HostStore
 from spice_core.memory.int8_store import Int8HostStore
@@ -52,6 +53,19 @@ def test_the_dequantising_fallback_agrees_with_the_packed_kernel():
     q, s = quantize_rows(torch.randn(DEQUANT_BLOCK_ROWS + 40, 96, generator=g))    # more than one block of rows
     packed = torch._weight_int8pack_mm(x, q, s).float()
     assert torch.allclose(int8_linear_dequant(x, q, s).float(), packed, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("k", [24, 40, 48, 1408])
+def test_int8_linear_is_right_for_any_row_length(k):
+    """The packed kernel's AVX-512 path reads past rows whose length is not a multiple of 16 (garbage, or a crash,
+    on Intel hosts with AMX): `int8_linear` must give the dequantised product for every K, on any x86 CPU."""
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn(3, k, generator=g).to(torch.bfloat16)
+    q, s = quantize_rows(torch.randn(72, k, generator=g))
+    want = x.float() @ (q.float() * s.float()[:, None]).T
+    got = int8_linear(x, q, s).float()
+    assert torch.isfinite(got).all()
+    assert float((got - want).abs().max()) <= 0.02 * float(want.abs().max())
 
 
 def test_the_int8_copy_holds_every_expert_in_about_half_the_bf16_bytes():
