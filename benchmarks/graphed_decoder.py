@@ -92,7 +92,7 @@ def tiny_checks(n_tokens):
                 rows[fam] = {"captured": True, "dtype": str(lm.layout.dtype),
                              "lru_bitwise_tokens": lru[0] == res[0], "lru_bitwise_logits": torch.equal(lru[1], res[1]),
                              "lru_misses": cb.misses, "vs_stock": agree(res[0], ref),
-                             "capture_s": round(res[3].capture_s, 3), "captured_host_io": res[3].pinned_copies_in_graph}
+                             "capture_s": round(res[3].capture_s, 3), "captured_host_io": res[3].captured_host_io}
             except Exception as err:  # noqa: BLE001 - report every family, go on with the next
                 traceback.print_exc()
                 rows[fam] = {"captured": False, "error": f"{type(err).__name__}: {err}"[:400]}
@@ -142,7 +142,7 @@ def lifted(n_tokens, budget):
             out[f"resident_{kernel}"] = {
                 "ms_per_token": med_ms(times), "host_us_per_moe_layer": round(dec.host_s / dec.host_layers * 1e6, 1),
                 "capture_s": round(dec.capture_s, 2), "segments": len(dec._graphs),
-                "replay_only_ms_per_token": round(replay_only_ms(dec), 3), "captured_host_io": dec.pinned_copies_in_graph,
+                "replay_only_ms_per_token": round(replay_only_ms(dec), 3), "captured_host_io": dec.captured_host_io,
                 "vs_stock_eager": agree(toks, ref)}
             del dec
         except Exception as err:  # noqa: BLE001

@@ -41,6 +41,7 @@ from spice_core.api import RunSettings  # noqa: E402
 from spice_core.heldout import DEFAULT_PROMPTS  # noqa: E402
 from spice_core.engine import SpiceEngine  # noqa: E402
 from spice_core.policy.planner import LayerPlanner  # noqa: E402
+from spice_core.runtime.copies import CopyEngine  # noqa: E402
 from spice_core.runtime.eager import EagerExecutor  # noqa: E402
 from spice_core.runtime.layer import LayerRuntime  # noqa: E402
 
@@ -49,7 +50,7 @@ from spice_core.runtime.layer import LayerRuntime  # noqa: E402
 # the one-call planner of all-hit layers (plan_hits), the routing readback, and copy issue (demand and prefetch).
 SECTIONS = {"run_layer": LayerRuntime, "decide_layer": LayerRuntime, "_prefetch": LayerRuntime, "plan_layer": LayerPlanner,
             "plan_experts": LayerPlanner, "plan_hits": LayerPlanner, "read_routing": EagerExecutor,
-            "issue": EagerExecutor}
+            "issue": CopyEngine}
 
 
 # The headline's spice setting (docs/benchmarks/headline/config-native-25.json), used with --lift.
@@ -70,7 +71,7 @@ def _fast_sections() -> dict:
               "LayerRuntime": (LayerRuntime, ("decide_layer", "run_deferred", "_prefetch", "_record_deferred")),
               "LayerPlanner": (LayerPlanner, ("plan_layer", "plan_hits", "plan_experts", "plan_prefetch",
                                               "prefetch_issued", "_acquire")),
-              "EagerExecutor": (EagerExecutor, ("issue_many", "_issue_one", "wait_ready")),
+              "CopyEngine": (CopyEngine, ("issue_many", "_issue_one", "wait_ready", "wait_ready_many")),
               "SlotBuffer": (SlotBuffer, ("fill_from",)),
               "MeasuredTimeline": (MeasuredTimeline, ("copy", "layer", "wait", "stamp", "end_token")),
               "Recorder": (Recorder, ("layer_outcomes", "layer_hits", "layer_counts", "prefetch_used")),

@@ -466,7 +466,7 @@ class SpiceEngine:
         recorder = Recorder(clock, lm.expert_bytes, costs.expert_bytes if clock.mode == "modeled" else None)
         measured = clock.mode == "measured"
         kw = dict(copy_stream=getattr(clock, "copy_stream", None), cpu_lane=cpu_lane,
-                  lore=lore, modeled_cpu=modeled_cpu, int8=int8, **(self._link_pacing() if measured else {}))
+                  lore=lore, int8=int8, **(self._link_pacing() if measured else {}))
         if fast:
             executor = GraphExecutor(lm, n_slots, clock, recorder, max_cache_len=max_cache_len,
                                      draft=predictor if spec.predictor == "draft" else None,
@@ -474,9 +474,9 @@ class SpiceEngine:
         else:
             executor = EagerExecutor(lm, n_slots, clock, recorder, **kw)
         if spec.preload_all:
-            executor.load_static(planner.place_static(list(lm.host.keys())))
+            executor.copies.load_static(planner.place_static(list(lm.host.keys())))
         elif spec.static_cache:
-            executor.load_static(planner.place_static(self._popular_experts()))
+            executor.copies.load_static(planner.place_static(self._popular_experts()))
         after = self.prefetch_after_experts
         if after is None:
             after = measured

@@ -2,16 +2,17 @@
 
     read_routing ─► (idx rows, weight rows) as lists: ONE device-to-host readback per layer
     start_layer  ─► CPU-lane tasks (exact, or int8 where the plan says cpu_int8), demand copies into their slots
-    issue        ─► prefetch copies (copy stream), each bracketed for the clock
+    copies.issue ─► prefetch copies (copy stream, `CopyEngine`), each bracketed for the clock
     run_experts  ─► per expert, ascending: wait for its copy, its matmuls (or LoRE), free the slot;
                     on the CPU at one token, the slot experts' matmuls run as one gathered batch
     finish_layer ─► CPU results, then the combine in ascending expert order
 
-No decisions: slots, order and actions come from the planner (policy/planner.py). It owns the
-mechanism: the slot buffer, the copy stream and link pacing, the per-slot ready/free events,
-the CPU lane and the LoRE bank. The combine reproduces the stock experts loop operation by
-operation (``out * w`` in the router weights' dtype, cast, add, ascending expert order), so
-exact policies match stock transformers. The clock only observes (timing/timeline.py).
+No decisions: slots, order and actions come from the planner (policy/planner.py). It composes the
+mechanism: a `CopyEngine` (runtime/copies.py: the slot buffer, the copy stream and link pacing, the
+per-slot ready/free events), `CpuJobs` (runtime/cpu_jobs.py: the CPU lane) and the LoRE bank; the
+graphed executor lends it its own engine and jobs for the prefill it runs eagerly. The combine
+reproduces the stock experts loop operation by operation (``out * w`` in the router weights' dtype,
+cast, add, ascending expert order), so exact policies match stock transformers. The clock only observes (timing/timeline.py).
 
 Works on CPU (modeled timing: CPU-lane work is computed inline and timed as the lane) and on
 CUDA (measured or modeled). Streams are passed explicitly: looking the current one up costs
@@ -20,16 +21,15 @@ CUDA (measured or modeled). Streams are passed explicitly: looking the current o
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Callable
 
 import torch
 
 from spice_core.exec.experts import combine_batch, combine_one_token, expert_forward, gathered_experts_forward
-from spice_core.exec.int8 import int8_expert_forward
 from spice_core.model.loader import cache_kwarg
-from spice_core.policy.planner import CopyOrder, ExpertRun, LayerPlan, int8_tasks
-from spice_core.runtime.slots import SlotBuffer
+from spice_core.policy.planner import ExpertRun, LayerPlan, int8_tasks
+from spice_core.runtime.copies import CopyEngine
+from spice_core.runtime.cpu_jobs import CpuJobs
 from spice_core.types import ExpertKey
 
 APPROX, CPU, COPY = "approx", "cpu", "copy"
@@ -100,23 +100,21 @@ class EagerExecutor:
     name = "eager"
 
     def __init__(self, lm, n_slots: int, clock, recorder, *, copy_stream=None, cpu_lane=None, lore=None,
-                 modeled_cpu: bool = False, pace_extra_ms_per_byte: float = 0.0,
-                 sleep_cycles_per_ms: float = 0.0, int8=None) -> None:
-        """``int8``: the experts' int8 copy (memory/int8_store.py) for the plan's cpu_int8 misses, when offered."""
+                 pace_extra_ms_per_byte: float = 0.0, sleep_cycles_per_ms: float = 0.0, int8=None,
+                 copies: CopyEngine | None = None, cpu: CpuJobs | None = None) -> None:
+        """``int8``: the experts' int8 copy (memory/int8_store.py) for the plan's cpu_int8 misses, when offered.
+        ``copies`` / ``cpu``: an engine and jobs to share (the graphed executor's, for its prefill); else made here."""
         self.lm, self.clock, self.recorder = lm, clock, recorder
         self.device = lm.device
         self.cuda = self.device.type == "cuda"
-        self.slots = SlotBuffer(lm.layout, n_slots, lm.device)
-        self.copy_stream = copy_stream
-        self.compute_stream = getattr(clock, "compute_stream", None)
-        if self.cuda and self.compute_stream is None:
-            self.compute_stream = torch.cuda.current_stream(self.device)
-        self.cpu_lane, self.lore, self.modeled_cpu, self.int8 = cpu_lane, lore, modeled_cpu, int8
-        self.pace_extra_ms_per_byte = pace_extra_ms_per_byte    # link emulation: extra copy time per byte
-        self.sleep_cycles_per_ms = sleep_cycles_per_ms
-        self._ready: dict[int, object] = {}        # slot -> clock handle of the copy that filled it
-        self._free_event: dict[int, object] = {}   # slot -> CUDA event after the last compute that read it
-        self._expert_bytes = lm.expert_bytes
+        compute = getattr(clock, "compute_stream", None)
+        if self.cuda and compute is None:
+            compute = torch.cuda.current_stream(self.device)
+        self.copies = copies or CopyEngine(lm, n_slots, clock, recorder, copy_stream=copy_stream,
+                                           compute_stream=compute, pace_extra_ms_per_byte=pace_extra_ms_per_byte,
+                                           sleep_cycles_per_ms=sleep_cycles_per_ms)
+        self.cpu = cpu or CpuJobs(lm, clock, recorder, cpu_lane=cpu_lane, int8=int8)
+        self.lore = lore
         # On the CPU a token's experts held in slots run as one gathered batch (no events to bracket them);
         # on CUDA each expert keeps its own kernels, bracketed by events for the measured clock.
         self.batched = not self.cuda
@@ -125,14 +123,20 @@ class EagerExecutor:
         # Each MoE layer's ExpertKeys, made once (the batched path names every expert to the clock).
         self._keys = {layer: tuple(ExpertKey(layer, e) for e in range(lm.n_experts)) for layer in lm.moe_layers}
 
-    # ------------------------------------------------------------------ set-up
-    def load_static(self, placed: list[tuple[int, ExpertKey]]) -> None:
-        """Fill slots once, synchronously (resident, static caches)."""
-        for slot, key in placed:
-            self.slots.fill_from(slot, self.lm.host.flat(key))
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
+    @property
+    def slots(self):
+        return self.copies.slots
 
+    @property
+    def compute_stream(self):
+        """The stream that reads the slots (the copy engine's, so that both executors of a run agree)."""
+        return self.copies.compute_stream
+
+    @compute_stream.setter
+    def compute_stream(self, stream) -> None:
+        self.copies.compute_stream = stream
+
+    # ------------------------------------------------------------------ set-up
     def close(self) -> None:
         """End of a run (the graphed executor releases its graphs here); nothing to release here."""
 
@@ -154,102 +158,23 @@ class EagerExecutor:
         both = torch.cat([top_k_index.to(torch.float32), top_k_weights.to(torch.float32)], dim=1).tolist()
         return [[int(v) for v in row[:k]] for row in both], [row[k:] for row in both]
 
-    # ------------------------------------------------------------------ copies
-    def issue(self, order: CopyOrder):
-        """Evict (bookkeeping already done by the planner) and copy ``order.key`` into its slot."""
-        return self.issue_many((order,))[0]
-
-    def issue_many(self, orders) -> list:
-        """`issue` each order in turn, switching to the copy stream once for all of them (a stream switch costs
-        host time, and a layer issues its demand copies, or a lookahead its prefetches, together)."""
-        if self.copy_stream is None or not orders:
-            return [self._issue_one(o) for o in orders]
-        torch.cuda.set_stream(self.copy_stream)          # cheaper than the torch.cuda.stream() context
-        try:
-            return [self._issue_one(o) for o in orders]
-        finally:
-            torch.cuda.set_stream(self.compute_stream)
-
-    def _issue_one(self, order: CopyOrder):
-        """One copy; on CUDA the copy stream is already the current one (`issue_many`)."""
-        rec = self.recorder
-        if order.evicted is not None:
-            if order.evicted_unused_prefetch:
-                rec.wasted(order.evicted, order.wasted)
-            rec.evicted(order.evicted)
-            self._ready.pop(order.slot, None)
-        slot, key = order.slot, order.key
-        nbytes = self._expert_bytes
-        if self.copy_stream is None:
-            start = self.clock.stamp()
-            self.slots.fill_from(slot, self.lm.host.flat(key))
-            handle = self.clock.copy(key, nbytes, order.kind, start)
-        else:
-            cs = self.copy_stream
-            free = self._free_event.get(slot)
-            if free is not None:
-                cs.wait_event(free)
-            self.slots.fill_from(slot, self.lm.host.flat(key))
-            if self.pace_extra_ms_per_byte > 0:
-                # Emulate a slower link: keep the copy stream busy for the missing transfer time.
-                torch.cuda._sleep(int(nbytes * self.pace_extra_ms_per_byte * self.sleep_cycles_per_ms))
-            handle = self.clock.copy(key, nbytes, order.kind, None, cs)     # its start follows from the stream
-        self._ready[slot] = handle
-        rec.copied(order.kind)
-        return handle
-
-    def wait_ready(self, slot: int) -> None:
-        """Make the compute stream wait for the copy that filled ``slot`` (a stall interval when it must)."""
-        self._wait_for(self._ready.pop(slot, None))
-
-    def wait_ready_many(self, slots) -> None:
-        """`wait_ready` for every slot of ``slots`` at once, for a step that reads them all together (a graph
-        segment): copies run in issue order on the one copy stream, so waiting for the last one issued among
-        them waits for all of them. One readiness check and at most one stall interval instead of one per slot
-        (each cost the host ~10-16 µs a layer on the H200 host). Handles' ``end_ms`` grows in issue order on
-        both clocks (the measured one predicts it from the issue time, the modeled one queues the link)."""
-        ready, last = self._ready, None
-        for slot in slots:
-            handle = ready.pop(slot, None)
-            if handle is not None and (last is None or handle.end_ms >= last.end_ms):
-                last = handle
-        self._wait_for(last)
-
-    def _wait_for(self, handle) -> None:
-        if handle is None:
-            return
-        ev = handle.native
-        if isinstance(ev, torch.cuda.Event):
-            if ev.query():                 # already landed: no stall, no events
-                return
-            start = self.clock.stamp()
-            self.compute_stream.wait_event(ev)
-            self.clock.wait(handle, start)
-        else:
-            self.clock.wait(handle)
-
-    def _release(self, slot: int) -> None:
-        if self.cuda:
-            ev = torch.cuda.Event()
-            ev.record(self.compute_stream)
-            self._free_event[slot] = ev
-
     # ------------------------------------------------------------------ the layer
     def start_layer(self, plan: LayerPlan, x: torch.Tensor, act: Callable):
         """CPU-lane tasks first (they overlap everything after), then the demand copies that have slots."""
         rows = _Rows(plan.routes, plan.needed, x.shape[0], x.device)
         int8 = int8_tasks(plan.cpu)
-        cpu = {e: (self._submit_cpu_int8 if e in int8 else self._submit_cpu)(
-                   ExpertKey(plan.layer, e), rows(x, e), len(plan.routes[e][0]), act)
+        jobs, stream = self.cpu, self.compute_stream if x.device.type == "cuda" else None
+        cpu = {e: (jobs.submit_int8 if e in int8 else jobs.submit)(
+                   ExpertKey(plan.layer, e), rows(x, e), len(plan.routes[e][0]), act, self.device, stream=stream)
                for e in plan.cpu}
         for order in plan.copies:
-            self.issue(order)
+            self.copies.issue(order)
         return rows, cpu
 
     def run_experts(self, layer: int, runs: tuple[ExpertRun, ...], rows: _Rows, x: torch.Tensor, act: Callable) -> dict:
         if self.batched and rows.T == 1:
             return self._run_experts_batched(layer, runs, rows, x, act)
-        clock, outs = self.clock, {}
+        clock, outs, copies = self.clock, {}, self.copies
         for r in runs:
             key = ExpertKey(layer, r.expert)
             xs = rows(x, r.expert)
@@ -260,17 +185,17 @@ class EagerExecutor:
                 clock.approx(key, n, self.lore.rank, start)
                 continue
             if r.late_copy is not None:
-                self.issue(r.late_copy)
+                copies.issue(r.late_copy)
             if r.prefetch_used is not None:
                 self.recorder.prefetch_used(key, r.prefetch_used, clock.now_ms())
-            self.wait_ready(r.slot)
-            gate_up, down = self.slots.weights(r.slot)
+            copies.wait_ready(r.slot)
+            gate_up, down = copies.slots.weights(r.slot)
             start = clock.stamp()
             outs[r.expert] = expert_forward(xs, gate_up, down, act)
             clock.gpu_expert(key, n, start)
-            self._release(r.slot)
+            copies.release(r.slot)
             if r.drop_after:
-                self._ready.pop(r.slot, None)
+                copies.forget(r.slot)
         return outs
 
     def _run_experts_batched(self, layer: int, runs: tuple[ExpertRun, ...], rows: _Rows, x: torch.Tensor,
@@ -278,7 +203,8 @@ class EagerExecutor:
         """One token (x [1,H]) on the CPU: the clock and recorder hear about every expert in the same order as
         `run_experts`, but the experts held in slots run as one gathered batch (`_flush`). A late copy may
         refill a slot an earlier expert of this layer reads, so the experts gathered so far run first."""
-        clock, outs, pending, ready = self.clock, {}, [], self._ready
+        clock, outs, pending, copies = self.clock, {}, [], self.copies
+        ready = copies.ready
         keys = self._keys.get(layer) or tuple(ExpertKey(layer, e) for e in range(self.lm.n_experts))
         self._batches = []
         for r in runs:
@@ -289,15 +215,15 @@ class EagerExecutor:
                 continue
             if r.late_copy is not None:
                 self._flush(pending, rows, x, act)
-                self.issue(r.late_copy)
+                copies.issue(r.late_copy)
             if r.prefetch_used is not None:
                 self.recorder.prefetch_used(key, r.prefetch_used, clock.now_ms())
             if r.slot in ready:          # filled by a copy the clock has not seen waited for
-                self.wait_ready(r.slot)
+                copies.wait_ready(r.slot)
             pending.append((r.expert, r.slot))
             clock.gpu_expert(key, 1)
             if r.drop_after:
-                ready.pop(r.slot, None)
+                copies.forget(r.slot)
         self._flush(pending, rows, x, act)
         return outs
 
@@ -307,11 +233,12 @@ class EagerExecutor:
         [1,H]. What `start_layer`, `run_experts` and `finish_layer` do for such a layer, in one call: the clock
         hears of each expert in ascending order, the K experts run as one gathered batch in top-k order, and
         the combine adds them in ascending expert order."""
-        keys, clock, ready = self._keys[layer], self.clock, self._ready
+        keys, clock, copies = self._keys[layer], self.clock, self.copies
+        ready = copies.ready
         order = sorted(range(len(expert_ids)), key=expert_ids.__getitem__)   # top-k positions, experts ascending
         for p in order:
             if slots[p] in ready:        # filled by a copy the clock has not seen waited for
-                self.wait_ready(slots[p])
+                copies.wait_ready(slots[p])
             clock.gpu_expert(keys[expert_ids[p]], 1)
         ys = gathered_experts_forward(x, self.slots.buffer, self._slot_index(slots), self.lm.layout, act)
         return combine_batch(ys, top_k_weights, order, x.dtype)
@@ -342,53 +269,18 @@ class EagerExecutor:
             rows.add_into(final, e, y.to(final.dtype))
         return final
 
-    # ------------------------------------------------------------------ CPU lane
-    def _submit_cpu(self, key: ExpertKey, xs: torch.Tensor, n: int, act, out_device=None):
-        """``out_device``: where the output lands (default: this executor's device)."""
-        gate_up, down = self.lm.host.weights(key)
-        if self.cpu_lane is None:   # modeled on this machine: compute here, time it as the CPU lane
-            out = expert_forward(xs.to(gate_up.dtype), gate_up, down, act)
-            return self.clock.cpu_expert(key, n), out
-        lane = self.cpu_lane.submit(xs, gate_up, down, act, self.device if out_device is None else out_device,
-                                    stream=self.compute_stream if xs.device.type == "cuda" else None)
-        return self.clock.cpu_expert(key, n), lane
-
-    def _submit_cpu_int8(self, key: ExpertKey, xs: torch.Tensor, n: int, act, out_device=None):
-        """`_submit_cpu` with the lossy int8 kernel, from the experts' int8 copy (a cpu_int8 miss)."""
-        weights = self.int8.weights(key)
-        if self.cpu_lane is None:   # modeled on this machine: compute here, time it as the CPU lane
-            out = int8_expert_forward(xs.to("cpu"), weights, act).to(xs.device)
-            return self.clock.cpu_expert(key, n, int8=True), out
-        lane = self.cpu_lane.submit_int8(xs, weights, act, self.device if out_device is None else out_device,
-                                         stream=self.compute_stream if xs.device.type == "cuda" else None)
-        return self.clock.cpu_expert(key, n, int8=True), lane
-
-    def _collect_cpu_host(self, key: ExpertKey, handle) -> torch.Tensor | None:
-        """A CPU job's output, timed for the clock; None (counted as a fallback) when the job failed."""
-        op, native = handle
-        if isinstance(native, torch.Tensor):
-            self.clock.cpu_collected(op)
-            return native
-        try:
-            w0 = time.perf_counter()
-            out, worker, t0, t1 = native.result()
-            self.clock.cpu_collected(op, (worker, t0, t1, w0, time.perf_counter()))
-            return out
-        except Exception as err:  # noqa: BLE001 - any worker failure falls back to an exact copy
-            self.recorder.cpu_fallback(key, err)
-            return None
-
     def _collect_cpu(self, key: ExpertKey, handle, xs: torch.Tensor, act, fallback) -> torch.Tensor:
-        out = self._collect_cpu_host(key, handle)
+        out = self.cpu.collect(key, handle)
         if out is None:              # the job failed: copy the expert in and run it here, exactly
+            copies = self.copies
             order = fallback(key)
-            self.issue(order)
-            self.wait_ready(order.slot)
-            gate_up, down = self.slots.weights(order.slot)
+            copies.issue(order)
+            copies.wait_ready(order.slot)
+            gate_up, down = copies.slots.weights(order.slot)
             start = self.clock.stamp()
             out = expert_forward(xs, gate_up, down, act)
             self.clock.gpu_expert(key, xs.shape[0], start)
-            self._release(order.slot)
+            copies.release(order.slot)
         return out
 
 

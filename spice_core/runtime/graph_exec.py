@@ -7,8 +7,10 @@
                     launched ─► LayerRuntime.run_deferred: the lookahead plans and issues its prefetches while
                     that segment runs (the layer's experts protected from eviction meanwhile)
 
-The same planner decides as on the eager path, and copies, slots and the copy stream are the eager
-executor's (this class extends it). What the graphs cannot do yet falls back to the eager executor
+The same planner decides as on the eager path. This executor composes the mechanism: one `CopyEngine`
+(slots, copy stream, link pacing), one `CpuJobs` (the CPU lane) and, for the eager prefill, an
+`EagerExecutor` that shares both (``eager``: the runtime's `run_layer` runs the prompt through it, so the
+prompt's copies land in the slots the decode steps read). What the graphs cannot do yet falls back to the eager executor
 with a note (the engine decides, see `fast_path_refusal`): predictors that need the hidden state
 outside the captured segment (the gate predictor). LoRE approximation is a branch of the captured
 expert step (GraphedDecoder._lore_out).
@@ -20,7 +22,7 @@ the lane computes them from the pinned slab), issues the demand copies, then joi
 captured H2D uploads with the plan row. The join comes before that segment's launch, so a job that
 failed or ran past the lane's timeout is copied in instead, exactly, before anything reads it: the
 worker returns its output to the driver and never writes a row itself, so a late worker cannot
-race the upload. A miss the plan marks cpu_int8 is the same job with the int8 kernel (`CpuTasks.int8`),
+race the upload. A miss the plan marks cpu_int8 is the same job with the int8 kernel (`CpuJobs.submit_int8`),
 its output in the same CPU row. On the CPU the decoder runs the same step op by op (`use_graphs=False`),
 which is how it is tested there.
 
@@ -53,31 +55,43 @@ def cache_bucket(n_tokens: int, max_context: int, step: int = 64) -> int:
     return min(max_context, -(-n_tokens // step) * step)
 
 
-class GraphExecutor(EagerExecutor):
+class GraphExecutor:
     name = "graphed"
 
     def __init__(self, lm, n_slots: int, clock, recorder, *, max_cache_len: int, draft=None,
-                 use_graphs: bool | None = None, cpu_rows: bool = False, **kw) -> None:
+                 use_graphs: bool | None = None, cpu_rows: bool = False, lore=None, **kw) -> None:
         """``cpu_rows``: the planner may send exact misses to the CPU lane (the decoder then reads each layer's
-        hidden state back and uploads the lane's outputs with the plan row)."""
-        super().__init__(lm, n_slots, clock, recorder, **kw)
+        hidden state back and uploads the lane's outputs with the plan row). ``kw``: the `EagerExecutor`'s
+        mechanism arguments (copy stream, CPU lane, int8 copy, link pacing)."""
+        self.eager = EagerExecutor(lm, n_slots, clock, recorder, lore=lore, **kw)
+        self.copies, self.cpu, self.lore = self.eager.copies, self.eager.cpu, lore
+        self.lm, self.clock, self.recorder = lm, clock, recorder
+        self.device, self.cuda = lm.device, lm.device.type == "cuda"
         self.max_cache_len, self.draft, self.use_graphs, self.cpu_rows = max_cache_len, draft, use_graphs, cpu_rows
         self.decoder: GraphedDecoder | None = None
         self.runtime = None
         self._moe_pos = {layer: i for i, layer in enumerate(lm.moe_layers)}
+
+    @property
+    def slots(self):
+        return self.copies.slots
+
+    @property
+    def compute_stream(self):
+        return self.copies.compute_stream
 
     def attach(self, runtime) -> None:
         """Capture the decode step (raises GraphCaptureError when it cannot) and take the runtime's decisions."""
         readback = n_draft = None
         if self.draft is not None:
             readback, n_draft = self.draft.head_readback, self.draft.readback_numel
-        self.decoder = GraphedDecoder(self.lm, self.slots.buffer, self.copy_stream, self.max_cache_len,
+        self.decoder = GraphedDecoder(self.lm, self.slots.buffer, self.copies.copy_stream, self.max_cache_len,
                                       use_graphs=self.use_graphs, wait_for_copies=False, draft_readback=readback,
                                       draft_numel=n_draft or 0, lore=self.lore, cpu_rows=self.cpu_rows,
                                       static_slots=self._static_slots(runtime.planner))
         self.runtime = runtime
         if self.cuda:
-            self.compute_stream = self.decoder.stream
+            self.copies.compute_stream = self.decoder.stream
 
     def _static_slots(self, planner):
         """[M, E] the slot of every expert, when every expert is resident for the run's life (``resident``: its
@@ -92,7 +106,7 @@ class GraphExecutor(EagerExecutor):
 
     def start_token(self) -> None:
         if self.cuda:
-            self.compute_stream = self.decoder.stream
+            self.copies.compute_stream = self.decoder.stream
 
     def on_layer(self, layer: int, expert_ids: list[int], weights: list[float]) -> list[int]:
         draft_row = self.decoder.draft_np[self._moe_pos[layer]] if self.draft is not None else None
@@ -105,9 +119,8 @@ class GraphExecutor(EagerExecutor):
         which says which of them run the int8 kernel. Returns expert -> job."""
         x = self.decoder.x_host[self._moe_pos[layer]].view(1, -1)
         act = self.lm.experts_modules[layer].act_fn
-        int8 = int8_tasks(experts)
-        return {e: (self._submit_cpu_int8 if e in int8 else self._submit_cpu)(ExpertKey(layer, e), x, 1, act,
-                                                                              out_device="cpu")
+        int8, jobs = int8_tasks(experts), self.cpu
+        return {e: (jobs.submit_int8 if e in int8 else jobs.submit)(ExpertKey(layer, e), x, 1, act, "cpu")
                 for e in experts}
 
     def join_cpu(self, layer: int, jobs: dict, expert_ids: list[int], fallback) -> dict:
@@ -120,14 +133,14 @@ class GraphExecutor(EagerExecutor):
         out = {}
         for e, handle in jobs.items():
             key = ExpertKey(layer, e)
-            y = self._collect_cpu_host(key, handle)
+            y = self.cpu.collect(key, handle)
             if y is not None:
                 self.decoder.cpu_host[i, rows[e]].copy_(y.reshape(-1))
                 out[e] = CPU_SLOT
                 continue
             order = fallback(key)
-            self.issue(order)
-            self.wait_ready(order.slot)
+            self.copies.issue(order)
+            self.copies.wait_ready(order.slot)
             out[e] = order.slot
         return out
 

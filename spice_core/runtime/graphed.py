@@ -172,7 +172,7 @@ class GraphedDecoder:
         self.overlap_s = 0.0                     # host time after a replay, while its segment runs (after_replay)
         self._after_replay: AfterReplay | None = None
         self.capture_s = 0.0
-        self.pinned_copies_in_graph = False    # the D2H readback and H2D plan upload are graph nodes (else the host
+        self.captured_host_io = False    # the D2H readback and H2D plan upload are graph nodes (else the host
                                               # issues them between replays; `probe_captured`)
         self._graphs: list = []
         self._stream = None
@@ -265,7 +265,7 @@ class GraphedDecoder:
                 self._graphs[i].replay()
                 if i > 0:
                     self._run_after_replay()
-                if not self.pinned_copies_in_graph:
+                if not self.captured_host_io:
                     self.io.readback(i, *self._route_src[i], self._x_src[i])
                     if self._draft_src[i] is not None:
                         self.io.read_draft(i, self._draft_src[i])
@@ -274,7 +274,7 @@ class GraphedDecoder:
                 ev.synchronize()
                 t0 = clock()
                 self._decide(i, layer)
-                if not self.pinned_copies_in_graph:
+                if not self.captured_host_io:
                     self.io.upload(i)
                 if self.copy_stream is not None and self.wait_for_copies:
                     self._copies_done.record(self.copy_stream)
@@ -282,7 +282,7 @@ class GraphedDecoder:
                 self.host_s += clock() - t0
             self._graphs[-1].replay()
             self._run_after_replay()
-            if not self.pinned_copies_in_graph:
+            if not self.captured_host_io:
                 self.io.read_token(self._token_dev)
             self._events[-1].record(s)
             self._events[-1].synchronize()
@@ -404,7 +404,7 @@ class GraphedDecoder:
         self._token_dev = tok
         if self.static_slots is not None:
             self._static_plan.flush()       # every layer's routing to the host rows, when it was staged
-        if self.pinned_copies_in_graph:
+        if self.captured_host_io:
             self.io.read_token(tok)
         return logits
 
@@ -421,14 +421,14 @@ class GraphedDecoder:
             self._route_src[i] = (top_k_index, top_k_weights)
             self._draft_src[i] = draft
             self._x_src[i] = x
-            if self.pinned_copies_in_graph:
+            if self.captured_host_io:
                 self.io.readback(i, top_k_index, top_k_weights, x)
                 if draft is not None:
                     self.io.read_draft(i, draft)
             self._graphs[i].capture_end()
             self._capturing = i + 1
             self._graphs[i + 1].capture_begin(pool=self._pool, capture_error_mode="thread_local")
-            if self.pinned_copies_in_graph:
+            if self.captured_host_io:
                 self.io.upload(i)
         else:   # eager: the same step op by op
             self.io.readback(i, top_k_index, top_k_weights, x)
@@ -497,8 +497,8 @@ class GraphedDecoder:
                                         "decoder does not build: use the eager executor")
             self.cache.reset()        # the warm-up read arbitrary slots: clear K/V and lengths
             self.pos.zero_()
-            self.pinned_copies_in_graph = probe_captured(self.device, self._stream)
-        if self.static_slots is not None and not self.pinned_copies_in_graph:
+            self.captured_host_io = probe_captured(self.device, self._stream)
+        if self.static_slots is not None and not self.captured_host_io:
             log.info("pinned copies cannot be captured here: the static step is cut into segments like any other")
             self.static_slots = None
         gc.collect()
@@ -532,7 +532,7 @@ class GraphedDecoder:
         torch.cuda.synchronize(self.device)
         self.capture_s = time.perf_counter() - t0
         log.info("captured %d decode segments in %.2f s (in-graph copies: %s)", len(self._graphs), self.capture_s,
-                 self.pinned_copies_in_graph)
+                 self.captured_host_io)
 
     def close(self) -> None:
         """Release the graphs, their memory pool's tensors and the slot buffer's views now (the decoder and its

@@ -3,7 +3,7 @@
     OffloadedExperts.forward(x, top_k_index, top_k_weights)
       └─► run_layer: draft launch (rides on the routing's readback)
                      executor.read_routing ─► planner.plan_layer ─► executor.start_layer (CPU tasks, demand copies)
-                     [lookahead: predictor.predict ─► planner.plan_prefetch ─► executor.issue]   before or after:
+                     [lookahead: predictor.predict ─► planner.plan_prefetch ─► copies.issue_many] before or after:
                      planner.plan_experts ─► executor.run_experts
                      executor.finish_layer (CPU results, combine) ─► recorder.layer_outcomes
 
@@ -29,6 +29,9 @@ class LayerRuntime:
                  prefetch_after_experts: bool = False) -> None:
         self.lm, self.planner, self.executor, self.clock, self.recorder = lm, planner, executor, clock, recorder
         self.predictor = predictor
+        # The executor that runs a whole layer eagerly (the prompt; every token off the fast path): the executor
+        # itself, or the eager executor the graphed one composes for its prefill.
+        self.eager = getattr(executor, "eager", executor)
         self.prefetch_after_experts = prefetch_after_experts
         self.ctx = PredictContext(max_lookahead=planner.max_lookahead, clock=clock,
                                   stream=getattr(executor, "compute_stream", None))
@@ -42,7 +45,7 @@ class LayerRuntime:
         # policy without lookahead): the phases' objects (routes, outcomes, plan, runs) cost more than the math.
         # The fast path's host step takes the same planner call for any policy without lookahead.
         self._decide_hits = not planner.prefetching
-        self._hit_path = getattr(executor, "batched", False) and hasattr(executor, "run_hits") and self._decide_hits
+        self._hit_path = self.eager.batched and self._decide_hits
         self._deferred = None        # the graphed step's lookahead, planned after the next segment's launch
         self._deferred_record = None  # ... and the last decided layer's outcomes, recorded then
         self.observers: list = []   # callables(layer, idx_rows, w_rows): the routing as read back ([T][K] lists)
@@ -94,7 +97,7 @@ class LayerRuntime:
         """x [T,H], top_k_index/top_k_weights [T,K] -> [T,H]. Called with autograd off: every pass that installs
         a runtime runs under inference mode or no_grad (a decorator here cost 3 µs a layer)."""
         T = x.shape[0]
-        clock, planner, ex = self.clock, self.planner, self.executor
+        clock, planner, ex = self.clock, self.planner, self.eager
         for l_ in self._layers_before[layer]:
             clock.layer(l_, T, dense=l_ != layer)
         prefetching = planner.prefetching and self.predictor is not None
@@ -142,13 +145,14 @@ class LayerRuntime:
         if self._decide_hits:       # an all-hit layer: one planner call, no plan objects (`plan_hits`)
             slots = planner.plan_hits(layer, expert_ids)
             if slots is not None:
-                ex.wait_ready_many(slots)
+                ex.copies.wait_ready_many(slots)
                 self._deferred_record = (layer, expert_ids, None)
                 return slots
         plan = planner.plan_layer(layer, [expert_ids], [weights], self._queues())
         self.recorder.layer_counts(plan.hits, plan.misses)
         jobs = ex.submit_cpu(layer, plan.cpu) if plan.cpu else None     # first: they overlap the copies' issue
-        ex.issue_many(plan.copies)
+        copies = ex.copies
+        copies.issue_many(plan.copies)
         slot_of, fell_back = {}, ()
         if jobs:
             # Joined before the next segment's launch (it reads their outputs); a failed job falls back to a
@@ -160,7 +164,7 @@ class LayerRuntime:
         for r in planner.plan_experts(plan, batched=True):
             key = (layer, r.expert)
             if r.late_copy is not None:
-                ex.issue(r.late_copy)
+                copies.issue(r.late_copy)
             if r.prefetch_used is not None:
                 self.recorder.prefetch_used(ExpertKey(*key), r.prefetch_used, clock.now_ms())
             if r.outcome == "approx":          # the segment's LoRE branch computes it
@@ -168,7 +172,7 @@ class LayerRuntime:
                 continue
             wait.append(r.slot)
             slot_of[r.expert] = r.slot
-        ex.wait_ready_many(wait)
+        copies.wait_ready_many(wait)
         for e in fell_back:            # fell back to a copy: an ordinary cached expert from here on
             planner.release_fallback(ExpertKey(layer, e))
         # Recorded once the next segment is launched (`run_deferred`): the GPU need not wait for the bookkeeping.
@@ -225,6 +229,6 @@ class LayerRuntime:
             self.clock.plan(layer)
             orders = planner.plan_prefetch(layer, preds, self._queues(), protected=protected)
         now = self.clock.now_ms
-        for order, handle in zip(orders.copies, self.executor.issue_many(orders.copies)):
+        for order, handle in zip(orders.copies, self.executor.copies.issue_many(orders.copies)):
             planner.prefetch_issued(order, layer, now(), handle.end_ms)
         self.recorder.lookahead(orders.depth, orders.stop_reason, orders.h_min, orders.skipped_approx)

@@ -66,18 +66,18 @@ def test_the_fast_path_runs_cpu_int8_jobs_inside_its_step(shipped_graphed):
 
 def test_a_failed_int8_job_on_the_fast_path_falls_back_to_an_exact_copy(shipped_graphed, monkeypatch):
     """Every int8 job fails: each is copied in and run exactly, so the tokens are the exact ones (tau_approx 0)."""
-    from spice_core.runtime.graph_exec import GraphExecutor
+    from spice_core.runtime.cpu_jobs import CpuJobs
 
     class Failed:
         def result(self, timeout=None):
             raise RuntimeError("CPU-lane worker died")
 
-    def failing(self, key, xs, n, act, out_device=None):
+    def failing(self, key, xs, n, act, out_device, stream=None):
         return self.clock.cpu_expert(key, n, int8=True), Failed()
 
     prompt = "Tell me a story about a cat and a ball"
     ref = [st.token_id for st in shipped_graphed.start_prompt(prompt, RunSettings(**FAST))]
-    monkeypatch.setattr(GraphExecutor, "_submit_cpu_int8", failing)
+    monkeypatch.setattr(CpuJobs, "submit_int8", failing)
     run = shipped_graphed.start_prompt(prompt, RunSettings(**FAST, tau_int8=0.3))
     toks = [st.token_id for st in run]
     int8 = sum(o.outcome == "cpu_int8" for st in run.record.steps for o in st.outcomes)

@@ -101,13 +101,13 @@ def test_executor_falls_back_to_an_exact_copy_when_the_cpu_lane_fails(tmp_path):
                 def result(self):
                     raise RuntimeError("worker died")
 
-            submit = rt.executor._submit_cpu
+            submit = rt.executor.cpu.submit
 
             def submit_to_a_dead_worker(*a, **k):
                 op, _ = submit(*a, **k)
                 return op, DeadWorker()
 
-            rt.executor._submit_cpu = submit_to_a_dead_worker
+            rt.executor.cpu.submit = submit_to_a_dead_worker
             rt.begin_token(0)
             got = eng.lm.model(input_ids=torch.tensor([ids])).logits[0]
             rt.end_token()

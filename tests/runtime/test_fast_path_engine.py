@@ -184,17 +184,17 @@ class _Failed:
 def test_a_failed_or_stalled_cpu_job_falls_back_to_a_copy_mid_token_and_the_tokens_stay_right(graphed, monkeypatch,
                                                                                                how):
     from spice_core.exec import cpu_lane as lane_mod
-    from spice_core.runtime.graph_exec import GraphExecutor
+    from spice_core.runtime.cpu_jobs import CpuJobs
 
     eng = graphed["deepseek_v2"]
     ref, _ = _tokens(eng, PROMPTS[0], "resident")
-    real_submit, calls = GraphExecutor._submit_cpu, [0]
+    real_submit, calls = CpuJobs.submit, [0]
     stalled = lane_mod.CpuLane(workers=1, threads_per_worker=1, timeout_s=0.05) if how == "stall" else None
 
-    def submit(self, key, xs, n, act, out_device=None):
+    def submit(self, key, xs, n, act, out_device, stream=None):
         calls[0] += 1
         if calls[0] % 3:                      # every job but one in three fails
-            return real_submit(self, key, xs, n, act, out_device)
+            return real_submit(self, key, xs, n, act, out_device, stream=stream)
         op = self.clock.cpu_expert(key, n)
         if stalled is None:
             return op, _Failed(RuntimeError("CPU-lane worker died"))
@@ -206,7 +206,7 @@ def test_a_failed_or_stalled_cpu_job_falls_back_to_a_copy_mid_token_and_the_toke
         time.sleep(0.3)                       # past the lane's 0.05 s timeout
         return lane_mod.__dict__["_real_expert_forward"](*a, **kw)
 
-    monkeypatch.setattr(GraphExecutor, "_submit_cpu", submit)
+    monkeypatch.setattr(CpuJobs, "submit", submit)
     if stalled is not None:
         monkeypatch.setitem(lane_mod.__dict__, "_real_expert_forward", lane_mod.expert_forward)
         monkeypatch.setattr(lane_mod, "expert_forward", slow_expert)

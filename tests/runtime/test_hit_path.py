@@ -48,7 +48,7 @@ def test_the_fast_paths_host_step_takes_the_hit_path_and_reports_the_same(engine
     """The graphed executor's per-layer host step (LayerRuntime.decide_layer), run op by op on the CPU."""
     from spice_core.engine import SpiceEngine
 
-    from spice_core.runtime.graph_exec import GraphExecutor
+    from spice_core.runtime.copies import CopyEngine
     from spice_core.runtime.layer import LayerRuntime
 
     base = engines["qwen2_moe"]
@@ -56,8 +56,8 @@ def test_the_fast_paths_host_step_takes_the_hit_path_and_reports_the_same(engine
     calls, waits, observed = [], [], []
     real = LayerPlanner.plan_hits
     monkeypatch.setattr(LayerPlanner, "plan_hits", lambda self, layer, ids: calls.append(r := real(self, layer, ids)) or r)
-    real_wait = GraphExecutor.wait_ready   # on a GPU a missing or reordered wait is a race: compare the calls
-    monkeypatch.setattr(GraphExecutor, "wait_ready", lambda self, slot: waits.append(slot) or real_wait(self, slot))
+    real_wait = CopyEngine.wait_ready   # on a GPU a missing or reordered wait is a race: compare the calls
+    monkeypatch.setattr(CopyEngine, "wait_ready", lambda self, slot: waits.append(slot) or real_wait(self, slot))
     real_init = LayerRuntime.__init__
 
     def observed_init(self, *a, **kw):

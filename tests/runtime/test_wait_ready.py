@@ -1,8 +1,8 @@
 """A graph segment reads all of a layer's slots at once, so the fast path waits for their copies at once
-(`EagerExecutor.wait_ready_many`): copies run in issue order on the one copy stream, so the wait is for the last
+(`CopyEngine.wait_ready_many`): copies run in issue order on the one copy stream, so the wait is for the last
 one issued among them, with one readiness check and at most one stall interval; every slot waited for is done with,
 and slots not read are left pending."""
-from spice_core.runtime.eager import EagerExecutor
+from spice_core.runtime.copies import CopyEngine
 from spice_core.timing.timeline import OpHandle
 from spice_core.types import ExpertKey
 
@@ -15,9 +15,9 @@ class _Clock:
         self.waits.append(handle)
 
 
-def _executor(ready: dict) -> EagerExecutor:
-    ex = object.__new__(EagerExecutor)      # only the copy bookkeeping: no model, no slots
-    ex._ready, ex.clock = dict(ready), _Clock()
+def _executor(ready: dict) -> CopyEngine:
+    ex = object.__new__(CopyEngine)      # only the copy bookkeeping: no model, no slots
+    ex.ready, ex.clock = dict(ready), _Clock()
     return ex
 
 
@@ -30,7 +30,7 @@ def test_the_layer_waits_once_for_the_last_copy_issued_among_its_slots():
     ex = _executor({3: first, 1: last, 7: other})
     ex.wait_ready_many([3, 1, 5])            # slot 5 holds a copy that landed long ago (nothing pending)
     assert ex.clock.waits == [last]
-    assert ex._ready == {7: other}           # slot 7 is not read by this layer: its copy stays pending
+    assert ex.ready == {7: other}           # slot 7 is not read by this layer: its copy stays pending
 
 
 def test_a_layer_with_nothing_in_flight_waits_for_nothing():
@@ -44,4 +44,4 @@ def test_one_slot_waits_as_wait_ready_does():
     a, b = _executor({2: h}), _executor({2: h})
     a.wait_ready_many([2])
     b.wait_ready(2)
-    assert a.clock.waits == b.clock.waits == [h] and a._ready == b._ready == {}
+    assert a.clock.waits == b.clock.waits == [h] and a.ready == b.ready == {}
