@@ -6,6 +6,7 @@
     copies.py         CopyEngine: slots, the copy stream, link pacing, per-slot ready/free events (both executors)
     cpu_jobs.py       CpuJobs: the planner's CPU misses on the CPU lane, collected or fallen back (both executors)
     graphed.py        GraphedDecoder: captures and replays one segment per MoE layer, cut at the experts call
+    graphed_static.py StaticStep: the one-graph step of a cache that never changes, run ahead when greedy
     graphed_plan.py   plan rows the segments read (pure): named rows, a kind per selection
     graphed_slots.py  reference slot callbacks (all resident; the planner's LRU) the decoder is measured with standalone
     slots.py          SlotBuffer: the GPU expert cache's memory

@@ -21,17 +21,12 @@ same experts gives the same bits (an LRU cache replays an all-resident run exact
 segments read back into and upload from are `graphed_io.HostIO`; this module captures and replays.
 
 With ``static_slots`` (a cache that never changes: every expert resident) the step needs no host decision:
-each layer's plan row is computed on the device from its routing (`static_plan.StaticPlanner`: one Triton kernel a
-layer on CUDA, which also stages the routing for one readback at the step's end), the whole
-step is ONE graph with no wait between layers, and the host hears of every layer's routing once the step is done
-(``on_layer`` per layer, its slots checked against the table's). Needs captured pinned copies (the routing is read
-back inside the graph); without them the decoder cuts segments as above. A measured clock then sees the step's GPU
-work as one interval (it is told of the layers after the step: the first layer's interval spans it, the others are
-empty); the modeled clock times each layer as before. With ``step(run_ahead=True)`` (greedy decoding) the next static
-step is launched, on a stream of its own, before the host books this one, so the booking and the caller's
-per-token work overlap the GPU; a different token at the next call rolls it back (position and cache lengths).
-A measured clock then sees a step run ahead only as the host's wait for it (its GPU work overlapped the last
-token's bookkeeping, outside this token's window); TPOT, the wall time per delivered token, is unaffected.
+each layer's plan row is computed on the device from its routing, the whole step is ONE graph with no wait
+between layers, and the host hears of every layer's routing once the step is done; with ``step(run_ahead=True)``
+(greedy decoding) the next step is launched before the host books this one (`graphed_static.StaticStep`). Needs
+captured pinned copies (the routing is read back inside the graph); without them the decoder cuts segments as
+above. A measured clock then sees the step's GPU work as one interval (it is told of the layers after the step:
+the first layer's interval spans it, the others are empty); the modeled clock times each layer as before.
 
 Deliberately does not know policies, the engine or timing: it takes a host callback per layer.
 """
@@ -50,8 +45,8 @@ from spice_core.exec.experts import installed
 from spice_core.model.loader import cache_kwarg
 from spice_core.runtime.graphed_io import HostIO, probe_captured
 from spice_core.runtime.graphed_plan import plan_rows
+from spice_core.runtime.graphed_static import StaticStep
 from spice_core.runtime.graphed_step import KERNELS, SlotExpertStep, default_kernel
-from spice_core.runtime.static_plan import StaticPlanner
 from spice_core.types import ExpertKey
 
 log = logging.getLogger(__name__)
@@ -76,22 +71,6 @@ class _Hook:
     def run_layer(self, layer, x, top_k_index, top_k_weights, act):
         return self.decoder._experts_call(layer, x, top_k_index, top_k_weights, act)
 
-
-
-def _rewind_one_token(layer) -> None:
-    """Take back a static cache layer's last token in place (its buffers keep their addresses): `crop(-1)` where
-    the layer has it (transformers 5.24), else every in-place length counter it keeps (5.17's static layers have
-    no `crop`)."""
-    if hasattr(layer, "crop"):
-        layer.crop(-1)
-        return
-    counters = [getattr(layer, n) for n in ("cumulative_length", "indexer_cumulative_length")
-                if isinstance(getattr(layer, n, None), torch.Tensor)]
-    if not counters:
-        raise SpiceError(f"cannot take a token back from a {type(layer).__name__} cache layer: it has no crop() "
-                         "and no length tensor; decode without running ahead (sampling) or update transformers")
-    for c in counters:
-        c.sub_(1)
 
 class GraphedDecoder:
     """Decode steps (T=1) of a LoadedModel as one CUDA-graph segment per MoE layer, cut at the experts call.
@@ -136,7 +115,6 @@ class GraphedDecoder:
             raise ConfigError("static_slots is for a cache that never changes and decides nothing: no draft, "
                               "CPU lane or LoRE with it")
         self.static_slots = static_slots
-        self._static_host = static_slots.tolist() if static_slots is not None else None
         self.kernel, self.lore, self.n_slots = self.experts.kernel, lore, self.experts.n_slots
         self.moe_pos = {layer: i for i, layer in enumerate(lm.moe_layers)}
         self.k, self.n_experts = lm.top_k, lm.n_experts
@@ -150,8 +128,6 @@ class GraphedDecoder:
         self.io = io = HostIO(M, self.k, lm.layout.hidden, self.model.dtype, dev, draft_numel=draft_numel,
                               cpu_rows=cpu_rows)
         self.cpu_rows = io.cpu_rows
-        self._static_plan = StaticPlanner(static_slots, self.n_slots, io, slot_order=self.kernel == "grouped") \
-            if static_slots is not None else None
         self.draft_np = io.draft_np                   # the host step reads these (graph_exec)
         if self.cpu_rows:
             self.x_host, self.cpu_host = io.x_host, io.cpu_host
@@ -165,9 +141,6 @@ class GraphedDecoder:
         self._route_src: list = [None] * M     # (top_k_index, top_k_weights) of each layer, pool memory
         self._token_dev, self.logits = None, None
         self._pos_host, self._next_token = 0, None
-        self._ahead = False                      # a static step launched before the host booked the last one
-        self._ahead_logits = None                # the last step's logits, kept from the step launched after it
-        self.steps_run_ahead, self.steps_rolled_back = 0, 0
         self.host_s, self.host_layers = 0.0, 0   # host time between segments (after the wait, to the replay): GPU idle
         self.overlap_s = 0.0                     # host time after a replay, while its segment runs (after_replay)
         self._after_replay: AfterReplay | None = None
@@ -180,7 +153,7 @@ class GraphedDecoder:
             self._stream = torch.cuda.Stream(dev)
             self._events = [torch.cuda.Event() for _ in range(M + 1)]
             self._copies_done = torch.cuda.Event()
-            self._ahead_stream = torch.cuda.Stream(dev)      # a step run ahead replays here (see `step`)
+        self.static = StaticStep(self, static_slots) if static_slots is not None else None
         if self.use_graphs:
             self._capture()
 
@@ -203,7 +176,8 @@ class GraphedDecoder:
         T = len(input_ids)
         if T < 1 or T + 1 > self.max_cache_len:
             raise ConfigError(f"prompt of {T} tokens does not fit max_cache_len {self.max_cache_len}: raise it")
-        self._settle_ahead()
+        if self.static is not None:
+            self.static.settle()
         self._on_expert = on_expert
         with self._on_stream(), self._hooked("prefill" if own_experts else None), torch.no_grad():
             self.cache.reset()        # on the stream the prefill runs on: it clears before it writes
@@ -236,8 +210,8 @@ class GraphedDecoder:
         if self._pos_host + 1 > self.max_cache_len:
             raise ConfigError(f"the sequence reached max_cache_len {self.max_cache_len}: raise it")
         self._on_layer, self._after_replay = on_layer, after_replay
-        if self.static_slots is not None:
-            return self._static_step(token, run_ahead and self._pos_host + 2 <= self.max_cache_len)
+        if self.static is not None:
+            return self.static.step(token, run_ahead and self._pos_host + 2 <= self.max_cache_len)
         if not self.use_graphs:
             with self._on_stream(), self._hooked("eager"), torch.no_grad():
                 if token != self._next_token:
@@ -253,7 +227,18 @@ class GraphedDecoder:
     @property
     def last_logits(self) -> torch.Tensor:
         """Logits of the last step [V] (graph memory: clone to keep)."""
-        return self._ahead_logits if self._ahead_logits is not None else self.logits[0, -1]
+        kept = self.static.ahead_logits if self.static is not None else None
+        return kept if kept is not None else self.logits[0, -1]
+
+    @property
+    def steps_run_ahead(self) -> int:
+        """Static steps launched before the host booked the last one (`StaticStep`)."""
+        return self.static.steps_run_ahead if self.static is not None else 0
+
+    @property
+    def steps_rolled_back(self) -> int:
+        """Of those, the ones undone because the caller fed back another token."""
+        return self.static.steps_rolled_back if self.static is not None else 0
 
     # ------------------------------------------------------------------ replay
     def _replay(self, token: int) -> int:
@@ -289,100 +274,6 @@ class GraphedDecoder:
         self.host_layers += len(self.lm.moe_layers)
         return int(self.io.token_np[0])
 
-    # ------------------------------------------------------------------ the static step (one graph)
-    def _static_step(self, token: int, run_ahead: bool) -> int:
-        """The whole step at once (one graph on CUDA): run it, or take the one run ahead for ``token``, read its
-        token and routing, run the next step ahead if asked, then tell the host each layer's routing."""
-        if self._ahead:
-            self._settle_ahead()
-            if token != self._next_token:        # the step run ahead took another token: undo it, run this one
-                self.steps_rolled_back += 1
-                self._roll_back()
-                self._launch_static(token)
-        else:
-            self._launch_static(token)
-        if self.use_graphs:
-            self._events[-1].synchronize()
-            out = int(self.io.token_np[0])
-        else:
-            with self._on_stream():          # waits for the step's readback too (eager on CUDA)
-                out = int(self.logits[0, -1].argmax())
-        # A step run ahead overwrites the host rows while this one is booked: book from a copy then.
-        routing = (self.io.idx_np.copy(), self.io.w_np.copy()) if run_ahead else None
-        self._ahead_logits = None
-        if run_ahead:
-            with self._on_stream():
-                self._ahead_logits = self.logits[0, -1].clone()
-            self._launch_static(out, ahead=True)
-            self.steps_run_ahead += 1
-        self._pos_host += 1
-        self._next_token = out
-        try:
-            self._tell_static_layers(routing, overlapped=run_ahead and self.use_graphs)
-        except BaseException:
-            if self._ahead:     # the step is done, its booking failed: the caller may not feed its token back
-                self._settle_ahead()
-                self._roll_back()
-                self._next_token = None      # `ids` hold the undone step's token now: the next step writes its own
-            raise
-        return out
-
-    def _launch_static(self, token: int, ahead: bool = False) -> None:
-        """One static step at the device's position; ``ahead``: its input is the last step's greedy token, which
-        the step itself left in ``ids``, replayed on a stream of its own so the caller's work does not queue
-        behind it."""
-        if not self.use_graphs:
-            with self._on_stream(), self._hooked("eager"), torch.no_grad():
-                if not ahead and token != self._next_token:
-                    self.ids.fill_(token)
-                self.logits = self._body()
-            self._ahead = ahead
-            return
-        s = self._ahead_stream if ahead else self._stream
-        if ahead:
-            s.wait_stream(self._stream)
-        with torch.cuda.stream(s):
-            if not ahead and token != self._next_token:
-                self.ids.fill_(token)
-            self._graphs[0].replay()
-            self._events[-1].record(s)
-        # Not made to wait for it: the caller's work on the decoder's stream reads `last_logits` (a copy made
-        # before the launch); whatever touches the step's state waits for it on the host (`_settle_ahead`).
-        self._ahead = ahead
-
-    def _settle_ahead(self) -> None:
-        """Wait for a step run ahead (its results are read next); the last step's kept logits go."""
-        if self._ahead and self.use_graphs:
-            self._events[-1].synchronize()
-        self._ahead, self._ahead_logits = False, None
-
-    def _roll_back(self) -> None:
-        """Undo the last step's advance of the position and the cache's lengths: the next step rewrites its K/V."""
-        with self._on_stream():
-            self.pos.sub_(1)
-            for layer in self.cache.layers:
-                _rewind_one_token(layer)
-
-    def _tell_static_layers(self, routing, overlapped: bool = False) -> None:
-        """``on_layer`` for every MoE layer of a static step, after it ran, from ``routing`` (its (ids, weights)
-        rows): the host records what it did. Host time, unless the next step runs meanwhile (``overlapped``).
-        Each layer's slots must be the table's."""
-        t0 = time.perf_counter()
-        table = self._static_host
-        for i, layer in enumerate(self.lm.moe_layers):
-            _, ids, ws = self._routed(i, routing)
-            slots = self._on_layer(layer, ids, ws)
-            if list(slots) != [table[i][e] for e in ids]:
-                raise SpiceError(f"layer {layer}: the host placed experts {ids} in slots {list(slots)}, not the static "
-                                 "table's: a static step needs a cache that never changes")
-            if self._after_replay is not None:
-                self._after_replay()
-        if overlapped:
-            self.overlap_s += time.perf_counter() - t0
-        else:
-            self.host_s += time.perf_counter() - t0
-        self.host_layers += len(self.lm.moe_layers)
-
     def _run_after_replay(self) -> None:
         if self._after_replay is not None:
             t0 = time.perf_counter()
@@ -402,8 +293,8 @@ class GraphedDecoder:
         self.ids.copy_(tok.view(1, 1))
         self.pos.add_(1)
         self._token_dev = tok
-        if self.static_slots is not None:
-            self._static_plan.flush()       # every layer's routing to the host rows, when it was staged
+        if self.static is not None:
+            self.static.planner.flush()     # every layer's routing to the host rows, when it was staged
         if self.captured_host_io:
             self.io.read_token(tok)
         return logits
@@ -413,8 +304,8 @@ class GraphedDecoder:
             return self._prefill_experts(layer, x, top_k_index, top_k_weights, act)
         assert x.shape[0] == 1, "the graphed decoder runs T=1 steps only"
         i = self.moe_pos[layer]
-        if self.static_slots is not None:       # no host step: the plan row from the routing, on the device
-            plan = self._static_plan.plan(i, top_k_index, top_k_weights)
+        if self.static is not None:       # no host step: the plan row from the routing, on the device
+            plan = self.static.planner.plan(i, top_k_index, top_k_weights)
             return self.experts.forward(i, x, top_k_weights, act, plan)
         draft = self.draft_readback(layer, x) if self.draft_readback is not None else None
         if self._mode == "capture":
@@ -498,13 +389,13 @@ class GraphedDecoder:
             self.cache.reset()        # the warm-up read arbitrary slots: clear K/V and lengths
             self.pos.zero_()
             self.captured_host_io = probe_captured(self.device, self._stream)
-        if self.static_slots is not None and not self.captured_host_io:
+        if self.static is not None and not self.captured_host_io:
             log.info("pinned copies cannot be captured here: the static step is cut into segments like any other")
-            self.static_slots = None
+            self.static_slots = self.static = None
         gc.collect()
         torch.cuda.synchronize(self.device)
         self._pool = torch.cuda.graph_pool_handle()
-        n_graphs = 1 if self.static_slots is not None else len(self.lm.moe_layers) + 1
+        n_graphs = 1 if self.static is not None else len(self.lm.moe_layers) + 1
         self._graphs = [torch.cuda.CUDAGraph() for _ in range(n_graphs)]
         self._capturing = 0
         t0 = time.perf_counter()
@@ -521,10 +412,10 @@ class GraphedDecoder:
                 except Exception:   # noqa: BLE001 - the capture is already invalid; report the first error
                     pass
             self._graphs = []
-            if self.static_slots is not None:     # the one-graph step failed: capture the segmented one instead
+            if self.static is not None:     # the one-graph step failed: capture the segmented one instead
                 log.warning("%s: capturing the static step as one graph failed (%s: %s): cutting it into segments",
                             family, type(err).__name__, err)
-                self.static_slots = None
+                self.static_slots = self.static = None
                 self._capture()
                 return
             raise GraphCaptureError(f"{family}: capturing the decode step as CUDA graphs failed at segment "
@@ -537,7 +428,8 @@ class GraphedDecoder:
     def close(self) -> None:
         """Release the graphs, their memory pool's tensors and the slot buffer's views now (the decoder and its
         hook refer to each other, so otherwise they wait for the cyclic garbage collector). Unusable after."""
-        self._settle_ahead()
+        if self.static is not None:
+            self.static.settle()
         self._graphs, self._pool = [], None
         self._hook = self._on_layer = self._on_expert = None
         self.experts.close()

@@ -212,7 +212,7 @@ def _check_run_ahead(lm):
 
     dec, cb = _static_decoder(lm, 1)          # room for one step after the prompt: nothing runs ahead past it
     tok = dec.step(dec.prefill(PROMPT, cb.prefill), cb, run_ahead=True)
-    assert not dec._ahead
+    assert not dec.static.ahead
     with pytest.raises(ConfigError, match="max_cache_len"):
         dec.step(tok, cb, run_ahead=True)
 
@@ -235,7 +235,7 @@ def _check_run_ahead(lm):
                 got.append(dec.step(tok_in, flaky, run_ahead=True))
                 got_logits.append(dec.last_logits.float().cpu().clone())
             except RuntimeError:
-                assert i == 0 and not dec._ahead
+                assert i == 0 and not dec.static.ahead
                 got.append(toks[i + 1])
                 got_logits.append(logits[i])
     dec.close()
@@ -247,7 +247,7 @@ def test_a_token_is_taken_back_from_static_cache_layers_with_or_without_crop():
     from transformers.cache_utils import StaticLayer
 
     from spice_core.errors import SpiceError
-    from spice_core.runtime.graphed import _rewind_one_token
+    from spice_core.runtime.graphed_static import _rewind_one_token
 
     layer = StaticLayer(max_cache_len=8)
     layer.update(torch.zeros(1, 1, 3, 4), torch.zeros(1, 1, 3, 4))
