@@ -48,7 +48,7 @@ from spice_core.runtime.layer import LayerRuntime  # noqa: E402
 # Engine sections timed per MoE layer: the whole layer (eager: run_layer; graphed: the host step between
 # segments, decide_layer), the lookahead, the planner's two phases,
 # the one-call planner of all-hit layers (plan_hits), the routing readback, and copy issue (demand and prefetch).
-SECTIONS = {"run_layer": LayerRuntime, "decide_layer": LayerRuntime, "_prefetch": LayerRuntime, "plan_layer": LayerPlanner,
+SECTIONS = {"run_layer": LayerRuntime, "decide_layer": LayerRuntime, "lookahead": LayerRuntime, "plan_layer": LayerPlanner,
             "plan_experts": LayerPlanner, "plan_hits": LayerPlanner, "read_routing": EagerExecutor,
             "issue": CopyEngine}
 
@@ -68,7 +68,7 @@ def _fast_sections() -> dict:
     from spice_core.trace.recorder import Recorder
 
     owners = {"GraphedDecoder": (GraphedDecoder, ("_decide",)),
-              "LayerRuntime": (LayerRuntime, ("decide_layer", "run_deferred", "_prefetch", "_record_deferred")),
+              "LayerRuntime": (LayerRuntime, ("decide_layer", "run_deferred", "lookahead", "record_deferred")),
               "LayerPlanner": (LayerPlanner, ("plan_layer", "plan_hits", "plan_experts", "plan_prefetch",
                                               "prefetch_issued", "_acquire")),
               "CopyEngine": (CopyEngine, ("issue_many", "_issue_one", "wait_ready", "wait_ready_many")),

@@ -1,11 +1,12 @@
 """LayerRuntime: one MoE layer of one forward pass, wired as predictor -> planner -> executor -> recorder.
 
-    OffloadedExperts.forward(x, top_k_index, top_k_weights)
-      └─► run_layer: draft launch (rides on the routing's readback)
-                     executor.read_routing ─► planner.plan_layer ─► executor.start_layer (CPU tasks, demand copies)
-                     [lookahead: predictor.predict ─► planner.plan_prefetch ─► copies.issue_many] before or after:
-                     planner.plan_experts ─► executor.run_experts
-                     executor.finish_layer (CPU results, combine) ─► recorder.layer_outcomes
+    OffloadedExperts.forward(x, top_k_index, top_k_weights) ─► run_layer (eager)
+    GraphedDecoder's host step, between two segments        ─► decide_layer (graphed), then run_deferred
+      └─► layer_phases, the one sequence both take (runtime/phases.py: how each executor does each phase):
+          dense layers timed ─► routing ─► observers ─► all hits? plan_hits ─► done
+          planner.plan_layer ─► start (CPU jobs, demand copies) ─► experts (planner.plan_experts)
+          ─► finish (eager: CPU results, combine) ─► after: the lookahead (planner.plan_prefetch ─►
+          copies.issue_many) and recorder.layer_outcomes, now (eager) or once the next segment runs (graphed)
 
 Where the lookahead runs is a mechanism choice (``prefetch_after_experts``): with no host
 cost (modeled timing) prefetches go out before the layer's experts, so they start as early as
@@ -20,7 +21,7 @@ import torch
 
 from spice_core.policy.planner import LayerPlanner, Queues
 from spice_core.runtime.context import PredictContext
-from spice_core.runtime.graphed_plan import APPROX_SLOT
+from spice_core.runtime.phases import EagerLayer, GraphedLayer
 from spice_core.types import ExpertKey
 
 
@@ -44,10 +45,10 @@ class LayerRuntime:
         # One token's all-hit layers in one planner call and one executor call (the CPU's batched executor, a
         # policy without lookahead): the phases' objects (routes, outcomes, plan, runs) cost more than the math.
         # The fast path's host step takes the same planner call for any policy without lookahead.
-        self._decide_hits = not planner.prefetching
-        self._hit_path = self.eager.batched and self._decide_hits
-        self._deferred = None        # the graphed step's lookahead, planned after the next segment's launch
-        self._deferred_record = None  # ... and the last decided layer's outcomes, recorded then
+        self.decide_hits = not planner.prefetching
+        self.hit_path = self.eager.batched and self.decide_hits
+        self.deferred_lookahead = None        # the graphed step's lookahead, planned after the next segment's launch
+        self.deferred_record = None  # ... and the last decided layer's outcomes, recorded then
         self.observers: list = []   # callables(layer, idx_rows, w_rows): the routing as read back ([T][K] lists)
         self.layer_observers: list = []   # callables(runtime, layer) after each MoE layer: accounting checks
 
@@ -83,8 +84,8 @@ class LayerRuntime:
         self.ctx.stream = getattr(self.executor, "compute_stream", None)
 
     def end_token(self) -> float:
-        if self._deferred_record is not None:     # a step that ended without its after-replay hook
-            self._record_deferred()
+        if self.deferred_record is not None:     # a step that ended without its after-replay hook
+            self.record_deferred()
         for layer in self._tail_layers:
             self.clock.layer(layer, 1, dense=True)
         return self.clock.end_token()
@@ -94,39 +95,9 @@ class LayerRuntime:
 
     # ------------------------------------------------------------------ the layer
     def run_layer(self, layer: int, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, act):
-        """x [T,H], top_k_index/top_k_weights [T,K] -> [T,H]. Called with autograd off: every pass that installs
-        a runtime runs under inference mode or no_grad (a decorator here cost 3 µs a layer)."""
-        T = x.shape[0]
-        clock, planner, ex = self.clock, self.planner, self.eager
-        for l_ in self._layers_before[layer]:
-            clock.layer(l_, T, dense=l_ != layer)
-        prefetching = planner.prefetching and self.predictor is not None
-        if prefetching and hasattr(self.predictor, "launch") and planner.plan_pays():
-            self.predictor.launch(layer, x[-1:], self.ctx)    # its readback rides on the routing's below
-        idx_rows, w_rows = ex.read_routing(top_k_index, top_k_weights)
-        for obs in self.observers:
-            obs(layer, idx_rows, w_rows)
-        if T == 1 and self._hit_path:
-            slots = planner.plan_hits(layer, idx_rows[0])
-            if slots is not None:
-                final = ex.run_hits(layer, idx_rows[0], slots, x, top_k_weights, act)
-                self._hits_done(layer, idx_rows[0])
-                return final
-
-        plan = planner.plan_layer(layer, idx_rows, w_rows, self._queues())
-        self.recorder.layer_counts(plan.hits, plan.misses)
-        rows, cpu = ex.start_layer(plan, x, act)
-        predict = lambda: self.predictor.predict(layer, x[-1:], self.ctx)   # noqa: E731
-        if prefetching and not self.prefetch_after_experts:
-            self._prefetch(layer, predict)
-        outs = ex.run_experts(layer, planner.plan_experts(plan), rows, x, act)
-        if prefetching and self.prefetch_after_experts:
-            self._prefetch(layer, predict)     # planned while the GPU runs the experts just launched
-        final = ex.finish_layer(plan, rows, outs, cpu, x, top_k_weights, act, planner.plan_fallback)
-        self.recorder.layer_outcomes(layer, plan.needed, plan.outcomes)
-        for obs in self.layer_observers:
-            obs(self, layer)
-        return final
+        """x [T,H], top_k_index/top_k_weights [T,K] -> [T,H], on the eager executor. Called with autograd off: every
+        pass that installs a runtime runs under inference mode or no_grad (a decorator here cost 3 µs a layer)."""
+        return self.layer_phases(EagerLayer(self, layer, x, top_k_index, top_k_weights, act), x.shape[0])
 
     def decide_layer(self, layer: int, expert_ids: list[int], weights: list[float], draft_row=None) -> list[int]:
         """The graphed executor's per-layer host step (T=1): the layer's routing has been read back and
@@ -135,55 +106,32 @@ class LayerRuntime:
         runs the experts from them). The lookahead and the layer's recording are left for `run_deferred`, which
         the decoder calls once that segment is launched, so the GPU need not wait for them: until then this
         layer's experts stay protected from eviction (the segment reads their slots while the lookahead plans)."""
-        clock, planner, ex = self.clock, self.planner, self.executor
+        return self.layer_phases(GraphedLayer(self, layer, expert_ids, weights, draft_row), 1)
+
+    def layer_phases(self, step, n_tokens: int):
+        """The one phase sequence of a MoE layer, for both executors (``step``: an `EagerLayer` or a `GraphedLayer`,
+        runtime/phases.py, which carries out each phase its executor's way): the dense layers before it timed, the
+        routing, the observers, anything left from the last layer; an all-hit layer in one planner call; else the
+        plan and its counts, the start (CPU jobs, demand copies), the experts, the finish, and what comes after
+        (the record and the lookahead: now, or deferred past the next segment's launch)."""
+        layer, clock, planner = step.layer, self.clock, self.planner
         for l_ in self._layers_before[layer]:
-            clock.layer(l_, 1, dense=l_ != layer)
+            clock.layer(l_, n_tokens, dense=l_ != layer)
+        idx_rows, w_rows = step.routing()
         for obs in self.observers:
-            obs(layer, [expert_ids], [weights])
-        if self._deferred_record is not None:    # the decoder launched no segment since the last layer: record now
-            self._record_deferred()
-        if self._decide_hits:       # an all-hit layer: one planner call, no plan objects (`plan_hits`)
-            slots = planner.plan_hits(layer, expert_ids)
+            obs(layer, idx_rows, w_rows)
+        step.pending()
+        if step.hit_path:       # an all-hit layer: one planner call, no plan objects (`plan_hits`)
+            slots = planner.plan_hits(layer, idx_rows[0])
             if slots is not None:
-                ex.copies.wait_ready_many(slots)
-                self._deferred_record = (layer, expert_ids, None)
-                return slots
-        plan = planner.plan_layer(layer, [expert_ids], [weights], self._queues())
+                return step.hits(idx_rows[0], slots)
+        plan = planner.plan_layer(layer, idx_rows, w_rows, self._queues())
         self.recorder.layer_counts(plan.hits, plan.misses)
-        jobs = ex.submit_cpu(layer, plan.cpu) if plan.cpu else None     # first: they overlap the copies' issue
-        copies = ex.copies
-        copies.issue_many(plan.copies)
-        slot_of, fell_back = {}, ()
-        if jobs:
-            # Joined before the next segment's launch (it reads their outputs); a failed job falls back to a
-            # copy placed while the layer's experts are still busy, so none of them is evicted for it.
-            fallback = lambda key: planner.plan_fallback(key, hold=True)   # noqa: E731
-            slot_of = ex.join_cpu(layer, jobs, expert_ids, fallback)
-        fell_back = [e for e, slot in slot_of.items() if slot >= 0]
-        wait = []               # the slots the segment reads: waited for at once, after the late copies' issue
-        for r in planner.plan_experts(plan, batched=True):
-            key = (layer, r.expert)
-            if r.late_copy is not None:
-                copies.issue(r.late_copy)
-            if r.prefetch_used is not None:
-                self.recorder.prefetch_used(ExpertKey(*key), r.prefetch_used, clock.now_ms())
-            if r.outcome == "approx":          # the segment's LoRE branch computes it
-                slot_of[r.expert] = APPROX_SLOT
-                continue
-            wait.append(r.slot)
-            slot_of[r.expert] = r.slot
-        copies.wait_ready_many(wait)
-        for e in fell_back:            # fell back to a copy: an ordinary cached expert from here on
-            planner.release_fallback(ExpertKey(layer, e))
-        # Recorded once the next segment is launched (`run_deferred`): the GPU need not wait for the bookkeeping.
-        self._deferred_record = (layer, plan.needed, plan.outcomes)
-        if planner.prefetching and self.predictor is not None:
-            if draft_row is not None:
-                predict = lambda: self.predictor.predictions_from_readback(layer, draft_row)   # noqa: E731
-            else:
-                predict = lambda: self.predictor.predict(layer, None, self.ctx)   # noqa: E731
-            self._deferred = (layer, predict, plan.needed)
-        return [slot_of[e] for e in expert_ids]
+        step.start(plan)
+        step.experts(plan)
+        result = step.finish(plan)
+        step.after(plan)
+        return result
 
     @staticmethod
     def lm_keys(layer: int, experts) -> frozenset:
@@ -194,30 +142,30 @@ class LayerRuntime:
         experts: the layer's outcomes recorded (and its observers called), then the lookahead planned (the
         layer's slots stay protected meanwhile). Nothing when none is pending. ``draft_row`` is read here,
         before the next token's segment overwrites it (FASTPATH H5)."""
-        if self._deferred_record is not None:
-            self._record_deferred()
-        job, self._deferred = self._deferred, None
+        if self.deferred_record is not None:
+            self.record_deferred()
+        job, self.deferred_lookahead = self.deferred_lookahead, None
         if job is not None:
             layer, predict, needed = job
-            self._prefetch(layer, predict, self.lm_keys(layer, needed))
+            self.lookahead(layer, predict, self.lm_keys(layer, needed))
 
-    def _record_deferred(self) -> None:
+    def record_deferred(self) -> None:
         """The recorder's and the observers' part of the last `decide_layer` (outcomes None: all plain hits)."""
-        (layer, experts, outcomes), self._deferred_record = self._deferred_record, None
+        (layer, experts, outcomes), self.deferred_record = self.deferred_record, None
         if outcomes is None:
-            self._hits_done(layer, experts)
+            self.hits_done(layer, experts)
             return
         self.recorder.layer_outcomes(layer, experts, outcomes)
         for obs in self.layer_observers:
             obs(self, layer)
 
-    def _hits_done(self, layer: int, expert_ids) -> None:
+    def hits_done(self, layer: int, expert_ids) -> None:
         """What the phases record of a layer whose selections were all plain hits, and its observers."""
         self.recorder.layer_hits(layer, sorted(expert_ids))
         for obs in self.layer_observers:
             obs(self, layer)
 
-    def _prefetch(self, layer: int, predict, protected: frozenset = frozenset()) -> None:
+    def lookahead(self, layer: int, predict, protected: frozenset = frozenset()) -> None:
         """``protected``: experts a launched segment still reads, which no prefetch may evict."""
         planner = self.planner
         if not planner.plan_pays():
