@@ -72,20 +72,12 @@ class GraphExecutor:
         self.runtime = None
         self._moe_pos = {layer: i for i, layer in enumerate(lm.moe_layers)}
 
-    @property
-    def slots(self):
-        return self.copies.slots
-
-    @property
-    def compute_stream(self):
-        return self.copies.compute_stream
-
     def attach(self, runtime) -> None:
         """Capture the decode step (raises GraphCaptureError when it cannot) and take the runtime's decisions."""
         readback = n_draft = None
         if self.draft is not None:
             readback, n_draft = self.draft.head_readback, self.draft.readback_numel
-        self.decoder = GraphedDecoder(self.lm, self.slots.buffer, self.copies.copy_stream, self.max_cache_len,
+        self.decoder = GraphedDecoder(self.lm, self.copies.slots.buffer, self.copies.copy_stream, self.max_cache_len,
                                       use_graphs=self.use_graphs, wait_for_copies=False, draft_readback=readback,
                                       draft_numel=n_draft or 0, lore=self.lore, cpu_rows=self.cpu_rows,
                                       static_slots=self._static_slots(runtime.planner))

@@ -35,7 +35,7 @@ class LayerRuntime:
         self.eager = getattr(executor, "eager", executor)
         self.prefetch_after_experts = prefetch_after_experts
         self.ctx = PredictContext(max_lookahead=planner.max_lookahead, clock=clock,
-                                  stream=getattr(executor, "compute_stream", None))
+                                  stream=executor.copies.compute_stream)
         prev = -1
         self._layers_before: dict[int, tuple[int, ...]] = {}
         for layer in lm.moe_layers:
@@ -55,7 +55,7 @@ class LayerRuntime:
     # ------------------------------------------------------------------ settings and state
     @property
     def slots(self):
-        return self.executor.slots
+        return self.executor.copies.slots
 
     @property
     def used_bytes(self) -> int:
@@ -81,7 +81,7 @@ class LayerRuntime:
         self.recorder.begin_token()
         self.clock.start_token(token)
         self.executor.start_token()
-        self.ctx.stream = getattr(self.executor, "compute_stream", None)
+        self.ctx.stream = self.executor.copies.compute_stream
 
     def end_token(self) -> float:
         if self.deferred_record is not None:     # a step that ended without its after-replay hook
