@@ -10,25 +10,29 @@ pacing, and per slot the handle of the copy that filled it and the event after i
 eager executor (runtime/eager.py) and the graphed one (runtime/graph_exec.py) each compose one; the
 graphed one lends its engine to the eager executor that runs its prefill, so both see the same slots.
 
-Host cost on CUDA: each slot's release event is made once and recorded again at every release (a stream
-that waited on it captured the record it waited for), so a release makes no CUDA object; streams are
-passed explicitly (looking the current one up costs ~25 µs a call on a GPU host).
+Host cost on CUDA: a copy is issued by the CUDA runtime's cudaMemcpyAsync called directly where that was
+checked to give the same bytes at start (runtime/direct_copy.py), else by `Tensor.copy_`; each slot's release
+event is made once and recorded again at every release (a stream that waited on it captured the record it
+waited for), so a release makes no CUDA object; streams are passed explicitly (looking the current one up
+costs ~25 µs a call on a GPU host).
 """
 from __future__ import annotations
 
 import torch
 
 from spice_core.policy.planner import CopyOrder
+from spice_core.runtime.direct_copy import checked
 from spice_core.runtime.slots import SlotBuffer
 
 
 class CopyEngine:
     def __init__(self, lm, n_slots: int, clock, recorder, *, copy_stream=None, compute_stream=None,
-                 pace_extra_ms_per_byte: float = 0.0, sleep_cycles_per_ms: float = 0.0) -> None:
+                 pace_extra_ms_per_byte: float = 0.0, sleep_cycles_per_ms: float = 0.0,
+                 direct_copies: bool = True) -> None:
         """``copy_stream`` None: copies are synchronous (the CPU). ``compute_stream``: the stream that reads the
         slots (the executor keeps it current: `compute_stream` is set at every token's start).
         ``pace_extra_ms_per_byte``: link emulation, the extra copy time per byte (``sleep_cycles_per_ms`` turns it
-        into `torch.cuda._sleep` cycles)."""
+        into `torch.cuda._sleep` cycles). ``direct_copies`` False: every copy by `Tensor.copy_` (the reference)."""
         self.lm, self.clock, self.recorder = lm, clock, recorder
         self.slots = SlotBuffer(lm.layout, n_slots, lm.device)
         self.copy_stream, self.compute_stream = copy_stream, compute_stream
@@ -39,6 +43,11 @@ class CopyEngine:
         self._free_event = [torch.cuda.Event() for _ in range(n_slots)] if self.cuda else []
         self._read = set()                        # slots with a recorded release event
         self._expert_bytes = lm.expert_bytes
+        self.direct = None              # DirectCopy on CUDA where checked (see the module docstring)
+        if direct_copies and self.cuda and copy_stream is not None and n_slots > 0:
+            key = next(iter(lm.host.keys()), None)
+            if key is not None:
+                self.direct = checked(self.slots.buffer, copy_stream, lm.host.flat(key), key)
 
     # ------------------------------------------------------------------ set-up
     def load_static(self, placed) -> None:
@@ -81,7 +90,9 @@ class CopyEngine:
             cs = self.copy_stream
             if slot in self._read:
                 cs.wait_event(self._free_event[slot])
-            self.slots.fill_from(slot, self.lm.host.flat(key))
+            row = self.lm.host.flat(key)
+            if self.direct is None or not self.direct(slot, key, row):
+                self.slots.fill_from(slot, row)
             if self._pace_cycles > 0:
                 # Emulate a slower link: keep the copy stream busy for the missing transfer time.
                 torch.cuda._sleep(self._pace_cycles)

@@ -1,0 +1,100 @@
+"""DirectCopy: a slot's host-to-device copy issued by the CUDA runtime's cudaMemcpyAsync, called directly.
+
+    CopyEngine._issue_one ─► DirectCopy(slot, key) ─► cudaMemcpyAsync(slot row, pinned host row, bytes, H2D,
+                                                                      copy stream)
+
+Why: at batch 1 the fast path's host step issues each demand copy with the GPU idle, and `Tensor.copy_` spends
+tens of µs of host in PyTorch's dispatcher, checks and stream bookkeeping for what the runtime issues in a few
+(`benchmarks/host_primitives.py` measures both on the GPU's host). The copy is the same bytes on the same stream:
+the slot buffer and the pinned host slab live for the whole run, so nothing PyTorch would track (the caching
+allocators' stream uses) is needed. The runtime is the one PyTorch loaded (found in this process's mapped
+libraries, never a second copy); `checked` makes one direct copy at start and keeps the direct path only when
+it lands the host row's bytes. Where any of that fails (no Linux maps, no CUDA runtime library, a pageable host buffer, an
+error code) the engine copies with `Tensor.copy_`, exactly as before.
+
+Deliberately knows nothing of slots' meaning, policies or timing.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_H2D = 1        # cudaMemcpyHostToDevice
+
+
+def _loaded_cudart() -> str | None:
+    """Path of the CUDA runtime library this process has mapped (PyTorch's), or None."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        path = line.rsplit(" ", 1)[-1]
+        if "/libcudart" in path and ".so" in path:
+            return path
+    return None
+
+
+class DirectCopy:
+    """Copies one expert's pinned host row into a slot row of ``buffer`` [n_slots, numel] on ``stream``."""
+
+    def __init__(self, memcpy_async, get_last_error, buffer: torch.Tensor, stream) -> None:
+        self._memcpy, self._clear = memcpy_async, get_last_error
+        self._base = buffer.data_ptr()
+        self.row_bytes = buffer.shape[1] * buffer.element_size()
+        self._stream = stream.cuda_stream
+        self._src: dict = {}          # key -> host row address, looked up once
+
+    @classmethod
+    def load(cls, buffer: torch.Tensor, stream) -> "DirectCopy | None":
+        """Bind cudaMemcpyAsync from PyTorch's CUDA runtime, or None where it cannot be found."""
+        path = _loaded_cudart()
+        if path is None:
+            return None
+        try:
+            lib = ctypes.CDLL(path)
+            memcpy, last = lib.cudaMemcpyAsync, lib.cudaGetLastError
+        except (OSError, AttributeError):
+            return None
+        memcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        memcpy.restype = ctypes.c_int
+        last.argtypes, last.restype = [], ctypes.c_int
+        return cls(memcpy, last, buffer, stream)
+
+    def __call__(self, slot: int, key, host_row: torch.Tensor) -> bool:
+        """Queue the copy of ``host_row`` (``key``'s pinned row) into ``slot``; False (nothing queued, the error
+        cleared) when the runtime refused it."""
+        src = self._src.get(key)
+        if src is None:
+            src = self._src[key] = host_row.data_ptr()
+        if self._memcpy(self._base + slot * self.row_bytes, src, self.row_bytes, _H2D, self._stream) == 0:
+            return True
+        self._clear()            # the runtime keeps the error for the next check: PyTorch's must not see it
+        return False
+
+
+def checked(buffer: torch.Tensor, stream, host_row: torch.Tensor, key) -> DirectCopy | None:
+    """A `DirectCopy` for ``buffer``, kept only when a direct copy of ``host_row`` (pinned, one slot's bytes) into
+    slot 0 lands its bytes there; None (copies then go through `Tensor.copy_`) otherwise. Synchronises the
+    stream once; slot 0 holds ``host_row`` after."""
+    if buffer.shape[0] == 0 or not host_row.is_pinned() or not host_row.is_contiguous() \
+            or host_row.numel() != buffer.shape[1] or host_row.dtype != buffer.dtype:
+        return None
+    direct = DirectCopy.load(buffer, stream)
+    if direct is None:
+        log.info("the CUDA runtime library is not among this process's mapped files: slot copies use Tensor.copy_")
+        return None
+    with torch.cuda.stream(stream):
+        buffer[0].zero_()
+        ok = direct(0, key, host_row)
+        stream.synchronize()
+        ok = ok and torch.equal(buffer[0].cpu(), host_row)
+    if not ok:
+        log.warning("a direct cudaMemcpyAsync did not reproduce Tensor.copy_'s bytes: slot copies use Tensor.copy_")
+        return None
+    return direct
