@@ -283,15 +283,19 @@ def plan_lookahead(
         n_items += 1
     demand = miss_ms is None          # expected demand copies load the link only when misses are copied
 
-    def fits(upto: int) -> bool:
-        """Everything the queue carries before layer l+upto starts arrives by then: the prefetches
-        chosen for layers l+1..l+upto and the expected demand copies of layers l+1..l+upto-1."""
-        load = 0       # summed in the order of dists, as sum() over them would
+    def fits_from(d: int) -> bool:
+        """Every deadline from layer l+d on holds: everything the queue carries before layer l+upto starts
+        arrives by then, for each upto >= d of dists (the prefetches chosen for layers l+1..l+upto and the
+        expected demand copies of layers l+1..l+upto-1). One pass over dists: the load of each upto is the
+        running sum of the layers before it plus its own prefetches, added in the order of dists, so each is
+        the same float a separate sum up to it would give."""
+        before = 0       # the load of the layers before the current one
         for j in dists:
-            if j > upto:
-                break
-            load += len(chosen[j]) + (max(0.0, k - covered[j]) if demand and j < upto else 0.0)
-        return queue_end + copy_ms * load <= now_ms + upto * layer_ms + 1e-9
+            n_j = len(chosen[j])
+            if j >= d and queue_end + copy_ms * (before + (n_j + 0.0)) > now_ms + j * layer_ms + 1e-9:
+                return False
+            before += n_j + (max(0.0, k - covered[j]) if demand else 0.0)
+        return True
 
     # d >= 2: most confident first, while every deadline from its layer on still holds.
     # Loads only grow as items are taken, and a later candidate of the same distance adds at least as
@@ -305,13 +309,11 @@ def plan_lookahead(
             dropped.setdefault(d, "cache")
             continue
         take(d, cand)
-        for dd in dists:
-            if dd >= d and not fits(dd):
-                untake(d)
-                dropped.setdefault(d, "time")
-                break
-        else:
+        if fits_from(d):
             n_items += 1
+        else:
+            untake(d)
+            dropped.setdefault(d, "time")
     for d in not_worth:
         dropped.setdefault(d, "cost")
     depth, reason = last_d, loop_reason
