@@ -29,6 +29,15 @@ MAX_NEW_TOKENS_LIMIT = 4096
 # (the planner's costs; elsewhere offering it cost more than it saved, docs/benchmarks/cpu-lane/ab), "always" on any
 # link (an A/B of that rule).
 LANE_OFFERS = ("auto", "always")
+# How slot copies are issued on CUDA: "direct" calls the CUDA runtime's cudaMemcpyAsync (runtime/direct_copy.py, where
+# a start-up copy checks it), "torch" through Tensor.copy_ (the reference, and an A/B of the direct path).
+COPY_ISSUES = ("direct", "torch")
+
+
+def check_copy_issue(value: str) -> str:
+    if value not in COPY_ISSUES:
+        raise ConfigError(f"copy_issue={value!r} is unknown: use one of {', '.join(COPY_ISSUES)}")
+    return value
 
 
 def _check_range(name: str, value: float, lo: float, hi: float) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from spice_core.config import DEFAULT_LORE_RANK, LANE_OFFERS, POLICIES, RunSettings
+from spice_core.config import DEFAULT_LORE_RANK, LANE_OFFERS, POLICIES, RunSettings, check_copy_issue
 from spice_core.records import EngineInfo, RunSummary, StepStats
 from spice_core.errors import ConfigError, PromptError, SpiceError
 from spice_core.exec.experts import installed
@@ -81,7 +81,7 @@ class SpiceEngine:
     def __init__(self, lm: LoadedModel, *, timing: str | None = None, hw_profile=None,
                  link_gbps: float | None = None, prefetch_after_experts: bool | None = None,
                  host_aware: bool = True, executor: str = "auto", lane_offer: str = "auto",
-                 prefetch_admission: str = "exact") -> None:
+                 prefetch_admission: str = "exact", copy_issue: str = "direct") -> None:
         """``executor``: "auto" (the graphed fast path for decode steps on CUDA with measured timing, when
         the run's features allow it; eager otherwise), "eager" (per-expert PyTorch calls, per-expert trace
         detail) or "graphed" (ask for the fast path anywhere; on the CPU it runs the same step op by op).
@@ -92,8 +92,9 @@ class SpiceEngine:
         ``lane_offer``: "auto" offers the real CPU lane to spice-like policies only where one CPU expert beats a
         copy over the link (`lane_pays`); "always" on any link (an A/B of that rule).
         ``prefetch_admission``: "exact" (spice and other approximating policies prefetch only experts whose
-        predicted router weight reaches tau_approx) or "all" (an A/B of that rule; policy/planner.py)."""
-        self.lane_offer = check_lane_offer(lane_offer)
+        predicted router weight reaches tau_approx) or "all" (an A/B of that rule; policy/planner.py).
+        ``copy_issue``: how slot copies are issued on CUDA, "direct" or "torch" (config.COPY_ISSUES)."""
+        self.lane_offer, self.copy_issue = check_lane_offer(lane_offer), check_copy_issue(copy_issue)
         self.prefetch_admission = check_prefetch_admission(prefetch_admission)
         self.lm = lm
         # Where and how runs execute, resolved once (machine.py): every modeled-or-measured, profile,
@@ -130,6 +131,7 @@ class SpiceEngine:
         """``dtype`` None: the checkpoint's, except on the CPU, where a half-precision checkpoint computes in
         float32 (several times faster there) and keeps its own dtype for byte accounting and modeled times."""
         check_lane_offer(kw.get("lane_offer", "auto"))     # before the model loads
+        check_copy_issue(kw.get("copy_issue", "direct"))
         engine = cls(load_model(model, device, dtype, float32_on_cpu=True), **kw)
         engine.load_artifacts()
         # What is alive once the model is loaded (torch, transformers and the model: ~430k Python objects with the
@@ -466,13 +468,18 @@ class SpiceEngine:
         recorder = Recorder(clock, lm.expert_bytes, costs.expert_bytes if clock.mode == "modeled" else None)
         measured = clock.mode == "measured"
         kw = dict(copy_stream=getattr(clock, "copy_stream", None), cpu_lane=cpu_lane,
-                  lore=lore, int8=int8, **(self._link_pacing() if measured else {}))
+                  lore=lore, int8=int8, direct_copies=self.copy_issue == "direct",
+                  **(self._link_pacing() if measured else {}))
         if fast:
             executor = GraphExecutor(lm, n_slots, clock, recorder, max_cache_len=max_cache_len,
                                      draft=predictor if spec.predictor == "draft" else None,
                                      use_graphs=lm.device.type == "cuda", cpu_rows=can_cpu or int8 is not None, **kw)
         else:
             executor = EagerExecutor(lm, n_slots, clock, recorder, **kw)
+        if kw["copy_stream"] is not None:
+            why = "copy_issue=torch" if self.copy_issue == "torch" else "the direct path failed its start-up check"
+            notes.append("slot copies: cudaMemcpyAsync called directly" if executor.copies.direct is not None
+                         else f"slot copies: Tensor.copy_ ({why})")
         if spec.preload_all:
             executor.copies.load_static(planner.place_static(list(lm.host.keys())))
         elif spec.static_cache:

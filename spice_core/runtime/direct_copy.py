@@ -9,8 +9,8 @@ tens of µs of host in PyTorch's dispatcher, checks and stream bookkeeping for w
 the slot buffer and the pinned host slab live for the whole run, so nothing PyTorch would track (the caching
 allocators' stream uses) is needed. The runtime is the one PyTorch loaded (found in this process's mapped
 libraries, never a second copy); `checked` makes one direct copy at start and keeps the direct path only when
-it lands the host row's bytes. Where any of that fails (no Linux maps, no CUDA runtime library, a pageable host buffer, an
-error code) the engine copies with `Tensor.copy_`, exactly as before.
+it lands the host row's bytes. Where any of that fails (no Linux maps, no CUDA runtime library, a pageable host
+buffer, an error code) the engine copies with `Tensor.copy_`, exactly as before.
 
 Deliberately knows nothing of slots' meaning, policies or timing.
 """

@@ -12,7 +12,8 @@ mechanism: a `CopyEngine` (runtime/copies.py: the slot buffer, the copy stream a
 per-slot ready/free events), `CpuJobs` (runtime/cpu_jobs.py: the CPU lane) and the LoRE bank; the
 graphed executor lends it its own engine and jobs for the prefill it runs eagerly. The combine
 reproduces the stock experts loop operation by operation (``out * w`` in the router weights' dtype,
-cast, add, ascending expert order), so exact policies match stock transformers. The clock only observes (timing/timeline.py).
+cast, add, ascending expert order), so exact policies match stock transformers. The clock only
+observes (timing/timeline.py).
 
 Works on CPU (modeled timing: CPU-lane work is computed inline and timed as the lane) and on
 CUDA (measured or modeled). Streams are passed explicitly: looking the current one up costs
@@ -101,7 +102,7 @@ class EagerExecutor:
 
     def __init__(self, lm, n_slots: int, clock, recorder, *, copy_stream=None, cpu_lane=None, lore=None,
                  pace_extra_ms_per_byte: float = 0.0, sleep_cycles_per_ms: float = 0.0, int8=None,
-                 copies: CopyEngine | None = None, cpu: CpuJobs | None = None) -> None:
+                 copies: CopyEngine | None = None, cpu: CpuJobs | None = None, direct_copies: bool = True) -> None:
         """``int8``: the experts' int8 copy (memory/int8_store.py) for the plan's cpu_int8 misses, when offered.
         ``copies`` / ``cpu``: an engine and jobs to share (the graphed executor's, for its prefill); else made here."""
         self.lm, self.clock, self.recorder = lm, clock, recorder
@@ -112,7 +113,7 @@ class EagerExecutor:
             compute = torch.cuda.current_stream(self.device)
         self.copies = copies or CopyEngine(lm, n_slots, clock, recorder, copy_stream=copy_stream,
                                            compute_stream=compute, pace_extra_ms_per_byte=pace_extra_ms_per_byte,
-                                           sleep_cycles_per_ms=sleep_cycles_per_ms)
+                                           sleep_cycles_per_ms=sleep_cycles_per_ms, direct_copies=direct_copies)
         self.cpu = cpu or CpuJobs(lm, clock, recorder, cpu_lane=cpu_lane, int8=int8)
         self.lore = lore
         # On the CPU a token's experts held in slots run as one gathered batch (no events to bracket them);

@@ -13,9 +13,10 @@ Config (JSON):
      "prompts": ["...", ...] | {"random_ids": 8, "length": 32},
      "max_new_tokens": 64, "repetitions": 1, "reference_generate": true, "hw_profile": "FILE",
      "export_traces": ["spice"], "export_trace_prompts": "first" | "all",
-     "cpu_lane": true, "lane_offer": "auto" | "always", "prefetch_admission": "exact" | "all", "runs": [{...}, ...]}
-("lane_offer": "always" offers the real CPU lane to spice-like policies on a link where one CPU expert is slower
-than a copy, which "auto" does not: an A/B of that rule.)
+     "cpu_lane": true, "lane_offer": "auto" | "always", "prefetch_admission": "exact" | "all",
+     "copy_issue": "direct" | "torch", "runs": [{...}, ...]}
+("lane_offer": "always" offers the CPU lane to spice-like policies where a CPU expert is slower than a copy, an A/B;
+"copy_issue": "torch" issues slot copies by Tensor.copy_, not cudaMemcpyAsync directly, an A/B of that path.)
 Everything is validated before any model is built (bench_config.py): unknown keys, wrong types and
 out-of-range values are refused with the key's name; "comment" may hold any note.
 Held-out prompts ({"heldout": N}, the long prompt) come from the spice-heldout.json.gz beside the model
@@ -240,9 +241,8 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
     if cfg.get("hw_profile"):
         hw = profile_from_file(cfg["hw_profile"])
 
-    # Blocks: the config itself, or its "runs" (each may override policies, budgets, links, n_prompts, prompt_indices,
-    # max_new_tokens, long_prompt, repetitions, host_aware, executor, cpu_lane, lane_offer and the thresholds of
-    # SETTING_DEFAULTS; "variant" labels its records), all on the one model built above.
+    # Blocks: the config, or its "runs", each of which may set any of bench_config.RUN_KEYS ("variant" labels its
+    # records), all on the one model built above.
     blocks: list[Block] = []
     for i_block, b in enumerate(cfg.get("runs") or [{}]):
         pols = b.get("policies", policies)
@@ -285,7 +285,8 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
             return engines[key]
         eng = SpiceEngine(lm, timing=cfg["timing"], hw_profile=hw, link_gbps=LINKS_GBPS[link],
                           prefetch_after_experts=cfg.get("prefetch_after_experts"), host_aware=host_aware,
-                          executor=executor, lane_offer=lane_offer, prefetch_admission=admission)
+                          executor=executor, lane_offer=lane_offer, prefetch_admission=admission,
+                          copy_issue=cfg.get("copy_issue", "direct"))
         if cfg.get("artifacts", True) and cfg["model"].startswith("lift:"):
             if lifted_arts is None:
                 from spice_core.tools.lift import lift_artifacts
@@ -296,9 +297,8 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         engines[key] = eng
         return eng
 
-    # Each prompt's exact tokens, by (link, budget, workload, prompt, max new tokens): every exact policy makes the same
-    # ones whatever the thresholds, so a policy whose block has no exact policy of its own (e.g. spice at another
-    # setting), or runs before it, is compared with an earlier block's.
+    # Each prompt's exact tokens, by (link, budget, workload, prompt, max new tokens), alike for every exact policy at
+    # any thresholds: a block with no exact policy of its own, or run before it, compares with an earlier block's.
     exact_tokens: dict[tuple, list[int]] = {}
     for blk in blocks:
         b_links, b_budgets, b_policies, b_workloads = blk.links, blk.budgets, blk.policies, blk.workloads

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from spice_core.api import LANE_OFFERS, MAX_NEW_TOKENS_LIMIT, POLICIES
+from spice_core.api import COPY_ISSUES, LANE_OFFERS, MAX_NEW_TOKENS_LIMIT, POLICIES
 from spice_core.errors import ConfigError
 from spice_core.policy.planner import PREFETCH_ADMISSIONS
 from spice_core.user_files import is_number, json_type, read_json
@@ -134,6 +134,9 @@ def _check_common(where: str, d: dict) -> None:
     if "lane_offer" in d and d["lane_offer"] not in LANE_OFFERS:
         raise ConfigError(f"{where}: \"lane_offer\" {d['lane_offer']!r} is unknown: use \"auto\" (the CPU lane where one "
                           "CPU expert beats a copy) or \"always\" (offer it on any link, an A/B)")
+    if "copy_issue" in d and d["copy_issue"] not in COPY_ISSUES:
+        raise ConfigError(f"{where}: \"copy_issue\" {d['copy_issue']!r} is unknown: use \"direct\" "
+                          "(cudaMemcpyAsync called directly) or \"torch\" (Tensor.copy_, an A/B)")
 
 
 RUN_KEYS = ("policies", "budgets", "links", "n_prompts", "prompt_indices", "long_prompt", "max_new_tokens",
@@ -143,7 +146,7 @@ CONFIG_KEYS = ("model", "policies", "budgets", "links", "timing", "profile", "sh
                "repetitions", "reference_generate", "hw_profile", "export_traces", "export_trace_prompts", "runs",
                "tau_prefetch", "tau_approx", "max_lookahead", "lore_rank", "verify_lift", "prefetch_after_experts",
                "long_prompt_tokens", "host_aware", "artifacts", "lift_overrides", "executor", "lane_offer", "cpu_lane",
-               "prefetch_admission", "comment")
+               "prefetch_admission", "copy_issue", "comment")
 
 
 def check_config(cfg, where: str = "config") -> None:

@@ -33,6 +33,8 @@ def test_bench_writes_records_with_the_documented_keys(tmp_path):
                                           ({"lane_offer": "sometimes"}, "lane_offer"),
                                           ({"runs": [{"lane_offer": 1}]}, "lane_offer"),
                                           ({"prefetch_admission": "most"}, "prefetch_admission"),
+                                          ({"copy_issue": "fast"}, "copy_issue"),
+                                          ({"runs": [{"copy_issue": "torch"}]}, "copy_issue"),
                                           ({"runs": [{"prefetch_admission": None}]}, "prefetch_admission")])
 def test_bad_config_is_refused_before_any_work(tmp_path, patch, needle):
     import torch

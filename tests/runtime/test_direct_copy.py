@@ -1,6 +1,6 @@
 """Slot copies issued by the CUDA runtime's cudaMemcpyAsync directly (runtime/direct_copy.py) land the same bytes
-as `Tensor.copy_`, in stream order, and the copy engine takes that path on a GPU (the fast-path tests then run on
-it: exact policies stay bitwise `resident`)."""
+as `Tensor.copy_`, in stream order; the copy engine takes that path on a GPU, the engine's run notes say which path
+ran, and ``copy_issue="torch"`` (the A/B) gives the same tokens."""
 import pytest
 import torch
 
@@ -52,3 +52,22 @@ def test_direct_slot_copies_land_the_bytes_tensor_copy_lands_in_stream_order(tin
     for i, key in enumerate(keys[-n_slots:], start=len(keys) - n_slots):
         assert torch.equal(direct.slots.buffer[i % n_slots].cpu(), lm.host.flat(key))
 
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("policy", ["lru", "on_demand"])
+def test_the_fast_path_with_direct_copies_gives_tensor_copys_tokens_and_says_which_ran(policy):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from spice_core.api import RunSettings
+    from spice_core.engine import SpiceEngine
+
+    got = {}
+    for issue in ("direct", "torch"):
+        eng = SpiceEngine.load(None, device="cuda", executor="graphed", copy_issue=issue)
+        run = eng.start_prompt("Tell me a story about a cat and a ball", RunSettings(policy=policy, cache_frac=0.25,
+                                                                                     max_new_tokens=32))
+        got[issue] = ([st.token_id for st in run], eng.get_summary(run.run_id).notes)
+    assert got["direct"][0] == got["torch"][0]
+    assert any(n == "slot copies: cudaMemcpyAsync called directly" for n in got["direct"][1]), got["direct"][1]
+    assert any(n.startswith("slot copies: Tensor.copy_ (copy_issue=torch)") for n in got["torch"][1]), got["torch"][1]

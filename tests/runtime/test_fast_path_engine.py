@@ -247,6 +247,15 @@ def test_an_unknown_lane_offer_is_refused_with_the_choices():
         SpiceEngine.load(None, device="cpu", lane_offer="sometimes")
 
 
+def test_an_unknown_copy_issue_is_refused_with_the_choices_before_the_model_loads(monkeypatch):
+    from spice_core import engine as engine_mod
+    from spice_core.errors import ConfigError
+
+    monkeypatch.setattr(engine_mod, "load_model", lambda *a, **k: pytest.fail("the model was loaded first"))
+    with pytest.raises(ConfigError, match="direct, torch"):
+        SpiceEngine.load(None, device="cpu", copy_issue="fast")
+
+
 def test_a_live_switch_to_sampling_stops_running_ahead_with_the_segmented_steps_tokens(graphed, monkeypatch):
     """`resident` decodes greedily, running each static step ahead; switched to sampling mid-run it stops (a
     sampled token is not the one a step run ahead took): the same tokens as the segmented step, same seed."""
