@@ -7,8 +7,8 @@
 
 It owns the mechanism of copies and nothing else: the slot buffer, the copy stream, the emulated link's
 pacing, and per slot the handle of the copy that filled it and the event after its last read. The
-eager executor (runtime/eager.py) and the graphed one (runtime/graph_exec.py) each compose one; the
-graphed one lends its engine to the eager executor that runs its prefill, so both see the same slots.
+eager executor (runtime/eager.py) composes one; the graphed one (runtime/graph_exec.py) composes an eager
+executor for its prefill and uses that executor's engine, so both see the same slots.
 
 Host cost on CUDA: a copy is issued by the CUDA runtime's cudaMemcpyAsync called directly where that was
 checked to give the same bytes at start (runtime/direct_copy.py), else by `Tensor.copy_`; each slot's release
@@ -92,6 +92,7 @@ class CopyEngine:
                 cs.wait_event(self._free_event[slot])
             row = self.lm.host.flat(key)
             if self.direct is None or not self.direct(slot, key, row):
+                self.direct = None          # refused once (logged): Tensor.copy_ from here on
                 self.slots.fill_from(slot, row)
             if self._pace_cycles > 0:
                 # Emulate a slower link: keep the copy stream busy for the missing transfer time.

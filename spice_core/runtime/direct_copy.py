@@ -45,7 +45,7 @@ class DirectCopy:
 
     def __init__(self, memcpy_async, get_last_error, buffer: torch.Tensor, stream) -> None:
         self._memcpy, self._clear = memcpy_async, get_last_error
-        self._base = buffer.data_ptr()
+        self._base, self.n_slots = buffer.data_ptr(), buffer.shape[0]
         self.row_bytes = buffer.shape[1] * buffer.element_size()
         self._stream = stream.cuda_stream
         self._src: dict = {}          # key -> host row address, looked up once
@@ -69,19 +69,21 @@ class DirectCopy:
     def __call__(self, slot: int, key, host_row: torch.Tensor) -> bool:
         """Queue the copy of ``host_row`` (``key``'s pinned row) into ``slot``; False (nothing queued, the error
         cleared) when the runtime refused it."""
+        assert 0 <= slot < self.n_slots, f"slot {slot} is outside the buffer's {self.n_slots}"   # no write past it
         src = self._src.get(key)
         if src is None:
             src = self._src[key] = host_row.data_ptr()
         if self._memcpy(self._base + slot * self.row_bytes, src, self.row_bytes, _H2D, self._stream) == 0:
             return True
         self._clear()            # the runtime keeps the error for the next check: PyTorch's must not see it
+        log.warning("cudaMemcpyAsync refused a slot copy: this and later copies use Tensor.copy_")
         return False
 
 
 def checked(buffer: torch.Tensor, stream, host_row: torch.Tensor, key) -> DirectCopy | None:
     """A `DirectCopy` for ``buffer``, kept only when a direct copy of ``host_row`` (pinned, one slot's bytes) into
     slot 0 lands its bytes there; None (copies then go through `Tensor.copy_`) otherwise. Synchronises the
-    stream once; slot 0 holds ``host_row`` after."""
+    stream once; the first and last slots hold ``host_row`` after (both are compared byte for byte)."""
     if buffer.shape[0] == 0 or not host_row.is_pinned() or not host_row.is_contiguous() \
             or host_row.numel() != buffer.shape[1] or host_row.dtype != buffer.dtype:
         return None
@@ -89,11 +91,15 @@ def checked(buffer: torch.Tensor, stream, host_row: torch.Tensor, key) -> Direct
     if direct is None:
         log.info("the CUDA runtime library is not among this process's mapped files: slot copies use Tensor.copy_")
         return None
+    last = buffer.shape[0] - 1          # the first and the last slot: the stride is checked too
     with torch.cuda.stream(stream):
-        buffer[0].zero_()
-        ok = direct(0, key, host_row)
+        buffer[0].view(torch.uint8).fill_(0xFF)
+        buffer[last].view(torch.uint8).fill_(0xFF)
+        ok = direct(0, key, host_row) and direct(last, key, host_row)
         stream.synchronize()
-        ok = ok and torch.equal(buffer[0].cpu(), host_row)
+        want = host_row.view(torch.uint8)
+        ok = ok and torch.equal(buffer[0].cpu().view(torch.uint8), want) \
+            and torch.equal(buffer[last].cpu().view(torch.uint8), want)
     if not ok:
         log.warning("a direct cudaMemcpyAsync did not reproduce Tensor.copy_'s bytes: slot copies use Tensor.copy_")
         return None

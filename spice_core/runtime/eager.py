@@ -10,7 +10,7 @@
 No decisions: slots, order and actions come from the planner (policy/planner.py). It composes the
 mechanism: a `CopyEngine` (runtime/copies.py: the slot buffer, the copy stream and link pacing, the
 per-slot ready/free events), `CpuJobs` (runtime/cpu_jobs.py: the CPU lane) and the LoRE bank; the
-graphed executor lends it its own engine and jobs for the prefill it runs eagerly. The combine
+graphed executor composes one for its prefill and shares its engine and jobs. The combine
 reproduces the stock experts loop operation by operation (``out * w`` in the router weights' dtype,
 cast, add, ascending expert order), so exact policies match stock transformers. The clock only
 observes (timing/timeline.py).
