@@ -37,7 +37,6 @@ class CopyEngine:
         self.slots = SlotBuffer(lm.layout, n_slots, lm.device)
         self.copy_stream, self.compute_stream = copy_stream, compute_stream
         self.cuda = lm.device.type == "cuda"
-        self.pace_extra_ms_per_byte, self.sleep_cycles_per_ms = pace_extra_ms_per_byte, sleep_cycles_per_ms
         self._pace_cycles = int(lm.expert_bytes * pace_extra_ms_per_byte * sleep_cycles_per_ms)
         self.ready: dict[int, object] = {}       # slot -> clock handle of the copy that filled it (not yet waited for)
         self._free_event = [torch.cuda.Event() for _ in range(n_slots)] if self.cuda else []

@@ -102,19 +102,19 @@ class EagerExecutor:
 
     def __init__(self, lm, n_slots: int, clock, recorder, *, copy_stream=None, cpu_lane=None, lore=None,
                  pace_extra_ms_per_byte: float = 0.0, sleep_cycles_per_ms: float = 0.0, int8=None,
-                 copies: CopyEngine | None = None, cpu: CpuJobs | None = None, direct_copies: bool = True) -> None:
+                 direct_copies: bool = True) -> None:
         """``int8``: the experts' int8 copy (memory/int8_store.py) for the plan's cpu_int8 misses, when offered.
-        ``copies`` / ``cpu``: an engine and jobs to share (the graphed executor's, for its prefill); else made here."""
+        ``direct_copies``: slot copies by cudaMemcpyAsync where checked (`CopyEngine`)."""
         self.lm, self.clock, self.recorder = lm, clock, recorder
         self.device = lm.device
         self.cuda = self.device.type == "cuda"
         compute = getattr(clock, "compute_stream", None)
         if self.cuda and compute is None:
             compute = torch.cuda.current_stream(self.device)
-        self.copies = copies or CopyEngine(lm, n_slots, clock, recorder, copy_stream=copy_stream,
-                                           compute_stream=compute, pace_extra_ms_per_byte=pace_extra_ms_per_byte,
-                                           sleep_cycles_per_ms=sleep_cycles_per_ms, direct_copies=direct_copies)
-        self.cpu = cpu or CpuJobs(lm, clock, recorder, cpu_lane=cpu_lane, int8=int8)
+        self.copies = CopyEngine(lm, n_slots, clock, recorder, copy_stream=copy_stream, compute_stream=compute,
+                                 pace_extra_ms_per_byte=pace_extra_ms_per_byte,
+                                 sleep_cycles_per_ms=sleep_cycles_per_ms, direct_copies=direct_copies)
+        self.cpu = CpuJobs(lm, clock, recorder, cpu_lane=cpu_lane, int8=int8)
         self.lore = lore
         # On the CPU a token's experts held in slots run as one gathered batch (no events to bracket them);
         # on CUDA each expert keeps its own kernels, bracketed by events for the measured clock.

@@ -26,7 +26,6 @@ class EagerLayer:
     """A whole layer on the eager executor: x [T,H] -> [T,H]."""
 
     __slots__ = ("rt", "layer", "x", "top_k_index", "top_k_weights", "act", "rows", "cpu", "outs")
-    deferred = False
 
     def __init__(self, rt, layer: int, x, top_k_index, top_k_weights, act) -> None:
         self.rt, self.layer, self.x, self.act = rt, layer, x, act
@@ -90,7 +89,6 @@ class GraphedLayer:
     eviction (the segment reads their slots while the lookahead plans)."""
 
     __slots__ = ("rt", "layer", "expert_ids", "weights", "draft_row", "slot_of", "fell_back")
-    deferred = True
 
     def __init__(self, rt, layer: int, expert_ids: list[int], weights: list[float], draft_row=None) -> None:
         self.rt, self.layer, self.expert_ids, self.weights, self.draft_row = rt, layer, expert_ids, weights, draft_row
