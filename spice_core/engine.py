@@ -363,7 +363,7 @@ class SpiceEngine:
         spec = get_spec(s.policy)
         costs = self._costs(s)
         lm = self.lm
-        reserved = 0
+        reserved, first_note = 0, len(notes)
         predictor = lore = None
         if spec.predictor == "gate":
             from spice_core.predictor.gate import GatePredictor
@@ -477,9 +477,8 @@ class SpiceEngine:
         else:
             executor = EagerExecutor(lm, n_slots, clock, recorder, **kw)
         if kw["copy_stream"] is not None:
-            why = "copy_issue=torch" if self.copy_issue == "torch" else "the direct path failed its start-up check"
             notes.append("slot copies: cudaMemcpyAsync called directly" if executor.copies.direct is not None
-                         else f"slot copies: Tensor.copy_ ({why})")
+                         else f"slot copies: Tensor.copy_ ({executor.copies.direct_off_why})")
         if spec.preload_all:
             executor.copies.load_static(planner.place_static(list(lm.host.keys())))
         elif spec.static_cache:
@@ -492,7 +491,8 @@ class SpiceEngine:
             t0 = time.perf_counter()
             try:
                 executor.attach(rt)
-            except GraphCaptureError as err:
+            except GraphCaptureError as err:       # the eager build below says again what this one said
+                del notes[first_note:]
                 notes.append(f"fast path off: {err}; decode runs on the eager executor")
                 return self.build_runtime(s, notes=notes, oracle_routing=oracle_routing, modeled=modeled, eager=True)
             n_graphs = executor.decoder.n_graphs

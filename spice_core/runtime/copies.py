@@ -13,7 +13,9 @@ executor for its prefill and uses that executor's engine, so both see the same s
 Host cost on CUDA: a copy is issued by the CUDA runtime's cudaMemcpyAsync called directly where that was
 checked to give the same bytes at start (runtime/direct_copy.py), else by `Tensor.copy_`; each slot's release
 event is made once and recorded again at every release (a stream that waited on it captured the record it
-waited for), so a release makes no CUDA object; streams are passed explicitly (looking the current one up
+waited for), so a release makes no CUDA object, and the copy stream waits on it once (later copies into the slot
+queue behind that one); a handle the engine drops goes back to the clock (`copy_done`), which records its end
+event again for a later copy once it is resolved; streams are passed explicitly (looking the current one up
 costs ~25 µs a call on a GPU host).
 """
 from __future__ import annotations
@@ -43,10 +45,13 @@ class CopyEngine:
         self._read = set()                        # slots with a recorded release event
         self._expert_bytes = lm.expert_bytes
         self.direct = None              # DirectCopy on CUDA where checked (see the module docstring)
-        if direct_copies and self.cuda and copy_stream is not None and n_slots > 0:
+        self.direct_off_why = "" if direct_copies else "copy_issue=torch"   # why `direct` is None, for the run notes
+        if direct_copies and self.cuda and copy_stream is not None:
             key = next(iter(lm.host.keys()), None)
-            if key is not None:
-                self.direct = checked(self.slots.buffer, copy_stream, lm.host.flat(key), key)
+            if key is None:
+                self.direct_off_why = "no expert to copy"
+            else:
+                self.direct, self.direct_off_why = checked(self.slots.buffer, copy_stream, lm.host.flat(key), key)
 
     # ------------------------------------------------------------------ set-up
     def load_static(self, placed) -> None:
@@ -80,14 +85,14 @@ class CopyEngine:
             if order.evicted_unused_prefetch:
                 rec.wasted(order.evicted, order.wasted)
             rec.evicted(order.evicted)
-            self.ready.pop(slot, None)
         if self.copy_stream is None:
             start = self.clock.stamp()
             self.slots.fill_from(slot, self.lm.host.flat(key))
             handle = self.clock.copy(key, self._expert_bytes, order.kind, start)
         else:
             cs = self.copy_stream
-            if slot in self._read:
+            if slot in self._read:          # once: later copies into the slot queue behind this one
+                self._read.discard(slot)
                 cs.wait_event(self._free_event[slot])
             row = self.lm.host.flat(key)
             if self.direct is None or not self.direct(slot, key, row):
@@ -97,13 +102,16 @@ class CopyEngine:
                 # Emulate a slower link: keep the copy stream busy for the missing transfer time.
                 torch.cuda._sleep(self._pace_cycles)
             handle = self.clock.copy(key, self._expert_bytes, order.kind, None, cs)   # starts as the stream frees
+        self._drop(self.ready.get(slot))      # the slot's last copy (its expert evicted, or dropped after use)
         self.ready[slot] = handle
         rec.copied(order.kind)
         return handle
 
     def wait_ready(self, slot: int) -> None:
         """Make the compute stream wait for the copy that filled ``slot`` (a stall interval when it must)."""
-        self._wait_for(self.ready.pop(slot, None))
+        handle = self.ready.pop(slot, None)
+        self._wait_for(handle)
+        self._drop(handle)
 
     def wait_ready_many(self, slots) -> None:
         """`wait_ready` for every slot of ``slots`` at once, for a step that reads them all together (a graph
@@ -111,12 +119,16 @@ class CopyEngine:
         them waits for all of them. One readiness check and at most one stall interval instead of one per slot
         (each cost the host ~10-16 µs a layer on the H200 host). Handles' ``end_ms`` grows in issue order on
         both clocks (the measured one predicts it from the issue time, the modeled one queues the link)."""
-        ready, last = self.ready, None
+        ready, last, popped = self.ready, None, []
         for slot in slots:
             handle = ready.pop(slot, None)
-            if handle is not None and (last is None or handle.end_ms >= last.end_ms):
-                last = handle
+            if handle is not None:
+                popped.append(handle)
+                if last is None or handle.end_ms >= last.end_ms:
+                    last = handle
         self._wait_for(last)
+        for handle in popped:
+            self.clock.copy_done(handle)
 
     def _wait_for(self, handle) -> None:
         if handle is None:
@@ -131,6 +143,11 @@ class CopyEngine:
         else:
             self.clock.wait(handle)
 
+    def _drop(self, handle) -> None:
+        """The engine holds ``handle`` no more: the clock may recycle what it refers to (a CUDA event)."""
+        if handle is not None:
+            self.clock.copy_done(handle)
+
     def release(self, slot: int) -> None:
         """The compute stream has queued its last read of ``slot``: a later copy into it waits for that read."""
         if self.cuda:
@@ -139,4 +156,4 @@ class CopyEngine:
 
     def forget(self, slot: int) -> None:
         """The copy that filled ``slot`` needs no wait any more (its expert was dropped after use)."""
-        self.ready.pop(slot, None)
+        self._drop(self.ready.pop(slot, None))

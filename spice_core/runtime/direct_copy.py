@@ -8,7 +8,7 @@ tens of µs of host in PyTorch's dispatcher, checks and stream bookkeeping for w
 (`benchmarks/host_primitives.py` measures both on the GPU's host). The copy is the same bytes on the same stream:
 the slot buffer and the pinned host slab live for the whole run, so nothing PyTorch would track (the caching
 allocators' stream uses) is needed. The runtime is the one PyTorch loaded (found in this process's mapped
-libraries, never a second copy); `checked` makes one direct copy at start and keeps the direct path only when
+libraries, never a second copy; with several mapped, the one of PyTorch's CUDA version, or none); `checked` makes one direct copy at start and keeps the direct path only when
 it lands the host row's bytes. Where any of that fails (no Linux maps, no CUDA runtime library, a pageable host
 buffer, an error code) the engine copies with `Tensor.copy_`, exactly as before.
 
@@ -27,17 +27,56 @@ log = logging.getLogger(__name__)
 _H2D = 1        # cudaMemcpyHostToDevice
 
 
-def _loaded_cudart() -> str | None:
-    """Path of the CUDA runtime library this process has mapped (PyTorch's), or None."""
+def _mapped_cudarts() -> list[str]:
+    """Paths of the CUDA runtime libraries this process has mapped, each once, in map order."""
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
-        return None
+        return []
+    paths = []
     for line in maps.splitlines():
         path = line.rsplit(" ", 1)[-1]
-        if "/libcudart" in path and ".so" in path:
-            return path
-    return None
+        if "/libcudart" in path and ".so" in path and path not in paths:
+            paths.append(path)
+    return paths
+
+
+def _runtime_version(lib) -> int | None:
+    """cudaRuntimeGetVersion of ``lib`` (e.g. 12080 for 12.8), or None."""
+    v = ctypes.c_int(0)
+    try:
+        fn = lib.cudaRuntimeGetVersion
+        fn.argtypes, fn.restype = [ctypes.POINTER(ctypes.c_int)], ctypes.c_int
+        return v.value if fn(ctypes.byref(v)) == 0 else None
+    except AttributeError:
+        return None
+
+
+def _torch_cuda_version() -> int | None:
+    """PyTorch's CUDA version as the runtime spells it (12.8 -> 12080), or None."""
+    try:
+        major, minor = (torch.version.cuda or "").split(".")[:2]
+        return int(major) * 1000 + int(minor) * 10
+    except ValueError:
+        return None
+
+
+def _loaded_cudart():
+    """(path, library) of PyTorch's CUDA runtime among the mapped ones, or None. One mapped: that one. Several (a
+    second CUDA library loaded one of its own): the one whose runtime version is PyTorch's; none or more than one
+    matching: None, since the wrong runtime would issue copies against another context's state."""
+    paths = _mapped_cudarts()
+    libs = []
+    for path in paths:
+        try:
+            libs.append((path, ctypes.CDLL(path)))
+        except OSError:
+            continue
+    if len(paths) == 1:
+        return libs[0] if libs else None
+    want = _torch_cuda_version()
+    matching = [(p, lib) for p, lib in libs if want is not None and _runtime_version(lib) == want]
+    return matching[0] if len(matching) == 1 else None
 
 
 class DirectCopy:
@@ -53,13 +92,12 @@ class DirectCopy:
     @classmethod
     def load(cls, buffer: torch.Tensor, stream) -> "DirectCopy | None":
         """Bind cudaMemcpyAsync from PyTorch's CUDA runtime, or None where it cannot be found."""
-        path = _loaded_cudart()
-        if path is None:
+        found = _loaded_cudart()
+        if found is None:
             return None
         try:
-            lib = ctypes.CDLL(path)
-            memcpy, last = lib.cudaMemcpyAsync, lib.cudaGetLastError
-        except (OSError, AttributeError):
+            memcpy, last = found[1].cudaMemcpyAsync, found[1].cudaGetLastError
+        except AttributeError:
             return None
         memcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
         memcpy.restype = ctypes.c_int
@@ -80,17 +118,20 @@ class DirectCopy:
         return False
 
 
-def checked(buffer: torch.Tensor, stream, host_row: torch.Tensor, key) -> DirectCopy | None:
-    """A `DirectCopy` for ``buffer``, kept only when a direct copy of ``host_row`` (pinned, one slot's bytes) into
-    slot 0 lands its bytes there; None (copies then go through `Tensor.copy_`) otherwise. Synchronises the
-    stream once; the first and last slots hold ``host_row`` after (both are compared byte for byte)."""
-    if buffer.shape[0] == 0 or not host_row.is_pinned() or not host_row.is_contiguous() \
+def checked(buffer: torch.Tensor, stream, host_row: torch.Tensor, key) -> tuple[DirectCopy | None, str]:
+    """(a `DirectCopy` for ``buffer``, "") when a direct copy of ``host_row`` (pinned, one slot's bytes) into the
+    first and the last slot lands its bytes there; else (None, why not), and copies go through `Tensor.copy_`.
+    Synchronises the stream once; the first and last slots hold ``host_row`` after (compared byte for byte)."""
+    if buffer.shape[0] == 0:
+        return None, "no slot to copy into"
+    if not host_row.is_pinned() or not host_row.is_contiguous() \
             or host_row.numel() != buffer.shape[1] or host_row.dtype != buffer.dtype:
-        return None
+        return None, "the host rows are not pinned, contiguous rows of a slot's shape"
     direct = DirectCopy.load(buffer, stream)
     if direct is None:
-        log.info("the CUDA runtime library is not among this process's mapped files: slot copies use Tensor.copy_")
-        return None
+        why = "PyTorch's CUDA runtime library was not found among this process's mapped files"
+        log.info("%s: slot copies use Tensor.copy_", why)
+        return None, why
     last = buffer.shape[0] - 1          # the first and the last slot: the stride is checked too
     with torch.cuda.stream(stream):
         buffer[0].view(torch.uint8).fill_(0xFF)
@@ -101,6 +142,7 @@ def checked(buffer: torch.Tensor, stream, host_row: torch.Tensor, key) -> Direct
         ok = ok and torch.equal(buffer[0].cpu().view(torch.uint8), want) \
             and torch.equal(buffer[last].cpu().view(torch.uint8), want)
     if not ok:
-        log.warning("a direct cudaMemcpyAsync did not reproduce Tensor.copy_'s bytes: slot copies use Tensor.copy_")
-        return None
-    return direct
+        why = "a direct cudaMemcpyAsync did not land the host row's bytes at start-up"
+        log.warning("%s: slot copies use Tensor.copy_", why)
+        return None, why
+    return direct, ""

@@ -14,7 +14,10 @@ resolution costs a few µs, and a token has hundreds): a copy records only its e
 copy stream runs its copies in order (a copy starts when the previous one ends, or when the host
 issued it if the stream was idle: `_resolve_copy_start`), host instants (`mark`) are one tuple each
 with nothing to resolve, every event is kept as a tuple until `drain_events` builds the token's
-TraceEvents at once, and the GPU intervals' CUDA events are recycled from a pool once resolved.
+TraceEvents at once, and CUDA events are recycled from a pool once resolved (creating one costs the
+host ~6 µs on the H200 host, recording a pooled one ~3: `benchmarks/host_primitives.py`). A copy's end
+event is also the handle the executor waits on, so it is recycled only once it is resolved *and* the
+executor has said it holds the handle no more (`copy_done`).
 
 Host cost: every stream is passed explicitly. `torch.cuda.current_stream()` and the
 `torch.cuda.stream()` context look the device up through `torch.cuda.is_available()`,
@@ -62,6 +65,8 @@ class MeasuredTimeline:
     _pending: list[_Pending] = field(default_factory=list)
     _rows: list[tuple] = field(default_factory=list)        # TraceEvent fields in order, built at drain
     _free_events: list = field(default_factory=list)        # resolved timing events, recorded again (no create)
+    _held_copies: set = field(default_factory=set)          # ids of copy end events the executor still holds
+    _resolved_held: dict = field(default_factory=dict)      # id -> copy end event resolved while still held
     _last_mark: object = None
     _copy_free_ms: float = 0.0
     est_copy_ms: float = 0.3              # cost-model estimate, for the predicted copy-queue end
@@ -105,6 +110,7 @@ class MeasuredTimeline:
         """A copy the executor just queued on ``stream`` (the copy stream). ``start`` None: it starts when the
         copy before it on that stream ends, or now if that one has already ended (see the module docstring)."""
         end = self._event(stream)
+        self._held_copies.add(id(end))
         self._add(_Pending("copy", kind, key, start if start is not None else -self._host_ms(), end, nbytes))
         self._copy_pred_ms = max(self._copy_pred_ms, self._host_ms()) + self.est_copy_ms
         return OpHandle(key, "copy", kind, end_ms=self._copy_pred_ms, native=end)
@@ -114,6 +120,14 @@ class MeasuredTimeline:
         after = self._event()
         self._add(_Pending("gpu", "stall", handle.key, start, after, detail=f"waits for {handle.kind}"))
         self._last_mark = after
+
+    def copy_done(self, handle: OpHandle) -> None:
+        """The executor holds ``handle`` (a `copy`'s) no more: its end event may be recorded again once resolved."""
+        i = id(handle.native)
+        self._held_copies.discard(i)
+        ev = self._resolved_held.pop(i, None)
+        if ev is not None:
+            self._free_events.append(ev)
 
     def _gpu_op(self, key: ExpertKey, kind: str, start, detail: str = "") -> None:
         end = self._event()
@@ -195,15 +209,21 @@ class MeasuredTimeline:
         return max(self._copy_pred_ms, self._copy_free_ms)
 
     def _recycle(self, done: list) -> None:
-        """Return the resolved GPU intervals' events to the pool, except those still referred to: by a pending
-        interval (its start, end or token reference), the current token's reference and last mark. Copies' events
-        are never recycled: the executor keeps them as the handles it waits on."""
+        """Return the resolved intervals' events to the pool, except those still referred to: by a pending
+        interval (its start, end or token reference), the current token's reference and last mark, and a copy's
+        end event while the executor holds its handle (it goes back at `copy_done`)."""
         busy = {id(x) for p in self._pending for x in (p.start, p.end, p.e0)}
         busy.update((id(self._e0), id(self._last_mark)))
         busy.update(id(p.e0) for p in done)
-        seen = set()
+        seen, held = set(), self._held_copies
         for p in done:
             if p.lane == "copy":
+                ev = p.end
+                if isinstance(ev, torch.cuda.Event):
+                    if id(ev) in held:
+                        self._resolved_held[id(ev)] = ev
+                    elif id(ev) not in busy:
+                        self._free_events.append(ev)
                 continue
             for x in (p.start, p.end):
                 if isinstance(x, torch.cuda.Event) and id(x) not in busy and id(x) not in seen:

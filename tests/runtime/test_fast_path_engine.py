@@ -279,3 +279,22 @@ def test_a_live_switch_to_sampling_stops_running_ahead_with_the_segmented_steps_
     segmented, _ = tokens()
     assert ahead == segmented
     assert any(n.startswith("fast path: 3 steps launched before") for n in notes), notes
+
+
+def test_a_failed_capture_says_so_once_and_says_nothing_of_the_failed_build_twice(graphed, monkeypatch):
+    """The eager build after a failed capture makes its own notes: the failed build's (here tau_int8's; on a GPU the
+    slot copies' too) are not left beside them."""
+    from spice_core.runtime.graph_exec import GraphExecutor
+    from spice_core.runtime.graphed import GraphCaptureError
+
+    def fail(self, rt):
+        raise GraphCaptureError("capture refused for this test")
+
+    monkeypatch.setattr(GraphExecutor, "attach", fail)
+    eng = graphed["qwen2_moe"]
+    toks, s = _tokens(eng, PROMPTS[0], "lru", tau_int8=0.1)
+    assert toks
+    assert sum(n.startswith("tau_int8 0.1 is ignored") for n in s.notes) == 1, s.notes
+    assert [n for n in s.notes if n.startswith("fast path off")] == \
+        ["fast path off: capture refused for this test; decode runs on the eager executor"], s.notes
+    assert len(s.notes) == len(set(s.notes)), s.notes

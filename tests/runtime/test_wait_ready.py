@@ -1,7 +1,7 @@
 """A graph segment reads all of a layer's slots at once, so the fast path waits for their copies at once
 (`CopyEngine.wait_ready_many`): copies run in issue order on the one copy stream, so the wait is for the last
-one issued among them, with one readiness check and at most one stall interval; every slot waited for is done with,
-and slots not read are left pending."""
+one issued among them, with one readiness check and at most one stall interval; every slot waited for is done with
+(its handle goes back to the clock, which may record its event again), and slots not read are left pending."""
 from spice_core.runtime.copies import CopyEngine
 from spice_core.timing.timeline import OpHandle
 from spice_core.types import ExpertKey
@@ -9,10 +9,13 @@ from spice_core.types import ExpertKey
 
 class _Clock:
     def __init__(self) -> None:
-        self.waits = []
+        self.waits, self.done = [], []
 
     def wait(self, handle, start=None) -> None:
         self.waits.append(handle)
+
+    def copy_done(self, handle) -> None:
+        self.done.append(handle)
 
 
 def _executor(ready: dict) -> CopyEngine:
@@ -31,6 +34,7 @@ def test_the_layer_waits_once_for_the_last_copy_issued_among_its_slots():
     ex.wait_ready_many([3, 1, 5])            # slot 5 holds a copy that landed long ago (nothing pending)
     assert ex.clock.waits == [last]
     assert ex.ready == {7: other}           # slot 7 is not read by this layer: its copy stays pending
+    assert ex.clock.done == [first, last]   # both waited for (the first through the last): handed back, in order
 
 
 def test_a_layer_with_nothing_in_flight_waits_for_nothing():
@@ -45,3 +49,4 @@ def test_one_slot_waits_as_wait_ready_does():
     a.wait_ready_many([2])
     b.wait_ready(2)
     assert a.clock.waits == b.clock.waits == [h] and a.ready == b.ready == {}
+    assert a.clock.done == b.clock.done == [h]

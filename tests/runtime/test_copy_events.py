@@ -1,0 +1,85 @@
+"""A copy's end event is both a trace interval and the handle the compute stream waits on, so the measured clock
+records it again for a later copy only once it is resolved *and* the copy engine has handed the handle back
+(`MeasuredTimeline.copy_done`): a slot whose copy is still waited for keeps its own event, and slots refilled
+token after token through recycled events hold the last copy's bytes. CUDA: real streams, pinned memory."""
+import pytest
+import torch
+
+from tiny_models import build_tiny
+
+from spice_core.policy.planner import CopyOrder
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return build_tiny("qwen2_moe", tmp_path_factory.mktemp("tiny_events") / "qwen2_moe")
+
+
+def _engine(lm, n_slots: int):
+    from spice_core.runtime.copies import CopyEngine
+    from spice_core.timing.measured import MeasuredTimeline
+    from spice_core.trace.recorder import Recorder
+
+    device = torch.device("cuda")
+    cs = torch.cuda.Stream(device)
+    clock = MeasuredTimeline(device, cs)
+    return CopyEngine(lm, n_slots, clock, Recorder(clock, lm.expert_bytes), copy_stream=cs,
+                      compute_stream=clock.compute_stream)
+
+
+def _pool_ids(engine) -> set:
+    return {id(e) for e in engine.clock._free_events}
+
+
+@pytest.mark.cuda
+def test_a_held_copy_keeps_its_event_and_a_handed_back_one_is_recorded_again(tiny_dir):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from spice_core.model.loader import load_model
+
+    lm = load_model(tiny_dir, "cuda")
+    n_slots = 4
+    engine = _engine(lm, n_slots)
+    keys = lm.host.keys()
+    engine.clock.start_token(0)
+    handles = engine.issue_many([CopyOrder(keys[i], i, "copy") for i in range(n_slots)])
+    torch.cuda.synchronize()
+    engine.clock.end_token()                   # every copy resolved, none waited for yet
+    held = {id(h.native) for h in handles}
+    assert not held & _pool_ids(engine), "an event the engine still waits on went back to the pool"
+    engine.clock.start_token(1)
+    engine.wait_ready(0)
+    engine.wait_ready_many([1, 2])             # slot 3 is still held
+    assert {id(handles[i].native) for i in range(3)} <= _pool_ids(engine)
+    assert id(handles[3].native) not in _pool_ids(engine)
+    engine.clock.end_token()
+    assert id(handles[3].native) not in _pool_ids(engine)
+
+
+@pytest.mark.cuda
+def test_slots_refilled_through_recycled_events_hold_the_last_copy_and_wait_for_it(tiny_dir):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from spice_core.model.loader import load_model
+
+    lm = load_model(tiny_dir, "cuda")
+    n_slots = 3
+    engine = _engine(lm, n_slots)
+    keys = lm.host.keys()
+    made = set()
+    last = {}
+    for token in range(6):                      # each token refills every slot; from token 1 events come back
+        engine.clock.start_token(token)
+        for slot in range(n_slots):
+            key = keys[(token * n_slots + slot) % len(keys)]
+            h = engine.issue(CopyOrder(key, slot, "copy"))
+            made.add(id(h.native))
+            last[slot] = key
+        engine.wait_ready_many(range(n_slots))
+        out = engine.slots.buffer.sum(dim=1)   # a read on the compute stream, after the wait
+        engine.clock.end_token()
+        torch.cuda.synchronize()
+        for slot, key in last.items():
+            assert torch.equal(engine.slots.buffer[slot].cpu(), lm.host.flat(key)), (token, slot)
+        assert torch.equal(out.cpu(), engine.slots.buffer.sum(dim=1).cpu())
+    assert len(made) < 6 * n_slots, "no copy event was ever recorded again"
