@@ -8,7 +8,7 @@ tens of µs of host in PyTorch's dispatcher, checks and stream bookkeeping for w
 (`benchmarks/host_primitives.py` measures both on the GPU's host). The copy is the same bytes on the same stream:
 the slot buffer and the pinned host slab live for the whole run, so nothing PyTorch would track (the caching
 allocators' stream uses) is needed. The runtime is the one PyTorch loaded (found in this process's mapped
-libraries, never a second copy; with several mapped, the one of PyTorch's CUDA version, or none); `checked` makes one direct copy at start and keeps the direct path only when
+libraries; with several mapped, the one of PyTorch's CUDA version first); `checked` makes one direct copy at start and keeps the direct path only when
 it lands the host row's bytes. Where any of that fails (no Linux maps, no CUDA runtime library, a pageable host
 buffer, an error code) the engine copies with `Tensor.copy_`, exactly as before.
 
@@ -62,21 +62,25 @@ def _torch_cuda_version() -> int | None:
 
 
 def _loaded_cudart():
-    """(path, library) of PyTorch's CUDA runtime among the mapped ones, or None. One mapped: that one. Several (a
-    second CUDA library loaded one of its own): the one whose runtime version is PyTorch's; none or more than one
-    matching: None, since the wrong runtime would issue copies against another context's state."""
-    paths = _mapped_cudarts()
+    """(path, library) of the CUDA runtime to call among the mapped ones, or None when none loads. Several may be
+    mapped (PyTorch's and one another library brought): PyTorch's version first, then its major version, then map
+    order. Any of them drives the same device through the driver's primary context and takes the copy stream's
+    driver handle; the start-up copy (`checked`) decides whether the one bound lands the bytes."""
+    want = _torch_cuda_version()
     libs = []
-    for path in paths:
+    for order, path in enumerate(_mapped_cudarts()):
         try:
-            libs.append((path, ctypes.CDLL(path)))
+            lib = ctypes.CDLL(path)
         except OSError:
             continue
-    if len(paths) == 1:
-        return libs[0] if libs else None
-    want = _torch_cuda_version()
-    matching = [(p, lib) for p, lib in libs if want is not None and _runtime_version(lib) == want]
-    return matching[0] if len(matching) == 1 else None
+        v = _runtime_version(lib)
+        rank = 0 if v is not None and v == want else 1 if v is not None and want is not None \
+            and v // 1000 == want // 1000 else 2
+        libs.append((rank, order, path, lib))
+    if not libs:
+        return None
+    _, _, path, lib = min(libs, key=lambda t: t[:2])
+    return path, lib
 
 
 class DirectCopy:

@@ -71,3 +71,35 @@ def test_the_fast_path_with_direct_copies_gives_tensor_copys_tokens_and_says_whi
     assert got["direct"][0] == got["torch"][0]
     assert any(n == "slot copies: cudaMemcpyAsync called directly" for n in got["direct"][1]), got["direct"][1]
     assert any(n.startswith("slot copies: Tensor.copy_ (copy_issue=torch)") for n in got["torch"][1]), got["torch"][1]
+
+
+class _FakeRuntime:
+    """A CUDA runtime library as ctypes shows one: cudaRuntimeGetVersion writes its version."""
+
+    def __init__(self, version: int) -> None:
+        def get_version(ref):
+            ref._obj.value = version
+            return 0
+        self.cudaRuntimeGetVersion = get_version
+
+
+@pytest.mark.parametrize("mapped, versions, want", [
+    (["/a/libcudart.so.12"], {"/a/libcudart.so.12": 11080}, "/a/libcudart.so.12"),       # one: that one
+    (["/b/libcudart.so.11", "/a/libcudart.so.12"], {"/a/libcudart.so.12": 12080, "/b/libcudart.so.11": 11080},
+     "/a/libcudart.so.12"),                                                             # PyTorch's version first
+    (["/b/libcudart.so.11", "/a/libcudart.so.12"], {"/a/libcudart.so.12": 12090, "/b/libcudart.so.11": 11080},
+     "/a/libcudart.so.12"),                                                             # then its major version
+    (["/a/libcudart.so.12", "/b/libcudart.so.12"], {"/a/libcudart.so.12": 12080, "/b/libcudart.so.12": 12080},
+     "/a/libcudart.so.12"),                                                             # a tie: map order
+    (["/b/libcudart.so.11", "/c/libcudart.so.10"], {"/b/libcudart.so.11": 11080, "/c/libcudart.so.10": 10020},
+     "/b/libcudart.so.11"),                                                             # none is: map order
+    ([], {}, None),
+])
+def test_the_direct_path_prefers_pytorchs_cuda_runtime_among_those_mapped(monkeypatch, mapped, versions, want):
+    from spice_core.runtime import direct_copy
+
+    monkeypatch.setattr(direct_copy, "_mapped_cudarts", lambda: list(mapped))
+    monkeypatch.setattr(direct_copy.ctypes, "CDLL", lambda path: _FakeRuntime(versions[path]))
+    monkeypatch.setattr(direct_copy, "_torch_cuda_version", lambda: 12080)
+    found = direct_copy._loaded_cudart()
+    assert (found[0] if found else None) == want
