@@ -198,7 +198,7 @@ class GenerationRun:
         self.record.totals = dict(rt.totals, cache_slots=rt.slots.n_slots,
                                   cache_capacity_bytes=rt.slots.n_slots * lm.expert_bytes,
                                   expert_bytes=lm.expert_bytes, routed_bytes=eng.routed_bytes,
-                                  **host_totals)
+                                  **host_totals, **rt.executor.cpu.lane_totals())
         self._finish(streamer, finish, notes)
 
     def _finish(self, streamer: TextStreamer, finish: str, notes: list[str]) -> None:

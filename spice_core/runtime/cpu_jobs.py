@@ -5,7 +5,9 @@
     collect              ─► the job's output, its run timed for the clock; None when the job failed (the
                             executor then copies the expert in instead, exactly)
 
-Mechanism only: which misses go to the CPU is the planner's decision.
+Mechanism only: which misses go to the CPU is the planner's decision. It also keeps what the lane's jobs cost
+(`lane_totals`): for each real lane job of one token (a decode step's), its compute time on the worker and the host's
+wait for it, so a run reports the lane's ms and GB/s per expert as measured, not as the profile believes.
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ class CpuJobs:
         """``int8``: the experts' int8 copy (memory/int8_store.py) for the plan's cpu_int8 misses, when offered."""
         self.lm, self.clock, self.recorder = lm, clock, recorder
         self.lane, self.int8 = cpu_lane, int8
+        # per kernel ("exact", "int8"): [one-token jobs collected, their compute s on the worker, the host's wait s]
+        self._cost = {"exact": [0, 0.0, 0.0], "int8": [0, 0.0, 0.0]}
 
     def submit(self, key: ExpertKey, xs: torch.Tensor, n: int, act, out_device, stream=None):
         """Start expert ``key`` on the ``n`` token rows ``xs``; its output lands on ``out_device``. ``stream``: the
@@ -30,29 +34,47 @@ class CpuJobs:
         gate_up, down = self.lm.host.weights(key)
         if self.lane is None:   # modeled on this machine: compute here, time it as the CPU lane
             out = expert_forward(xs.to(gate_up.dtype), gate_up, down, act)
-            return self.clock.cpu_expert(key, n), out
-        return self.clock.cpu_expert(key, n), self.lane.submit(xs, gate_up, down, act, out_device, stream=stream)
+            return self.clock.cpu_expert(key, n), out, None
+        return (self.clock.cpu_expert(key, n), self.lane.submit(xs, gate_up, down, act, out_device, stream=stream),
+                "exact" if n == 1 else None)
 
     def submit_int8(self, key: ExpertKey, xs: torch.Tensor, n: int, act, out_device, stream=None):
         """`submit` with the lossy int8 kernel, from the experts' int8 copy (a cpu_int8 miss)."""
         weights = self.int8.weights(key)
         if self.lane is None:   # modeled on this machine: compute here, time it as the CPU lane
             out = int8_expert_forward(xs.to("cpu"), weights, act).to(xs.device)
-            return self.clock.cpu_expert(key, n, int8=True), out
-        return self.clock.cpu_expert(key, n, int8=True), self.lane.submit_int8(xs, weights, act, out_device,
-                                                                               stream=stream)
+            return self.clock.cpu_expert(key, n, int8=True), out, None
+        return (self.clock.cpu_expert(key, n, int8=True),
+                self.lane.submit_int8(xs, weights, act, out_device, stream=stream), "int8" if n == 1 else None)
 
     def collect(self, key: ExpertKey, handle) -> torch.Tensor | None:
         """A job's output, timed for the clock; None (counted as a fallback) when the job failed."""
-        op, native = handle
+        op, native, kernel = handle
         if isinstance(native, torch.Tensor):
             self.clock.cpu_collected(op)
             return native
         try:
             w0 = time.perf_counter()
             out, worker, t0, t1 = native.result()
-            self.clock.cpu_collected(op, (worker, t0, t1, w0, time.perf_counter()))
+            w1 = time.perf_counter()
+            self.clock.cpu_collected(op, (worker, t0, t1, w0, w1))
+            if kernel is not None:
+                cost = self._cost[kernel]
+                cost[0] += 1
+                cost[1] += t1 - t0
+                cost[2] += w1 - w0
             return out
         except Exception as err:  # noqa: BLE001 - any worker failure falls back to an exact copy
             self.recorder.cpu_fallback(key, err)
             return None
+
+    def lane_totals(self) -> dict:
+        """What the lane's one-token jobs cost in this run, as sums (so runs and shards add up exactly): per kernel,
+        the jobs, their compute µs on the worker and the host's µs waiting for them; the bytes an exact job reads
+        (one expert's weights). Empty when no real lane job ran (no lane, or modeled on this machine)."""
+        (n, compute_s, wait_s), (n8, compute8_s, wait8_s) = self._cost["exact"], self._cost["int8"]
+        if not n and not n8:
+            return {}
+        return {"lane_experts": n, "lane_compute_us_sum": compute_s * 1e6, "lane_wait_us_sum": wait_s * 1e6,
+                "lane_int8_experts": n8, "lane_int8_compute_us_sum": compute8_s * 1e6,
+                "lane_int8_wait_us_sum": wait8_s * 1e6, "lane_expert_bytes": self.lm.expert_bytes}

@@ -458,7 +458,7 @@ def _add_floors(records: list[dict], lm, prof, cfg) -> None:
 def markdown_table(records: list[dict], cfg: dict) -> str:
     cols = ["workload", "variant", "link", "budget_frac", "policy", "tpot_ms_median", "tpot_ms_p90", "hit_rate", "bytes_per_token",
             "stall_ms_per_token", "device_ms_median", "host_us_per_layer", "host_overlap_us_per_layer",
-            "greedy_agreement", "floor_ms"]
+            "greedy_agreement", "floor_ms", "cpu_lane_ms_per_expert", "cpu_lane_gbps"]
     head = "| " + " | ".join(cols) + " | miss split (approx/cpu/copy) |\n|" + "---|" * (len(cols) + 1) + "\n"
     rows = []
     for r in sorted(records, key=lambda r: (r.get("workload", "prompts") != "prompts", r["link"], r["budget_frac"],

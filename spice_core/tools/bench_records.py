@@ -47,6 +47,27 @@ def raw_from_runs(runs) -> dict:
         "host_overlap_us_sum": sum(t.get("host_overlap_us", 0.0) * t.get("host_layers", 0) for _, _, t, _ in runs),
         "device_ms": [st.device_ms for st in decode],
         "prefetch_skipped_approx": sum(t.get("prefetch_skipped_approx", 0) for _, _, t, _ in runs),
+        # the CPU lane's one-token jobs as measured (CpuJobs.lane_totals): sums, so shards merge exactly
+        **{f: sum(t.get(f, 0) for _, _, t, _ in runs) for f in LANE_SUMS},
+        "lane_bytes_sum": sum(t.get("lane_experts", 0) * t.get("lane_expert_bytes", 0) for _, _, t, _ in runs),
+    }
+
+
+LANE_SUMS = ("lane_experts", "lane_compute_us_sum", "lane_wait_us_sum", "lane_int8_experts",
+             "lane_int8_compute_us_sum", "lane_int8_wait_us_sum")
+
+
+def lane_metrics(raw: dict) -> dict:
+    """The CPU lane's measured cost per one-token job (BENCHMARK.md: its ms and GB/s per expert): compute on the
+    worker, the host's wait for it, the bf16 weights read per second of compute; int8 jobs apart. None where no
+    real lane job ran (older records have no lane sums)."""
+    n, n8 = raw.get("lane_experts", 0), raw.get("lane_int8_experts", 0)
+    compute_us = raw.get("lane_compute_us_sum", 0.0)
+    return {
+        "cpu_lane_ms_per_expert": compute_us / n / 1e3 if n else None,
+        "cpu_lane_wait_ms_per_expert": raw.get("lane_wait_us_sum", 0.0) / n / 1e3 if n else None,
+        "cpu_lane_gbps": raw.get("lane_bytes_sum", 0) / (compute_us * 1e3) if n and compute_us > 0 else None,
+        "cpu_lane_int8_ms_per_expert": raw.get("lane_int8_compute_us_sum", 0.0) / n8 / 1e3 if n8 else None,
     }
 
 
@@ -89,6 +110,7 @@ def derive(raw: dict) -> dict:
         # predicted experts the admission did not copy (their misses are approximated); None in older records
         "prefetch_skipped_approx_per_token": raw["prefetch_skipped_approx"] / max(1, n)
         if "prefetch_skipped_approx" in raw else None,
+        **lane_metrics(raw),
     }
 
 
@@ -112,6 +134,7 @@ def _combine(a: dict, b: dict) -> dict:
         "device_ms": a.get("device_ms", []) + b.get("device_ms", []),
         **({"prefetch_skipped_approx": a["prefetch_skipped_approx"] + b["prefetch_skipped_approx"]}
            if "prefetch_skipped_approx" in a and "prefetch_skipped_approx" in b else {}),
+        **{f: a.get(f, 0) + b.get(f, 0) for f in (*LANE_SUMS, "lane_bytes_sum")},
     }
 
 

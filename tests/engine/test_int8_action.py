@@ -73,7 +73,7 @@ def test_a_failed_int8_job_on_the_fast_path_falls_back_to_an_exact_copy(shipped_
             raise RuntimeError("CPU-lane worker died")
 
     def failing(self, key, xs, n, act, out_device, stream=None):
-        return self.clock.cpu_expert(key, n, int8=True), Failed()
+        return self.clock.cpu_expert(key, n, int8=True), Failed(), "int8"   # (op, job, kernel) as CpuJobs makes
 
     prompt = "Tell me a story about a cat and a ball"
     ref = [st.token_id for st in shipped_graphed.start_prompt(prompt, RunSettings(**FAST))]

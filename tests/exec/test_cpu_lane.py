@@ -104,8 +104,8 @@ def test_executor_falls_back_to_an_exact_copy_when_the_cpu_lane_fails(tmp_path):
             submit = rt.executor.cpu.submit
 
             def submit_to_a_dead_worker(*a, **k):
-                op, _ = submit(*a, **k)
-                return op, DeadWorker()
+                op, _, kernel = submit(*a, **k)
+                return op, DeadWorker(), kernel
 
             rt.executor.cpu.submit = submit_to_a_dead_worker
             rt.begin_token(0)

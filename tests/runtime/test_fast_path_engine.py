@@ -197,9 +197,9 @@ def test_a_failed_or_stalled_cpu_job_falls_back_to_a_copy_mid_token_and_the_toke
             return real_submit(self, key, xs, n, act, out_device, stream=stream)
         op = self.clock.cpu_expert(key, n)
         if stalled is None:
-            return op, _Failed(RuntimeError("CPU-lane worker died"))
+            return op, _Failed(RuntimeError("CPU-lane worker died")), "exact"   # (op, job, kernel) as CpuJobs makes
         gate_up, down = self.lm.host.weights(key)
-        return op, stalled.submit(xs, gate_up, down, act, "cpu")
+        return op, stalled.submit(xs, gate_up, down, act, "cpu"), "exact"
 
     def slow_expert(*a, **kw):
         import time

@@ -1,0 +1,110 @@
+"""The CPU lane's measured cost per job (`CpuJobs.lane_totals`) and what bench reports from it
+(`bench_records.lane_metrics`): one-token jobs are counted with their compute time on the worker and the host's wait,
+prompt jobs (several tokens) are not, a failed job is not, and shards add up to the whole."""
+import pytest
+import torch
+from torch.nn import functional as F
+
+from spice_core.exec import cpu_lane as cpu_lane_mod
+from spice_core.exec.cpu_lane import CpuLane
+from spice_core.timing.timeline import OpHandle
+from spice_core.tools.bench_records import _combine, derive, lane_metrics
+
+from tiny_models import build_tiny
+
+
+class _Clock:
+    """Only what CpuJobs tells a clock: the job's handle, then its measured run."""
+
+    def __init__(self) -> None:
+        self.runs = []
+
+    def cpu_expert(self, key, n, int8=False):
+        return OpHandle(key, "cpu", "cpu_int8" if int8 else "cpu_run")
+
+    def cpu_collected(self, handle, lane_run=None):
+        self.runs.append(lane_run)
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.fallbacks = []
+
+    def cpu_fallback(self, key, err) -> None:
+        self.fallbacks.append(key)
+
+
+@pytest.fixture
+def two_cores(monkeypatch):
+    monkeypatch.setattr(cpu_lane_mod, "available_cores", lambda: 2)
+    yield
+    torch.set_num_threads(1)
+
+
+def test_one_token_jobs_are_costed_and_prompt_jobs_and_failures_are_not(tmp_path, two_cores):
+    from spice_core.model.loader import load_model
+    from spice_core.runtime.cpu_jobs import CpuJobs
+
+    lm = load_model(build_tiny("qwen2_moe", tmp_path / "m"), "cpu")
+    keys = lm.host.keys()
+    act = F.silu
+    with CpuLane(workers=1) as lane:
+        jobs = CpuJobs(lm, _Clock(), _Recorder(), cpu_lane=lane)
+        assert jobs.lane_totals() == {}                       # nothing ran yet
+        h = lm.layout.hidden
+        one = [jobs.submit(k, torch.randn(1, h), 1, act, torch.device("cpu")) for k in keys[:3]]
+        prompt = jobs.submit(keys[3], torch.randn(4, h), 4, act, torch.device("cpu"))
+        outs = [jobs.collect(k, j) for k, j in zip(keys[:3], one)] + [jobs.collect(keys[3], prompt)]
+        op, _, kernel = jobs.submit(keys[4], torch.randn(1, h), 1, act, torch.device("cpu"))
+
+        class Died:
+            def result(self):
+                raise RuntimeError("worker died")
+
+        assert jobs.collect(keys[4], (op, Died(), kernel)) is None
+    assert all(o is not None for o in outs)
+    t = jobs.lane_totals()
+    runs = jobs.clock.runs[:3]                                # (worker, t0, t1, wait start, wait end) per job
+    assert t["lane_experts"] == 3 and t["lane_int8_experts"] == 0
+    assert t["lane_compute_us_sum"] == pytest.approx(sum(r[2] - r[1] for r in runs) * 1e6)
+    assert t["lane_wait_us_sum"] == pytest.approx(sum(r[4] - r[3] for r in runs) * 1e6)
+    assert t["lane_expert_bytes"] == lm.expert_bytes
+
+
+def _raw(**lane) -> dict:
+    base = {"step_ms": [10.0, 12.0], "ttft_ms": [50.0], "selections": 8, "hits": 4, "bytes": 0, "stall_ms": 0.0,
+            "miss_split": {"approx": 0, "cpu": 4, "copy": 0}, "wasted_prefetch_bytes": 0, "agreements": [],
+            "gpu_peak_bytes": 0, "n_runs": 1, "device_ms": [9.0, 11.0]}
+    return {**base, **lane}
+
+
+def test_the_lane_metrics_are_its_ms_and_gb_per_s_per_expert_and_shards_add_up():
+    a = _raw(lane_experts=4, lane_compute_us_sum=2000.0, lane_wait_us_sum=400.0, lane_bytes_sum=4 * 17_301_504)
+    b = _raw(lane_experts=1, lane_compute_us_sum=1000.0, lane_wait_us_sum=100.0, lane_bytes_sum=17_301_504,
+             lane_int8_experts=2, lane_int8_compute_us_sum=500.0)
+    m = lane_metrics(a)
+    assert m["cpu_lane_ms_per_expert"] == pytest.approx(0.5)
+    assert m["cpu_lane_wait_ms_per_expert"] == pytest.approx(0.1)
+    assert m["cpu_lane_gbps"] == pytest.approx(17_301_504 / 0.5e6)        # one expert's bytes per 0.5 ms
+    assert m["cpu_lane_int8_ms_per_expert"] is None
+    both = derive(_combine(a, b))
+    assert both["cpu_lane_ms_per_expert"] == pytest.approx(3000.0 / 5 / 1e3)
+    assert both["cpu_lane_int8_ms_per_expert"] == pytest.approx(0.25)
+    assert lane_metrics(_raw())["cpu_lane_ms_per_expert"] is None           # no lane job: nothing claimed
+
+
+@pytest.mark.cuda
+def test_a_fast_path_run_with_the_lane_reports_its_measured_cost(tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from spice_core.api import RunSettings
+    from spice_core.engine import SpiceEngine
+
+    eng = SpiceEngine.load(build_tiny("deepseek_v2", tmp_path / "m"), device="cuda", executor="graphed")
+    run = eng.start_ids([5, 17, 33, 2, 9, 41, 7], RunSettings(policy="cpu_compute", cache_frac=0.3,
+                                                              max_new_tokens=12))
+    steps = list(run)
+    t = run.record.totals
+    lane_misses = sum(o.outcome == "cpu" for st in steps[1:] for o in st.outcomes)
+    assert lane_misses > 0 and t["lane_experts"] >= lane_misses - t.get("cpu_fallbacks", 0)
+    assert t["lane_compute_us_sum"] > 0 and t["lane_expert_bytes"] == eng.lm.expert_bytes
