@@ -44,7 +44,7 @@ import torch
 
 from spice_core.api import EXACT_POLICIES, POLICIES, RunSettings, greedy_agreement
 from spice_core.tools.bench_config import LINKS_GBPS, load_config_file, load_results
-from spice_core.tools.bench_records import provenance
+from spice_core.tools.bench_records import divergence_totals, provenance
 from spice_core.tools.bench_models import (check_host_memory, cpu_float32_offload_dtype, load_safetensors_model,
                                           model_folder)
 from spice_core import heldout
@@ -329,9 +329,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
                             if pol == ref_policy:
                                 ref_tokens = toks
                                 exact_tokens.setdefault(ref_key, toks)
-                            agree = None
-                            if ref_tokens is not None:
-                                agree = greedy_agreement(ref_tokens, toks)
+                            agree = greedy_agreement(ref_tokens, toks) if ref_tokens is not None else None
                             rec = eng.get_record(run.run_id)
                             every = cfg.get("export_trace_prompts") == "all"     # default: the first prompt's
                             trace = out / (f"trace-{link}-{budget:.2f}-{pol}" + (f"-p{pi}" if every else "") + ".json")
@@ -340,7 +338,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
                                 write_chrome_trace(rec.events, trace,
                                                    metadata={"policy": pol, "link": link, "budget_frac": budget,
                                                              "model": desc, "timing": cfg["timing"]})
-                            totals = dict(rec.totals)
+                            totals = dict(rec.totals, **divergence_totals(ref_tokens, toks))
                             if device == "cuda":
                                 totals["gpu_peak_bytes"] = torch.cuda.max_memory_allocated()
                             per.setdefault((link, budget, pol, workload, b_variant), []).append(
@@ -458,7 +456,7 @@ def _add_floors(records: list[dict], lm, prof, cfg) -> None:
 def markdown_table(records: list[dict], cfg: dict) -> str:
     cols = ["workload", "variant", "link", "budget_frac", "policy", "tpot_ms_median", "tpot_ms_p90", "hit_rate", "bytes_per_token",
             "stall_ms_per_token", "device_ms_median", "host_us_per_layer", "host_overlap_us_per_layer",
-            "greedy_agreement", "floor_ms", "cpu_lane_ms_per_expert", "cpu_lane_gbps"]
+            "greedy_agreement", "identical_prefix_tokens_median", "floor_ms", "cpu_lane_ms_per_expert", "cpu_lane_gbps"]
     head = "| " + " | ".join(cols) + " | miss split (approx/cpu/copy) |\n|" + "---|" * (len(cols) + 1) + "\n"
     rows = []
     for r in sorted(records, key=lambda r: (r.get("workload", "prompts") != "prompts", r["link"], r["budget_frac"],

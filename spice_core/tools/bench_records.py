@@ -17,6 +17,7 @@ import random
 import statistics
 
 from spice_core.errors import ConfigError
+from spice_core.trace.metrics import first_divergence
 
 # What identifies one configuration: records that share it are runs of the same thing.
 KEY_FIELDS = ("model", "timing", "link", "budget_frac", "policy", "workload", "variant")
@@ -39,6 +40,7 @@ def raw_from_runs(runs) -> dict:
         "miss_split": split,
         "wasted_prefetch_bytes": sum(t.get("wasted_prefetch_bytes", 0) for _, _, t, _ in runs),
         "agreements": [a for _, a, _, _ in runs if a is not None],
+        "identical_prefixes": [t["identical_prefix_tokens"] for _, _, t, _ in runs if "identical_prefix_tokens" in t],
         "gpu_peak_bytes": max((t.get("gpu_peak_bytes", 0) for _, _, t, _ in runs), default=0),
         "n_runs": len(runs),
         # the fast path's host step (run.host_step_totals): sums over MoE layers, so shards merge exactly
@@ -51,6 +53,16 @@ def raw_from_runs(runs) -> dict:
         **{f: sum(t.get(f, 0) for _, _, t, _ in runs) for f in LANE_SUMS},
         "lane_bytes_sum": sum(t.get("lane_experts", 0) * t.get("lane_expert_bytes", 0) for _, _, t, _ in runs),
     }
+
+
+def divergence_totals(reference, tokens) -> dict:
+    """A run's tokens against the reference's (None: no reference): how many leading tokens it reproduced (the
+    first divergence's position; the whole length when they never differ). Greedy agreement counts matching
+    positions, so one early divergence costs every position after it; this says where that happened."""
+    if reference is None:
+        return {}
+    first = first_divergence(reference, tokens)
+    return {"identical_prefix_tokens": max(len(reference), len(tokens)) if first is None else first}
 
 
 LANE_SUMS = ("lane_experts", "lane_compute_us_sum", "lane_wait_us_sum", "lane_int8_experts",
@@ -102,6 +114,8 @@ def derive(raw: dict) -> dict:
         "miss_split": dict(raw["miss_split"]),
         "wasted_prefetch_bytes": raw["wasted_prefetch_bytes"],
         "greedy_agreement": statistics.mean(raw["agreements"]) if raw["agreements"] else None,
+        "identical_prefix_tokens_median": statistics.median(raw["identical_prefixes"])
+        if raw.get("identical_prefixes") else None,
         "gpu_peak_mb": raw["gpu_peak_bytes"] / 1e6 or None,
         "n_runs": raw["n_runs"], "n_decode_tokens": n,
         "host_us_per_layer": _per_layer(raw, "host_critical_us_sum"),
@@ -128,6 +142,7 @@ def _combine(a: dict, b: dict) -> dict:
                        for k in sorted({*a["miss_split"], *b["miss_split"]})},
         "wasted_prefetch_bytes": a["wasted_prefetch_bytes"] + b["wasted_prefetch_bytes"],
         "agreements": a["agreements"] + b["agreements"],
+        "identical_prefixes": a.get("identical_prefixes", []) + b.get("identical_prefixes", []),
         "gpu_peak_bytes": max(a["gpu_peak_bytes"], b["gpu_peak_bytes"]),
         "n_runs": a["n_runs"] + b["n_runs"],
         **{f: a.get(f, 0) + b.get(f, 0) for f in ("host_layers", "host_critical_us_sum", "host_overlap_us_sum")},

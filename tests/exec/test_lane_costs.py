@@ -108,3 +108,16 @@ def test_a_fast_path_run_with_the_lane_reports_its_measured_cost(tmp_path):
     lane_misses = sum(o.outcome == "cpu" for st in steps[1:] for o in st.outcomes)
     assert lane_misses > 0 and t["lane_experts"] >= lane_misses - t.get("cpu_fallbacks", 0)
     assert t["lane_compute_us_sum"] > 0 and t["lane_expert_bytes"] == eng.lm.expert_bytes
+
+
+def test_a_run_says_how_many_leading_tokens_it_reproduced_and_shards_pool_them():
+    from spice_core.tools.bench_records import divergence_totals
+
+    ref = [1, 2, 3, 4, 5, 6]
+    assert divergence_totals(None, [1, 2]) == {}                            # no reference: nothing claimed
+    assert divergence_totals(ref, ref)["identical_prefix_tokens"] == 6       # never diverged
+    assert divergence_totals(ref, [1, 2, 9, 4, 5, 6])["identical_prefix_tokens"] == 2
+    assert divergence_totals(ref, [1, 2, 3])["identical_prefix_tokens"] == 3   # stopped early
+    a, b = _raw(identical_prefixes=[2, 6]), _raw(identical_prefixes=[64])
+    assert derive(_combine(a, b))["identical_prefix_tokens_median"] == 6
+    assert derive(_raw())["identical_prefix_tokens_median"] is None
