@@ -11,8 +11,13 @@ from spice_core.policy.planner import CopyOrder
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return build_tiny("qwen2_moe", tmp_path_factory.mktemp("tiny_events") / "qwen2_moe")
+def lm(tmp_path_factory):
+    """The tiny model on the GPU (its experts in pinned host rows); skips without one."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from spice_core.model.loader import load_model
+
+    return load_model(build_tiny("qwen2_moe", tmp_path_factory.mktemp("tiny_events") / "qwen2_moe"), "cuda")
 
 
 def _engine(lm, n_slots: int):
@@ -32,12 +37,7 @@ def _pool_ids(engine) -> set:
 
 
 @pytest.mark.cuda
-def test_a_held_copy_keeps_its_event_and_a_handed_back_one_is_recorded_again(tiny_dir):
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    from spice_core.model.loader import load_model
-
-    lm = load_model(tiny_dir, "cuda")
+def test_a_held_copy_keeps_its_event_and_a_handed_back_one_is_recorded_again(lm):
     n_slots = 4
     engine = _engine(lm, n_slots)
     keys = lm.host.keys()
@@ -57,12 +57,7 @@ def test_a_held_copy_keeps_its_event_and_a_handed_back_one_is_recorded_again(tin
 
 
 @pytest.mark.cuda
-def test_slots_refilled_through_recycled_events_hold_the_last_copy_and_wait_for_it(tiny_dir):
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    from spice_core.model.loader import load_model
-
-    lm = load_model(tiny_dir, "cuda")
+def test_slots_refilled_through_recycled_events_hold_the_last_copy_and_wait_for_it(lm):
     n_slots = 3
     engine = _engine(lm, n_slots)
     keys = lm.host.keys()
