@@ -29,7 +29,7 @@ from headline_text import (CODE_NOTE, COMMANDS, FLOOR_NOTE, HEADER, HISTORY_NOTE
 
 from spice_core.api import POLICIES
 from spice_core.tools.bench_config import LINKS_GBPS
-from spice_core.tools.bench_records import add_floors, merge_records
+from spice_core.tools.bench_records import FLOOR3_FIELDS, add_floors, merge_records, three_lane_floor
 
 PROTOCOL_PROMPTS = 8           # BENCHMARK.md: 8 held-out prompts x 64 new tokens
 PROTOCOL_BUDGETS = (0.10, 0.25, 0.50)
@@ -260,56 +260,6 @@ def lane_expert_bytes(path: Path = CPU_LANE_PROFILE) -> float | None:
     return float(mb) * 1e6 if mb else None
 
 
-def three_lane_floor(records: list[dict], lane_ms: float | None, dram_gbps: float = HOST_DRAM_GBPS,
-                     lane_bytes: float | None = None) -> None:
-    """`three_lane_floor_one` for each model's records apart (each has its own compute and expert size).
-    ``lane_bytes``: the bytes of the expert ``lane_ms`` was measured on; a model whose experts are larger gets
-    the lane's time scaled by bytes (the lane reads the expert's weights once: its time is near linear in them);
-    None: ``lane_ms`` is taken for every model's expert as it is."""
-    groups: dict = {}
-    for r in records:
-        groups.setdefault(r.get("model"), []).append(r)
-    for rs in groups.values():
-        three_lane_floor_one(rs, lane_ms, dram_gbps, lane_bytes)
-
-
-def three_lane_floor_one(records: list[dict], lane_ms: float | None, dram_gbps: float = HOST_DRAM_GBPS,
-                         lane_bytes: float | None = None) -> None:
-    """``floor3_ms`` and ``tpot_over_floor3`` on every record with the inputs: the fastest a token could go
-    when its N exact misses (copied or computed on the CPU, per token) are split between the link (a ms per
-    expert) and the CPU lane (c ms per expert) so that both finish together, both reading host DRAM:
-
-        floor3 = max(compute, N a c / (a + c), N B / DRAM)
-
-    compute being the fastest `resident` step of the workload and B an expert's bytes (on_demand's bytes per
-    copy). Approximated misses move nothing. Every lane is taken as perfectly overlapped: a floor, not a plan."""
-    resident = {}
-    for r in records:
-        if r["policy"] == "resident" and r.get("tpot_ms_median"):
-            wl = r.get("workload", "prompts")
-            resident[wl] = min(resident.get(wl, float("inf")), r["tpot_ms_median"])
-    expert_bytes = None
-    for r in records:
-        ms = r.get("miss_split") or {}
-        if r["policy"] == "on_demand" and ms.get("copy") and r.get("n_decode_tokens"):
-            expert_bytes = r["bytes_per_token"] / (ms["copy"] / r["n_decode_tokens"])
-            break
-    if expert_bytes is None or lane_ms is None:
-        return
-    if lane_bytes:
-        lane_ms = lane_ms * expert_bytes / lane_bytes
-    for r in records:
-        ms, n_tok = r.get("miss_split") or {}, r.get("n_decode_tokens")
-        compute = resident.get(r.get("workload", "prompts"))
-        if not n_tok or not r.get("link_gbps") or compute is None or r.get("peer"):
-            continue
-        n = (ms.get("cpu", 0) + ms.get("copy", 0)) / n_tok
-        a = expert_bytes / (r["link_gbps"] * 1e6)
-        lanes = n * a * lane_ms / (a + lane_ms) if n else 0.0
-        r["floor3_ms"] = max(compute, lanes, n * expert_bytes / (dram_gbps * 1e6))
-        r["tpot_over_floor3"] = r["tpot_ms_median"] / r["floor3_ms"]
-
-
 def targets(records: list[dict]) -> tuple[str, list[dict]]:
     """BENCHMARK.md's targets at 25%, each marked met or missed."""
     k = by_key(records)
@@ -445,7 +395,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, default=Path("docs/benchmarks/headline"))
     ap.add_argument("--history", type=Path, default=Path("docs/benchmarks/full-scale/headline/results.json"),
-                    help="an earlier headline's results.json, shown as history (25% budget)")
+                    help="an earlier headline's results.json, shown as history (25%% budget)")
     args = ap.parse_args(argv)
     d = args.dir
     if not (d / "raw").is_dir():
@@ -465,7 +415,10 @@ def main(argv=None) -> int:
     for model in models_of(merged):       # each model's floor has its own compute (its resident step)
         add_floors([r for r in merged if r.get("model") == model])
     lane_ms = lane_ms_per_expert()
-    three_lane_floor(merged, lane_ms, lane_bytes=lane_expert_bytes())
+    for r in merged:                      # bench's own three-lane floor (per run) gives way to the report's (per model)
+        for field in FLOOR3_FIELDS:
+            r.pop(field, None)
+    three_lane_floor(merged, lane_ms, HOST_DRAM_GBPS, lane_bytes=lane_expert_bytes())
     quality = load_quality(d)
     attach_quality(merged, quality)
     order = models_of(merged)

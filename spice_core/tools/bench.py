@@ -3,8 +3,8 @@
 Protocol (BENCHMARK.md): batch 1, greedy; for each repetition, prompt and budget, every
 policy runs back to back (interleaved), so machine noise hits all alike. Per record:
 TPOT median / p90 over decode steps (first token excluded), hit rate, bytes per token,
-stall ms per token, miss split, greedy agreement with the exact reference policy, and
-the physical floor max(compute, (1 - hit rate) x routed bytes per token / bandwidth).
+stall ms per token, miss split, greedy agreement with the exact reference policy, the CPU lane's measured ms
+and GB/s per expert, the link floor and the three-lane floor (bench_records.add_floors, three_lane_floor).
 
 Config (JSON):
     {"model": "assets/spice-mini" | "random:deepseek-v2-lite" | "lift:assets/spice-mini",
@@ -44,7 +44,7 @@ import torch
 
 from spice_core.api import EXACT_POLICIES, POLICIES, RunSettings, greedy_agreement
 from spice_core.tools.bench_config import LINKS_GBPS, load_config_file, load_results
-from spice_core.tools.bench_records import divergence_totals, provenance
+from spice_core.tools.bench_records import add_floors, add_three_lane_floor, divergence_totals, provenance
 from spice_core.tools.bench_models import (check_host_memory, cpu_float32_offload_dtype, load_safetensors_model,
                                           model_folder)
 from spice_core import heldout
@@ -436,8 +436,7 @@ def _aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload: str = "prom
 
 
 def _add_floors(records: list[dict], lm, prof, cfg) -> None:
-    """Physical floor (bench_records.add_floors), after filling in what it needs."""
-    from spice_core.tools.bench_records import add_floors
+    """Physical floors (bench_records.add_floors, add_three_lane_floor), after filling in what they need."""
 
     if cfg["timing"] == "modeled":
         from spice_core.timing.profiles import get_shape
@@ -451,12 +450,15 @@ def _add_floors(records: list[dict], lm, prof, cfg) -> None:
         r["routed_bytes_per_token"] = lm.top_k * len(lm.moe_layers) * expert_bytes
         r["link_gbps"] = LINKS_GBPS.get(r["link"]) or prof.h2d_pinned_gbps
     add_floors(records)
+    add_three_lane_floor(records, expert_bytes, expert_bytes / (prof.cpu_mem_gbps * 1e6) if prof.cpu_mem_gbps else None,
+                         prof.host_dram_gbps or None)
 
 
 def markdown_table(records: list[dict], cfg: dict) -> str:
     cols = ["workload", "variant", "link", "budget_frac", "policy", "tpot_ms_median", "tpot_ms_p90", "hit_rate", "bytes_per_token",
             "stall_ms_per_token", "device_ms_median", "host_us_per_layer", "host_overlap_us_per_layer",
-            "greedy_agreement", "identical_prefix_tokens_median", "floor_ms", "cpu_lane_ms_per_expert", "cpu_lane_gbps"]
+            "greedy_agreement", "identical_prefix_tokens_median", "floor_ms", "floor3_ms", "cpu_lane_ms_per_expert",
+            "cpu_lane_gbps"]
     head = "| " + " | ".join(cols) + " | miss split (approx/cpu/copy) |\n|" + "---|" * (len(cols) + 1) + "\n"
     rows = []
     for r in sorted(records, key=lambda r: (r.get("workload", "prompts") != "prompts", r["link"], r["budget_frac"],

@@ -222,8 +222,12 @@ def merge_records(records: list[dict], sources: list[str] | None = None) -> list
     for m in merged.values():
         if "raw" in m:
             m.update(derive(m["raw"]))     # also a lone record: what derive reports may have grown since
-    add_floors(list(merged.values()))
-    return list(merged.values())
+    out = list(merged.values())
+    add_floors(out)
+    inputs = next((r["floor3_inputs"] for r in out if r.get("floor3_inputs")), None)
+    if inputs is not None:         # the shards' three-lane floor, again over the merged steps and lane jobs
+        add_three_lane_floor(out, inputs["expert_bytes"], inputs["profile_lane_ms"], inputs["dram_gbps"])
+    return out
 
 
 def _refuse_repeated_shards(records: list[dict], sources: list[str]) -> None:
@@ -254,3 +258,78 @@ def add_floors(records: list[dict]) -> None:
         transfer = (1 - r["hit_rate"]) * r["routed_bytes_per_token"] / (r["link_gbps"] * 1e6)
         same = [x["tpot_ms_median"] for x in resident if x.get("workload", "prompts") == r.get("workload", "prompts")]
         r["floor_ms"] = max(min(same) if same else 0.0, transfer)
+
+
+def three_lane_floor(records: list[dict], lane_ms: float | None, dram_gbps: float | None = None,
+                     lane_bytes: float | None = None, expert_bytes: float | None = None) -> None:
+    """`three_lane_floor_one` for each model's records apart (each has its own compute and expert size).
+    ``lane_bytes``: the bytes of the expert ``lane_ms`` was measured on; a model whose experts are larger gets
+    the lane's time scaled by bytes (the lane reads the expert's weights once: its time is near linear in them);
+    None: ``lane_ms`` is taken for every model's expert as it is. ``expert_bytes``: one expert's bytes, where the
+    caller knows them (else read off the model's `on_demand` record)."""
+    groups: dict = {}
+    for r in records:
+        groups.setdefault(r.get("model"), []).append(r)
+    for rs in groups.values():
+        three_lane_floor_one(rs, lane_ms, dram_gbps, lane_bytes, expert_bytes)
+
+
+def three_lane_floor_one(records: list[dict], lane_ms: float | None, dram_gbps: float | None = None,
+                         lane_bytes: float | None = None, expert_bytes: float | None = None) -> None:
+    """``floor3_ms`` and ``tpot_over_floor3`` on every record with the inputs: the fastest a token could go
+    when its N exact misses (copied or computed on the CPU, per token) are split between the link (a ms per
+    expert) and the CPU lane (c ms per expert) so that both finish together, both reading host DRAM:
+
+        floor3 = max(compute, N a c / (a + c), N B / DRAM)
+
+    compute being the fastest `resident` step of the workload and B an expert's bytes (``expert_bytes``, else
+    on_demand's bytes per copy). Approximated misses move nothing. Every lane is taken as perfectly overlapped: a
+    floor, not a plan. ``dram_gbps`` None: no DRAM term (the machine's is not known)."""
+    resident = {}
+    for r in records:
+        if r["policy"] == "resident" and r.get("tpot_ms_median"):
+            wl = r.get("workload", "prompts")
+            resident[wl] = min(resident.get(wl, float("inf")), r["tpot_ms_median"])
+    for r in records if expert_bytes is None else ():
+        ms = r.get("miss_split") or {}
+        if r["policy"] == "on_demand" and ms.get("copy") and r.get("n_decode_tokens"):
+            expert_bytes = r["bytes_per_token"] / (ms["copy"] / r["n_decode_tokens"])
+            break
+    if expert_bytes is None or lane_ms is None:
+        return
+    if lane_bytes:
+        lane_ms = lane_ms * expert_bytes / lane_bytes
+    for r in records:
+        ms, n_tok = r.get("miss_split") or {}, r.get("n_decode_tokens")
+        compute = resident.get(r.get("workload", "prompts"))
+        if not n_tok or not r.get("link_gbps") or compute is None or r.get("peer") or r.get("tpot_ms_median") is None:
+            continue
+        n = (ms.get("cpu", 0) + ms.get("copy", 0)) / n_tok
+        a = expert_bytes / (r["link_gbps"] * 1e6)
+        lanes = n * a * lane_ms / (a + lane_ms) if n else 0.0
+        dram = n * expert_bytes / (dram_gbps * 1e6) if dram_gbps else 0.0
+        r["floor3_ms"] = max(compute, lanes, dram)
+        r["tpot_over_floor3"] = r["tpot_ms_median"] / r["floor3_ms"]
+
+
+def add_three_lane_floor(records: list[dict], expert_bytes: float, profile_lane_ms: float | None,
+                         dram_gbps: float | None) -> None:
+    """`three_lane_floor` for one bench run's records, with the CPU lane's time per expert as this run measured it
+    (the median of its records' `cpu_lane_ms_per_expert`: compute on the worker, a floor's view) where any record ran
+    the lane, else ``profile_lane_ms`` (the profile's lane rate). Each floored record keeps the inputs
+    (``floor3_inputs``: the lane's ms and where it came from, DRAM, the expert's bytes), so `merge_records` floors the
+    merged records again from them."""
+    for r in records:
+        for field in FLOOR3_FIELDS:
+            r.pop(field, None)
+    measured = [r["cpu_lane_ms_per_expert"] for r in records if r.get("cpu_lane_ms_per_expert")]
+    lane_ms, source = (statistics.median(measured), "measured") if measured else (profile_lane_ms, "profile")
+    three_lane_floor(records, lane_ms, dram_gbps, expert_bytes=expert_bytes)
+    inputs = {"lane_ms": lane_ms, "lane_source": source, "profile_lane_ms": profile_lane_ms, "dram_gbps": dram_gbps,
+              "expert_bytes": expert_bytes}
+    for r in records:
+        if "floor3_ms" in r:
+            r["floor3_inputs"] = dict(inputs)
+
+
+FLOOR3_FIELDS = ("floor3_ms", "tpot_over_floor3", "floor3_inputs")

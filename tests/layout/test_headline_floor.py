@@ -1,12 +1,14 @@
-"""The headline report's three-lane floor on hand-made records: the link and the CPU lane share a token's
-exact misses so that both finish together, host DRAM bounds both, compute bounds everything."""
+"""The three-lane floor (bench_records.three_lane_floor, which bench and the headline report use) on hand-made
+records: the link and the CPU lane share a token's exact misses so that both finish together, host DRAM bounds both,
+compute bounds everything."""
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from headline_report import three_lane_floor  # noqa: E402
+from spice_core.tools.bench_records import three_lane_floor
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))   # headline_report, for its coverage
 
 EXPERT = 17_302_000          # bytes
 
@@ -68,3 +70,41 @@ def test_coverage_lists_what_is_still_to_run_per_model():
     assert "Qwen2-57B-A14B, native, 25%, 8 prompts: 3 of 8 prompts, 9 of 10 policies (engine code `c0de`)" in gaps
     assert "Qwen2-57B-A14B, pcie4x8, 25%, 8 prompts: not run" in gaps
     assert not [g for g in gaps if g.startswith("DeepSeek-V2-Lite") and "8 prompts" in g]
+
+
+def test_bench_floors_its_own_run_with_the_lane_it_measured_and_merging_floors_again():
+    from spice_core.tools.bench_records import add_three_lane_floor
+
+    rows = [rec("resident", 7.0), rec("lru", 160.0, copy=1100), rec("spice", 45.0, copy=5, cpu=300, approx=600,
+                                                                      cpu_lane_ms_per_expert=0.6)]
+    add_three_lane_floor(rows, EXPERT, profile_lane_ms=1.0, dram_gbps=81.0)
+    a = EXPERT / 13e6
+    assert rows[1]["floor3_ms"] == pytest.approx(110 * a * 0.6 / (a + 0.6))      # the lane this run measured
+    assert rows[2]["floor3_inputs"]["lane_source"] == "measured"
+    assert rows[2]["floor3_ms"] == pytest.approx(max(7.0, 30.5 * a * 0.6 / (a + 0.6)))
+    assert rows[2]["floor3_ms"] < rows[2]["tpot_ms_median"]                       # a floor, below what ran
+    plain = [rec("resident", 7.0), rec("lru", 160.0, copy=1100)]
+    add_three_lane_floor(plain, EXPERT, profile_lane_ms=1.0, dram_gbps=None)       # no lane ran: the profile's
+    assert plain[1]["floor3_ms"] == pytest.approx(110 * a * 1.0 / (a + 1.0))
+    assert plain[1]["floor3_inputs"]["lane_source"] == "profile"
+
+
+def test_merged_shards_are_floored_again_over_their_combined_steps():
+    from spice_core.tools.bench_records import add_three_lane_floor, derive, merge_records
+
+    def shard(policy, steps, copies, ttft):
+        raw = {"step_ms": steps, "ttft_ms": [ttft], "selections": 156 * len(steps), "hits": 0, "bytes": 0,
+               "stall_ms": 0.0, "miss_split": {"approx": 0, "cpu": 0, "copy": copies}, "wasted_prefetch_bytes": 0,
+               "agreements": [], "gpu_peak_bytes": 0, "n_runs": 1, "device_ms": steps}
+        return {"model": "m", "timing": "measured", "link": "pcie4x8", "budget_frac": 0.25, "policy": policy,
+                "workload": "prompts", "variant": "", "link_gbps": 13.0, "raw": raw, **derive(raw)}
+
+    a = [shard("resident", [7.0, 7.2], 0, 50.0), shard("on_demand", [220.0, 221.0], 312, 90.0)]
+    b = [shard("resident", [7.1, 6.9], 0, 51.0), shard("on_demand", [219.0, 222.0], 156, 91.0)]
+    for part in (a, b):
+        add_three_lane_floor(part, EXPERT, profile_lane_ms=0.7, dram_gbps=81.0)
+    merged = {r["policy"]: r for r in merge_records(a + b, ["a", "a", "b", "b"])}
+    od = merged["on_demand"]
+    n, x = (312 + 156) / 4, EXPERT / 13e6                 # copies per token over both shards' 4 steps
+    assert od["floor3_ms"] == pytest.approx(max(7.0, n * x * 0.7 / (x + 0.7), n * EXPERT / 81e6))
+    assert od["tpot_over_floor3"] == pytest.approx(od["tpot_ms_median"] / od["floor3_ms"])
