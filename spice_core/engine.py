@@ -35,7 +35,7 @@ from spice_core.policy.cache import cache_slots_for_budget
 from spice_core.policy.planner import LayerPlanner, check_prefetch_admission
 from spice_core.policy.spec import get_spec
 from spice_core.runtime.eager import EagerExecutor
-from spice_core.runtime.graph_exec import GraphExecutor, fast_path_refusal
+from spice_core.runtime.graph_exec import GraphExecutor
 from spice_core.runtime.graphed import GraphCaptureError
 from spice_core.runtime.layer import LayerRuntime
 from spice_core.run import EngineBusyError, GenerationRun, RunRecord
@@ -432,11 +432,6 @@ class SpiceEngine:
                     f"cache budget {budget / 1e9:.4f} GB leaves room for {n_slots} experts after "
                     f"{reserved / 1e9:.4f} GB of draft/LoRE memory, fewer than top-{lm.top_k}: raise --cache-frac")
         fast = not eager and max_cache_len is not None and self._wants_fast_path(modeled)
-        if fast:
-            why = fast_path_refusal(spec, has_draft=spec.predictor != "draft" or predictor is self._draft())
-            if why:
-                notes.append(f"fast path off: {why}; decode runs on the eager executor")
-                fast = False
         modeled_cpu = spec.use_cpu and not real_lane
         if spec.miss_mode == "orchestrate":
             can_cpu = s.cpu_lane and (cpu_lane is not None or modeled_cpu)
@@ -472,7 +467,7 @@ class SpiceEngine:
                   **(self._link_pacing() if measured else {}))
         if fast:
             executor = GraphExecutor(lm, n_slots, clock, recorder, max_cache_len=max_cache_len,
-                                     draft=predictor if spec.predictor == "draft" else None,
+                                     readback_predictor=predictor if hasattr(predictor, "head_readback") else None,
                                      use_graphs=lm.device.type == "cuda", cpu_rows=can_cpu or int8 is not None, **kw)
         else:
             executor = EagerExecutor(lm, n_slots, clock, recorder, **kw)
@@ -501,9 +496,6 @@ class SpiceEngine:
                          f"captured in {time.perf_counter() - t0:.2f} s)" if executor.decoder.use_graphs else
                          "fast path: decode steps run the graphed executor's step op by op (no CUDA here)")
         return rt
-
-    def _draft(self):
-        return self.artifacts.draft if self.artifacts else None
 
     def _offer_int8(self, s: RunSettings, spec, costs: CostModel, cpu_lane, modeled_cpu: bool, notes: list):
         """The experts' int8 copy when this run (tau_int8 > 0) may take the lossy cpu_int8 miss action, else None;

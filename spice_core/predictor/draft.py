@@ -248,8 +248,9 @@ class DraftPredictor:
         order = torch.sort(conf, dim=-1, descending=True, stable=True).indices
         return torch.cat([conf.reshape(-1), order.reshape(-1).to(torch.float32), self._weights(logq).reshape(-1)])
 
-    def predictions_from_readback(self, layer: int, arr: np.ndarray) -> list[LayerPrediction]:
-        """`head_readback`'s numbers of ``layer`` (host, [3*D*E] float32) -> one LayerPrediction per distance."""
+    def predictions_from_readback(self, layer: int, arr: np.ndarray, ctx=None) -> list[LayerPrediction]:
+        """`head_readback`'s numbers of ``layer`` (host, [3*D*E] float32) -> one LayerPrediction per distance (every
+        head, whatever ``ctx.max_lookahead``: predictions beyond it inform eviction)."""
         p = self._pos[layer]
         D, E = self.distances, self.n_experts
         conf = arr[: D * E].reshape(D, E).tolist()

@@ -10,10 +10,12 @@
 The same planner decides as on the eager path. This executor composes the mechanism: one `CopyEngine`
 (slots, copy stream, link pacing), one `CpuJobs` (the CPU lane) and, for the eager prefill, an
 `EagerExecutor` that shares both (``eager``: the runtime's `run_layer` runs the prompt through it, so the
-prompt's copies land in the slots the decode steps read). What the graphs cannot do yet falls back to the eager executor
-with a note (the engine decides, see `fast_path_refusal`): predictors that need the hidden state
-outside the captured segment (the gate predictor). LoRE approximation is a branch of the captured
-expert step (GraphedDecoder._lore_out).
+prompt's copies land in the slots the decode steps read). A predictor that reads the hidden state (the draft's heads,
+the gate predictor's next routers) runs as part of each layer's segment (``readback_predictor``: its
+`head_readback` is captured, its numbers read back with the routing and parsed by
+`predictions_from_readback`). A step that cannot be captured falls back to the eager executor with a note
+(the engine's `build_runtime`). LoRE approximation is a branch of the captured expert step
+(GraphedDecoder._lore_out).
 
 The CPU lane inside the step (design A of the fast-path review): each segment reads its layer's
 hidden state back with the routing; the host step submits the layer's CPU experts first (`submit_cpu`:
@@ -42,13 +44,6 @@ from spice_core.runtime.graphed_plan import CPU_SLOT, selection_rows
 from spice_core.types import ExpertKey
 
 
-def fast_path_refusal(spec, *, has_draft: bool) -> str:
-    """Why this run cannot use the graphed executor ("" when it can)."""
-    if spec.predictor == "gate" or (spec.predictor == "draft" and not has_draft):
-        return "the gate predictor reads hidden states the CUDA graphs keep: it runs on the eager executor only"
-    return ""
-
-
 def cache_bucket(n_tokens: int, max_context: int, step: int = 64) -> int:
     """The StaticCache length for a run of ``n_tokens`` (prompt + new tokens): rounded up to ``step``
     so that one captured decoder serves similar runs, and never past the model's context."""
@@ -58,7 +53,7 @@ def cache_bucket(n_tokens: int, max_context: int, step: int = 64) -> int:
 class GraphExecutor:
     name = "graphed"
 
-    def __init__(self, lm, n_slots: int, clock, recorder, *, max_cache_len: int, draft=None,
+    def __init__(self, lm, n_slots: int, clock, recorder, *, max_cache_len: int, readback_predictor=None,
                  use_graphs: bool | None = None, cpu_rows: bool = False, lore=None, **kw) -> None:
         """``cpu_rows``: the planner may send exact misses to the CPU lane (the decoder then reads each layer's
         hidden state back and uploads the lane's outputs with the plan row). ``kw``: the `EagerExecutor`'s
@@ -67,7 +62,8 @@ class GraphExecutor:
         self.copies, self.cpu, self.lore = self.eager.copies, self.eager.cpu, lore
         self.lm, self.clock, self.recorder = lm, clock, recorder
         self.device, self.cuda = lm.device, lm.device.type == "cuda"
-        self.max_cache_len, self.draft, self.use_graphs, self.cpu_rows = max_cache_len, draft, use_graphs, cpu_rows
+        self.max_cache_len, self.use_graphs, self.cpu_rows = max_cache_len, use_graphs, cpu_rows
+        self.readback_predictor = readback_predictor
         self.decoder: GraphedDecoder | None = None
         self.runtime = None
         self._moe_pos = {layer: i for i, layer in enumerate(lm.moe_layers)}
@@ -75,8 +71,8 @@ class GraphExecutor:
     def attach(self, runtime) -> None:
         """Capture the decode step (raises GraphCaptureError when it cannot) and take the runtime's decisions."""
         readback = n_draft = None
-        if self.draft is not None:
-            readback, n_draft = self.draft.head_readback, self.draft.readback_numel
+        if self.readback_predictor is not None:
+            readback, n_draft = self.readback_predictor.head_readback, self.readback_predictor.readback_numel
         self.decoder = GraphedDecoder(self.lm, self.copies.slots.buffer, self.copies.copy_stream, self.max_cache_len,
                                       use_graphs=self.use_graphs, wait_for_copies=False, draft_readback=readback,
                                       draft_numel=n_draft or 0, lore=self.lore, cpu_rows=self.cpu_rows,
@@ -88,7 +84,7 @@ class GraphExecutor:
     def _static_slots(self, planner):
         """[M, E] the slot of every expert, when every expert is resident for the run's life (``resident``: its
         decode step is one graph with no host step, `GraphedDecoder`); else None."""
-        if not planner.spec.preload_all or self.draft is not None or self.lore is not None or self.cpu_rows:
+        if not planner.spec.preload_all or self.readback_predictor is not None or self.lore is not None or self.cpu_rows:
             return None
         where, layers = planner.residency.where, self.lm.moe_layers
         keys = [[ExpertKey(layer, e) for e in range(self.lm.n_experts)] for layer in layers]
@@ -101,8 +97,8 @@ class GraphExecutor:
             self.copies.compute_stream = self.decoder.stream
 
     def on_layer(self, layer: int, expert_ids: list[int], weights: list[float]) -> list[int]:
-        draft_row = self.decoder.draft_np[self._moe_pos[layer]] if self.draft is not None else None
-        return self.runtime.decide_layer(layer, expert_ids, weights, draft_row)
+        readback_row = self.decoder.draft_np[self._moe_pos[layer]] if self.readback_predictor is not None else None
+        return self.runtime.decide_layer(layer, expert_ids, weights, readback_row)
 
     # ------------------------------------------------------------------ the CPU lane, inside the step
     def submit_cpu(self, layer: int, experts) -> dict:
@@ -112,7 +108,7 @@ class GraphExecutor:
         x = self.decoder.x_host[self._moe_pos[layer]].view(1, -1)
         act = self.lm.experts_modules[layer].act_fn
         int8, jobs = int8_tasks(experts), self.cpu
-        return {e: (jobs.submit_int8 if e in int8 else jobs.submit)(ExpertKey(layer, e), x, 1, act, "cpu")
+        return {e: (jobs.submit_int8 if e in int8 else jobs.submit)(ExpertKey(layer, e), x, 1, act, "cpu", decode=True)
                 for e in experts}
 
     def join_cpu(self, layer: int, jobs: dict, expert_ids: list[int], fallback) -> dict:

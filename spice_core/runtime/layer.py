@@ -99,14 +99,14 @@ class LayerRuntime:
         pass that installs a runtime runs under inference mode or no_grad (a decorator here cost 3 µs a layer)."""
         return self.layer_phases(EagerLayer(self, layer, x, top_k_index, top_k_weights, act), x.shape[0])
 
-    def decide_layer(self, layer: int, expert_ids: list[int], weights: list[float], draft_row=None) -> list[int]:
+    def decide_layer(self, layer: int, expert_ids: list[int], weights: list[float], readback_row=None) -> list[int]:
         """The graphed executor's per-layer host step (T=1): the layer's routing has been read back and
         every earlier segment has finished. Plans the layer, issues its demand copies, makes the compute
         stream wait for what this layer needs, and returns the slot of each selection (the next segment
         runs the experts from them). The lookahead and the layer's recording are left for `run_deferred`, which
         the decoder calls once that segment is launched, so the GPU need not wait for them: until then this
         layer's experts stay protected from eviction (the segment reads their slots while the lookahead plans)."""
-        return self.layer_phases(GraphedLayer(self, layer, expert_ids, weights, draft_row), 1)
+        return self.layer_phases(GraphedLayer(self, layer, expert_ids, weights, readback_row), 1)
 
     def layer_phases(self, step, n_tokens: int):
         """The one phase sequence of a MoE layer, for both executors (``step``: an `EagerLayer` or a `GraphedLayer`,
@@ -140,7 +140,7 @@ class LayerRuntime:
     def run_deferred(self) -> None:
         """What `decide_layer` left, done now that the decoder has launched the segment that reads the layer's
         experts: the layer's outcomes recorded (and its observers called), then the lookahead planned (the
-        layer's slots stay protected meanwhile). Nothing when none is pending. ``draft_row`` is read here,
+        layer's slots stay protected meanwhile). Nothing when none is pending. ``readback_row`` is read here,
         before the next token's segment overwrites it (FASTPATH H5)."""
         if self.deferred_record is not None:
             self.record_deferred()

@@ -88,10 +88,10 @@ class GraphedLayer:
     next segment runs the experts from them. Until `run_deferred` this layer's experts stay protected from
     eviction (the segment reads their slots while the lookahead plans)."""
 
-    __slots__ = ("rt", "layer", "expert_ids", "weights", "draft_row", "slot_of", "fell_back")
+    __slots__ = ("rt", "layer", "expert_ids", "weights", "readback_row", "slot_of", "fell_back")
 
-    def __init__(self, rt, layer: int, expert_ids: list[int], weights: list[float], draft_row=None) -> None:
-        self.rt, self.layer, self.expert_ids, self.weights, self.draft_row = rt, layer, expert_ids, weights, draft_row
+    def __init__(self, rt, layer: int, expert_ids: list[int], weights: list[float], readback_row=None) -> None:
+        self.rt, self.layer, self.expert_ids, self.weights, self.readback_row = rt, layer, expert_ids, weights, readback_row
 
     @property
     def hit_path(self) -> bool:
@@ -147,11 +147,11 @@ class GraphedLayer:
     def after(self, plan) -> None:
         """Recorded, and the lookahead planned, once the next segment is launched (`run_deferred`): the GPU need
         not wait for the bookkeeping."""
-        rt, layer, draft_row = self.rt, self.layer, self.draft_row
+        rt, layer, readback_row = self.rt, self.layer, self.readback_row
         rt.deferred_record = (layer, plan.needed, plan.outcomes)
         if rt.planner.prefetching and rt.predictor is not None:
-            if draft_row is not None:
-                predict = lambda: rt.predictor.predictions_from_readback(layer, draft_row)   # noqa: E731
+            if readback_row is not None:
+                predict = lambda: rt.predictor.predictions_from_readback(layer, readback_row, rt.ctx)   # noqa: E731
             else:
                 predict = lambda: rt.predictor.predict(layer, None, rt.ctx)   # noqa: E731
             rt.deferred_lookahead = (layer, predict, plan.needed)
