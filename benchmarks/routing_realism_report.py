@@ -95,7 +95,10 @@ NOTES = """\
   scheduler puts on the GPU (and its prefetches) go through the cache; misses it computes on the CPU are not admitted.
 - **Workload.** Here: the miniatures' held-out bench prompts (story openings and chat requests, 13–28 tokens), greedy,
   batch 1, the new tokens above. HybriMoE's dataset, prompt and output lengths and batch for its hit-rate figure: not
-  found (the paper's text was not in the sources searched; its chat script sends a hard-coded short prompt).
+  found (the paper's text was not in the sources searched). Its test driver (`ktransformers/tests/chat.py`) decodes one
+  hard-coded story request ("Write a story loosely related to legend of narcissus...") for up to 1000 new tokens with
+  16 experts cached in every layer (`load_size`, 25% of 64) and prefetching off: if the figure came from such a run,
+  it is one long story per model, where our rows average short prompts of 64 new tokens.
 - **Model.** The miniatures have the real models' routing shape (MoE layers, experts, top-k, shared experts) but were
   trained here, small (hidden size 128), on simple generated stories and some public-domain prose; the published
   figures come from the real checkpoints (HybriMoE's example uses a 4-bit GGUF of DeepSeek-V2-Lite-Chat). A budget is
