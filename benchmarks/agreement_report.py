@@ -1,0 +1,111 @@
+"""spice's speed against its quality across thresholds: a markdown table from GPU bench records and CPU quality runs.
+
+    python benchmarks/agreement_report.py --records docs/benchmarks/cpu-lane/agreement/native/results.json \
+        [--quality docs/benchmarks/cpu-lane/agreement/quality/*.json] [--target-agreement 0.9]
+
+One row per measured `spice` record (one per bench run variant: τ_approx, τ_prefetch, lookahead, lane offer), with its
+TPOT against the same file's `on_demand` and `lru`, its GB copied per token, miss split and greedy agreement with
+`resident` over the run's tokens (GPU, measured), and, where a CPU quality run (`benchmarks/headline_quality.py`) has
+the same τ_approx, τ_prefetch and lookahead, that run's perplexity change and greedy agreement (the miniature itself on
+the CPU, modeled clock). Then the fastest measured setting whose GPU agreement reaches the target, or a line saying
+none did. Every number comes from the files named; nothing is computed here but ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _load_records(path: Path) -> list[dict]:
+    data = json.loads(path.read_text())
+    recs = data["records"] if isinstance(data, dict) else data
+    if not isinstance(recs, list):
+        raise SystemExit(f"{path}: not a bench results.json (a list of records)")
+    return recs
+
+
+def _setting(rec: dict) -> tuple:
+    s = rec.get("settings") or {}
+    return (round(float(s.get("tau_approx", 0.0)), 4), round(float(s.get("tau_prefetch", 0.0)), 4),
+            int(s.get("max_lookahead", 0)))
+
+
+def _quality_rows(paths: list[Path]) -> dict[tuple, dict]:
+    """(tau_approx, tau_prefetch, max_lookahead, link, budget) -> the CPU quality row of that setting."""
+    out = {}
+    for p in paths:
+        q = json.loads(p.read_text())
+        st = q.get("settings") or {}
+        for row in q.get("rows", []):
+            key = (round(float(st.get("tau_approx", row.get("tau_approx", 0.0))), 4),
+                   round(float(st.get("tau_prefetch", 0.0)), 4), int(st.get("max_lookahead", 0)),
+                   row.get("link"), round(float(row.get("budget_frac", 0.0)), 4))
+            out[key] = dict(row, source_file=p.name, new_tokens=row.get("new_tokens"))
+    return out
+
+
+def _fmt(x, spec: str = ".2f", none: str = "–") -> str:
+    return none if x is None else format(x, spec)
+
+
+def report(records: list[dict], quality: dict[tuple, dict], target: float) -> str:
+    base = {r["policy"]: r for r in records
+            if r.get("policy") in ("on_demand", "lru") and r.get("variant", "") in ("", "headline")}
+    rows = [r for r in records if r.get("policy") in ("spice", "spice_no_lore")]
+    if not rows:
+        raise SystemExit("no spice or spice_no_lore record in the files given")
+    link = rows[0].get("link")
+    lines = [f"| policy (variant) | τ_approx | τ_prefetch | lookahead | TPOT median ms [95% CI] | × on_demand | × lru | "
+             "GB / token | hit rate | miss split approx/cpu/copy | greedy agreement (GPU) | CPU: ppl Δ % | "
+             "CPU: greedy agreement |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    met = []
+    od, lru = base.get("on_demand"), base.get("lru")
+    for r in sorted(rows, key=lambda r: r["tpot_ms_median"]):
+        ta, tp, la = _setting(r)
+        q = quality.get((ta, tp, la, r.get("link"), round(float(r.get("budget_frac", 0.0)), 4)))
+        if r["policy"] == "spice_no_lore":
+            q = None
+        ms, ci = r["tpot_ms_median"], r.get("tpot_ms_median_ci95") or [None, None]
+        split = r.get("miss_split") or {}
+        agree = r.get("greedy_agreement")
+        label = r["policy"] + (f" ({r['variant']})" if r.get("variant") else "")
+        lines.append(
+            f"| {label} | {ta:g} | {tp:g} | {la} | {ms:.2f} [{_fmt(ci[0])}, {_fmt(ci[1])}] | "
+            f"{_fmt(od['tpot_ms_median'] / ms if od else None)} | {_fmt(lru['tpot_ms_median'] / ms if lru else None)} | "
+            f"{r.get('bytes_per_token', 0) / 1e9:.2f} | {_fmt(r.get('hit_rate'))} | "
+            f"{split.get('approx', 0)}/{split.get('cpu', 0)}/{split.get('copy', 0)} | {_fmt(agree, '.3f')} | "
+            f"{_fmt(q.get('ppl_delta_pct') if q else None, '+.2f')} | {_fmt(q.get('greedy_agreement') if q else None, '.3f')} |")
+        if r["policy"] == "spice" and agree is not None and agree >= target - 1e-9:
+            met.append(r)
+    out = [f"Link {link}; baselines from the same file: on_demand {_fmt(od['tpot_ms_median'] if od else None)} ms, "
+           f"lru {_fmt(lru['tpot_ms_median'] if lru else None)} ms.", "", *lines, ""]
+    if met:
+        best = min(met, key=lambda r: r["tpot_ms_median"])
+        ta, tp, la = _setting(best)
+        out.append(f"Fastest `spice` setting with GPU greedy agreement ≥ {target:g}: τ_approx {ta:g}, τ_prefetch {tp:g}, "
+                   f"lookahead {la} ({best.get('variant') or 'default'}): {best['tpot_ms_median']:.2f} ms"
+                   + (f", {od['tpot_ms_median'] / best['tpot_ms_median']:.2f}× on_demand" if od else "") + ".")
+    else:
+        out.append(f"No measured `spice` setting reached GPU greedy agreement ≥ {target:g}.")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=Path, nargs="+", required=True, help="bench results.json files (GPU, measured)")
+    ap.add_argument("--quality", type=Path, nargs="*", default=[], help="headline_quality.py outputs (CPU)")
+    ap.add_argument("--target-agreement", type=float, default=0.9)
+    args = ap.parse_args(argv)
+    for p in [*args.records, *args.quality]:
+        if not p.is_file():
+            print(f"{p}: no such file", file=sys.stderr)
+            return 2
+    records = [r for p in args.records for r in _load_records(p)]
+    print(report(records, _quality_rows(args.quality), args.target_agreement), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""The agreement sweep's report: the fastest spice setting that reaches the agreement target, ratios against the
+same file's baselines, CPU quality matched by setting, and a plain line when no setting reaches the target."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _report():
+    spec = importlib.util.spec_from_file_location("agreement_report", ROOT / "benchmarks/agreement_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _rec(policy, ms, variant="", agree=1.0, ta=0.05, tp=0.2, la=4):
+    return {"policy": policy, "variant": variant, "link": "native", "budget_frac": 0.25, "tpot_ms_median": ms,
+            "tpot_ms_median_ci95": [ms - 0.5, ms + 0.5], "bytes_per_token": 1e9, "hit_rate": 0.5,
+            "miss_split": {"approx": 3, "cpu": 0, "copy": 2}, "greedy_agreement": agree,
+            "settings": {"tau_approx": ta, "tau_prefetch": tp, "max_lookahead": la, "lore_rank": 4}}
+
+
+def test_the_fastest_setting_that_meets_the_target_is_named_with_its_ratio(tmp_path):
+    rep = _report()
+    records = [_rec("on_demand", 60.0, "headline"), _rec("lru", 48.0, "headline"),
+               _rec("spice", 24.0, "headline", agree=0.70),
+               _rec("spice", 30.0, "ta0.02", agree=0.93, ta=0.02), _rec("spice", 40.0, "ta0.01", agree=0.99, ta=0.01)]
+    q = tmp_path / "q.json"
+    q.write_text(json.dumps({"settings": {"tau_approx": 0.02, "tau_prefetch": 0.2, "max_lookahead": 4},
+                             "rows": [{"link": "native", "budget_frac": 0.25, "ppl_delta_pct": 0.02,
+                                       "greedy_agreement": 1.0}]}))
+    text = rep.report(records, rep._quality_rows([q]), 0.9)
+    assert "τ_approx 0.02, τ_prefetch 0.2, lookahead 4 (ta0.02): 30.00 ms, 2.00× on_demand" in text
+    row = next(line for line in text.splitlines() if "(ta0.02)" in line and line.startswith("|"))
+    assert "| 2.00 | 1.60 |" in row and "| +0.02 | 1.000 |" in row        # ratios, and the CPU run of its setting
+    headline = next(line for line in text.splitlines() if "(headline)" in line and "spice" in line)
+    assert headline.endswith("| – | – |")                                   # no CPU run at 0.05 given
+
+
+def test_no_setting_meeting_the_target_is_said_plainly():
+    rep = _report()
+    text = rep.report([_rec("on_demand", 60.0), _rec("spice", 24.0, agree=0.7)], {}, 0.9)
+    assert "No measured `spice` setting reached GPU greedy agreement ≥ 0.9." in text
+
+
+def test_a_missing_file_is_refused_with_its_name(tmp_path, capsys):
+    rep = _report()
+    assert rep.main(["--records", str(tmp_path / "none.json")]) == 2
+    assert "none.json: no such file" in capsys.readouterr().err
