@@ -7,7 +7,8 @@ One row per measured `spice` record (one per bench run variant: τ_approx, τ_pr
 TPOT against the same file's `on_demand` and `lru`, its GB copied per token, miss split and greedy agreement with
 `resident` over the run's tokens (GPU, measured), and, where a CPU quality run (`benchmarks/headline_quality.py`) has
 the same τ_approx, τ_prefetch and lookahead, that run's perplexity change and greedy agreement (the miniature itself on
-the CPU, modeled clock). Then the fastest measured setting whose GPU agreement reaches the target, or a line saying
+the CPU, modeled clock), with its teacher-forced top-1 agreement and the token where each prompt's text first
+diverged (one early near-tie flip costs a prompt most of its positional agreement). Then the fastest measured setting whose GPU agreement reaches the target, or a line saying
 none did. Every number comes from the files named; nothing is computed here but ratios.
 """
 from __future__ import annotations
@@ -46,6 +47,14 @@ def _quality_rows(paths: list[Path]) -> dict[tuple, dict]:
     return out
 
 
+def _divergence(q: dict | None) -> str:
+    """The token at which each prompt's greedy text first left the exact one ("·": never), from a CPU quality row."""
+    firsts = (q or {}).get("first_divergence")
+    if not firsts:
+        return "–"
+    return " ".join("·" if f is None else str(f) for f in firsts)
+
+
 def _fmt(x, spec: str = ".2f", none: str = "–") -> str:
     return none if x is None else format(x, spec)
 
@@ -58,8 +67,10 @@ def report(records: list[dict], quality: dict[tuple, dict], target: float) -> st
         raise SystemExit("no spice or spice_no_lore record in the files given")
     link = rows[0].get("link")
     lines = [f"| policy (variant) | τ_approx | τ_prefetch | lookahead | TPOT median ms [95% CI] | × on_demand | × lru | "
-             "GB / token | hit rate | miss split approx/cpu/copy | greedy agreement (GPU) | CPU: ppl Δ % | "
-             "CPU: greedy agreement |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "GB / token | hit rate | miss split approx/cpu/copy | greedy agreement (GPU) | identical prefix, median tokens (GPU) | "
+             "CPU: ppl Δ % | "
+             "CPU: greedy agreement | CPU: teacher-forced top-1 agreement | CPU: first divergence per prompt |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     met = []
     od, lru = base.get("on_demand"), base.get("lru")
     for r in sorted(rows, key=lambda r: r["tpot_ms_median"]):
@@ -76,7 +87,8 @@ def report(records: list[dict], quality: dict[tuple, dict], target: float) -> st
             f"{_fmt(od['tpot_ms_median'] / ms if od else None)} | {_fmt(lru['tpot_ms_median'] / ms if lru else None)} | "
             f"{r.get('bytes_per_token', 0) / 1e9:.2f} | {_fmt(r.get('hit_rate'))} | "
             f"{split.get('approx', 0)}/{split.get('cpu', 0)}/{split.get('copy', 0)} | {_fmt(agree, '.3f')} | "
-            f"{_fmt(q.get('ppl_delta_pct') if q else None, '+.2f')} | {_fmt(q.get('greedy_agreement') if q else None, '.3f')} |")
+            f"{_fmt(r.get('identical_prefix_tokens_median'), 'g')} | {_fmt(q.get('ppl_delta_pct') if q else None, '+.2f')} | {_fmt(q.get('greedy_agreement') if q else None, '.3f')} | "
+            f"{_fmt(q.get('top1_agreement') if q else None, '.3f')} | {_divergence(q)} |")
         if r["policy"] == "spice" and agree is not None and agree >= target - 1e-9:
             met.append(r)
     out = [f"Link {link}; baselines from the same file: on_demand {_fmt(od['tpot_ms_median'] if od else None)} ms, "
