@@ -18,6 +18,8 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 
 def _load_records(path: Path) -> list[dict]:
     data = json.loads(path.read_text())
@@ -47,12 +49,28 @@ def _quality_rows(paths: list[Path]) -> dict[tuple, dict]:
     return out
 
 
+def agreement_ci(per_prompt: list[float], n_resamples: int = 2000, seed: int = 0) -> tuple[float, float] | None:
+    """95% percentile bootstrap interval of the mean greedy agreement over prompts (resampling whole prompts: one
+    early flip moves a prompt's agreement a lot, so the prompts, not the tokens, are the independent samples)."""
+    if len(per_prompt) < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    a = np.asarray(per_prompt, dtype=float)
+    means = a[rng.integers(0, len(a), size=(n_resamples, len(a)))].mean(axis=1)
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
 def _divergence(q: dict | None) -> str:
     """The token at which each prompt's greedy text first left the exact one ("·": never), from a CPU quality row."""
     firsts = (q or {}).get("first_divergence")
     if not firsts:
         return "–"
     return " ".join("·" if f is None else str(f) for f in firsts)
+
+
+def _ci(rec: dict) -> str:
+    ci = agreement_ci(((rec.get("raw") or {}).get("agreements")) or [])
+    return "" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]"
 
 
 def _fmt(x, spec: str = ".2f", none: str = "–") -> str:
@@ -67,7 +85,7 @@ def report(records: list[dict], quality: dict[tuple, dict], target: float) -> st
         raise SystemExit("no spice or spice_no_lore record in the files given")
     link = rows[0].get("link")
     lines = [f"| policy (variant) | τ_approx | τ_prefetch | lookahead | TPOT median ms [95% CI] | × on_demand | × lru | "
-             "GB / token | hit rate | miss split approx/cpu/copy | greedy agreement (GPU) | identical prefix, median tokens (GPU) | "
+             "GB / token | hit rate | miss split approx/cpu/copy | greedy agreement (GPU) [95% CI over prompts] | identical prefix, median tokens (GPU) | "
              "CPU: ppl Δ % | "
              "CPU: greedy agreement | CPU: teacher-forced top-1 agreement | CPU: first divergence per prompt |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -86,7 +104,7 @@ def report(records: list[dict], quality: dict[tuple, dict], target: float) -> st
             f"| {label} | {ta:g} | {tp:g} | {la} | {ms:.2f} [{_fmt(ci[0])}, {_fmt(ci[1])}] | "
             f"{_fmt(od['tpot_ms_median'] / ms if od else None)} | {_fmt(lru['tpot_ms_median'] / ms if lru else None)} | "
             f"{r.get('bytes_per_token', 0) / 1e9:.2f} | {_fmt(r.get('hit_rate'))} | "
-            f"{split.get('approx', 0)}/{split.get('cpu', 0)}/{split.get('copy', 0)} | {_fmt(agree, '.3f')} | "
+            f"{split.get('approx', 0)}/{split.get('cpu', 0)}/{split.get('copy', 0)} | {_fmt(agree, '.3f')}{_ci(r)} | "
             f"{_fmt(r.get('identical_prefix_tokens_median'), 'g')} | {_fmt(q.get('ppl_delta_pct') if q else None, '+.2f')} | {_fmt(q.get('greedy_agreement') if q else None, '.3f')} | "
             f"{_fmt(q.get('top1_agreement') if q else None, '.3f')} | {_divergence(q)} |")
         if r["policy"] == "spice" and agree is not None and agree >= target - 1e-9:
@@ -98,7 +116,8 @@ def report(records: list[dict], quality: dict[tuple, dict], target: float) -> st
         ta, tp, la = _setting(best)
         out.append(f"Fastest `spice` setting with GPU greedy agreement ≥ {target:g}: τ_approx {ta:g}, τ_prefetch {tp:g}, "
                    f"lookahead {la} ({best.get('variant') or 'default'}): {best['tpot_ms_median']:.2f} ms"
-                   + (f", {od['tpot_ms_median'] / best['tpot_ms_median']:.2f}× on_demand" if od else "") + ".")
+                   + (f", {od['tpot_ms_median'] / best['tpot_ms_median']:.2f}× on_demand" if od else "")
+                   + f", agreement {best['greedy_agreement']:.3f}{_ci(best)}.")
     else:
         out.append(f"No measured `spice` setting reached GPU greedy agreement ≥ {target:g}.")
     return "\n".join(out) + "\n"

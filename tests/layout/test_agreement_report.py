@@ -51,3 +51,14 @@ def test_a_missing_file_is_refused_with_its_name(tmp_path, capsys):
     rep = _report()
     assert rep.main(["--records", str(tmp_path / "none.json")]) == 2
     assert "none.json: no such file" in capsys.readouterr().err
+
+
+def test_the_agreement_interval_resamples_prompts_and_is_reproducible():
+    rep = _report()
+    per_prompt = [1.0, 1.0, 0.2, 1.0, 0.9, 1.0, 1.0, 0.3]
+    lo, hi = rep.agreement_ci(per_prompt)
+    assert lo < sum(per_prompt) / len(per_prompt) < hi and 0.0 <= lo and hi <= 1.0
+    assert rep.agreement_ci(per_prompt) == (lo, hi)          # seeded: the same table every time
+    assert rep.agreement_ci([1.0] * 8) == (1.0, 1.0) and rep.agreement_ci([0.5]) is None
+    rec = dict(_rec("spice", 24.0, agree=sum(per_prompt) / 8), raw={"agreements": per_prompt})
+    assert f"0.800 [{lo:.2f}, {hi:.2f}]" in rep.report([rec], {}, 0.9)
