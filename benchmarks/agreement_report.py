@@ -1,15 +1,16 @@
 """spice's speed against its quality across thresholds: a markdown table from GPU bench records and CPU quality runs.
 
-    python benchmarks/agreement_report.py --records docs/benchmarks/cpu-lane/agreement/native/results.json \
-        [--quality docs/benchmarks/cpu-lane/agreement/quality/*.json] [--target-agreement 0.9]
+    python benchmarks/agreement_report.py --records docs/benchmarks/cpu-lane/agreement/native/out/results.json \
+        [--quality docs/benchmarks/cpu-lane/agreement/quality-cpu/*.json] [--target-agreement 0.9]
 
 One row per measured `spice` record (one per bench run variant: τ_approx, τ_prefetch, lookahead, lane offer), with its
 TPOT against the same file's `on_demand` and `lru`, its GB copied per token, miss split and greedy agreement with
 `resident` over the run's tokens (GPU, measured), and, where a CPU quality run (`benchmarks/headline_quality.py`) has
 the same τ_approx, τ_prefetch and lookahead, that run's perplexity change and greedy agreement (the miniature itself on
 the CPU, modeled clock), with its teacher-forced top-1 agreement and the token where each prompt's text first
-diverged (one early near-tie flip costs a prompt most of its positional agreement). Then the fastest measured setting whose GPU agreement reaches the target, or a line saying
-none did. Every number comes from the files named; nothing is computed here but ratios.
+diverged (one early near-tie flip costs a prompt most of its positional agreement). Then the fastest measured
+setting whose GPU agreement reaches the target, or a line saying none did. Every number comes from the files
+named; computed here are only ratios and each GPU agreement's bootstrap interval over prompts.
 """
 from __future__ import annotations
 
@@ -84,10 +85,9 @@ def report(records: list[dict], quality: dict[tuple, dict], target: float) -> st
     if not rows:
         raise SystemExit("no spice or spice_no_lore record in the files given")
     link = rows[0].get("link")
-    lines = [f"| policy (variant) | τ_approx | τ_prefetch | lookahead | TPOT median ms [95% CI] | × on_demand | × lru | "
-             "GB / token | hit rate | miss split approx/cpu/copy | greedy agreement (GPU) [95% CI over prompts] | identical prefix, median tokens (GPU) | "
-             "CPU: ppl Δ % | "
-             "CPU: greedy agreement | CPU: teacher-forced top-1 agreement | CPU: first divergence per prompt |",
+    lines = ["| policy (variant) | τ_approx | τ_prefetch | lookahead | TPOT median ms [95% CI] | × on_demand | × lru | "
+             "GB / token | hit rate | miss split approx/cpu/copy | greedy agreement (GPU) [95% CI over prompts] | "
+             "identical prefix, median tokens (GPU) | CPU: ppl Δ % | CPU: greedy agreement | CPU: teacher-forced top-1 agreement | CPU: first divergence per prompt |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     met = []
     od, lru = base.get("on_demand"), base.get("lru")
@@ -102,10 +102,13 @@ def report(records: list[dict], quality: dict[tuple, dict], target: float) -> st
         label = r["policy"] + (f" ({r['variant']})" if r.get("variant") else "")
         lines.append(
             f"| {label} | {ta:g} | {tp:g} | {la} | {ms:.2f} [{_fmt(ci[0])}, {_fmt(ci[1])}] | "
-            f"{_fmt(od['tpot_ms_median'] / ms if od else None)} | {_fmt(lru['tpot_ms_median'] / ms if lru else None)} | "
+            f"{_fmt(od['tpot_ms_median'] / ms if od else None)} | "
+            f"{_fmt(lru['tpot_ms_median'] / ms if lru else None)} | "
             f"{r.get('bytes_per_token', 0) / 1e9:.2f} | {_fmt(r.get('hit_rate'))} | "
             f"{split.get('approx', 0)}/{split.get('cpu', 0)}/{split.get('copy', 0)} | {_fmt(agree, '.3f')}{_ci(r)} | "
-            f"{_fmt(r.get('identical_prefix_tokens_median'), 'g')} | {_fmt(q.get('ppl_delta_pct') if q else None, '+.2f')} | {_fmt(q.get('greedy_agreement') if q else None, '.3f')} | "
+            f"{_fmt(r.get('identical_prefix_tokens_median'), 'g')} | "
+            f"{_fmt(q.get('ppl_delta_pct') if q else None, '+.2f')} | "
+            f"{_fmt(q.get('greedy_agreement') if q else None, '.3f')} | "
             f"{_fmt(q.get('top1_agreement') if q else None, '.3f')} | {_divergence(q)} |")
         if r["policy"] == "spice" and agree is not None and agree >= target - 1e-9:
             met.append(r)
@@ -114,7 +117,8 @@ def report(records: list[dict], quality: dict[tuple, dict], target: float) -> st
     if met:
         best = min(met, key=lambda r: r["tpot_ms_median"])
         ta, tp, la = _setting(best)
-        out.append(f"Fastest `spice` setting with GPU greedy agreement ≥ {target:g}: τ_approx {ta:g}, τ_prefetch {tp:g}, "
+        out.append(f"Fastest `spice` setting with GPU greedy agreement ≥ {target:g}: τ_approx {ta:g}, "
+                   f"τ_prefetch {tp:g}, "
                    f"lookahead {la} ({best.get('variant') or 'default'}): {best['tpot_ms_median']:.2f} ms"
                    + (f", {od['tpot_ms_median'] / best['tpot_ms_median']:.2f}× on_demand" if od else "")
                    + f", agreement {best['greedy_agreement']:.3f}{_ci(best)}.")
