@@ -87,7 +87,8 @@ def report(records: list[dict], quality: dict[tuple, dict], target: float) -> st
     link = rows[0].get("link")
     lines = ["| policy (variant) | τ_approx | τ_prefetch | lookahead | TPOT median ms [95% CI] | × on_demand | × lru | "
              "GB / token | hit rate | miss split approx/cpu/copy | greedy agreement (GPU) [95% CI over prompts] | "
-             "identical prefix, median tokens (GPU) | CPU: ppl Δ % | CPU: greedy agreement | CPU: teacher-forced top-1 agreement | CPU: first divergence per prompt |",
+             "identical prefix, median tokens (GPU) | CPU: ppl Δ % | CPU: greedy agreement | "
+             "CPU: teacher-forced top-1 agreement | CPU: first divergence per prompt |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     met = []
     od, lru = base.get("on_demand"), base.get("lru")
