@@ -1,16 +1,17 @@
-"""spice's speed against its quality across thresholds: a markdown table from GPU bench records and CPU quality runs.
+"""spice's speed against its quality across thresholds: markdown tables from bench records and CPU quality runs.
 
-    python benchmarks/agreement_report.py --records docs/benchmarks/cpu-lane/agreement/native/out/results.json \
+    python benchmarks/agreement_report.py --records docs/benchmarks/cpu-lane/agreement/native/results.partial.json \
         [--quality docs/benchmarks/cpu-lane/agreement/quality-cpu/*.json] [--target-agreement 0.9]
 
-One row per measured `spice` record (one per bench run variant: τ_approx, τ_prefetch, lookahead, lane offer), with its
-TPOT against the same file's `on_demand` and `lru`, its GB copied per token, miss split and greedy agreement with
-`resident` over the run's tokens (GPU, measured), and, where a CPU quality run (`benchmarks/headline_quality.py`) has
-the same τ_approx, τ_prefetch and lookahead, that run's perplexity change and greedy agreement (the miniature itself on
-the CPU, modeled clock), with its teacher-forced top-1 agreement and the token where each prompt's text first
-diverged (one early near-tie flip costs a prompt most of its positional agreement). Then the fastest measured
-setting whose GPU agreement reaches the target, or a line saying none did. Every number comes from the files
-named; computed here are only ratios and each GPU agreement's bootstrap interval over prompts.
+One table per link. A row per `spice` (and `spice_no_lore`) record, one per bench run variant (τ_approx, τ_prefetch,
+lookahead, lane offer): its TPOT against the `on_demand` and `lru` records given, GB copied per token, miss split,
+greedy agreement with `resident` (measured on the GPU; on the CPU for a modeled bench run) with a bootstrap interval
+over prompts, and, where a CPU quality run (`benchmarks/headline_quality.py`) has the same τ_approx, τ_prefetch and
+lookahead, that run's perplexity change, greedy agreement, teacher-forced top-1 agreement and the token where each
+prompt's text first diverged (one early near-tie flip costs a prompt most of its positional agreement). A setting
+measured twice keeps the record over more prompts (a run cut short by its time limit leaves a shorter one). Then
+the fastest setting over the full prompts whose agreement reaches the target, or a line saying none did. Every
+number comes from the files named; computed here are only ratios and the bootstrap intervals.
 """
 from __future__ import annotations
 
@@ -78,18 +79,41 @@ def _fmt(x, spec: str = ".2f", none: str = "–") -> str:
     return none if x is None else format(x, spec)
 
 
+def _complete(records: list[dict]) -> list[dict]:
+    """Each (policy, variant, link, budget) once: the record over the most prompts (a run cut short by its time limit
+    leaves a row of fewer prompts, which a later run of the same setting replaces)."""
+    best: dict[tuple, dict] = {}
+    for r in records:
+        key = (r.get("policy"), r.get("variant", ""), r.get("link"), r.get("budget_frac"))
+        if key not in best or r.get("n_runs", 0) > best[key].get("n_runs", 0):
+            best[key] = r
+    return list(best.values())
+
+
 def report(records: list[dict], quality: dict[tuple, dict], target: float) -> str:
-    base = {r["policy"]: r for r in records
-            if r.get("policy") in ("on_demand", "lru") and r.get("variant", "") in ("", "headline")}
+    """One section per link: the table, then the fastest setting reaching ``target`` among the rows over as many
+    prompts as the link's most (a row over fewer prompts is shown, never picked)."""
+    records = _complete(records)
     rows = [r for r in records if r.get("policy") in ("spice", "spice_no_lore")]
     if not rows:
         raise SystemExit("no spice or spice_no_lore record in the files given")
-    link = rows[0].get("link")
-    lines = ["| policy (variant) | τ_approx | τ_prefetch | lookahead | TPOT median ms [95% CI] | × on_demand | × lru | "
-             "GB / token | hit rate | miss split approx/cpu/copy | greedy agreement (GPU) [95% CI over prompts] | "
-             "identical prefix, median tokens (GPU) | CPU: ppl Δ % | CPU: greedy agreement | "
+    out = []
+    for link in sorted({r.get("link") for r in rows}, key=str):
+        out += _section(link, [r for r in records if r.get("link") == link], quality, target)
+    return "\n".join(out) + "\n"
+
+
+def _section(link: str, records: list[dict], quality: dict[tuple, dict], target: float) -> list[str]:
+    base = {r["policy"]: r for r in records
+            if r.get("policy") in ("on_demand", "lru") and r.get("variant", "") in ("", "headline")}
+    rows = [r for r in records if r.get("policy") in ("spice", "spice_no_lore")]
+    timing = "/".join(sorted({str(r.get("timing")) for r in rows}))
+    full = max(r.get("n_runs", 0) for r in rows)
+    lines = ["| policy (variant) | τ_approx | τ_prefetch | lookahead | prompts | TPOT median ms [95% CI] | × on_demand | "
+             "× lru | GB / token | hit rate | miss split approx/cpu/copy | greedy agreement [95% CI over prompts] | "
+             "identical prefix, median tokens | CPU: ppl Δ % | CPU: greedy agreement | "
              "CPU: teacher-forced top-1 agreement | CPU: first divergence per prompt |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     met = []
     od, lru = base.get("on_demand"), base.get("lru")
     for r in sorted(rows, key=lambda r: r["tpot_ms_median"]):
@@ -99,10 +123,11 @@ def report(records: list[dict], quality: dict[tuple, dict], target: float) -> st
             q = None
         ms, ci = r["tpot_ms_median"], r.get("tpot_ms_median_ci95") or [None, None]
         split = r.get("miss_split") or {}
-        agree = r.get("greedy_agreement")
+        agree, n = r.get("greedy_agreement"), r.get("n_runs", 0)
         label = r["policy"] + (f" ({r['variant']})" if r.get("variant") else "")
         lines.append(
-            f"| {label} | {ta:g} | {tp:g} | {la} | {ms:.2f} [{_fmt(ci[0])}, {_fmt(ci[1])}] | "
+            f"| {label} | {ta:g} | {tp:g} | {la} | {n}{'' if n == full else ' (cut short)'} | "
+            f"{ms:.2f} [{_fmt(ci[0])}, {_fmt(ci[1])}] | "
             f"{_fmt(od['tpot_ms_median'] / ms if od else None)} | "
             f"{_fmt(lru['tpot_ms_median'] / ms if lru else None)} | "
             f"{r.get('bytes_per_token', 0) / 1e9:.2f} | {_fmt(r.get('hit_rate'))} | "
@@ -111,26 +136,27 @@ def report(records: list[dict], quality: dict[tuple, dict], target: float) -> st
             f"{_fmt(q.get('ppl_delta_pct') if q else None, '+.2f')} | "
             f"{_fmt(q.get('greedy_agreement') if q else None, '.3f')} | "
             f"{_fmt(q.get('top1_agreement') if q else None, '.3f')} | {_divergence(q)} |")
-        if r["policy"] == "spice" and agree is not None and agree >= target - 1e-9:
+        if r["policy"] == "spice" and n == full and agree is not None and agree >= target - 1e-9:
             met.append(r)
-    out = [f"Link {link}; baselines from the same file: on_demand {_fmt(od['tpot_ms_median'] if od else None)} ms, "
+    out = [f"### Link {link} (timing {timing})", "",
+           f"Baselines from the same records: on_demand {_fmt(od['tpot_ms_median'] if od else None)} ms, "
            f"lru {_fmt(lru['tpot_ms_median'] if lru else None)} ms.", "", *lines, ""]
     if met:
         best = min(met, key=lambda r: r["tpot_ms_median"])
         ta, tp, la = _setting(best)
-        out.append(f"Fastest `spice` setting with GPU greedy agreement ≥ {target:g}: τ_approx {ta:g}, "
+        out.append(f"Fastest `spice` setting with greedy agreement ≥ {target:g} ({link}): τ_approx {ta:g}, "
                    f"τ_prefetch {tp:g}, "
                    f"lookahead {la} ({best.get('variant') or 'default'}): {best['tpot_ms_median']:.2f} ms"
                    + (f", {od['tpot_ms_median'] / best['tpot_ms_median']:.2f}× on_demand" if od else "")
                    + f", agreement {best['greedy_agreement']:.3f}{_ci(best)}.")
     else:
-        out.append(f"No measured `spice` setting reached GPU greedy agreement ≥ {target:g}.")
-    return "\n".join(out) + "\n"
+        out.append(f"No `spice` setting reached greedy agreement ≥ {target:g} ({link}).")
+    return out + [""]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--records", type=Path, nargs="+", required=True, help="bench results.json files (GPU, measured)")
+    ap.add_argument("--records", type=Path, nargs="+", required=True, help="bench results.json files")
     ap.add_argument("--quality", type=Path, nargs="*", default=[], help="headline_quality.py outputs (CPU)")
     ap.add_argument("--target-agreement", type=float, default=0.9)
     args = ap.parse_args(argv)

@@ -20,6 +20,7 @@ def _rec(policy, ms, variant="", agree=1.0, ta=0.05, tp=0.2, la=4):
     return {"policy": policy, "variant": variant, "link": "native", "budget_frac": 0.25, "tpot_ms_median": ms,
             "tpot_ms_median_ci95": [ms - 0.5, ms + 0.5], "bytes_per_token": 1e9, "hit_rate": 0.5,
             "miss_split": {"approx": 3, "cpu": 0, "copy": 2}, "greedy_agreement": agree,
+            "n_runs": 8, "timing": "measured",
             "settings": {"tau_approx": ta, "tau_prefetch": tp, "max_lookahead": la, "lore_rank": 4}}
 
 
@@ -35,6 +36,7 @@ def test_the_fastest_setting_that_meets_the_target_is_named_with_its_ratio(tmp_p
                                        "first_divergence": [None, 7]}]}))
     text = rep.report(records, rep._quality_rows([q]), 0.9)
     assert "τ_approx 0.02, τ_prefetch 0.2, lookahead 4 (ta0.02): 30.00 ms, 2.00× on_demand" in text
+    assert "### Link native (timing measured)" in text
     row = next(line for line in text.splitlines() if "(ta0.02)" in line and line.startswith("|"))
     assert "| 2.00 | 1.60 |" in row                                 # ratios against the same file's baselines
     assert "| +0.02 | 1.000 | 0.990 | · 7 |" in row                 # the CPU run of its setting
@@ -45,7 +47,7 @@ def test_the_fastest_setting_that_meets_the_target_is_named_with_its_ratio(tmp_p
 def test_no_setting_meeting_the_target_is_said_plainly():
     rep = _report()
     text = rep.report([_rec("on_demand", 60.0), _rec("spice", 24.0, agree=0.7)], {}, 0.9)
-    assert "No measured `spice` setting reached GPU greedy agreement ≥ 0.9." in text
+    assert "No `spice` setting reached greedy agreement ≥ 0.9 (native)." in text
 
 
 def test_a_missing_file_is_refused_with_its_name(tmp_path, capsys):
@@ -63,3 +65,32 @@ def test_the_agreement_interval_resamples_prompts_and_is_reproducible():
     assert rep.agreement_ci([1.0] * 8) == (1.0, 1.0) and rep.agreement_ci([0.5]) is None
     rec = dict(_rec("spice", 24.0, agree=sum(per_prompt) / 8), raw={"agreements": per_prompt})
     assert f"0.800 [{lo:.2f}, {hi:.2f}]" in rep.report([rec], {}, 0.9)
+
+
+def test_a_row_cut_short_is_shown_but_not_picked_and_a_full_rerun_replaces_it():
+    rep = _report()
+    short = dict(_rec("spice", 15.0, "ta0.1", agree=0.98, ta=0.1), n_runs=2)
+    text = rep.report([_rec("on_demand", 60.0), _rec("spice", 24.0, "headline", agree=0.95), short], {}, 0.9)
+    assert "| 2 (cut short) |" in text and "(headline): 24.00 ms" in text
+    full = dict(_rec("spice", 16.0, "ta0.1", agree=0.7, ta=0.1), n_runs=8)
+    text = rep.report([_rec("on_demand", 60.0), short, full], {}, 0.9)
+    assert "(cut short)" not in text and "| 16.00 [" in text and "| 15.00 [" not in text
+
+
+def test_links_get_sections_of_their_own():
+    rep = _report()
+    x8 = dict(_rec("spice", 45.0, agree=0.95), link="pcie4x8")
+    text = rep.report([_rec("on_demand", 60.0), _rec("spice", 24.0, agree=0.7), x8], {}, 0.9)
+    assert "### Link native" in text and "### Link pcie4x8" in text
+    assert "(pcie4x8): τ_approx 0.05" in text and "No `spice` setting reached greedy agreement ≥ 0.9 (native)." in text
+
+
+def test_the_committed_readme_holds_what_the_report_makes_of_the_committed_files():
+    rep = _report()
+    sweep = ROOT / "docs/benchmarks/cpu-lane/agreement"
+    quality = rep._quality_rows(sorted((sweep / "quality-cpu").glob("*.json")))
+    readme = (sweep / "README.md").read_text(encoding="utf-8")
+    gpu = [r for p in (sweep / "native/results.partial.json", sweep / "part2/results.json") for r in rep._load_records(p)]
+    cpu = rep._load_records(sweep / "modeled-native/results.json")
+    for records in (gpu, cpu):
+        assert rep.report(records, quality, 0.9).replace("### Link", "#### Link") in readme
