@@ -90,7 +90,8 @@ def test_the_committed_readme_holds_what_the_report_makes_of_the_committed_files
     sweep = ROOT / "docs/benchmarks/cpu-lane/agreement"
     quality = rep._quality_rows(sorted((sweep / "quality-cpu").glob("*.json")))
     readme = (sweep / "README.md").read_text(encoding="utf-8")
-    gpu = [r for p in (sweep / "native/results.partial.json", sweep / "part2/results.json") for r in rep._load_records(p)]
+    runs = (sweep / "native/results.partial.json", sweep / "part2/results.json")
+    gpu = [r for p in runs for r in rep._load_records(p)]
     cpu = rep._load_records(sweep / "modeled-native/results.json")
     for records in (gpu, cpu):
         assert rep.report(records, quality, 0.9).replace("### Link", "#### Link") in readme
