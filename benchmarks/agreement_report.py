@@ -110,7 +110,8 @@ def _section(link: str, records: list[dict], quality: dict[tuple, dict], target:
     timing = "/".join(sorted({str(r.get("timing")) for r in rows}))
     full = max(r.get("n_runs", 0) for r in rows)
     lines = ["| policy (variant) | τ_approx | τ_prefetch | lookahead | prompts | TPOT median ms [95% CI] | "
-             "× on_demand | × lru | GB / token | hit rate | miss split approx/cpu/copy | greedy agreement [95% CI over prompts] | "
+             "× on_demand | × lru | GB / token | hit rate | miss split approx/cpu/copy | "
+             "greedy agreement [95% CI over prompts] | "
              "identical prefix, median tokens | CPU: ppl Δ % | CPU: greedy agreement | "
              "CPU: teacher-forced top-1 agreement | CPU: first divergence per prompt |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
