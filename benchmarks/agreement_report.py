@@ -16,19 +16,20 @@ number comes from the files named; computed here are only ratios and the bootstr
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from spice_core.errors import ConfigError  # noqa: E402
+from spice_core.tools.bench_config import load_results, read_json  # noqa: E402
+
 
 def _load_records(path: Path) -> list[dict]:
-    data = json.loads(path.read_text())
-    recs = data["records"] if isinstance(data, dict) else data
-    if not isinstance(recs, list):
-        raise SystemExit(f"{path}: not a bench results.json (a list of records)")
-    return recs
+    """A bench results.json's records, checked (a ConfigError that names the file otherwise)."""
+    return load_results(path, "--records")
 
 
 def _setting(rec: dict) -> tuple:
@@ -41,13 +42,13 @@ def _quality_rows(paths: list[Path]) -> dict[tuple, dict]:
     """(tau_approx, tau_prefetch, max_lookahead, link, budget) -> the CPU quality row of that setting."""
     out = {}
     for p in paths:
-        q = json.loads(p.read_text())
+        q = read_json(p, "--quality", dict, limit_bytes=10_000_000)
         st = q.get("settings") or {}
         for row in q.get("rows", []):
             key = (round(float(st.get("tau_approx", row.get("tau_approx", 0.0))), 4),
                    round(float(st.get("tau_prefetch", 0.0)), 4), int(st.get("max_lookahead", 0)),
                    row.get("link"), round(float(row.get("budget_frac", 0.0)), 4))
-            out[key] = dict(row, source_file=p.name, new_tokens=row.get("new_tokens"))
+            out[key] = row
     return out
 
 
@@ -165,8 +166,13 @@ def main(argv=None) -> int:
         if not p.is_file():
             print(f"{p}: no such file", file=sys.stderr)
             return 2
-    records = [r for p in args.records for r in _load_records(p)]
-    print(report(records, _quality_rows(args.quality), args.target_agreement), end="")
+    try:
+        records = [r for p in args.records for r in _load_records(p)]
+        quality = _quality_rows(args.quality)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(report(records, quality, args.target_agreement), end="")
     return 0
 
 

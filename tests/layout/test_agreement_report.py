@@ -95,3 +95,11 @@ def test_the_committed_readme_holds_what_the_report_makes_of_the_committed_files
     cpu = rep._load_records(sweep / "modeled-native/results.json")
     for records in (gpu, cpu):
         assert rep.report(records, quality, 0.9).replace("### Link", "#### Link") in readme
+
+
+def test_a_file_that_is_not_bench_output_is_refused_with_its_name(tmp_path, capsys):
+    rep = _report()
+    bad = tmp_path / "notes.txt"
+    bad.write_text("not json")
+    assert rep.main(["--records", str(bad)]) == 2
+    assert "notes.txt: is not valid JSON" in capsys.readouterr().err
