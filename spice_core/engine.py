@@ -570,13 +570,15 @@ class SpiceEngine:
         finally:
             self._lock.release()
 
-    def record_routing(self, input_ids: list[int], s: RunSettings) -> dict:
-        """The exact routing of a generation (for the oracle): (token, layer) -> selected experts."""
+    def record_routing(self, input_ids: list[int], s: RunSettings, forced: list[int] | None = None) -> dict:
+        """The exact routing of a generation (for the oracle): (token, layer) -> selected experts. ``forced``: the
+        tokens a teacher-forced run will be fed (`GenerationRun.forced_ids`), so the probe follows the same path."""
         routing: dict[tuple[int, int], tuple[int, ...]] = {}
         probe = replace(s, policy="lru", cache_frac=max(s.cache_frac, self.min_cache_bytes() / self.routed_bytes))
         # The same executor as the run it serves: the fast path's expert kernel rounds differently from the
         # eager one, so routing recorded on one would not be the other's exact future.
         run = GenerationRun(self, input_ids, probe, modeled=not self._wants_fast_path(False), register=False)
+        run.forced_ids = forced
 
         def observe(layer, idx_rows, w_rows):
             routing[(run.token_index, layer)] = tuple(sorted({e for row in idx_rows for e in row}))

@@ -63,6 +63,9 @@ class GenerationRun:
         self.observers: list = []        # routing observers: callables(layer, idx_rows, w_rows) ([T][K] lists)
         self.layer_observers: list = []  # callables(runtime, layer) after each MoE layer
         self.token_index = 0
+        # Teacher forcing: after step i the run is fed forced_ids[i] instead of the token it sampled (its logits
+        # still come from its own decisions); it runs len(forced_ids) steps. bench's quality passes use it.
+        self.forced_ids: list[int] | None = None
         self.record = RunRecord(self.run_id, settings, prompt_ids=list(input_ids))
         self._started = False
         self.last_logits: torch.Tensor | None = None
@@ -110,7 +113,7 @@ class GenerationRun:
         notes: list[str] = []
         oracle = None
         if get_spec(s.policy).predictor == "oracle":
-            oracle = eng.record_routing(self.input_ids, s)
+            oracle = eng.record_routing(self.input_ids, s, forced=self.forced_ids)
             notes.append("oracle_prefetch replays the exact routing recorded in a first pass (an upper bound)")
         rt = eng.build_runtime(s, notes=notes, oracle_routing=oracle, modeled=self._modeled,
                                max_cache_len=cache_bucket(len(self.input_ids) + s.max_new_tokens,
@@ -132,6 +135,9 @@ class GenerationRun:
         streamer = TextStreamer(lm.tokenizer, s.stop)
         eos = _eos_ids(lm)
         max_new = min(s.max_new_tokens, lm.max_context_tokens - len(self.input_ids))
+        forced = self.forced_ids
+        if forced is not None:
+            max_new = min(max_new, len(forced))
         cur = list(self.input_ids)
         finish = ""
         steps = self.record.steps
@@ -147,7 +153,8 @@ class GenerationRun:
             with stepper.context():       # the graphed executor's stream, for this token only
                 rt.begin_token(i)
                 # Greedy with another token to come: the graphed static step may start the next step early.
-                logits = stepper.forward(cur, run_ahead=self.settings.temperature <= 0 and i < max_new - 1)
+                logits = stepper.forward(cur, run_ahead=self.settings.temperature <= 0 and i < max_new - 1
+                                         and forced is None)
                 tok = sample_next(logits, self.settings.temperature, self.settings.top_p, gen)
                 step_ms = rt.end_token()
                 self.last_logits = logits.clone() if rt.executor.name == "graphed" else logits
@@ -156,7 +163,7 @@ class GenerationRun:
             events = c.events
             self.record.events.extend(events)
             delta = streamer.push(tok)
-            is_eos = tok in eos
+            is_eos = tok in eos and forced is None
             if is_eos:
                 finish = "eos"
             elif streamer.stopped:
@@ -183,7 +190,7 @@ class GenerationRun:
             t_resume = wall()
             if finish:
                 break
-            cur = [tok]
+            cur = [tok if forced is None else forced[i]]
         if finish == "cancelled" or not finish:
             finish = finish or "length"
         if rt.totals.get("prefetch_skipped_approx", 0):      # the count is in the record's totals

@@ -14,9 +14,10 @@ Config (JSON):
      "max_new_tokens": 64, "repetitions": 1, "reference_generate": true, "hw_profile": "FILE",
      "export_traces": ["spice"], "export_trace_prompts": "first" | "all",
      "cpu_lane": true, "lane_offer": "auto" | "always", "prefetch_admission": "exact" | "all",
-     "copy_issue": "direct" | "torch", "runs": [{...}, ...]}
+     "copy_issue": "direct" | "torch", "teacher_forced": true | [policy, ...], "runs": [{...}, ...]}
 ("lane_offer": "always" offers the CPU lane to spice-like policies where a CPU expert is slower than a copy, an A/B;
-"copy_issue": "torch" issues slot copies by Tensor.copy_, not cudaMemcpyAsync directly, an A/B of that path.)
+"copy_issue": "torch" issues slot copies by Tensor.copy_, not cudaMemcpyAsync directly, an A/B of that path;
+"teacher_forced" adds quality passes on the run's own device and code, bench_quality.py.)
 Everything is validated before any model is built (bench_config.py): unknown keys, wrong types and
 out-of-range values are refused with the key's name; "comment" may hold any note.
 Held-out prompts ({"heldout": N}, the long prompt) come from the spice-heldout.json.gz beside the model
@@ -44,7 +45,9 @@ import torch
 
 from spice_core.api import EXACT_POLICIES, POLICIES, RunSettings, greedy_agreement
 from spice_core.tools.bench_config import LINKS_GBPS, load_config_file, load_results
-from spice_core.tools.bench_records import add_floors, add_three_lane_floor, divergence_totals, provenance
+from spice_core.tools.bench_quality import QualityPasses
+from spice_core.tools.bench_records import (add_floors, add_three_lane_floor, divergence_totals, markdown_table,
+                                           provenance)
 from spice_core.tools.bench_models import (check_host_memory, cpu_float32_offload_dtype, load_safetensors_model,
                                           model_folder)
 from spice_core import heldout
@@ -266,7 +269,8 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
             cpu_lane=bool(b.get("cpu_lane", cfg.get("cpu_lane", True))),
             settings={k: b.get(k, cfg.get(k, d)) for k, d in SETTING_DEFAULTS.items()},
             lane_offer=str(b.get("lane_offer", cfg.get("lane_offer", "auto"))),
-            prefetch_admission=str(b.get("prefetch_admission", cfg.get("prefetch_admission", "exact")))))
+            prefetch_admission=str(b.get("prefetch_admission", cfg.get("prefetch_admission", "exact"))),
+            teacher_forced=b.get("teacher_forced", cfg.get("teacher_forced", False))))
     settings_of: dict[str, dict] = {}        # variant -> its thresholds (a record says what it ran with)
     for b in blocks:
         if settings_of.setdefault(b.variant, b.settings) != b.settings:
@@ -305,6 +309,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         b_max_new, b_reps, b_host_aware, b_variant = blk.max_new, blk.reps, blk.host_aware, blk.variant
         b_executor, b_cpu_lane, b_set = blk.executor, blk.cpu_lane, blk.settings
         ref_policy = next((p for p in b_policies if p in EXACT_POLICIES), None)
+        quality = QualityPasses(blk.teacher_forced) if blk.teacher_forced else None
         for link in b_links:
             eng = engine_for(link, b_host_aware, b_executor, blk.lane_offer, blk.prefetch_admission)
             for rep in range(b_reps):
@@ -339,6 +344,9 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
                                                    metadata={"policy": pol, "link": link, "budget_frac": budget,
                                                              "model": desc, "timing": cfg["timing"]})
                             totals = dict(rec.totals, **divergence_totals(ref_tokens, toks))
+                            if quality is not None and ref_tokens is not None:
+                                totals.update(quality.totals(eng, (link, rep, ref_key), ids, s, ref_policy or
+                                                             "resident", ref_tokens, toks))
                             if device == "cuda":
                                 totals["gpu_peak_bytes"] = torch.cuda.max_memory_allocated()
                             per.setdefault((link, budget, pol, workload, b_variant), []).append(
@@ -410,6 +418,7 @@ class Block(NamedTuple):
     settings: dict           # the thresholds of SETTING_DEFAULTS
     lane_offer: str = "auto"     # SpiceEngine's: "auto" or "always"
     prefetch_admission: str = "exact"   # SpiceEngine's: "exact" or "all"
+    teacher_forced: bool | list = False   # quality passes (bench_quality.py): all policies, a list of them, or none
 
 
 SETTING_DEFAULTS = {"tau_prefetch": 0.2, "tau_approx": 0.0, "max_lookahead": 4, "lore_rank": 16}   # config or block
@@ -452,27 +461,6 @@ def _add_floors(records: list[dict], lm, prof, cfg) -> None:
     add_floors(records)
     add_three_lane_floor(records, expert_bytes, expert_bytes / (prof.cpu_mem_gbps * 1e6) if prof.cpu_mem_gbps else None,
                          prof.host_dram_gbps or None)
-
-
-def markdown_table(records: list[dict], cfg: dict) -> str:
-    cols = ["workload", "variant", "link", "budget_frac", "policy", "tpot_ms_median", "tpot_ms_p90", "hit_rate", "bytes_per_token",
-            "stall_ms_per_token", "device_ms_median", "host_us_per_layer", "host_overlap_us_per_layer",
-            "greedy_agreement", "identical_prefix_tokens_median", "floor_ms", "floor3_ms", "cpu_lane_ms_per_expert",
-            "cpu_lane_gbps"]
-    head = "| " + " | ".join(cols) + " | miss split (approx/cpu/copy) |\n|" + "---|" * (len(cols) + 1) + "\n"
-    rows = []
-    for r in sorted(records, key=lambda r: (r.get("workload", "prompts") != "prompts", r["link"], r["budget_frac"],
-                                            POLICIES.index(r["policy"])
-                                            if r["policy"] in POLICIES else -1)):
-        cells = []
-        for c in cols:
-            v = r.get(c)
-            cells.append("" if v is None else (f"{v:.3f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int)
-                                               else str(v)))
-        ms = r.get("miss_split") or {}
-        rows.append("| " + " | ".join(cells) + f" | {ms.get('approx', '')}/{ms.get('cpu', '')}/{ms.get('copy', '')} |")
-    return (f"timing: **{cfg['timing']}**; model: {records[0]['model'] if records else ''}\n\n" + head
-            + "\n".join(rows) + "\n")
 
 
 def write_figures(records: list[dict], out: Path) -> list[Path]:

@@ -134,6 +134,10 @@ def _check_common(where: str, d: dict) -> None:
     if "lane_offer" in d and d["lane_offer"] not in LANE_OFFERS:
         raise ConfigError(f"{where}: \"lane_offer\" {d['lane_offer']!r} is unknown: use \"auto\" (the CPU lane where one "
                           "CPU expert beats a copy) or \"always\" (offer it on any link, an A/B)")
+    if "teacher_forced" in d:
+        v = d["teacher_forced"]
+        if not isinstance(v, bool):
+            _list_of(where, "teacher_forced", v, _policy(where, "teacher_forced"))
     if "copy_issue" in d and d["copy_issue"] not in COPY_ISSUES:
         raise ConfigError(f"{where}: \"copy_issue\" {d['copy_issue']!r} is unknown: use \"direct\" "
                           "(cudaMemcpyAsync called directly) or \"torch\" (Tensor.copy_, an A/B)")
@@ -141,12 +145,12 @@ def _check_common(where: str, d: dict) -> None:
 
 RUN_KEYS = ("policies", "budgets", "links", "n_prompts", "prompt_indices", "long_prompt", "max_new_tokens",
             "repetitions", "host_aware", "variant", "executor", "cpu_lane", "lane_offer", "tau_prefetch", "tau_approx",
-            "max_lookahead", "lore_rank", "prefetch_admission")
+            "max_lookahead", "lore_rank", "prefetch_admission", "teacher_forced")
 CONFIG_KEYS = ("model", "policies", "budgets", "links", "timing", "profile", "shape", "prompts", "max_new_tokens",
                "repetitions", "reference_generate", "hw_profile", "export_traces", "export_trace_prompts", "runs",
                "tau_prefetch", "tau_approx", "max_lookahead", "lore_rank", "verify_lift", "prefetch_after_experts",
                "long_prompt_tokens", "host_aware", "artifacts", "lift_overrides", "executor", "lane_offer", "cpu_lane",
-               "prefetch_admission", "copy_issue", "comment")
+               "prefetch_admission", "copy_issue", "teacher_forced", "comment")
 
 
 def check_config(cfg, where: str = "config") -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import statistics
 
@@ -52,6 +53,8 @@ def raw_from_runs(runs) -> dict:
         # the CPU lane's one-token jobs as measured (CpuJobs.lane_totals): sums, so shards merge exactly
         **{f: sum(t.get(f, 0) for _, _, t, _ in runs) for f in LANE_SUMS},
         "lane_bytes_sum": sum(t.get("lane_experts", 0) * t.get("lane_expert_bytes", 0) for _, _, t, _ in runs),
+        # bench's quality passes (bench_quality.py), where they ran
+        **{f: sum(t.get(f, 0) for _, _, t, _ in runs) for f in QUALITY_SUMS if any(f in t for _, _, t, _ in runs)},
     }
 
 
@@ -80,6 +83,26 @@ def lane_metrics(raw: dict) -> dict:
         "cpu_lane_wait_ms_per_expert": raw.get("lane_wait_us_sum", 0.0) / n / 1e3 if n else None,
         "cpu_lane_gbps": raw.get("lane_bytes_sum", 0) / (compute_us * 1e3) if n and compute_us > 0 else None,
         "cpu_lane_int8_ms_per_expert": raw.get("lane_int8_compute_us_sum", 0.0) / n8 / 1e3 if n8 else None,
+    }
+
+
+# The per-generation sums of bench's quality passes (bench_quality.quality_totals), merged by addition.
+QUALITY_SUMS = ("tf_positions", "tf_top1", "tf_top1_ties", "tf_kl_sum", "tf_nll_sum", "tf_nll_ref_sum",
+                "ref_positions", "ref_tie_positions", "diverged_runs", "diverged_at_tie")
+
+
+def quality_metrics(raw: dict) -> dict:
+    """A record's quality numbers from its raw sums (None where no quality pass ran: older records, or none asked)."""
+    n, ref_n = raw.get("tf_positions", 0), raw.get("ref_positions", 0)
+    has_div = "diverged_runs" in raw
+    return {
+        "tf_top1_agreement": raw["tf_top1"] / n if n else None,
+        "tf_top1_agreement_ties": raw["tf_top1_ties"] / n if n else None,
+        "tf_kl_mean": raw["tf_kl_sum"] / n if n else None,
+        "tf_ppl_delta_pct": 100.0 * math.expm1((raw["tf_nll_sum"] - raw["tf_nll_ref_sum"]) / n) if n else None,
+        "divergences": raw["diverged_runs"] if has_div else None,
+        "divergences_at_tie": raw.get("diverged_at_tie", 0) if has_div else None,
+        "ref_tie_share": raw.get("ref_tie_positions", 0) / ref_n if ref_n else None,
     }
 
 
@@ -125,6 +148,7 @@ def derive(raw: dict) -> dict:
         "prefetch_skipped_approx_per_token": raw["prefetch_skipped_approx"] / max(1, n)
         if "prefetch_skipped_approx" in raw else None,
         **lane_metrics(raw),
+        **quality_metrics(raw),
     }
 
 
@@ -150,6 +174,7 @@ def _combine(a: dict, b: dict) -> dict:
         **({"prefetch_skipped_approx": a["prefetch_skipped_approx"] + b["prefetch_skipped_approx"]}
            if "prefetch_skipped_approx" in a and "prefetch_skipped_approx" in b else {}),
         **{f: a.get(f, 0) + b.get(f, 0) for f in (*LANE_SUMS, "lane_bytes_sum")},
+        **{f: a.get(f, 0) + b.get(f, 0) for f in QUALITY_SUMS if f in a or f in b},
     }
 
 
@@ -333,3 +358,28 @@ def add_three_lane_floor(records: list[dict], expert_bytes: float, profile_lane_
 
 
 FLOOR3_FIELDS = ("floor3_ms", "tpot_over_floor3", "floor3_inputs")
+
+
+def markdown_table(records: list[dict], cfg: dict) -> str:
+    """bench's results.md: one row per record (quality columns stay empty where no quality pass ran)."""
+    from spice_core.api import POLICIES
+
+    cols = ["workload", "variant", "link", "budget_frac", "policy", "tpot_ms_median", "tpot_ms_p90", "hit_rate",
+            "bytes_per_token", "stall_ms_per_token", "device_ms_median", "host_us_per_layer",
+            "host_overlap_us_per_layer", "greedy_agreement", "identical_prefix_tokens_median", "divergences",
+            "divergences_at_tie", "tf_top1_agreement", "tf_top1_agreement_ties", "tf_kl_mean", "tf_ppl_delta_pct",
+            "floor_ms", "floor3_ms", "cpu_lane_ms_per_expert", "cpu_lane_gbps"]
+    head = "| " + " | ".join(cols) + " | miss split (approx/cpu/copy) |\n|" + "---|" * (len(cols) + 1) + "\n"
+    rows = []
+    for r in sorted(records, key=lambda r: (r.get("workload", "prompts") != "prompts", r["link"], r["budget_frac"],
+                                            POLICIES.index(r["policy"])
+                                            if r["policy"] in POLICIES else -1)):
+        cells = []
+        for c in cols:
+            v = r.get(c)
+            cells.append("" if v is None else (f"{v:.3f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int)
+                                               else str(v)))
+        ms = r.get("miss_split") or {}
+        rows.append("| " + " | ".join(cells) + f" | {ms.get('approx', '')}/{ms.get('cpu', '')}/{ms.get('copy', '')} |")
+    return (f"timing: **{cfg['timing']}**; model: {records[0]['model'] if records else ''}\n\n" + head
+            + "\n".join(rows) + "\n")

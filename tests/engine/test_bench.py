@@ -35,7 +35,9 @@ def test_bench_writes_records_with_the_documented_keys(tmp_path):
                                           ({"prefetch_admission": "most"}, "prefetch_admission"),
                                           ({"copy_issue": "fast"}, "copy_issue"),
                                           ({"runs": [{"copy_issue": "torch"}]}, "copy_issue"),
-                                          ({"runs": [{"prefetch_admission": None}]}, "prefetch_admission")])
+                                          ({"runs": [{"prefetch_admission": None}]}, "prefetch_admission"),
+                                          ({"teacher_forced": ["fifo"]}, "teacher_forced"),
+                                          ({"runs": [{"teacher_forced": "yes"}]}, "teacher_forced")])
 def test_bad_config_is_refused_before_any_work(tmp_path, patch, needle):
     import torch
 
