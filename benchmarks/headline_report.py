@@ -161,10 +161,17 @@ def coverage_table(records: list[dict]) -> str:
     return coverage(records)[0]
 
 
+def _tf(r: dict) -> str:
+    """The GPU quality pass's top-1 agreement, strict (with resident's exact ties agreeing), or – where none ran."""
+    if r.get("tf_top1_agreement") is None:
+        return "–"
+    return f"{r['tf_top1_agreement']:.3f} ({r['tf_top1_agreement_ties']:.3f})"
+
+
 def policy_table(records: list[dict], workload: str = "prompts") -> str:
     head = ("| link | budget | policy | TPOT median ms [95% CI] | p90 | tokens/s | hit rate | GB/token | stall ms/token | "
-            "misses approx/cpu/copy | floor ms | 3-lane floor ms | × 3-lane floor | host µs/layer | greedy agr. | ppl Δ % | "
-            "mean KL | executor |")
+            "misses approx/cpu/copy | floor ms | 3-lane floor ms | × 3-lane floor | host µs/layer | greedy agr. | "
+            "GPU teacher-forced top-1 (ties agreeing) | GPU mean KL | ppl Δ % | mean KL | executor |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in sorted((r for r in records if r["workload"] == workload),
                     key=lambda r: (PROTOCOL_LINKS.index(r["link"]), r["budget_frac"], _order(r))):
@@ -179,7 +186,8 @@ def policy_table(records: list[dict], workload: str = "prompts") -> str:
             f"{_f(r['hit_rate'], '.3f')} | {_f(r['bytes_per_token'] / 1e9, '.2f')} | {_f(r['stall_ms_per_token'])} | "
             f"{ms.get('approx', 0)}/{ms.get('cpu', 0)}/{ms.get('copy', 0)} | {_f(r.get('floor_ms'))} | "
             f"{_f(r.get('floor3_ms'))} | {_f(r.get('tpot_over_floor3'), '.2f')} | {_f(r.get('host_us_per_layer'), '.0f')} | "
-            f"{_f(r.get('greedy_agreement'), '.3f')} | {_f(r.get('ppl_delta_pct'), '+.2f')} | {_f(r.get('mean_kl'), '.4f')} | "
+            f"{_f(r.get('greedy_agreement'), '.3f')} | {_tf(r)} | {_f(r.get('tf_kl_mean'), '.5f')} | "
+            f"{_f(r.get('ppl_delta_pct'), '+.2f')} | {_f(r.get('mean_kl'), '.4f')} | "
             f"{'graphed' if fast and not eager else 'eager' if eager else '?'} |")
     return "\n".join(lines)
 

@@ -68,7 +68,11 @@ without the lane, as the native link does, so it holds for `spice` and `spice_no
 half of the held-out set, greedy agreement over held-out prompts. The `greedy agr.` column above is the GPU
 run's own, against `resident`'s tokens over 64 tokens (bf16 on the GPU; a flipped near-tie changes every later
 token). Exact policies approximate nothing, so their perplexity change is 0 by construction; `cpu_compute`
-sums on the CPU in another order, so its tokens can drift from the GPU's after a near-tie."""
+sums on the CPU in another order, so its tokens can drift from the GPU's after a near-tie. The `GPU teacher-forced`
+columns are bench's quality passes where a cell ran them (`"teacher_forced"`, `spice_core/tools/bench_quality.py`):
+the policy fed resident's greedy tokens on the GPU, its top-1 agreement with resident per position (in brackets with
+resident's exact bf16 ties counted as agreeing) and KL(resident ‖ policy) per token; an exact policy that sums in
+another order (`cpu_compute`) shows the floor (`docs/benchmarks/cpu-lane/quality-gpu/`)."""
 
 HISTORY_NOTE = """The first headline (`docs/benchmarks/full-scale/headline/`, the same model, protocol and settings) ran
 before the fast path had its CPU lane, the leaner host step and the slot-indexed expert kernel, and its TPOT left the
