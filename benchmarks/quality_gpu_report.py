@@ -31,8 +31,9 @@ def rows(records: list[dict]) -> list[str]:
     for r in records:
         ms = r.get("miss_split") or {}
         ppl = r.get("tf_ppl_delta_pct")
+        split = f"{ms.get('approx', 0)}/{ms.get('cpu', 0)}/{ms.get('copy', 0)}"
         out.append(f"| {r['link']} | {r.get('variant') or '–'} | {r['policy']} | {r.get('n_runs')} | "
-                   f"{_num(r.get('tpot_ms_median'), 2)} | {ms.get('approx', 0)}/{ms.get('cpu', 0)}/{ms.get('copy', 0)} | "
+                   f"{_num(r.get('tpot_ms_median'), 2)} | {split} | "
                    f"{_num(r.get('greedy_agreement'))} | {r.get('divergences', '–')} | "
                    f"{r.get('divergences_at_tie', '–')} | {_num(r.get('tf_top1_agreement'), 4)} | "
                    f"{_num(r.get('tf_top1_agreement_ties'), 4)} | {_num(r.get('tf_kl_mean'), 5)} | "
