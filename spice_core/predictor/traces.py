@@ -318,11 +318,13 @@ def _shipped_heldout_texts(part: str, model_dir: Path | None = None) -> tuple[li
     return texts, f"{whose} held-out split ({what}; {part} half)"
 
 
-def calibration_texts(lm, text_file: Path | None = None, part: str = "calibration") -> tuple[list[str], str]:
-    """(texts, description) of the calibration set for ``lm`` (see the module docstring)."""
+def calibration_texts(lm, text_file: Path | None = None, part: str = "calibration",
+                      model_dir: Path | None = None) -> tuple[list[str], str]:
+    """(texts, description) of the calibration set for ``lm`` (see the module docstring). ``model_dir``: the
+    shipped folder whose held-out split to read when ``lm`` is not itself one (a miniature lifted to full shapes)."""
     if text_file is not None:
         return read_text_file(text_file), f"text file {Path(text_file).name}"
-    folder = shipped_folder(lm)
+    folder = model_dir or shipped_folder(lm)
     if folder is not None:
         got = _shipped_heldout_texts(part, folder)
         if got is not None:

@@ -14,10 +14,12 @@ Config (JSON):
      "max_new_tokens": 64, "repetitions": 1, "reference_generate": true, "hw_profile": "FILE",
      "export_traces": ["spice"], "export_trace_prompts": "first" | "all",
      "cpu_lane": true, "lane_offer": "auto" | "always", "prefetch_admission": "exact" | "all",
-     "copy_issue": "direct" | "torch", "teacher_forced": true | [policy, ...], "runs": [{...}, ...]}
+     "copy_issue": "direct" | "torch", "teacher_forced": true | [policy, ...], "heldout_text_tokens": 512,
+     "heldout_text_window": 128, "runs": [{...}, ...]}
 ("lane_offer": "always" offers the CPU lane to spice-like policies where a CPU expert is slower than a copy, an A/B;
 "copy_issue": "torch" issues slot copies by Tensor.copy_, not cudaMemcpyAsync directly, an A/B of that path;
-"teacher_forced" adds quality passes on the run's own device and code, bench_quality.py.)
+"teacher_forced" adds quality passes on the run's own device and code, "heldout_text_tokens" held-out text to them,
+bench_quality.py.)
 Everything is validated before any model is built (bench_config.py): unknown keys, wrong types and
 out-of-range values are refused with the key's name; "comment" may hold any note.
 Held-out prompts ({"heldout": N}, the long prompt) come from the spice-heldout.json.gz beside the model
@@ -45,7 +47,7 @@ import torch
 
 from spice_core.api import EXACT_POLICIES, POLICIES, RunSettings, greedy_agreement
 from spice_core.tools.bench_config import LINKS_GBPS, load_config_file, load_results
-from spice_core.tools.bench_quality import QualityPasses
+from spice_core.tools.bench_quality import QualityPasses, heldout_windows
 from spice_core.tools.bench_records import (add_floors, add_three_lane_floor, divergence_totals, markdown_table,
                                            provenance)
 from spice_core.tools.bench_models import (check_host_memory, cpu_float32_offload_dtype, load_safetensors_model,
@@ -304,12 +306,17 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
     # Each prompt's exact tokens, by (link, budget, workload, prompt, max new tokens), alike for every exact policy at
     # any thresholds: a block with no exact policy of its own, or run before it, compares with an earlier block's.
     exact_tokens: dict[tuple, list[int]] = {}
+    text_windows = None
+    if int(cfg.get("heldout_text_tokens", 0)) > 0:
+        text_windows, text_source = heldout_windows(lm, folder if lifted else None, int(cfg["heldout_text_tokens"]),
+                                                    int(cfg.get("heldout_text_window", 128)))
+        print(f"held-out text for the quality passes: {sum(len(w) for w in text_windows)} tokens of {text_source}")
     for blk in blocks:
         b_links, b_budgets, b_policies, b_workloads = blk.links, blk.budgets, blk.policies, blk.workloads
         b_max_new, b_reps, b_host_aware, b_variant = blk.max_new, blk.reps, blk.host_aware, blk.variant
         b_executor, b_cpu_lane, b_set = blk.executor, blk.cpu_lane, blk.settings
         ref_policy = next((p for p in b_policies if p in EXACT_POLICIES), None)
-        quality = QualityPasses(blk.teacher_forced) if blk.teacher_forced else None
+        quality = QualityPasses(blk.teacher_forced, text_windows) if blk.teacher_forced else None
         for link in b_links:
             eng = engine_for(link, b_host_aware, b_executor, blk.lane_offer, blk.prefetch_admission)
             for rep in range(b_reps):
@@ -347,6 +354,8 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
                             if quality is not None and ref_tokens is not None:
                                 totals.update(quality.totals(eng, (link, rep, ref_key), ids, s, ref_policy or
                                                              "resident", ref_tokens, toks))
+                                if workload == "prompts" and pi == 0:      # once per cell, however it is sharded
+                                    totals.update(quality.text(eng, (link, rep, budget), s, ref_policy or "resident"))
                             if device == "cuda":
                                 totals["gpu_peak_bytes"] = torch.cuda.max_memory_allocated()
                             per.setdefault((link, budget, pol, workload, b_variant), []).append(

@@ -138,6 +138,13 @@ def _check_common(where: str, d: dict) -> None:
         v = d["teacher_forced"]
         if not isinstance(v, bool):
             _list_of(where, "teacher_forced", v, _policy(where, "teacher_forced"))
+    if "heldout_text_tokens" in d:
+        _int(where, "heldout_text_tokens", d["heldout_text_tokens"], 0, MAX_NEW_TOKENS_LIMIT * 16)
+        if d["heldout_text_tokens"] and not d.get("teacher_forced"):
+            raise ConfigError(f"{where}: \"heldout_text_tokens\" feeds held-out text to the teacher-forced policies: "
+                              "set \"teacher_forced\" (true or a list of policies) too, or drop it")
+    if "heldout_text_window" in d:
+        _int(where, "heldout_text_window", d["heldout_text_window"], 2, MAX_NEW_TOKENS_LIMIT)
     if "copy_issue" in d and d["copy_issue"] not in COPY_ISSUES:
         raise ConfigError(f"{where}: \"copy_issue\" {d['copy_issue']!r} is unknown: use \"direct\" "
                           "(cudaMemcpyAsync called directly) or \"torch\" (Tensor.copy_, an A/B)")
@@ -150,7 +157,8 @@ CONFIG_KEYS = ("model", "policies", "budgets", "links", "timing", "profile", "sh
                "repetitions", "reference_generate", "hw_profile", "export_traces", "export_trace_prompts", "runs",
                "tau_prefetch", "tau_approx", "max_lookahead", "lore_rank", "verify_lift", "prefetch_after_experts",
                "long_prompt_tokens", "host_aware", "artifacts", "lift_overrides", "executor", "lane_offer", "cpu_lane",
-               "prefetch_admission", "copy_issue", "teacher_forced", "comment")
+               "prefetch_admission", "copy_issue", "teacher_forced", "heldout_text_tokens", "heldout_text_window",
+               "comment")
 
 
 def check_config(cfg, where: str = "config") -> None:

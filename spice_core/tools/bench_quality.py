@@ -2,16 +2,21 @@
 
     prompt ─► the exact policy's greedy tokens (its timed run) ─► the exact policy fed those tokens again
            (teacher forcing: its logits along its own path, the reference) ─► every other policy fed the same
-           tokens ─► per position: top-1 agreement (strict, and with the reference's exact ties counted as agreeing),
+           tokens ─► per position: top-1 agreement (strict, and counting the reference's exact ties as agreeing),
            KL(reference ‖ policy), the NLL of the reference's token under each ─► sums in the record's totals
     the policy's greedy run ─► its first divergence from the reference: at an exact tie of the reference's logits?
 
-Why ties: greedy decoding in bf16 takes the argmax of logits rounded to bf16 (a step of 0.125 between 16 and 32),
-so the exact model's top two logits are often *equal* and the lower token id wins; any change of summation order
-(the CPU lane's exact experts, another kernel) then picks the other one as often as not, and greedy agreement over
-a whole generation loses every position after that first flip. A divergence at such a tie is the exact model's own
-indifference, not a loss of quality; the teacher-forced numbers measure every position on the exact path, so one
-flip does not decide the rest.
+Held-out text (``"heldout_text_tokens": N``): the same policies, and the exact one, are also fed windows of the
+model's held-out evaluation text (its first token as the prompt, the rest forced, one token a step on the fast
+path), so perplexity is measured on text no policy chose: its change against the exact policy's perplexity on
+the same windows, KL and top-1 agreement. It runs with prompt 0 only, so a sharded run makes it once.
+
+Why ties matter: greedy decoding in bf16 takes the argmax of logits rounded to bf16, and the exact model's top two
+logits are equal at a few percent of positions (measured: 6% on the lifted miniature); at those the lower token id
+wins and a change of summation order picks the other one as often as not.
+
+A tie is the exact model's own indifference, not a loss of quality: greedy agreement over a whole generation loses
+every position after one flip there, while the teacher-forced numbers measure every position on the exact path.
 
 Pure bookkeeping over logits the runs produce (the passes are ordinary engine runs with
 `GenerationRun.forced_ids`); the sums merge across shards like every other raw count (bench_records.QUALITY_SUMS,
@@ -19,11 +24,13 @@ which also derives the record's numbers from them).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
 from spice_core.trace.metrics import first_divergence
+
 
 @dataclass(frozen=True)
 class ReferencePath:
@@ -40,7 +47,7 @@ class ReferencePath:
 
 def forced_pass(engine, ids: list[int], settings, forced: list[int]) -> torch.Tensor:
     """[len(forced), V] float32 on the host: the logits of each step of a run fed ``forced`` (teacher forcing)."""
-    run = engine.start_ids(ids, settings)
+    run = engine.start_ids(ids, replace(settings, max_new_tokens=max(settings.max_new_tokens, len(forced))))
     run.forced_ids = list(forced)
     rows = []
     for _ in run:
@@ -83,24 +90,69 @@ def quality_totals(ref: ReferencePath, greedy_tokens: list[int] | None, logits: 
     return out
 
 
+def heldout_windows(lm, model_dir: Path | None, tokens: int, window: int) -> tuple[list[list[int]], str]:
+    """(windows of at most ``window`` token ids, at most ``tokens`` in all, source) of ``lm``'s held-out evaluation
+    text: the shipped model's eval half (``model_dir``: the miniature a lifted model came from)."""
+    from spice_core.predictor.traces import calibration_texts, tokenize_texts
+
+    texts, source = calibration_texts(lm, part="eval", model_dir=model_dir)
+    rows = [list(r) for r in tokenize_texts(lm, texts, seq_len=window, max_tokens=tokens) if len(r) >= 2]
+    return rows, source
+
+
+def text_totals(ref_logits: list[torch.Tensor], windows: list[list[int]], logits: list[torch.Tensor]) -> dict:
+    """The held-out text sums of one policy: its forced logits per window against the exact policy's
+    (``ref_logits``); each window's row i scores token i + 1."""
+    out = {"text_positions": 0, "text_nll_sum": 0.0, "text_nll_ref_sum": 0.0, "text_kl_sum": 0.0, "text_top1": 0}
+    for w, ref_l, pol_l in zip(windows, ref_logits, logits):
+        n = min(len(w) - 1, ref_l.shape[0], pol_l.shape[0])
+        target, at = torch.tensor(w[1:n + 1], dtype=torch.long), torch.arange(n)
+        ref_lp, pol_lp = torch.log_softmax(ref_l[:n], -1), torch.log_softmax(pol_l[:n], -1)
+        out["text_positions"] += n
+        out["text_nll_sum"] += float(-pol_lp[at, target].sum())
+        out["text_nll_ref_sum"] += float(-ref_lp[at, target].sum())
+        out["text_kl_sum"] += float((ref_lp.exp() * (ref_lp - pol_lp)).sum(-1).clamp_min(0).sum())
+        out["text_top1"] += int((pol_l[:n].argmax(-1) == ref_l[:n].argmax(-1)).sum())
+    return out
+
 
 class QualityPasses:
     """A bench block's quality passes: per prompt its reference path, made once (the block's policies run back to
-    back per prompt, so one path is kept at a time), and each policy's sums against it."""
+    back per prompt, so one path is kept at a time), and each policy's sums against it; per (link, repetition,
+    budget) the exact policy's logits on the held-out text windows, if any."""
 
-    def __init__(self, policies) -> None:
+    def __init__(self, policies, text_windows: list[list[int]] | None = None) -> None:
         """``policies``: the policies that get a teacher-forced pass (the config's ``"teacher_forced"``: true for
-        all of them, or a list); every policy's greedy run is checked for a divergence at a tie."""
+        all of them, or a list); every policy's greedy run is checked for a divergence at a tie.
+        ``text_windows``: held-out text to feed them too (`heldout_windows`; None or empty: none)."""
         self.policies = policies
+        self.text_windows = text_windows or []
         self._key, self._path = None, None
+        self._text_key, self._text_ref = None, None
+
+    def forced(self, policy: str, ref_policy: str) -> bool:
+        return policy != ref_policy and (self.policies is True or policy in self.policies)
 
     def totals(self, engine, key, ids: list[int], settings, ref_policy: str, ref_tokens: list[int],
                greedy_tokens: list[int]) -> dict:
         if key != self._key:
-            from dataclasses import replace
             self._key = key
             self._path = reference_path(engine, ids, replace(settings, policy=ref_policy), ref_tokens)
-        pol = settings.policy
-        run_forced = pol != ref_policy and (self.policies is True or pol in self.policies)
-        logits = forced_pass(engine, ids, settings, ref_tokens) if run_forced else None
+        logits = forced_pass(engine, ids, settings, ref_tokens) if self.forced(settings.policy, ref_policy) else None
         return quality_totals(self._path, greedy_tokens, logits)
+
+    def text(self, engine, key, settings, ref_policy: str) -> dict:
+        """The held-out text sums of ``settings.policy`` (the exact policy's own: against itself, for its
+        perplexity); {} for a policy without a teacher-forced pass or with no windows."""
+        pol = settings.policy
+        if not self.text_windows or (pol != ref_policy and not self.forced(pol, ref_policy)):
+            return {}
+        if key != self._text_key:
+            ref_settings = replace(settings, policy=ref_policy)
+            self._text_key = key
+            self._text_ref = [forced_pass(engine, w[:1], ref_settings, w[1:]) for w in self.text_windows]
+        if pol == ref_policy:
+            logits = self._text_ref
+        else:
+            logits = [forced_pass(engine, w[:1], settings, w[1:]) for w in self.text_windows]
+        return text_totals(self._text_ref, self.text_windows, logits)

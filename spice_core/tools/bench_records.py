@@ -88,12 +88,13 @@ def lane_metrics(raw: dict) -> dict:
 
 # The per-generation sums of bench's quality passes (bench_quality.quality_totals), merged by addition.
 QUALITY_SUMS = ("tf_positions", "tf_top1", "tf_top1_ties", "tf_kl_sum", "tf_nll_sum", "tf_nll_ref_sum",
-                "ref_positions", "ref_tie_positions", "diverged_runs", "diverged_at_tie")
+                "ref_positions", "ref_tie_positions", "diverged_runs", "diverged_at_tie",
+                "text_positions", "text_nll_sum", "text_nll_ref_sum", "text_kl_sum", "text_top1")
 
 
 def quality_metrics(raw: dict) -> dict:
     """A record's quality numbers from its raw sums (None where no quality pass ran: older records, or none asked)."""
-    n, ref_n = raw.get("tf_positions", 0), raw.get("ref_positions", 0)
+    n, ref_n, t_n = raw.get("tf_positions", 0), raw.get("ref_positions", 0), raw.get("text_positions", 0)
     has_div = "diverged_runs" in raw
     return {
         "tf_top1_agreement": raw["tf_top1"] / n if n else None,
@@ -103,6 +104,13 @@ def quality_metrics(raw: dict) -> dict:
         "divergences": raw["diverged_runs"] if has_div else None,
         "divergences_at_tie": raw.get("diverged_at_tie", 0) if has_div else None,
         "ref_tie_share": raw.get("ref_tie_positions", 0) / ref_n if ref_n else None,
+        # held-out text (bench_quality.text_totals): perplexity against the exact policy's on the same windows
+        "text_tokens": t_n if t_n else None,
+        "text_ppl": math.exp(raw["text_nll_sum"] / t_n) if t_n else None,
+        "text_ppl_delta_pct": 100.0 * math.expm1((raw["text_nll_sum"] - raw["text_nll_ref_sum"]) / t_n)
+        if t_n else None,
+        "text_kl_mean": raw["text_kl_sum"] / t_n if t_n else None,
+        "text_top1_agreement": raw["text_top1"] / t_n if t_n else None,
     }
 
 
@@ -368,7 +376,8 @@ def markdown_table(records: list[dict], cfg: dict) -> str:
             "bytes_per_token", "stall_ms_per_token", "device_ms_median", "host_us_per_layer",
             "host_overlap_us_per_layer", "greedy_agreement", "identical_prefix_tokens_median", "divergences",
             "divergences_at_tie", "tf_top1_agreement", "tf_top1_agreement_ties", "tf_kl_mean", "tf_ppl_delta_pct",
-            "floor_ms", "floor3_ms", "cpu_lane_ms_per_expert", "cpu_lane_gbps"]
+            "text_ppl", "text_ppl_delta_pct", "text_kl_mean", "floor_ms", "floor3_ms", "cpu_lane_ms_per_expert",
+            "cpu_lane_gbps"]
     head = "| " + " | ".join(cols) + " | miss split (approx/cpu/copy) |\n|" + "---|" * (len(cols) + 1) + "\n"
     rows = []
     for r in sorted(records, key=lambda r: (r.get("workload", "prompts") != "prompts", r["link"], r["budget_frac"],

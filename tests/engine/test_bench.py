@@ -37,7 +37,9 @@ def test_bench_writes_records_with_the_documented_keys(tmp_path):
                                           ({"runs": [{"copy_issue": "torch"}]}, "copy_issue"),
                                           ({"runs": [{"prefetch_admission": None}]}, "prefetch_admission"),
                                           ({"teacher_forced": ["fifo"]}, "teacher_forced"),
-                                          ({"runs": [{"teacher_forced": "yes"}]}, "teacher_forced")])
+                                          ({"runs": [{"teacher_forced": "yes"}]}, "teacher_forced"),
+                                          ({"heldout_text_tokens": 256}, "heldout_text_tokens"),
+                                          ({"teacher_forced": True, "heldout_text_window": 1}, "heldout_text_window")])
 def test_bad_config_is_refused_before_any_work(tmp_path, patch, needle):
     import torch
 

@@ -8,7 +8,7 @@ import torch
 from spice_core.api import RunSettings
 from spice_core.engine import SpiceEngine
 from spice_core.tools.bench import _load_config, run_bench
-from spice_core.tools.bench_quality import ReferencePath, forced_pass, quality_totals
+from spice_core.tools.bench_quality import ReferencePath, forced_pass, heldout_windows, quality_totals
 from spice_core.tools.bench_records import merge_records
 
 
@@ -66,7 +66,7 @@ def test_bench_records_quality_and_shards_merge_to_the_whole(tmp_path):
     cfg = {"model": "assets/spice-mini", "timing": "modeled", "executor": "graphed", "prompts": {"heldout": 2},
            "policies": ["resident", "lru", "spice"], "budgets": [0.25], "links": ["native"], "max_new_tokens": 10,
            "profile": "h200-pcie5x16-graphed", "tau_approx": 0.1, "lore_rank": 4, "cpu_lane": False,
-           "teacher_forced": ["spice"]}
+           "teacher_forced": ["spice"], "heldout_text_tokens": 40, "heldout_text_window": 20}
     path = tmp_path / "cfg.json"
     path.write_text(json.dumps(cfg))
     whole = {r["policy"]: r for r in run_bench(_load_config(path), tmp_path / "whole", "cpu")}
@@ -79,9 +79,34 @@ def test_bench_records_quality_and_shards_merge_to_the_whole(tmp_path):
     assert sp["tf_kl_mean"] > 0.0 and sp["tf_ppl_delta_pct"] is not None
     assert 0 <= sp["divergences_at_tie"] <= sp["divergences"] <= 2
     assert "tf_top1_agreement_ties" in (tmp_path / "whole" / "results.md").read_text()
+    # Held-out text: the exact policy against itself (its perplexity, no change), the forced policy on the same
+    # windows, the others not at all.
+    res = whole["resident"]
+    assert 30 <= res["text_tokens"] <= 40 and res["text_tokens"] == sp["text_tokens"]
+    assert res["text_ppl_delta_pct"] == 0.0 and res["text_kl_mean"] == 0.0 and res["text_top1_agreement"] == 1.0
+    assert res["text_ppl"] > 1.0 and math.isfinite(res["text_ppl"])
+    assert sp["text_kl_mean"] > 0.0 and sp["text_ppl_delta_pct"] is not None and 0 <= sp["text_top1_agreement"] <= 1
+    assert whole["lru"]["text_tokens"] is None
     shards = []
     for k in (0, 1):
         shards += run_bench(_load_config(path), tmp_path / f"s{k}", "cpu", shard=(k, 2))
     merged = {r["policy"]: r for r in merge_records(shards, [f"s{i}" for i in range(len(shards))])}
-    for key in ("tf_top1_agreement", "tf_top1_agreement_ties", "tf_kl_mean", "divergences", "ref_tie_share"):
-        assert merged["spice"][key] == pytest.approx(sp[key]), key
+    for key in ("tf_top1_agreement", "tf_top1_agreement_ties", "tf_kl_mean", "divergences", "ref_tie_share",
+                "text_tokens", "text_ppl_delta_pct", "text_kl_mean", "text_top1_agreement"):
+        assert merged["spice"][key] == pytest.approx(sp[key]), key      # the text pass ran in shard 0 only
+    assert merged["resident"]["text_ppl"] == pytest.approx(res["text_ppl"])
+
+
+def test_held_out_text_windows_score_the_next_token_as_stock_transformers_does(mini):
+    from transformers import AutoModelForCausalLM
+
+    windows, source = heldout_windows(mini.lm, None, 24, 12)
+    assert windows and all(2 <= len(w) <= 12 for w in windows) and "held-out" in source
+    stock = AutoModelForCausalLM.from_pretrained("assets/spice-mini", dtype=torch.float32).eval()
+    for w in windows[:2]:
+        rows = forced_pass(mini, w[:1], _settings("resident"), w[1:])
+        assert rows.shape[0] == len(w) - 1          # row i is the logits that score token i + 1
+        with torch.no_grad():
+            want = stock(torch.tensor([w])).logits[0, :-1].float()
+        assert torch.equal(rows.argmax(-1), want.argmax(-1))
+        assert torch.allclose(rows, want, atol=1e-3, rtol=1e-4)
