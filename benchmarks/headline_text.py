@@ -29,8 +29,11 @@ engine of 355fa36 (the fast path's round 3: a layer's copies waited for at once,
 whose native 25% run replaced round 2's here (round 2's rows stay in `docs/benchmarks/fast-path/round-2/`);
 `960a48a409945974` is the engine of 439c009 (round 3 plus `resident`'s one-graph step, each layer planned by ~20 small
 kernels in the graph; `spice`'s path unchanged), on which the x8 25% cell ran in three parts (prompts 0, 2, 4, 6;
-shard 1/2; the long prompt: `cuda-tests-439c009.txt` is that engine's CUDA test run) and replaced round 2's. Rows of different digests are
-different engines: compare rows within one digest. The timing model against the measured cells of engine
+shard 1/2; the long prompt: `cuda-tests-439c009.txt` is that engine's CUDA test run) and replaced round 2's. `74ed6013e80c19e4` is the engine of bf252b8 (the decode path of 88359a6, bench's teacher forcing):
+its native 25% cell (prompts 0–6, then prompt 7 and the long prompt, both run from `git archive bf252b8 spice_core`)
+replaced the f78ad76e cell, whose records stay in `history/native-25-f78ad76e/`; `aaf9b04551727430` is the engine of
+c4abee0 (bench's held-out text pass added), on which the x8 10% cell has begun (`cuda-tests-c4abee0.txt`, 28 passed
+on that engine). Rows of different digests are different engines: compare rows within one digest. The timing model against the measured cells of engine
 `fa4cbd20a9b7570c` is in `model-check/` (modeled with the shipped decision profile, before any refit: these shards
 exported no traces for `recalibrate`; the next runs export them)."""
 
@@ -96,6 +99,13 @@ python3 -m spice_core bench --config docs/benchmarks/headline/config-native-10-5
 python3 -m spice_core bench --config docs/benchmarks/headline/config-native-10-50.json --device cuda --shard 1/2 --out native-1050-shard1
 # Qwen2-57B-A14B shapes, 25%, native (engine fa4cbd20a9b7570c; shard 0: 3 prompts in 520 s, 98.7 GB slab)
 python3 -m spice_core bench --config docs/benchmarks/headline/config-qwen2-native-25.json --device cuda --shard 0/3 --out qwen2-native-25-shard0
+# DeepSeek-V2-Lite shapes, 25%, native, engine 74ed6013e80c19e4 (from `git archive bf252b8 spice_core`; 540 s cut
+# after 7 prompts, then 129 s): raw/native-25-tf, raw/native-25-tf-rest
+python3 -m spice_core bench --config docs/benchmarks/headline/config-native-25-tf.json --device cuda --out native-25-tf
+python3 -m spice_core bench --config docs/benchmarks/headline/config-native-25-tf-rest.json --device cuda --out native-25-tf-rest
+# x8, 10% and 50%, engine aaf9b04551727430 (c4abee0), slice a: 10%, cut at 540 s after prompts 0-1: raw/x8-10-50-tf-a;
+# the rest: slices of config-x8-10-50-tf.json that differ only in "runs" (10% prompts 2-7, then 50%)
+python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-10-50-tf-a.json --device cuda --out x8-10-50-tf-a
 # still to run (the coverage above): shards 1/3 and 2/3 of the Qwen2 config (2/3 holds the long prompt),
 # the x8 link's 10% and 50% (config-x8-10-50.json --shard K/4) and the Qwen2 lift on x8
 bash docs/benchmarks/peers/run.sh peers                              # raw/peers

@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER = ROOT / "docs/benchmarks/cpu-lane/quality-gpu"
 SOURCES = (FOLDER / "run/results.partial.json",
-           ROOT / "docs/benchmarks/headline/round-3/native-25-tf/results.partial.json")
+           ROOT / "docs/benchmarks/headline/raw/native-25-tf/results.partial.json")
 
 
 def _report():
