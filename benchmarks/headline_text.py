@@ -29,7 +29,8 @@ engine of 355fa36 (the fast path's round 3: a layer's copies waited for at once,
 whose native 25% run replaced round 2's here (round 2's rows stay in `docs/benchmarks/fast-path/round-2/`);
 `960a48a409945974` is the engine of 439c009 (round 3 plus `resident`'s one-graph step, each layer planned by ~20 small
 kernels in the graph; `spice`'s path unchanged), on which the x8 25% cell ran in three parts (prompts 0, 2, 4, 6;
-shard 1/2; the long prompt: `cuda-tests-439c009.txt` is that engine's CUDA test run) and replaced round 2's. `74ed6013e80c19e4` is the engine of bf252b8 (the decode path of 88359a6, bench's teacher forcing):
+shard 1/2; the long prompt: `cuda-tests-439c009.txt` is that engine's CUDA test run) and replaced round 2's.
+`74ed6013e80c19e4` is the engine of bf252b8 (the decode path of 88359a6, bench's teacher forcing):
 its native 25% cell (prompts 0–6, then prompt 7 and the long prompt, both run from `git archive bf252b8 spice_core`)
 replaced the f78ad76e cell, whose records stay in `history/native-25-f78ad76e/`; `aaf9b04551727430` is the engine of
 c4abee0 (bench's held-out text pass added), on which the x8 10% cell has begun (`cuda-tests-c4abee0.txt`, 28 passed
