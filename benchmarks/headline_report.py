@@ -24,6 +24,7 @@ import json
 import sys
 from pathlib import Path
 
+from headline_repeats import repeats_table
 from headline_text import (CODE_NOTE, COMMANDS, FLOOR_NOTE, HEADER, HISTORY_NOTE, PEERS_MISSING, PEERS_NOTE,
                            QUALITY_NOTE, ROUTING_NOTE)
 
@@ -450,7 +451,7 @@ def main(argv=None) -> int:
     table, marks = targets(merged)
     (d / "targets.json").write_text(json.dumps(marks, indent=1) + "\n")
     history = json.loads(args.history.read_text()) if args.history.exists() else None
-    (d / "README.md").write_text(render_readme(merged, table, figs, quality, history, lane_ms))
+    (d / "README.md").write_text(render_readme(merged, table, figs, quality, history, lane_ms, repeats_table(d)))
     print(f"wrote {d / 'results.json'} ({len(merged)} records), {d / 'README.md'}, {', '.join(figs) or 'no figures'}")
     return 0
 
@@ -465,7 +466,7 @@ def load_quality(d: Path) -> dict | None:
     return {"rows": rows} if rows else None
 
 
-def render_readme(records, target_table, figs, quality, history, lane_ms) -> str:
+def render_readme(records, target_table, figs, quality, history, lane_ms, repeats=None) -> str:
     q_rows = (quality or {}).get("rows", [])
     q_table = "\n".join(
         f"| {model_name(q.get('model', QUALITY_MODEL))} | {q['link']} | {q['budget_frac']:.0%} | {', '.join(q.get('policies', LOSSY))} | "
@@ -486,6 +487,7 @@ def render_readme(records, target_table, figs, quality, history, lane_ms) -> str
              "## Coverage: what ran, against the protocol\n\n" + cov + "\n\n" + coverage_note(gaps),
              "## Targets (BENCHMARK.md), 25% budget\n\n" + target_table + "\n\n" + needed_for_312(records),
              *per_model,
+             *(["## Run-to-run spread: a slice run twice (`repeats/`, not merged)\n\n" + repeats] if repeats else []),
              "## Peers: what users run today\n\n" + (peer_table(peers, engine) + "\n\n" + PEERS_NOTE if peers else PEERS_MISSING),
              "## Routing realism: the miniatures' LRU hit rate beside the real models'\n\n" + routing_realism_table(),
              "## Quality of the lossy setting (measured on the miniature, same settings)\n\n"

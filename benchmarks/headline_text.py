@@ -33,8 +33,8 @@ shard 1/2; the long prompt: `cuda-tests-439c009.txt` is that engine's CUDA test 
 `74ed6013e80c19e4` is the engine of bf252b8 (the decode path of 88359a6, bench's teacher forcing):
 its native 25% cell (prompts 0–6, then prompt 7 and the long prompt, both run from `git archive bf252b8 spice_core`)
 replaced the f78ad76e cell, whose records stay in `history/native-25-f78ad76e/`; `aaf9b04551727430` is the engine of
-c4abee0 (bench's held-out text pass added), on which the x8 10% cell has begun (`cuda-tests-c4abee0.txt`, 28 passed
-on that engine). Rows of different digests are different engines: compare rows within one digest. The timing model against the measured cells of engine
+c4abee0 (bench's held-out text pass added), on which the x8 10% cell has run prompts 0–4 (slices a and b;
+`cuda-tests-c4abee0.txt`, 28 passed on that engine). Rows of different digests are different engines: compare rows within one digest. The timing model against the measured cells of engine
 `fa4cbd20a9b7570c` is in `model-check/` (modeled with the shipped decision profile, before any refit: these shards
 exported no traces for `recalibrate`; the next runs export them)."""
 
@@ -107,8 +107,15 @@ python3 -m spice_core bench --config docs/benchmarks/headline/config-native-25-t
 # x8, 10% and 50%, engine aaf9b04551727430 (c4abee0), slice a: 10%, cut at 540 s after prompts 0-1: raw/x8-10-50-tf-a;
 # the rest: slices of config-x8-10-50-tf.json that differ only in "runs" (10% prompts 2-7, then 50%)
 python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-10-50-tf-a.json --device cuda --out x8-10-50-tf-a
-# still to run (the coverage above): shards 1/3 and 2/3 of the Qwen2 config (2/3 holds the long prompt),
-# the x8 link's 10% and 50% (config-x8-10-50.json --shard K/4) and the Qwen2 lift on x8
+# slice b (10% prompts 2-7, then 50%): cut at 540 s after 10% prompts 2-4: raw/x8-10-50-tf-b; its machine went back
+# before the next call could collect more, and the slice ran again from its start on a fresh one (cut at 560 s,
+# the same prompts 2-4): repeats/x8-10-50-tf-b, not merged (the run-to-run table)
+python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-10-50-tf-b.json --device cuda \
+    --out x8-10-50-tf-b
+# still to run (the coverage above): slice c (10% prompts 5-7, then 50%) on engine aaf9b04551727430,
+python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-10-50-tf-c.json --device cuda \
+    --out x8-10-50-tf-c
+# shards 1/3 and 2/3 of the Qwen2 config (2/3 holds the long prompt) and the Qwen2 lift on x8
 bash docs/benchmarks/peers/run.sh peers                              # raw/peers
 ```
 
