@@ -110,10 +110,10 @@ python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-10-50-tf
 # slice b (10% prompts 2-7, then 50%): cut at 540 s after 10% prompts 2-4: raw/x8-10-50-tf-b; its machine went back
 # before the next call could collect more, and the slice ran again from its start on a fresh one (cut at 560 s,
 # the same prompts 2-4): repeats/x8-10-50-tf-b, not merged (the run-to-run table)
-python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-10-50-tf-b.json --device cuda \
+python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-10-50-tf-b.json --device cuda \\
     --out x8-10-50-tf-b
 # still to run (the coverage above): slice c (10% prompts 5-7, then 50%) on engine aaf9b04551727430,
-python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-10-50-tf-c.json --device cuda \
+python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-10-50-tf-c.json --device cuda \\
     --out x8-10-50-tf-c
 # shards 1/3 and 2/3 of the Qwen2 config (2/3 holds the long prompt) and the Qwen2 lift on x8
 bash docs/benchmarks/peers/run.sh peers                              # raw/peers
