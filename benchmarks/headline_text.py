@@ -34,9 +34,10 @@ shard 1/2; the long prompt: `cuda-tests-439c009.txt` is that engine's CUDA test 
 its native 25% cell (prompts 0–6, then prompt 7 and the long prompt, both run from `git archive bf252b8 spice_core`)
 replaced the f78ad76e cell, whose records stay in `history/native-25-f78ad76e/`; `aaf9b04551727430` is the engine of
 c4abee0 (bench's held-out text pass added), on which the x8 10% cell has run prompts 0–4 (slices a and b;
-`cuda-tests-c4abee0.txt`, 28 passed on that engine). Rows of different digests are different engines: compare rows within one digest. The timing model against the measured cells of engine
-`fa4cbd20a9b7570c` is in `model-check/` (modeled with the shipped decision profile, before any refit: these shards
-exported no traces for `recalibrate`; the next runs export them)."""
+`cuda-tests-c4abee0.txt`, 28 passed on that engine). Rows of different digests are different engines: compare rows
+within one digest. The timing model against the measured cells is in `model-check/`: the native 25% and x8 10% cells
+modeled with host costs refitted per link from their own records (in-sample: 18 of 20 policies within ±15%, `resident`
+the miss on both), and the cells of engine `fa4cbd20a9b7570c` with the shipped profile, before any refit (23 of 30)."""
 
 FLOOR_NOTE = """`floor ms` is BENCHMARK.md's two-lane floor, max(compute, (1 − hit rate) × routed bytes per token ÷ link
 rate). `3-lane floor ms` adds the CPU lane (`three_lane_floor` in `benchmarks/headline_report.py`): the row's

@@ -17,11 +17,11 @@ import sys
 from pathlib import Path
 
 
-def _load(paths: list[str]) -> dict[tuple, dict]:
+def _load(paths: list[str], model: str | None = None) -> dict[tuple, dict]:
     out = {}
     for p in paths:
         for r in json.loads(Path(p).read_text()):
-            if r.get("tpot_ms_median") is None:
+            if r.get("tpot_ms_median") is None or r.get("peer") or (model is not None and r.get("model") != model):
                 continue
             out[(r["link"], float(r["budget_frac"]), r["policy"], r.get("workload", "prompts"))] = r
     return out
@@ -32,9 +32,11 @@ def main(argv=None) -> int:
     ap.add_argument("--measured", nargs="+", required=True)
     ap.add_argument("--modeled", action="append", required=True, help="LABEL=results.json[,results.json...]")
     ap.add_argument("--target-pct", type=float, default=15.0)
+    ap.add_argument("--measured-model", default=None,
+                    help="only the measured records of this model (e.g. lift:spice-mini, where a results.json holds several)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    measured = _load(args.measured)
+    measured = _load(args.measured, args.measured_model)
     modeled = []
     for spec in args.modeled:
         label, _, files = spec.partition("=")
@@ -44,7 +46,7 @@ def main(argv=None) -> int:
     within = {lab: [0, 0] for lab, _ in modeled}
     for key in sorted(measured, key=lambda k: (k[3], k[0], k[1], k[2])):
         link, budget, pol, workload = key
-        if workload != "prompts":
+        if workload != "prompts" or not any(key in recs for _, recs in modeled):
             continue
         m = measured[key]["tpot_ms_median"]
         cells = []
