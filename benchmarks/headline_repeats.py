@@ -13,7 +13,8 @@ from pathlib import Path
 KEY_FIELDS = ("model", "link", "budget_frac", "workload", "variant", "policy")
 
 
-def _records(folder: Path) -> list[dict]:
+def shard_records(folder: Path) -> list[dict]:
+    """A shard's records: its results.json, or the results.partial.json of a run cut short."""
     for name in ("results.json", "results.partial.json"):
         if (folder / name).exists():
             return json.loads((folder / name).read_text())
@@ -32,8 +33,8 @@ def repeat_pairs(d: Path) -> list[tuple[str, dict, dict]]:
     if not root.is_dir():
         return pairs
     for rep_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-        first = {_key(r): r for r in _records(d / "raw" / rep_dir.name)}
-        for r in _records(rep_dir):
+        first = {_key(r): r for r in shard_records(d / "raw" / rep_dir.name)}
+        for r in shard_records(rep_dir):
             a = first.get(_key(r))
             if a is None or a.get("n_runs") != r.get("n_runs") or a.get("provenance") != r.get("provenance"):
                 continue

@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from headline_repeats import repeats_table
+from headline_repeats import repeats_table, shard_records
 from headline_text import (CODE_NOTE, COMMANDS, FLOOR_NOTE, HEADER, HISTORY_NOTE, PEERS_MISSING, PEERS_NOTE,
                            QUALITY_NOTE, ROUTING_NOTE)
 
@@ -45,13 +45,9 @@ NATIVE_GBPS_FALLBACK = 53.8    # the H200's measured pinned host-to-device rate 
 def load_shards(raw_dir: Path) -> list[dict]:
     records = []
     for shard in sorted(p for p in raw_dir.iterdir() if p.is_dir()):
-        path = shard / "results.json"
-        if not path.exists():
-            path = shard / "results.partial.json"
-        if path.exists():
-            for r in json.loads(path.read_text()):
-                r["shard"] = shard.name
-                records.append(r)
+        for r in shard_records(shard):
+            r["shard"] = shard.name
+            records.append(r)
     return records
 
 

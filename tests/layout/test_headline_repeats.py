@@ -6,6 +6,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
+from headline_report import load_shards  # noqa: E402
 from headline_repeats import repeat_pairs, repeats_table  # noqa: E402
 
 PROV = {"config": "c1", "prompts": "p1", "code": "e1"}
@@ -54,9 +55,6 @@ def test_the_report_does_not_merge_repeats_into_the_results():
         merged = [r for r in results if all(r.get(k) == first.get(k) for k in ("model", "link", "budget_frac",
                                                                               "workload", "policy"))]
         assert len(merged) == 1
-        raw_runs = sum(r["n_runs"] for p in (d / "raw").iterdir() if p.is_dir()
-                       for name in ("results.json", "results.partial.json") if (p / name).exists()
-                       for r in json.loads((p / name).read_text())
-                       if all(r.get(k) == first.get(k) for k in ("model", "link", "budget_frac", "workload", "policy"))
-                       and (name == "results.json" or not (p / "results.json").exists()))
+        raw_runs = sum(r["n_runs"] for r in load_shards(d / "raw")
+                       if all(r.get(k) == first.get(k) for k in ("model", "link", "budget_frac", "workload", "policy")))
         assert merged[0]["n_runs"] == raw_runs

@@ -14,7 +14,7 @@ def rec(policy, tpot, model="lift:spice-mini", link="native", budget=0.25, **kw)
             "tpot_ms_median": tpot, **kw}
 
 
-def test_rows_are_matched_counted_and_filtered_by_model(tmp_path, capsys):
+def test_rows_are_matched_counted_and_filtered_by_model(tmp_path):
     measured = tmp_path / "measured.json"
     measured.write_text(json.dumps([rec("spice", 20.0), rec("lru", 50.0), rec("spice", 120.0, model="lift:other"),
                                     rec("on_demand", 60.0, budget=0.5), rec("peer_x", 9.0, peer=True)]))
