@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from headline_repeats import repeats_table, shard_records
+from headline_runs import join_output_variants, note_configs, run_digests
 from headline_text import (CODE_NOTE, COMMANDS, FLOOR_NOTE, HEADER, HISTORY_NOTE, PEERS_MISSING, PEERS_NOTE,
                            QUALITY_NOTE, ROUTING_NOTE)
 
@@ -426,10 +427,12 @@ def main(argv=None) -> int:
     fill_floor_inputs(records, NATIVE_GBPS_FALLBACK)
     for r in records:
         r.pop("shard", None)
+    join_output_variants(records, run_digests(d))   # slices that differ only in the traces they wrote are one run
     runs: dict[str, list[dict]] = {}        # shards of one config merge; configs (links, budgets) stay apart
     for r in records:
         runs.setdefault(json.dumps((r.get("provenance") or {}).get("config")), []).append(r)
     merged = [m for run in runs.values() for m in merge_records(run)]
+    note_configs(records, merged)
     for model in models_of(merged):       # each model's floor has its own compute (its resident step)
         add_floors([r for r in merged if r.get("model") == model])
     lane_ms = lane_ms_per_expert()

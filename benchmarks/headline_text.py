@@ -99,7 +99,8 @@ python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-25-long.
 # DeepSeek-V2-Lite shapes, 10% and 50%, native (engine fa4cbd20a9b7570c; 478 and 425 s)
 python3 -m spice_core bench --config docs/benchmarks/headline/config-native-10-50.json --device cuda --shard 0/2 --out native-1050-shard0
 python3 -m spice_core bench --config docs/benchmarks/headline/config-native-10-50.json --device cuda --shard 1/2 --out native-1050-shard1
-# Qwen2-57B-A14B shapes, 25%, native (engine fa4cbd20a9b7570c; shard 0: 3 prompts in 520 s, 98.7 GB slab)
+# Qwen2-57B-A14B shapes, 25%, native, engine fa4cbd20a9b7570c: shard 0 (prompts 0, 3, 6) in 520 s, 98.7 GB slab; moved to
+# history/qwen2-native-25-shard0-fa4cbd20 once shard 1 ran on aaf9b04551727430 (shards merge only within one engine)
 python3 -m spice_core bench --config docs/benchmarks/headline/config-qwen2-native-25.json --device cuda --shard 0/3 --out qwen2-native-25-shard0
 # DeepSeek-V2-Lite shapes, 25%, native, engine 74ed6013e80c19e4 (from `git archive bf252b8 spice_core`; 540 s cut
 # after 7 prompts, then 129 s): raw/native-25-tf, raw/native-25-tf-rest
@@ -113,10 +114,19 @@ python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-10-50-tf
 # the same prompts 2-4): repeats/x8-10-50-tf-b, not merged (the run-to-run table)
 python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-10-50-tf-b.json --device cuda \\
     --out x8-10-50-tf-b
-# still to run (the coverage above): slice c (10% prompts 5-7, then 50%) on engine aaf9b04551727430,
+# slice c (10% prompts 5-7, then 50%): its first run's results were lost with its machine; run again 2026-12-04,
+# cut after 50% prompts 0-5 (its machine went back): raw/x8-10-50-tf-c (partial results, the 50% traces)
 python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-10-50-tf-c.json --device cuda \\
     --out x8-10-50-tf-c
-# shards 1/3 and 2/3 of the Qwen2 config (2/3 holds the long prompt) and the Qwen2 lift on x8
+# slice d (50% prompts 6-7, no traces: it differs from slice c only in "runs" and "export_traces", which the report
+# treats as one run, benchmarks/headline_runs.py; 220 s): raw/x8-10-50-tf-d
+python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-10-50-tf-d.json --device cuda \\
+    --out x8-10-50-tf-d
+# Qwen2-57B-A14B shapes, 25%, native, engine aaf9b04551727430: shard 1 (prompts 1, 4, 7; 447 s with the slab's pinning)
+python3 -m spice_core bench --config docs/benchmarks/headline/config-qwen2-native-25.json --device cuda --shard 1/3 \\
+    --out qwen2-native-25-shard1
+# still to run (the coverage above), on engine aaf9b04551727430: Qwen2 shards 0/3 and 2/3 (2/3 holds the long prompt)
+# and the Qwen2 lift on x8
 bash docs/benchmarks/peers/run.sh peers                              # raw/peers
 ```
 

@@ -1,0 +1,60 @@
+"""Which shards are parts of one run: bench's config digest, less the keys that only choose outputs.
+
+bench stamps every record with a digest of its config without the run blocks (`bench_records.provenance`), and
+`merge_records` merges only records of one digest. Two slices of one cell whose configs differ only in what they
+write beside the measurement (``export_traces``, ``export_trace_prompts``: traces are written from a prompt's finished
+record, after its run) measured the same thing, yet carry different digests. For every committed ``config-*.json``
+this recomputes bench's digest and the digest without those keys; records whose configs agree on the second merge as
+one run. A digest that no committed config reproduces is left as it is (its shards merge only with their own).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from spice_core.tools.bench_config import load_config_file
+from spice_core.tools.bench_records import provenance
+
+OUTPUT_KEYS = ("export_traces", "export_trace_prompts")   # what a config writes, not what it measures
+
+
+def _digest(cfg: dict) -> str:
+    return provenance(dict(cfg, hw_profile=cfg.get("hw_profile")), [], "")["config"]
+
+
+def run_digests(d: Path) -> dict[str, str]:
+    """bench's config digest → the digest of the same config without `OUTPUT_KEYS`, for every committed config
+    in ``d``, as bench computes it (no --hw-profile given on the command line)."""
+    out = {}
+    for path in sorted(d.glob("config-*.json")):
+        cfg = load_config_file(path)
+        out[_digest(cfg)] = _digest({k: v for k, v in cfg.items() if k not in OUTPUT_KEYS})
+    return out
+
+
+def join_output_variants(records: list[dict], digests: dict[str, str]) -> None:
+    """In place, before the merge: where committed configs differ only in `OUTPUT_KEYS`, their records' config
+    digest becomes the output-free one they share (the digest they ran under is kept aside for `note_configs`)."""
+    twins: dict[str, set[str]] = {}
+    for full, free in digests.items():
+        twins.setdefault(free, set()).add(full)
+    for r in records:
+        prov = r.get("provenance") or {}
+        free = digests.get(prov.get("config"))
+        if free is not None and len(twins[free]) > 1:
+            r["provenance"] = dict(prov, config=free)
+            r["_config_as_run"] = prov["config"]
+
+
+def note_configs(sources: list[dict], merged: list[dict]) -> None:
+    """After the merge: each merged record names the config digests its shards ran under, where they differ."""
+    seen: dict[str, set[str]] = {}
+    for m in merged:
+        m.pop("_config_as_run", None)
+    for r in sources:
+        if "_config_as_run" in r:
+            seen.setdefault(json.dumps(r["provenance"], sort_keys=True), set()).add(r.pop("_config_as_run"))
+    for m in merged:
+        ran = seen.get(json.dumps(m.get("provenance"), sort_keys=True))
+        if ran and len(ran) > 1:
+            m["provenance"] = dict(m["provenance"], configs_as_run=sorted(ran))
