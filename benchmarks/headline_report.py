@@ -427,12 +427,12 @@ def main(argv=None) -> int:
     fill_floor_inputs(records, NATIVE_GBPS_FALLBACK)
     for r in records:
         r.pop("shard", None)
-    join_output_variants(records, run_digests(d))   # slices that differ only in the traces they wrote are one run
+    joined = join_output_variants(records, run_digests(d))   # slices differing only in traces written: one run
     runs: dict[str, list[dict]] = {}        # shards of one config merge; configs (links, budgets) stay apart
     for r in records:
         runs.setdefault(json.dumps((r.get("provenance") or {}).get("config")), []).append(r)
     merged = [m for run in runs.values() for m in merge_records(run)]
-    note_configs(records, merged)
+    note_configs(joined, merged)
     for model in models_of(merged):       # each model's floor has its own compute (its resident step)
         add_floors([r for r in merged if r.get("model") == model])
     lane_ms = lane_ms_per_expert()

@@ -32,29 +32,25 @@ def run_digests(d: Path) -> dict[str, str]:
     return out
 
 
-def join_output_variants(records: list[dict], digests: dict[str, str]) -> None:
+def join_output_variants(records: list[dict], digests: dict[str, str]) -> dict[str, set[str]]:
     """In place, before the merge: where committed configs differ only in `OUTPUT_KEYS`, their records' config
-    digest becomes the output-free one they share (the digest they ran under is kept aside for `note_configs`)."""
+    digest becomes the output-free one they share. Returns output-free digest → the digests its records ran under."""
     twins: dict[str, set[str]] = {}
     for full, free in digests.items():
         twins.setdefault(free, set()).add(full)
+    joined: dict[str, set[str]] = {}
     for r in records:
         prov = r.get("provenance") or {}
         free = digests.get(prov.get("config"))
         if free is not None and len(twins[free]) > 1:
+            joined.setdefault(free, set()).add(prov["config"])
             r["provenance"] = dict(prov, config=free)
-            r["_config_as_run"] = prov["config"]
+    return joined
 
 
-def note_configs(sources: list[dict], merged: list[dict]) -> None:
+def note_configs(joined: dict[str, set[str]], merged: list[dict]) -> None:
     """After the merge: each merged record names the config digests its shards ran under, where they differ."""
-    seen: dict[str, set[str]] = {}
     for m in merged:
-        m.pop("_config_as_run", None)
-    for r in sources:
-        if "_config_as_run" in r:
-            seen.setdefault(json.dumps(r["provenance"], sort_keys=True), set()).add(r.pop("_config_as_run"))
-    for m in merged:
-        ran = seen.get(json.dumps(m.get("provenance"), sort_keys=True))
+        ran = joined.get((m.get("provenance") or {}).get("config"))
         if ran and len(ran) > 1:
             m["provenance"] = dict(m["provenance"], configs_as_run=sorted(ran))

@@ -35,11 +35,11 @@ def test_configs_differing_only_in_traces_share_a_run_and_name_both_digests(tmp_
     digests = run_digests(tmp_path)
     assert digests[a] == digests[b] != digests[other]
     records = [_rec(a), _rec(b), _rec(other)]
-    join_output_variants(records, digests)
+    joined = join_output_variants(records, digests)
     assert records[0]["provenance"] == records[1]["provenance"]
     assert records[2]["provenance"]["config"] == other   # a config with no output-only twin keeps its digest
     merged = [dict(records[0], n_runs=2), dict(records[2])]
-    note_configs(records, merged)
+    note_configs(joined, merged)
     assert merged[0]["provenance"]["configs_as_run"] == sorted([a, b])
     assert "configs_as_run" not in merged[1]["provenance"]
     assert all("_config_as_run" not in r for r in records + merged)
