@@ -125,7 +125,10 @@ python3 -m spice_core bench --config docs/benchmarks/headline/config-x8-10-50-tf
 # Qwen2-57B-A14B shapes, 25%, native, engine aaf9b04551727430: shard 1 (prompts 1, 4, 7; 447 s with the slab's pinning)
 python3 -m spice_core bench --config docs/benchmarks/headline/config-qwen2-native-25.json --device cuda --shard 1/3 \\
     --out qwen2-native-25-shard1
-# still to run (the coverage above), on engine aaf9b04551727430: Qwen2 shards 0/3 and 2/3 (2/3 holds the long prompt)
+# shard 0 (prompts 0, 3, 6; 2026-12-04, 490 s with the machine's start)
+python3 -m spice_core bench --config docs/benchmarks/headline/config-qwen2-native-25.json --device cuda --shard 0/3 \\
+    --out qwen2-native-25-shard0
+# still to run (the coverage above), on engine aaf9b04551727430: Qwen2 shard 2/3 (prompts 2, 5 and the long prompt)
 # and the Qwen2 lift on x8
 bash docs/benchmarks/peers/run.sh peers                              # raw/peers
 ```
