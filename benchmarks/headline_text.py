@@ -37,7 +37,7 @@ c4abee0 (bench's held-out text pass added), on which the x8 10% cell has run pro
 `cuda-tests-c4abee0.txt`, 28 passed on that engine). Rows of different digests are different engines: compare rows
 within one digest. The timing model against the measured cells is in `model-check/`: the native 25% and x8 10% cells
 modeled with host costs refitted per link from their own records (in-sample: 18 of 20 policies within ±15%, `resident`
-the miss on both), and the cells of engine `fa4cbd20a9b7570c` with the shipped profile, before any refit (23 of 30)."""
+the miss on both), the x8 50% cell with the x8 10% refit (out of sample: 9 of 10, `resident` the miss), and the cells of engine `fa4cbd20a9b7570c` with the shipped profile, before any refit (23 of 30)."""
 
 FLOOR_NOTE = """`floor ms` is BENCHMARK.md's two-lane floor, max(compute, (1 − hit rate) × routed bytes per token ÷ link
 rate). `3-lane floor ms` adds the CPU lane (`three_lane_floor` in `benchmarks/headline_report.py`): the row's
