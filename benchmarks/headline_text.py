@@ -37,7 +37,10 @@ c4abee0 (bench's held-out text pass added), on which the x8 10% cell has run pro
 `cuda-tests-c4abee0.txt`, 28 passed on that engine). Rows of different digests are different engines: compare rows
 within one digest. The timing model against the measured cells is in `model-check/`: the native 25% and x8 10% cells
 modeled with host costs refitted per link from their own records (in-sample: 18 of 20 policies within ±15%, `resident`
-the miss on both), the x8 50% cell with the x8 10% refit (out of sample: 9 of 10, `resident` the miss), and the cells of engine `fa4cbd20a9b7570c` with the shipped profile, before any refit (23 of 30)."""
+the miss on both), the x8 50% cell with the x8 10% refit (out of sample: 9 of 10, `resident` the miss), `resident`'s
+step modeled as one graph run ahead of the host (within 4% of measured on every cell measured since that step runs
+ahead, Qwen2's included), and the cells of engine `fa4cbd20a9b7570c` with the shipped profile, before any refit (23 of
+30)."""
 
 FLOOR_NOTE = """`floor ms` is BENCHMARK.md's two-lane floor, max(compute, (1 − hit rate) × routed bytes per token ÷ link
 rate). `3-lane floor ms` adds the CPU lane (`three_lane_floor` in `benchmarks/headline_report.py`): the row's
@@ -128,8 +131,8 @@ python3 -m spice_core bench --config docs/benchmarks/headline/config-qwen2-nativ
 # shard 0 (prompts 0, 3, 6; 2026-12-04, 490 s with the machine's start)
 python3 -m spice_core bench --config docs/benchmarks/headline/config-qwen2-native-25.json --device cuda --shard 0/3 \\
     --out qwen2-native-25-shard0
-# still to run (the coverage above), on engine aaf9b04551727430: Qwen2 shard 2/3 (prompts 2, 5 and the long prompt)
-# and the Qwen2 lift on x8
+# still to run (the coverage above), on engine aaf9b04551727430 (`git archive c4abee0 spice_core`: the timing model
+# changed after it, which changes the digest): Qwen2 shard 2/3 (prompts 2, 5 and the long prompt) and the Qwen2 lift on x8
 bash docs/benchmarks/peers/run.sh peers                              # raw/peers
 ```
 

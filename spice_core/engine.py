@@ -491,6 +491,9 @@ class SpiceEngine:
                 notes.append(f"fast path off: {err}; decode runs on the eager executor")
                 return self.build_runtime(s, notes=notes, oracle_routing=oracle_routing, modeled=modeled, eager=True)
             n_graphs = executor.decoder.n_graphs
+            if executor.decoder.static is not None and clock.mode == "modeled" and clock.one_graph_step(lm.top_k):
+                notes.append("modeled: the step is one graph run ahead of the host (the profile's "
+                             f"graph_step_kernel_us {costs.profile.graph_step_kernel_us:g} per kernel)")
             shape = "one graph, no host step between layers" if n_graphs == 1 else f"{n_graphs} segments"
             notes.append(f"fast path: decode steps replay CUDA graphs ({shape}, "
                          f"captured in {time.perf_counter() - t0:.2f} s)" if executor.decoder.use_graphs else

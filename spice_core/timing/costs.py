@@ -37,6 +37,11 @@ class CostModel:
         t = max(_ms(self.expert_bytes, self.profile.gpu_mem_gbps), flops / (self.profile.gpu_tflops * 1e12) * 1e3)
         return t + self.profile.gpu_kernels_per_expert * self.profile.gpu_kernel_us / 1e3
 
+    def gpu_routed_read_ms(self, n_experts: int) -> float:
+        """Reading ``n_experts`` routed experts' weights at the GPU's memory rate, with no launch cost: the experts of
+        a one-graph step's MoE layer (`ModeledTimeline.one_graph_step`), the top-k of every token."""
+        return _ms(n_experts * self.expert_bytes, self.profile.gpu_mem_gbps)
+
     def gpu_layer_ms(self, n_tokens: int = 1, dense: bool = False) -> float:
         """Non-routed work of one decoder layer: attention, norms, router, shared expert (or the dense MLP)."""
         s = self.shape

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -50,6 +50,16 @@ class HardwareProfile:
     host_plan_us: float = 0.0     # one lookahead prediction + plan after a MoE layer
     host_dram_gbps: float = 0.0   # what the host's DRAM delivers to the CPU lane and the link together (0: unknown,
                                   # no contention modeled)
+    # A decode step that is one CUDA graph (every expert resident, `runtime/graphed_static.py`) launches no kernel
+    # from the host and, decoding greedily, runs the next step ahead while the host books this one: its kernels cost
+    # this each (0: timed as segments, like every other step); `recalibrate --records` fits it from `resident`.
+    graph_step_kernel_us: float = 0.0
+
+    def one_graph_step(self) -> "HardwareProfile":
+        """This profile as a one-graph step runs: kernels at ``graph_step_kernel_us``, no host launch costs (the
+        host's per-token step overlaps the next step instead: `ModeledTimeline.one_graph_step`)."""
+        return replace(self, gpu_kernel_us=self.graph_step_kernel_us, host_layer_us=0.0, host_expert_us=0.0,
+                       host_copy_us=0.0, host_plan_us=0.0)
 
     @property
     def models_host(self) -> bool:

@@ -88,6 +88,8 @@ class ModeledTimeline:
     _token_start: float = 0.0
     _rows: list[tuple] = field(default_factory=list)   # the token's events as TraceEvent field tuples
     _host: float = 0.0            # the host's clock, when the profile models it (see `_launch`)
+    _run_ahead: bool = False      # the step is one graph, run ahead of the host's booking (`one_graph_step`)
+    _routed_ms: float = 0.0       # a MoE layer's routed experts, charged with the layer in a one-graph step
 
     def __post_init__(self) -> None:
         self._cpu_free = [0.0] * max(1, self.cpu_workers)
@@ -98,6 +100,23 @@ class ModeledTimeline:
         self._layer_ms: dict[tuple[int, bool], float] = {}
         self._copy_cost: dict[int, tuple[int, float]] = {}     # native bytes -> (modeled bytes, copy ms)
         self._host_expert_us = self.costs.profile.host_expert_us
+
+    def one_graph_step(self, top_k: int) -> bool:
+        """The run's decode step is one CUDA graph (every expert resident) that the decoder runs ahead of the host's
+        booking (greedy decoding): its kernels cost the profile's ``graph_step_kernel_us``, the host launches none of
+        them, each MoE layer also reads its ``top_k`` experts' weights, and a token takes the longer of its GPU step
+        and the host's per-token step, which overlap. False (and nothing changes) when the profile does not give
+        that cost."""
+        profile = self.costs.profile
+        if profile.graph_step_kernel_us <= 0:
+            return False
+        self.costs = CostModel(profile.one_graph_step(), self.costs.shape)
+        self._host_on, self._run_ahead, self._host_expert_us = False, True, 0.0
+        self._routed_ms = self.costs.gpu_routed_read_ms(top_k)
+        self._expert_ms.clear()
+        self._layer_ms.clear()
+        self._copy_cost.clear()
+        return True
 
     def _launch(self, host_us: float, gpu_ms: float) -> tuple[float, float]:
         """Start and end of a GPU op the host launches now. Without host modeling: after the
@@ -137,7 +156,8 @@ class ModeledTimeline:
     def layer(self, layer: int, n_tokens: int, dense: bool) -> None:
         dur = self._layer_ms.get((n_tokens, dense))
         if dur is None:
-            dur = self._layer_ms[(n_tokens, dense)] = self.costs.gpu_layer_ms(n_tokens, dense=dense)
+            dur = self.costs.gpu_layer_ms(n_tokens, dense=dense) + (0.0 if dense else self._routed_ms)
+            self._layer_ms[(n_tokens, dense)] = dur
         start, self._gpu_free = self._launch(self.costs.profile.host_layer_us, dur)
         self._emit("gpu", "layer", start, self._gpu_free, ExpertKey(layer, -1), detail="dense" if dense else "")
         if not dense:
@@ -216,7 +236,10 @@ class ModeledTimeline:
             self._emit("host", "token", self._token_start, self._host, None)
             return self._host - self._token_start
         start = self._gpu_free
-        self._gpu_free = start + self.costs.host_step_ms()
+        if self._run_ahead:       # the host books this step while the next one runs
+            self._gpu_free = max(start, self._token_start + self.costs.host_step_ms())
+        else:
+            self._gpu_free = start + self.costs.host_step_ms()
         self._emit("host", "token", self._token_start, self._gpu_free, None)
         return self._gpu_free - self._token_start
 

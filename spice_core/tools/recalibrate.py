@@ -36,6 +36,8 @@ step in a trace, so its host costs are fitted from the records of a measured `be
   ``lru``): the host step's fixed part and its cost per copy issued;
 - ``host_plan_us``: per prefetching record without the CPU lane, its overlapped host time per layer minus the
   non-prefetching records' (the recording both do) and the issue of its prefetch copies, the median.
+- ``graph_step_kernel_us`` (with a `resident` record whose step was one CUDA graph): the GPU cost per kernel of
+  that step, from its TPOT less the bytes the profile charges (`fit_graph_step_kernel_us`).
 
 Records of one link only (the emulated links pace copies on the host). Pure: JSON in, numbers out.
 """
@@ -263,9 +265,44 @@ def fit_fast_path_costs(records: list[dict], moe_layers: int) -> dict:
     return fit
 
 
+ONE_GRAPH_NOTE = "one graph, no host step between layers"      # what a one-graph run's record notes (engine.py)
+
+
+def fit_graph_step_kernel_us(records: list[dict], profile: HardwareProfile, shape, moe_layers: int,
+                             dense_layers: int, top_k: int) -> dict | None:
+    """``graph_step_kernel_us`` from the measured `resident` records whose step was one CUDA graph (None when there
+    are none): the median TPOT, less what the profile's memory bandwidth charges for the step's bytes (``shape``'s
+    MoE and dense layers, and ``top_k`` routed experts a MoE layer), over its kernels (``gpu_kernels_per_layer`` a layer). The modeled one-graph step
+    (`ModeledTimeline.one_graph_step`) then takes the measured time; other shapes and cells check it."""
+    from spice_core.timing.costs import CostModel
+
+    rows = [r for r in records if r.get("timing") == "measured" and r.get("policy") == "resident"
+            and r.get("tpot_ms_median") and any(ONE_GRAPH_NOTE in str(n) for n in r.get("notes") or [])]
+    if not rows:
+        return None
+    if not isinstance(dense_layers, int) or dense_layers < 0:
+        raise ConfigError(f"--dense-layers {dense_layers!r}: use the measured model's number of dense decoder "
+                          "layers (1 for DeepSeek-V2-Lite, 0 for Qwen2-57B-A14B)")
+    tpot_ms = statistics.median(r["tpot_ms_median"] for r in rows)
+    bytes_only = CostModel(replace(profile, gpu_kernel_us=0.0), shape)
+    if not isinstance(top_k, int) or top_k < 1:
+        raise ConfigError(f"--top-k {top_k!r}: use the measured model's experts per token (6 for DeepSeek-V2-Lite, "
+                          "8 for Qwen2-57B-A14B)")
+    bytes_ms = moe_layers * (bytes_only.gpu_layer_ms() + bytes_only.gpu_routed_read_ms(top_k))
+    bytes_ms += dense_layers * bytes_only.gpu_layer_ms(dense=True)
+    kernels = (moe_layers + dense_layers) * profile.gpu_kernels_per_layer
+    if kernels < 1 or tpot_ms <= bytes_ms:
+        raise ConfigError(f"resident's measured {tpot_ms:.2f} ms a token is no more than the {bytes_ms:.2f} ms the "
+                          f"profile's {profile.gpu_mem_gbps:g} GB/s charges for its bytes: check --shape and "
+                          "--moe-layers, or the profile's gpu_mem_gbps")
+    return {"graph_step_kernel_us": (tpot_ms - bytes_ms) / kernels * 1e3,
+            "evidence": {"resident_tpot_ms": round(tpot_ms, 3), "records": len(rows), "bytes_ms": round(bytes_ms, 3),
+                         "kernels_per_step": kernels}}
+
+
 def recalibrated_profile(profile: HardwareProfile, fit: dict, note: str = "", shape=None) -> HardwareProfile:
     """``shape``: the measured model's shape, to turn a measured CPU task into ``cpu_task_us``."""
-    keys = ("host_layer_us", "host_copy_us", "host_expert_us", "host_plan_us", "host_step_us")
+    keys = ("host_layer_us", "host_copy_us", "host_expert_us", "host_plan_us", "host_step_us", "graph_step_kernel_us")
     new = {k: round(float(fit[k]), 1) for k in keys if k in fit}
     if "cpu_task_ms_median" in fit and shape is not None:
         from spice_core.timing.costs import CostModel
@@ -290,6 +327,12 @@ def add_cli(sub) -> None:
     p.add_argument("--moe-layers", type=int, default=26,
                    help="with --records: the measured model's MoE layers (26 for DeepSeek-V2-Lite, "
                         "28 for Qwen2-57B-A14B)")
+    p.add_argument("--dense-layers", type=int, default=1,
+                   help="with --records: the measured model's dense decoder layers (1 for DeepSeek-V2-Lite, "
+                        "0 for Qwen2-57B-A14B), for resident's one-graph step")
+    p.add_argument("--top-k", type=int, default=6,
+                   help="with --records: the measured model's experts per token (6 for DeepSeek-V2-Lite, 8 for "
+                        "Qwen2-57B-A14B), for resident's one-graph step")
     p.add_argument("--prefetch-trace", type=Path, nargs="+", default=None,
                    help="measured trace(s) of a prefetching policy")
     p.add_argument("--shape", default="deepseek-v2-lite", help="the measured model's shape (for CPU-lane tasks)")
@@ -311,6 +354,10 @@ def run(args) -> int:
             if not records:
                 raise ConfigError(f"--link {args.link}: no record of that link in --records")
         fit = fit_fast_path_costs(records, args.moe_layers)
+        graph = fit_graph_step_kernel_us(records, prof, shape, args.moe_layers, args.dense_layers, args.top_k)
+        if graph is not None:
+            fit["graph_step_kernel_us"] = graph["graph_step_kernel_us"]
+            fit["evidence"]["graph_step"] = graph["evidence"]
         names = ", ".join(p.name for p in args.records) + f" (fast path, {fit['evidence']['link']} link)"
     else:
         fit = fit_host_costs(read_traces(args.trace), read_traces(args.prefetch_trace, "--prefetch-trace")
