@@ -39,8 +39,8 @@ within one digest. The timing model against the measured cells is in `model-chec
 modeled with host costs refitted per link from their own records (in-sample: 18 of 20 policies within ±15%, `resident`
 the miss on both), the x8 50% cell with the x8 10% refit (out of sample: 9 of 10, `resident` the miss), `resident`'s
 step modeled as one graph run ahead of the host (within 4% of measured on every cell measured since that step runs
-ahead, Qwen2's included), and the cells of engine `fa4cbd20a9b7570c` with the shipped profile, before any refit (23 of
-30)."""
+ahead, Qwen2's included), the Qwen2 cell with the native refit (another shape: 9 of 10, `cpu_compute` the miss), and
+the cells of engine `fa4cbd20a9b7570c` with the shipped profile, before any refit (23 of 30)."""
 
 FLOOR_NOTE = """`floor ms` is BENCHMARK.md's two-lane floor, max(compute, (1 − hit rate) × routed bytes per token ÷ link
 rate). `3-lane floor ms` adds the CPU lane (`three_lane_floor` in `benchmarks/headline_report.py`): the row's
