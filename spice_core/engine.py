@@ -41,7 +41,7 @@ from spice_core.runtime.layer import LayerRuntime
 from spice_core.run import EngineBusyError, GenerationRun, RunRecord
 from spice_core.timing.costs import CostModel
 from spice_core.timing.profiles import ModelShape, get_profile, get_shape, profile_names, shape_names
-from spice_core.timing.timeline import ModeledTimeline
+from spice_core.timing.timeline import ONE_GRAPH_NOTE, ModeledTimeline
 from spice_core.trace.recorder import Recorder
 from spice_core.types import ExpertKey
 
@@ -493,8 +493,8 @@ class SpiceEngine:
             n_graphs = executor.decoder.n_graphs
             if executor.decoder.static is not None and clock.mode == "modeled" and clock.one_graph_step(lm.top_k):
                 notes.append("modeled: the step is one graph run ahead of the host (the profile's "
-                             f"graph_step_kernel_us {costs.profile.graph_step_kernel_us:g} per kernel)")
-            shape = "one graph, no host step between layers" if n_graphs == 1 else f"{n_graphs} segments"
+                             f"graph_step_kernel_us, {costs.profile.graph_step_kernel_us:g} µs a kernel)")
+            shape = ONE_GRAPH_NOTE if n_graphs == 1 else f"{n_graphs} segments"
             notes.append(f"fast path: decode steps replay CUDA graphs ({shape}, "
                          f"captured in {time.perf_counter() - t0:.2f} s)" if executor.decoder.use_graphs else
                          "fast path: decode steps run the graphed executor's step op by op (no CUDA here)")

@@ -29,6 +29,9 @@ from spice_core.timing.costs import CostModel
 from spice_core.trace.events import CPU_INT8_RUN, TraceEvent, events_from_rows
 from spice_core.types import ExpertKey
 
+# How a run's notes name a decode step that is one CUDA graph (the engine writes it; `recalibrate` looks for it).
+ONE_GRAPH_NOTE = "one graph, no host step between layers"
+
 
 @dataclass
 class OpHandle:

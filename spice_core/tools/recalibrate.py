@@ -50,6 +50,7 @@ from pathlib import Path
 
 from spice_core.errors import ConfigError
 from spice_core.timing.profiles import HardwareProfile
+from spice_core.timing.timeline import ONE_GRAPH_NOTE
 
 
 # What every measured engine event's "args" must hold, and the types (bool is not a number).
@@ -265,29 +266,27 @@ def fit_fast_path_costs(records: list[dict], moe_layers: int) -> dict:
     return fit
 
 
-ONE_GRAPH_NOTE = "one graph, no host step between layers"      # what a one-graph run's record notes (engine.py)
-
-
 def fit_graph_step_kernel_us(records: list[dict], profile: HardwareProfile, shape, moe_layers: int,
                              dense_layers: int, top_k: int) -> dict | None:
     """``graph_step_kernel_us`` from the measured `resident` records whose step was one CUDA graph (None when there
     are none): the median TPOT, less what the profile's memory bandwidth charges for the step's bytes (``shape``'s
-    MoE and dense layers, and ``top_k`` routed experts a MoE layer), over its kernels (``gpu_kernels_per_layer`` a layer). The modeled one-graph step
-    (`ModeledTimeline.one_graph_step`) then takes the measured time; other shapes and cells check it."""
+    MoE and dense layers, and ``top_k`` routed experts a MoE layer), over its kernels (``gpu_kernels_per_layer`` a
+    layer). The modeled one-graph step (`ModeledTimeline.one_graph_step`) then takes the measured time; other shapes
+    and cells check it."""
     from spice_core.timing.costs import CostModel
 
+    if not isinstance(dense_layers, int) or dense_layers < 0:
+        raise ConfigError(f"--dense-layers {dense_layers!r}: use the measured model's number of dense decoder "
+                          "layers (1 for DeepSeek-V2-Lite, 0 for Qwen2-57B-A14B)")
+    if not isinstance(top_k, int) or top_k < 1:
+        raise ConfigError(f"--top-k {top_k!r}: use the measured model's experts per token (6 for DeepSeek-V2-Lite, "
+                          "8 for Qwen2-57B-A14B)")
     rows = [r for r in records if r.get("timing") == "measured" and r.get("policy") == "resident"
             and r.get("tpot_ms_median") and any(ONE_GRAPH_NOTE in str(n) for n in r.get("notes") or [])]
     if not rows:
         return None
-    if not isinstance(dense_layers, int) or dense_layers < 0:
-        raise ConfigError(f"--dense-layers {dense_layers!r}: use the measured model's number of dense decoder "
-                          "layers (1 for DeepSeek-V2-Lite, 0 for Qwen2-57B-A14B)")
     tpot_ms = statistics.median(r["tpot_ms_median"] for r in rows)
     bytes_only = CostModel(replace(profile, gpu_kernel_us=0.0), shape)
-    if not isinstance(top_k, int) or top_k < 1:
-        raise ConfigError(f"--top-k {top_k!r}: use the measured model's experts per token (6 for DeepSeek-V2-Lite, "
-                          "8 for Qwen2-57B-A14B)")
     bytes_ms = moe_layers * (bytes_only.gpu_layer_ms() + bytes_only.gpu_routed_read_ms(top_k))
     bytes_ms += dense_layers * bytes_only.gpu_layer_ms(dense=True)
     kernels = (moe_layers + dense_layers) * profile.gpu_kernels_per_layer

@@ -7,8 +7,8 @@ import pytest
 from spice_core.errors import ConfigError
 from spice_core.timing.costs import CostModel
 from spice_core.timing.profiles import get_profile, get_shape
-from spice_core.timing.timeline import ModeledTimeline
-from spice_core.tools.recalibrate import ONE_GRAPH_NOTE, fit_graph_step_kernel_us
+from spice_core.timing.timeline import ONE_GRAPH_NOTE, ModeledTimeline
+from spice_core.tools.recalibrate import fit_graph_step_kernel_us
 
 SHAPE = get_shape("deepseek-v2-lite")
 MOE_LAYERS, DENSE_LAYERS, TOP_K = 26, 1, 6
