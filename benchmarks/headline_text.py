@@ -142,5 +142,7 @@ On the CPU:
 python benchmarks/headline_quality.py --cpu-lane --cases native:0.25 pcie4x8:0.25 --out docs/benchmarks/headline/quality.json
 python benchmarks/headline_quality.py --cpu-lane --cases native:0.1 native:0.5 --out docs/benchmarks/headline/quality-1050.json   # 255 s
 python benchmarks/headline_quality.py --model assets/spice-mini-qwen2 --shape qwen2-57b-a14b --cases native:0.25 --out docs/benchmarks/headline/quality-qwen2.json
+python benchmarks/headline_quality.py --model assets/spice-mini-qwen2 --shape qwen2-57b-a14b --cases pcie4x8:0.25 \\
+    --out docs/benchmarks/headline/quality-qwen2-x8.json                                              # 70 s
 python benchmarks/headline_report.py
 ```"""
