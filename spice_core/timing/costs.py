@@ -77,6 +77,7 @@ class CostModel:
         if link_busy and self.profile.host_dram_gbps > 0:
             mem_gbps = max(1.0, min(mem_gbps, self.profile.host_dram_gbps - self.profile.h2d_pinned_gbps))
         compute = max(_ms(weight_bytes, mem_gbps), flops / (self.profile.cpu_gflops * 1e9) * 1e3)
+        compute += self.profile.cpu_job_compute_us / 1e3
         act_bytes = 2 * n_tokens * self.shape.hidden * self.shape.dtype_bytes
         round_trip = 2 * self.profile.copy_latency_us / 1e3 + _ms(act_bytes, self.profile.d2h_gbps)
         return compute + round_trip + self.profile.cpu_task_us / 1e3

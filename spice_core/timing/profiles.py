@@ -54,6 +54,10 @@ class HardwareProfile:
     # from the host and, decoding greedily, runs the next step ahead while the host books this one: its kernels cost
     # this each (0: timed as segments, like every other step); `recalibrate --records` fits it from `resident`.
     graph_step_kernel_us: float = 0.0
+    # The CPU lane's fixed compute per job (thread wake-up, the matmuls' set-up), beside its bytes at cpu_mem_gbps
+    # and the task's dispatch in cpu_task_us (0: every µs of compute charged to bytes); `recalibrate --lane-records`
+    # fits it with cpu_mem_gbps from two expert sizes (tools/lane_fit.py).
+    cpu_job_compute_us: float = 0.0
 
     def one_graph_step(self) -> "HardwareProfile":
         """This profile as a one-graph step runs: kernels at ``graph_step_kernel_us``, no host launch costs (the

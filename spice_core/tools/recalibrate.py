@@ -20,6 +20,8 @@ profile's host fields (profiles.py) from the engine's own measured Chrome traces
   the issue cost of the prefetch copies made per layer;
 - ``host_step_us``: the median time per token outside the layers (sampling, the readback of
   the token, Python between tokens);
+- ``cpu_mem_gbps`` and ``cpu_job_compute_us`` (``--lane-records``): the CPU lane's rate and fixed compute per job,
+  from measured `cpu_compute` records of two expert sizes (`lane_fit.py`);
 - ``cpu_task_us`` (when the traces hold CPU-lane tasks): raised so one modeled CPU expert takes
   the median measured task. During decoding the lane shares the cores with the driver thread,
   so a task takes longer than `calibrate-hw` measures on an idle machine.
@@ -50,6 +52,7 @@ from pathlib import Path
 
 from spice_core.errors import ConfigError
 from spice_core.timing.profiles import HardwareProfile
+from spice_core.tools.lane_fit import fit_lane_costs
 from spice_core.timing.timeline import ONE_GRAPH_NOTE
 
 
@@ -301,22 +304,25 @@ def fit_graph_step_kernel_us(records: list[dict], profile: HardwareProfile, shap
 
 def recalibrated_profile(profile: HardwareProfile, fit: dict, note: str = "", shape=None) -> HardwareProfile:
     """``shape``: the measured model's shape, to turn a measured CPU task into ``cpu_task_us``."""
-    keys = ("host_layer_us", "host_copy_us", "host_expert_us", "host_plan_us", "host_step_us", "graph_step_kernel_us")
+    keys = ("host_layer_us", "host_copy_us", "host_expert_us", "host_plan_us", "host_step_us", "graph_step_kernel_us",
+            "cpu_mem_gbps", "cpu_job_compute_us")
     new = {k: round(float(fit[k]), 1) for k in keys if k in fit}
     if "cpu_task_ms_median" in fit and shape is not None:
         from spice_core.timing.costs import CostModel
         modeled = CostModel(profile, shape).cpu_expert_ms()
         new["cpu_task_us"] = round(max(profile.cpu_task_us, profile.cpu_task_us + 1e3 * (fit["cpu_task_ms_median"]
                                                                                       - modeled)), 1)
-    src = (profile.source + "; " if profile.source else "") + "host costs recalibrated from measured runs" + \
-        (f" ({note})" if note else "")
-    return replace(profile, name=profile.name + "+host", source=src, **new)
+    host = any(k in new for k in keys[:6]) or "cpu_task_us" in new
+    what, suffix = ("host costs recalibrated", "+host") if host else ("CPU lane refitted", "+lane")
+    src = (profile.source + "; " if profile.source else "") + f"{what} from measured runs" + (f" ({note})" if note else "")
+    name = profile.name if profile.name.endswith(suffix) else profile.name + suffix
+    return replace(profile, name=name, source=src, **new)
 
 
 def add_cli(sub) -> None:
     p = sub.add_parser("recalibrate", help="fit a profile's host costs from measured traces (see timing/recalibrate.py)")
     p.add_argument("--profile", type=Path, required=True, help="profile JSON from calibrate-hw")
-    src = p.add_mutually_exclusive_group(required=True)
+    src = p.add_mutually_exclusive_group()
     src.add_argument("--trace", type=Path, nargs="+",
                      help="measured Chrome trace(s) of a policy without prefetching (lru), e.g. one per prompt")
     src.add_argument("--records", type=Path, nargs="+",
@@ -334,6 +340,9 @@ def add_cli(sub) -> None:
                         "Qwen2-57B-A14B), for resident's one-graph step")
     p.add_argument("--prefetch-trace", type=Path, nargs="+", default=None,
                    help="measured trace(s) of a prefetching policy")
+    p.add_argument("--lane-records", type=Path, nargs="+", default=None,
+                   help="results.json of measured runs with cpu_compute on two expert sizes (both models' lifts, "
+                        "any link): fits the CPU lane's cpu_mem_gbps and cpu_job_compute_us (tools/lane_fit.py)")
     p.add_argument("--shape", default="deepseek-v2-lite", help="the measured model's shape (for CPU-lane tasks)")
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=run)
@@ -346,6 +355,9 @@ def run(args) -> int:
     shape = get_shape(args.shape)
     check_writable_file(args.out, "--out")
     prof = profile_from_file(args.profile, "--profile")
+    if not (args.records or args.trace or args.lane_records):
+        raise ConfigError("recalibrate needs --records, --trace or --lane-records: what to fit the profile from")
+    fit, names = {}, ""
     if args.records:
         records = read_records(args.records)
         if args.link is not None:
@@ -358,10 +370,15 @@ def run(args) -> int:
             fit["graph_step_kernel_us"] = graph["graph_step_kernel_us"]
             fit["evidence"]["graph_step"] = graph["evidence"]
         names = ", ".join(p.name for p in args.records) + f" (fast path, {fit['evidence']['link']} link)"
-    else:
+    elif args.trace:
         fit = fit_host_costs(read_traces(args.trace), read_traces(args.prefetch_trace, "--prefetch-trace")
                              if args.prefetch_trace else None)
         names = ", ".join(p.name for p in [*args.trace, *(args.prefetch_trace or [])])
+    if args.lane_records:
+        lane = fit_lane_costs(read_records(args.lane_records, "--lane-records"))
+        fit["cpu_mem_gbps"], fit["cpu_job_compute_us"] = lane["cpu_mem_gbps"], lane["cpu_job_compute_us"]
+        fit["lane_evidence"] = lane["evidence"]
+        names += ("; " if names else "") + "CPU lane from " + ", ".join(p.name for p in args.lane_records)
     new = recalibrated_profile(prof, fit, note=names, shape=shape)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(new.as_dict(), indent=2))

@@ -1,0 +1,73 @@
+"""The CPU lane's cost per expert, fitted from measured `bench` records of two or more expert sizes.
+
+A lane job's measured compute time (the worker's, `lane_compute_us_sum` / `lane_experts` in a record's raw sums)
+is a fixed part (thread wake-up, the matmuls' set-up) plus the expert's bytes read at the lane's rate. One
+expert size cannot tell the two apart: fitted on DeepSeek-V2-Lite's 17.3 MB experts alone, the rate came out
+at 29.1 GB/s with the whole time charged to bytes, and Qwen2-57B-A14B's 55 MB experts, measured at 45 GB/s,
+were modeled 54% too slow (docs/benchmarks/headline/model-check/qwen2-native-25-refit.md). This fits the
+line through the sizes instead:
+
+- ``cpu_mem_gbps``: the inverse slope, the lane's marginal read rate;
+- ``cpu_job_compute_us``: the intercept, the fixed compute of one job (CostModel charges it once per CPU expert,
+  beside the bytes, the task's dispatch in ``cpu_task_us`` and the activations' round trip over the link).
+
+Only `cpu_compute` records are fitted (every miss on the lane, no copies: the lane has host DRAM to itself);
+the other policies' lane jobs, which share DRAM with the copy engine, are reported beside the fit as evidence
+of the contention. Pure: records in, numbers out.
+"""
+from __future__ import annotations
+
+import statistics
+
+from spice_core.errors import ConfigError
+
+FIT_POLICY = "cpu_compute"
+
+
+def lane_points(records: list[dict]) -> list[dict]:
+    """One point per measured record with real lane jobs: its policy, link, bytes and µs per expert."""
+    points = []
+    for r in records:
+        raw = r.get("raw") or {}
+        n = raw.get("lane_experts") or 0
+        if r.get("timing") != "measured" or n <= 0 or not raw.get("lane_bytes_sum"):
+            continue
+        points.append({"model": r.get("model"), "policy": r.get("policy"), "link": r.get("link"),
+                       "budget_frac": r.get("budget_frac"), "experts": n,
+                       "expert_mb": raw["lane_bytes_sum"] / n / 1e6, "us_per_expert": raw["lane_compute_us_sum"] / n})
+    return points
+
+
+def fit_lane_costs(records: list[dict]) -> dict:
+    """``cpu_mem_gbps`` and ``cpu_job_compute_us`` from the `cpu_compute` records, with the points they rest on."""
+    points = lane_points(records)
+    fitted = [p for p in points if p["policy"] == FIT_POLICY]
+    by_size: dict[float, list[float]] = {}
+    for p in fitted:
+        by_size.setdefault(round(p["expert_mb"], 2), []).append(p["us_per_expert"])
+    if len(by_size) < 2:
+        sizes = ", ".join(f"{mb:g} MB" for mb in sorted(by_size)) or "none"
+        raise ConfigError(f"fitting the CPU lane needs measured {FIT_POLICY} records of two expert sizes (found: "
+                          f"{sizes}): pass the results.json of both models' runs, e.g. DeepSeek-V2-Lite's and "
+                          "Qwen2-57B-A14B's lifts")
+    xs = sorted(by_size)
+    ys = [statistics.median(by_size[x]) for x in xs]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    slope_us_per_mb = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    if slope_us_per_mb <= 0:
+        raise ConfigError(f"the {FIT_POLICY} records' time per expert does not grow with its size ({ys} µs at "
+                          f"{xs} MB): the runs are not comparable (another machine, or a lane that did not run)")
+    intercept_us = my - slope_us_per_mb * mx
+    gbps = 1e3 / slope_us_per_mb
+    residual = {f"{x:g} MB": round(y - (intercept_us + slope_us_per_mb * x), 1) for x, y in zip(xs, ys)}
+    shared = {}
+    for p in points:
+        if p["policy"] != FIT_POLICY:
+            modeled = max(0.0, intercept_us) + slope_us_per_mb * p["expert_mb"]
+            key = f"{p['model']} {p['link']} {p['budget_frac']:g} {p['policy']}"
+            shared[key] = {"us_per_expert": round(p["us_per_expert"], 1),
+                           "over_fit_pct": round(100 * (p["us_per_expert"] / modeled - 1), 1)}
+    return {"cpu_mem_gbps": gbps, "cpu_job_compute_us": max(0.0, intercept_us),
+            "evidence": {"fitted_policy": FIT_POLICY,
+                         "median_us_per_expert": {f"{x:g} MB": round(y, 1) for x, y in zip(xs, ys)},
+                         "records": len(fitted), "residual_us": residual, "dram_shared_with_copies": shared}}
