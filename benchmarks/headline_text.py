@@ -39,7 +39,8 @@ within one digest. The timing model against the measured cells is in `model-chec
 modeled with host costs refitted per link from their own records (in-sample: 18 of 20 policies within ±15%, `resident`
 the miss on both), the x8 50% cell with the x8 10% refit (out of sample: 9 of 10, `resident` the miss), `resident`'s
 step modeled as one graph run ahead of the host (within 4% of measured on every cell measured since that step runs
-ahead, Qwen2's included), the Qwen2 cell with the native refit (another shape: 9 of 10, `cpu_compute` the miss), and
+ahead, Qwen2's included), the Qwen2 cell with the native refit (another shape: 9 of 10, `cpu_compute` the miss; 10 of
+10 once the CPU lane's rate and fixed cost per job are fitted on both models' expert sizes, 63.0 GB/s + 349 µs), and
 the cells of engine `fa4cbd20a9b7570c` with the shipped profile, before any refit (23 of 30)."""
 
 FLOOR_NOTE = """`floor ms` is BENCHMARK.md's two-lane floor, max(compute, (1 − hit rate) × routed bytes per token ÷ link
