@@ -22,6 +22,18 @@ import statistics
 from spice_core.errors import ConfigError
 
 FIT_POLICY = "cpu_compute"
+LANE_KEYS = ("cpu_mem_gbps", "cpu_job_compute_us")     # what `fit_lane_costs` fits
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares intercept and slope (slope 0 when x does not vary); recalibrate's host fits use it too."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    var = sum((x - mx) ** 2 for x in xs)
+    if var == 0:
+        return my, 0.0
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var
+    return my - slope * mx, slope
 
 
 def lane_points(records: list[dict]) -> list[dict]:
@@ -52,12 +64,10 @@ def fit_lane_costs(records: list[dict]) -> dict:
                           "Qwen2-57B-A14B's lifts")
     xs = sorted(by_size)
     ys = [statistics.median(by_size[x]) for x in xs]
-    mx, my = statistics.mean(xs), statistics.mean(ys)
-    slope_us_per_mb = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    intercept_us, slope_us_per_mb = fit_line(xs, ys)
     if slope_us_per_mb <= 0:
         raise ConfigError(f"the {FIT_POLICY} records' time per expert does not grow with its size ({ys} µs at "
                           f"{xs} MB): the runs are not comparable (another machine, or a lane that did not run)")
-    intercept_us = my - slope_us_per_mb * mx
     gbps = 1e3 / slope_us_per_mb
     residual = {f"{x:g} MB": round(y - (intercept_us + slope_us_per_mb * x), 1) for x, y in zip(xs, ys)}
     shared = {}

@@ -52,8 +52,8 @@ from pathlib import Path
 
 from spice_core.errors import ConfigError
 from spice_core.timing.profiles import HardwareProfile
-from spice_core.tools.lane_fit import fit_lane_costs
 from spice_core.timing.timeline import ONE_GRAPH_NOTE
+from spice_core.tools.lane_fit import LANE_KEYS, fit_lane_costs, fit_line
 
 
 # What every measured engine event's "args" must hold, and the types (bool is not a number).
@@ -141,17 +141,6 @@ def _by_layer(events: list[dict]) -> dict[tuple[int, int], dict]:
     return {k: v for k, v in out.items() if v["layer"] is not None}
 
 
-def _fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares intercept and slope (slope 0 when x does not vary)."""
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    var = sum((x - mx) ** 2 for x in xs)
-    if var == 0:
-        return my, 0.0
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var
-    return my - slope * mx, slope
-
-
 def fit_host_costs(events: list[dict], prefetch_events: list[dict] | None = None) -> dict:
     """Host costs in µs (see the module docstring), with the evidence each one rests on."""
     layers = _by_layer(events)
@@ -172,7 +161,7 @@ def fit_host_costs(events: list[dict], prefetch_events: list[dict] | None = None
                 launch.append(b["start_ms"] - a["start_ms"])
     if not gaps:
         raise ConfigError("the trace's decode MoE layers launch no experts: pass a measured trace of a full run")
-    intercept_ms, copy_ms = _fit_line(n_copies, gaps)
+    intercept_ms, copy_ms = fit_line(n_copies, gaps)
     fit = {
         "host_layer_us": 1e3 * (layer_ms + max(0.0, intercept_ms)),
         "host_copy_us": 1e3 * max(0.0, copy_ms),
@@ -247,7 +236,7 @@ def fit_fast_path_costs(records: list[dict], moe_layers: int) -> dict:
     if len(base) < 2 or max(xs) - min(xs) < 0.5:
         raise ConfigError("fitting the host step needs on_demand and lru records (their copies per layer differ): "
                           "run both in the same bench config")
-    intercept, slope = _fit_line(xs, [r["host_us_per_layer"] for r in base])
+    intercept, slope = fit_line(xs, [r["host_us_per_layer"] for r in base])
     fit = {"host_layer_us": max(0.0, intercept), "host_copy_us": max(0.0, slope),
            "evidence": {"link": links[0], "moe_layers": moe_layers,
                         "baselines": {label(r): {"demand_copies_per_layer": round(demand(r), 3),
@@ -304,15 +293,15 @@ def fit_graph_step_kernel_us(records: list[dict], profile: HardwareProfile, shap
 
 def recalibrated_profile(profile: HardwareProfile, fit: dict, note: str = "", shape=None) -> HardwareProfile:
     """``shape``: the measured model's shape, to turn a measured CPU task into ``cpu_task_us``."""
-    keys = ("host_layer_us", "host_copy_us", "host_expert_us", "host_plan_us", "host_step_us", "graph_step_kernel_us",
-            "cpu_mem_gbps", "cpu_job_compute_us")
-    new = {k: round(float(fit[k]), 1) for k in keys if k in fit}
+    host_keys = ("host_layer_us", "host_copy_us", "host_expert_us", "host_plan_us", "host_step_us",
+                 "graph_step_kernel_us")
+    new = {k: round(float(fit[k]), 1) for k in (*host_keys, *LANE_KEYS) if k in fit}
     if "cpu_task_ms_median" in fit and shape is not None:
         from spice_core.timing.costs import CostModel
         modeled = CostModel(profile, shape).cpu_expert_ms()
         new["cpu_task_us"] = round(max(profile.cpu_task_us, profile.cpu_task_us + 1e3 * (fit["cpu_task_ms_median"]
                                                                                       - modeled)), 1)
-    host = any(k in new for k in keys[:6]) or "cpu_task_us" in new
+    host = any(k in new for k in host_keys) or "cpu_task_us" in new
     what, suffix = ("host costs recalibrated", "+host") if host else ("CPU lane refitted", "+lane")
     src = (profile.source + "; " if profile.source else "") + f"{what} from measured runs" + (f" ({note})" if note else "")
     name = profile.name if profile.name.endswith(suffix) else profile.name + suffix
@@ -376,7 +365,7 @@ def run(args) -> int:
         names = ", ".join(p.name for p in [*args.trace, *(args.prefetch_trace or [])])
     if args.lane_records:
         lane = fit_lane_costs(read_records(args.lane_records, "--lane-records"))
-        fit["cpu_mem_gbps"], fit["cpu_job_compute_us"] = lane["cpu_mem_gbps"], lane["cpu_job_compute_us"]
+        fit.update({k: lane[k] for k in LANE_KEYS})
         fit["lane_evidence"] = lane["evidence"]
         names += ("; " if names else "") + "CPU lane from " + ", ".join(p.name for p in args.lane_records)
     new = recalibrated_profile(prof, fit, note=names, shape=shape)
