@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from app_helpers import close, serve_shipped
+from page_js import text_js
 
 pytestmark = pytest.mark.browser
 
@@ -51,7 +52,7 @@ def test_secondary_text_meets_wcag_aa(browser, shipped_served, scheme):
     page.goto(shipped_served.url + ("?__theme=dark" if scheme == "dark" else ""), wait_until="load")
     page.locator("#spice-msg textarea").fill("Tell me a story about a cat and a ball.")
     page.locator("#spice-msg textarea").press("Enter")
-    page.wait_for_function("() => (document.querySelector('#spice-stats') || {}).innerText.includes('TPOT')",
+    page.wait_for_function(f"() => {text_js('#spice-stats')}.includes('TPOT')",
                            timeout=60_000)
     found = page.evaluate(MEASURE_JS, SELECTORS)
     assert {sel for sel, _, _ in found} >= set(SELECTORS) - {".spice-stats .head .timing"}, found
@@ -130,7 +131,7 @@ def test_outcomes_that_colour_blind_eyes_see_alike_carry_different_marks(browser
         page.locator(f"{box} input[type=number]").press("Tab")          # applied with the message it sends
     page.locator("#spice-msg textarea").fill("Tell me a story about a cat and a ball.")
     page.locator("#spice-msg textarea").press("Enter")
-    page.wait_for_function("() => (document.querySelector('#spice-chat') || {}).innerText.includes('TPOT')",
+    page.wait_for_function(f"() => {text_js('#spice-chat')}.includes('TPOT')",
                            timeout=120_000)
     drawn = page.evaluate(DRAWN_JS)
     page.close()

@@ -11,6 +11,7 @@ import pytest
 from app_helpers import serve
 from fake_engine import FakeEngine
 from app_helpers import ARGS, CHROMIUM
+from page_js import text_js
 
 pytestmark = pytest.mark.browser
 XSS = "<img src=x onerror=document.title='XSS-FIRED'>"
@@ -31,17 +32,17 @@ def test_markup_typed_by_a_visitor_never_runs_on_any_page():
             page.locator("#spice-msg textarea").fill(XSS)
             page.locator("#spice-msg textarea").press("Enter")
             page.wait_for_function("() => document.querySelector('#spice-chat') && "
-                                   "document.querySelector('#spice-chat').innerText.includes('Run ')")
+                                   f"{text_js('#spice-chat')}.includes('Run ')")
             assert page.title() != "XSS-FIRED"
             page.goto(base + "/trace", wait_until="load")
             page.wait_for_function("() => document.querySelector('#trace-summary') && "
-                                   "document.querySelector('#trace-summary').innerText.includes('onerror')")
+                                   f"{text_js('#trace-summary')}.includes('onerror')")
             assert page.title() != "XSS-FIRED"
             assert page.locator("#trace-summary img").count() == 0
             page.goto(base + "/sweep", wait_until="load")
             page.locator("#sweep-ta textarea").fill(XSS)
             page.locator("#sweep-run").click()
-            page.wait_for_function("() => document.querySelector('#sweep-status').innerText.includes('not started')")
+            page.wait_for_function(f"() => {text_js('#sweep-status')}.includes('not started')")
             assert page.title() != "XSS-FIRED" and page.locator("#sweep-status img").count() == 0
             page.goto(base + "/about", wait_until="load")
             page.wait_for_timeout(500)

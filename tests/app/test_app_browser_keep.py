@@ -10,13 +10,15 @@ import time
 
 import pytest
 
+from page_js import text_js
+
 pytestmark = pytest.mark.browser
 
 ASK = "Tell me a story about a fox."
 
 
 def _chat(page) -> str:
-    return page.evaluate("() => (document.querySelector('#spice-chat') || {}).innerText || ''")
+    return page.evaluate("() => " + text_js("#spice-chat"))
 
 
 def _replies(page) -> list[str]:
@@ -56,7 +58,7 @@ def _new_page(browser, url: str, max_new_tokens: int):
 def _send(page, text: str, runs_before: int) -> None:
     page.fill("#spice-msg textarea", text)
     page.press("#spice-msg textarea", "Enter")
-    _wait_for(page, f"() => (document.querySelector('#spice-chat').innerText.match(/Run \\S+ ·/g) || []).length"
+    _wait_for(page, f"() => ({text_js('#spice-chat')}.match(/Run \\S+ ·/g) || []).length"
                     f" > {runs_before}", 120)
 
 
@@ -76,7 +78,7 @@ def test_the_conversation_survives_a_reload_and_another_page(browser, shipped_se
             page.goto(shipped_served.url, wait_until="load")
         page.locator("#spice-msg textarea").wait_for(state="visible")
         try:
-            _wait_for(page, f"() => document.querySelector('#spice-chat').innerText.includes({ASK!r})", 20)
+            _wait_for(page, f"() => {text_js('#spice-chat')}.includes({ASK!r})", 20)
         except Exception:  # noqa: BLE001 - the assertion below says what was on screen
             pass
         assert ASK in _chat(page), f"after {where}, the chat lost the conversation: {_chat(page)[:300]!r}"
@@ -92,7 +94,7 @@ def test_the_conversation_survives_a_reload_and_another_page(browser, shipped_se
 
     # New chat empties what the browser keeps too.
     page.click("#spice-new")
-    _wait_for(page, f"() => !document.querySelector('#spice-chat').innerText.includes({ASK!r})", 20)
+    _wait_for(page, f"() => !{text_js('#spice-chat')}.includes({ASK!r})", 20)
     page.wait_for_timeout(500)
     page.reload(wait_until="load")
     page.locator("#spice-msg textarea").wait_for(state="visible")
@@ -110,7 +112,7 @@ def test_a_reload_mid_reply_keeps_the_message_and_the_reply_so_far(browser, ship
                     " return b.length && b[b.length - 1].innerText.replace('▍', '').trim().length > 12; }", 120)
     page.reload(wait_until="load")
     page.locator("#spice-msg textarea").wait_for(state="visible")
-    _wait_for(page, "() => document.querySelector('#spice-chat').innerText.includes('ended when the page was left')",
+    _wait_for(page, f"() => {text_js('#spice-chat')}.includes('ended when the page was left')",
               30)
     text = _chat(page)
     assert ask in text and "▍" not in text, text[:400]

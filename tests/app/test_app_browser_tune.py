@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from page_js import text_js
+
 pytestmark = pytest.mark.browser
 
 TUNE_TIMEOUT_S = 900      # one tune measured 95-160 s on a loaded 2-core machine; this bounds a hung one
@@ -30,7 +32,7 @@ def _until(page, js: str, timeout_s: float, what: str) -> None:
 
 
 def _has(selector: str, text: str) -> str:
-    return f"() => ((document.querySelector({selector!r}) || {{}}).innerText || '').includes({text!r})"
+    return f"() => {text_js(selector)}.includes({text!r})"
 
 
 def test_a_budgeted_tune_applies_its_pick_to_the_chat_and_the_next_reply_runs_with_it(browser, shipped_served,
@@ -65,7 +67,7 @@ def test_a_budgeted_tune_applies_its_pick_to_the_chat_and_the_next_reply_runs_wi
     _until(page, "() => document.body.classList.contains('spice-tuning')", 30, "Stop showing")
     assert page.locator("#tune-stop").is_visible() and not page.locator("#tune-run").is_visible()
     _until(page, _has("#tune-status", "settings measured"), 120, "progress")
-    _until(page, "() => ((document.querySelector('#tune-status') || {}).innerText || '').match(/^(Done|⚠)/)",
+    _until(page, f"() => {text_js('#tune-status')}.match(/^(Done|⚠)/)",
            TUNE_TIMEOUT_S, "the tune's end")
     took_s = time.monotonic() - started
     status = _text(page, "#tune-status")

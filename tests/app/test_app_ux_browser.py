@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from app_helpers import ROOT, close, serve_shipped
+from page_js import text_js
 
 pytestmark = pytest.mark.browser
 
@@ -77,7 +78,7 @@ def test_phone_first_load_shows_chat_and_examples(browser, app_server, shots):
                                   timeout=30_000)
     page.get_by_text("Tell me a story about a cat and a ball.").click(timeout=30_000)
     # The example fills the box through the app's event queue: wait for it (a loaded machine is slow).
-    assert page.wait_for_function("() => document.querySelector('#spice-msg textarea').value === "
+    assert page.wait_for_function("() => (document.querySelector('#spice-msg textarea') || {}).value === "
                                   "'Tell me a story about a cat and a ball.'", timeout=20_000)
     page.screenshot(path=str(shots / "phone.png"))
 
@@ -89,7 +90,7 @@ def test_dark_mode_draws_dark_plots(browser, app_server, shots):
     page.wait_for_selector("#spice-msg textarea")
     page.fill("#spice-msg textarea", "Tell me a story about a cat.")
     page.press("#spice-msg textarea", "Enter")
-    page.wait_for_function("() => (document.querySelector('#spice-chat') || {}).innerText.includes('TPOT')",
+    page.wait_for_function(f"() => {text_js('#spice-chat')}.includes('TPOT')",
                            timeout=60_000)
     time.sleep(1.0)
     colours = page.evaluate("""() => {

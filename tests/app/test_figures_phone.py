@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from app_helpers import ROOT, serve
+from page_js import text_js
 
 pytestmark = pytest.mark.browser
 
@@ -115,7 +116,7 @@ def test_phone_charts_keep_their_text_inside_and_prefetch_plots_apart(browser, s
         _set_max_new_tokens(page, REPLY_TOKENS)
         page.fill("#spice-msg textarea", "Tell me a story about a dog and a kite.")
         page.press("#spice-msg textarea", "Enter")
-        page.wait_for_function("() => (document.querySelector('#spice-chat') || {}).innerText.includes('TPOT')",
+        page.wait_for_function(f"() => {text_js('#spice-chat')}.includes('TPOT')",
                                timeout=120_000)
         page.wait_for_function(SETTLED_JS, arg=list(PANELS), timeout=30_000)
 
