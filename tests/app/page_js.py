@@ -9,3 +9,9 @@ def text_js(selector: str) -> str:
     at once instead of polling again; on a slower machine an element can appear a moment after the load event
     (regression: the dark-mode contrast test failed in CI that way)."""
     return f"((document.querySelector({selector!r}) || {{}}).innerText || '')"
+
+
+def value_js(selector: str) -> str:
+    """A JS expression for the value of the first input matching `selector`, undefined while there is none (the
+    same reason as `text_js`: a predicate that throws ends the wait)."""
+    return f"(document.querySelector({selector!r}) || {{}}).value"

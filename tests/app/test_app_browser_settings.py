@@ -21,7 +21,7 @@ import threading
 import pytest
 
 from app_helpers import chat_inputs
-from page_js import text_js
+from page_js import text_js, value_js
 
 pytestmark = pytest.mark.browser
 REPLY_TOKENS = 16       # this page's replies ("Max new tokens", set on the page)
@@ -153,7 +153,7 @@ def test_typed_values_apply_when_done_and_out_of_range_ones_are_refused(browser,
         _note_has(page, "cache_frac=1.5")
         page.wait_for_timeout(300)
         assert "cache 25%" in _head(page), f"a key typed after the click applied: {_head(page)}"
-        _until(page, "() => (document.querySelector('#ctl-cache input[type=number]') || {}).value === '0.25'")
+        _until(page, f"() => {value_js('#ctl-cache input[type=number]')} === '0.25'")
 
     # Cleared with Backspace and typed again, then left with Tab: the box shows what was typed, and it applies.
     box = _box(page, "ctl-cache")
@@ -188,7 +188,7 @@ def test_a_refused_value_never_applies_and_send_uses_what_was_applied(browser, s
     _type(page, "ctl-cache", "0.5", then="Tab")
     _head_has(page, "cache 50%")
     assert "approx 0.05" in _head(page), _head(page)
-    _until(page, "() => (document.querySelector('#ctl-tau-approx input[type=number]') || {}).value === '0.05'")
+    _until(page, f"() => {value_js('#ctl-tau-approx input[type=number]')} === '0.05'")
 
     # Send: the reply runs with what was applied, whatever a box shows.
     page.locator("#spice-msg textarea").fill("Tell me a story about a cat and a ball.")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from app_helpers import ROOT, close, serve_shipped
-from page_js import text_js
+from page_js import text_js, value_js
 
 pytestmark = pytest.mark.browser
 
@@ -78,7 +78,7 @@ def test_phone_first_load_shows_chat_and_examples(browser, app_server, shots):
                                   timeout=30_000)
     page.get_by_text("Tell me a story about a cat and a ball.").click(timeout=30_000)
     # The example fills the box through the app's event queue: wait for it (a loaded machine is slow).
-    assert page.wait_for_function("() => (document.querySelector('#spice-msg textarea') || {}).value === "
+    assert page.wait_for_function(f"() => {value_js('#spice-msg textarea')} === "
                                   "'Tell me a story about a cat and a ball.'", timeout=20_000)
     page.screenshot(path=str(shots / "phone.png"))
 
