@@ -132,8 +132,11 @@ python3 -m spice_core bench --config docs/benchmarks/headline/config-qwen2-nativ
 # shard 0 (prompts 0, 3, 6; 2026-12-04, 490 s with the machine's start)
 python3 -m spice_core bench --config docs/benchmarks/headline/config-qwen2-native-25.json --device cuda --shard 0/3 \\
     --out qwen2-native-25-shard0
-# still to run (the coverage above), on engine aaf9b04551727430 (`git archive c4abee0 spice_core`: the timing model
-# changed after it, which changes the digest): Qwen2 shard 2/3 (prompts 2, 5 and the long prompt) and the Qwen2 lift on x8
+# shard 2 (prompts 2, 5 and the long prompt; 2026-12-06, 394 s with the slab's pinning), run from a copy of the tree
+# whose spice_core is `git archive c4abee0 spice_core` (the timing model changed after it, which changes the digest)
+python3 -m spice_core bench --config docs/benchmarks/headline/config-qwen2-native-25.json --device cuda --shard 2/3 \\
+    --out qwen2-native-25-shard2
+# still to run (the coverage above): the Qwen2 lift on x8, on engine aaf9b04551727430 or as a whole new cell
 bash docs/benchmarks/peers/run.sh peers                              # raw/peers
 ```
 
