@@ -206,11 +206,13 @@ def peer_table(peers: list[dict], engine: list[dict]) -> str:
     """The peers in their own columns (they have no router trace, lane or host step), each beside the
     engine's `spice` and `resident` of the same link, budget and workload where this round measured them."""
     eng = by_key(engine)
-    head = ("| peer | GPU budget | runs × decode steps | TPOT median ms [95% CI] | p90 | tokens/s | TTFT ms | GB copied/token | "
+    head = ("| model | peer | GPU budget | runs × decode steps | TPOT median ms [95% CI] | p90 | tokens/s | TTFT ms | GB copied/token | "
             "GPU peak GB | greedy agr. with the engine's resident | experts impl. | cache | the engine's row beside it | its TPOT ms | "
             "peer ÷ engine |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for r in sorted(peers, key=lambda r: (r["budget_frac"], r["policy"])):
+    order = list(MODELS)
+    for r in sorted(peers, key=lambda r: (order.index(r.get("model")) if r.get("model") in order else len(order),
+                                          r["budget_frac"], r["policy"])):
         ci = r.get("tpot_ms_median_ci95")
         setup = r.get("peer_setup") or {}
         if r["budget_frac"] >= 1.0:      # every expert on the GPU: beside the engine's resident (25%'s, else any budget's)
@@ -223,7 +225,7 @@ def peer_table(peers: list[dict], engine: list[dict]) -> str:
             mine = eng.get((r.get("model"), r["workload"], r["link"], round(r["budget_frac"], 3), "spice"))
         ratio = r["tpot_ms_median"] / mine["tpot_ms_median"] if mine else None
         lines.append(
-            f"| {r['policy']} | {r['budget_frac']:.0%} | {r['n_runs']} × {r['n_decode_tokens'] / max(1, r['n_runs']):g} | "
+            f"| {model_name(r.get('model'))} | {r['policy']} | {r['budget_frac']:.0%} | {r['n_runs']} × {r['n_decode_tokens'] / max(1, r['n_runs']):g} | "
             f"{_f(r['tpot_ms_median'])} [{_f(ci[0]) if ci else '–'}, {_f(ci[1]) if ci else '–'}] | {_f(r['tpot_ms_p90'])} | "
             f"{_f(r.get('tokens_per_s'))} | {_f(r.get('ttft_ms_median'))} | {_f(r['bytes_per_token'] / 1e9, '.2f')} | "
             f"{_f((r.get('gpu_peak_mb') or 0) / 1e3, '.1f')} | {_f(r.get('greedy_agreement'), '.3f')} | "

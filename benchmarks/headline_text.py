@@ -138,6 +138,7 @@ python3 -m spice_core bench --config docs/benchmarks/headline/config-qwen2-nativ
     --out qwen2-native-25-shard2
 # still to run (the coverage above): the Qwen2 lift on x8, on engine aaf9b04551727430 or as a whole new cell
 bash docs/benchmarks/peers/run.sh peers                              # raw/peers
+bash docs/benchmarks/peers/run.sh peers-qwen2 docs/benchmarks/peers/config-qwen2.json   # raw/peers-qwen2: not run yet
 ```
 
 On the CPU:

@@ -108,3 +108,16 @@ def test_merged_shards_are_floored_again_over_their_combined_steps():
     n, x = (312 + 156) / 4, EXPERT / 13e6                 # copies per token over both shards' 4 steps
     assert od["floor3_ms"] == pytest.approx(max(7.0, n * x * 0.7 / (x + 0.7), n * EXPERT / 81e6))
     assert od["tpot_over_floor3"] == pytest.approx(od["tpot_ms_median"] / od["floor3_ms"])
+
+
+def test_the_peer_table_names_each_peers_model_and_sets_it_beside_that_models_engine_rows():
+    from headline_report import peer_table
+    common = {"workload": "prompts", "link": "native", "n_runs": 2, "n_decode_tokens": 16, "tpot_ms_p90": 1.0,
+              "bytes_per_token": 0.0, "tpot_ms_median_ci95": None}
+    engine = [{**common, "model": "lift:spice-mini", "policy": "spice", "budget_frac": 0.25, "tpot_ms_median": 20.0},
+              {**common, "model": "lift:spice-mini-qwen2", "policy": "spice", "budget_frac": 0.25, "tpot_ms_median": 70.0}]
+    peers = [{**common, "model": m, "policy": "peer_hf_offload", "peer": "hf_offload", "budget_frac": 0.25,
+              "tpot_ms_median": t} for m, t in (("lift:spice-mini-qwen2", 7000.0), ("lift:spice-mini", 3000.0))]
+    rows = [ln for ln in peer_table(peers, engine).splitlines()[2:]]
+    assert [ln.split("|")[1].strip() for ln in rows] == ["DeepSeek-V2-Lite", "Qwen2-57B-A14B"]   # the protocol's order
+    assert rows[0].rstrip(" |").endswith("150.0×") and rows[1].rstrip(" |").endswith("100.0×")   # each over its own spice
