@@ -223,7 +223,9 @@ def headline_quality(record: dict, link: str) -> str:
     project's one definition: positions with the same token as `resident`, over the prompt set)."""
     parts = []
     if record.get("ppl_delta_pct") is not None:
-        parts.append(f"held-out perplexity {record['ppl_delta_pct']:+.2f}%")
+        parts.append(f"perplexity {record['ppl_delta_pct']:+.2f}% on held-out text (the miniature on the CPU, same setting)")
+    if record.get("tf_ppl_delta_pct") is not None:
+        parts.append(f"perplexity {record['tf_ppl_delta_pct']:+.2f}% on the GPU (fed `resident`'s tokens)")
     if record.get("greedy_agreement") is not None:
         parts.append(f"greedy agreement with `resident` {100 * record['greedy_agreement']:.0f}% "
                      "(positions with the same token)")
