@@ -116,7 +116,7 @@ class SettingsEvents:
             with self._settings_lock:
                 before = session.requests.shown or self.defaults
                 current = session.settings or self.defaults
-                settings, refusal = chat_settings.with_value(self.info, self.ctx.limits, current, name, value)
+                settings, refusal = with_value(self.info, self.ctx.limits, current, name, value)
                 self._use(session, settings)
                 return self._report(session, before, [refusal] if refusal else [])
         on_change.__name__ = f"on_{name}"
