@@ -20,7 +20,7 @@ from gradio.components.chatbot import ChatbotDataMessages
 from gradio.components.plot import PlotData
 from pydantic import model_validator
 
-from spice_core.api import EngineInfo, EngineLike, RunSettings, own_shape
+from spice_core.api import DEFAULT_LORE_RANK, EngineInfo, EngineLike, RunSettings, own_shape
 from spice_core.errors import ConfigError, SpiceError
 from pages.limits import Limits
 from pages.models import SwitchBook
@@ -243,6 +243,11 @@ def _settings_from_values(info: EngineInfo, values: dict, ranges: dict) -> RunSe
         raise ConfigError(f"shape={kw['shape']!r} is unknown: choose one of {', '.join(info.shapes)}")
     if kw["policy"] not in info.policies:
         raise ConfigError(f"policy={kw['policy']!r} is unknown: choose one of {', '.join(info.policies)}")
+    ranks = tuple(getattr(info, "lore_ranks", ()) or ())
+    # The ranks the model's LoRE factors ship (the menu's), or the engine's default, which means "up to" it.
+    if ranks and kw["lore_rank"] not in ranks and kw["lore_rank"] != DEFAULT_LORE_RANK:
+        raise ConfigError(f"lore_rank={kw['lore_rank']} is not a rank this model's LoRE factors have: choose one of "
+                          f"{', '.join(str(r) for r in ranks)}")
     return RunSettings(**kw)
 
 

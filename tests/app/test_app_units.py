@@ -291,3 +291,19 @@ def test_trace_window_bounds_bring_any_typed_number_into_range():
     assert window_bounds(None, "") == (0, DEFAULT_WINDOW_TOKENS)
     assert window_bounds("x", float("nan")) == (0, DEFAULT_WINDOW_TOKENS)
     assert window_bounds(float("inf"), float("-inf"))[1] == 1
+
+
+def test_a_lore_rank_the_models_factors_lack_is_refused_naming_the_ranks_it_has():
+    """Regression: /settings took LoRE rank 3 on a model shipping ranks 1, 2, 4 (the run used r4 and a note said
+    so), and 8 came back from /chat as a command-line message about --lore-rank. The engine's default (16) stays
+    accepted: it means "up to 16", the largest rank the model has."""
+    from dataclasses import replace
+    from spice_core.api import DEFAULT_LORE_RANK
+    info = replace(FakeEngine().info(), lore_ranks=(1, 2, 4))
+    assert settings_from_values(info, CHAT_DEFAULTS | {"lore_rank": DEFAULT_LORE_RANK}).lore_rank == DEFAULT_LORE_RANK
+    for rank in (3, 8, 12):
+        with pytest.raises(ConfigError, match=rf"LoRE rank: lore_rank={rank} is not a rank .*choose one of 1, 2, 4"):
+            settings_from_values(info, CHAT_DEFAULTS | {"lore_rank": rank})
+    assert settings_from_values(info, CHAT_DEFAULTS | {"lore_rank": 2}).lore_rank == 2
+    # A model without LoRE factors names no ranks: any rank in range is taken (approximation is off there).
+    assert settings_from_values(replace(info, lore_ranks=()), CHAT_DEFAULTS).lore_rank == CHAT_DEFAULTS["lore_rank"]
