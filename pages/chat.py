@@ -37,7 +37,7 @@ from pages import chat_settings
 from pages.chat_auto import AutoState, AutoTune
 from pages.chat_controls import SETTINGS_JS, ChatControls
 from pages.chat_switch import ModelSwitch
-from pages.chat_js import BUSY_OFF_JS, BUSY_ON_JS, NARROW_JS, SENT_JS, started_js
+from pages.chat_js import BUSY_OFF_JS, BUSY_ON_JS, NARROW_JS, SENT_JS, STOPPED_NOTE_JS, STOPPING_NOTE, started_js
 from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, ChatHistory, as_plot,
                           default_settings, settings_from_values, spice_error_text)
 from pages.live import LiveRun
@@ -230,6 +230,8 @@ class ChatPage(chat_settings.SettingsEvents):
         event.then(None, js=BUSY_OFF_JS, queue=False, api_visibility="private", show_progress="hidden")
         event.then(None, inputs=[self.chatbot], outputs=[self.saved], js="(h) => [h]", queue=False,
                    api_visibility="private", show_progress="hidden")
+        event.then(None, inputs=[self.ctl.note], outputs=[self.ctl.note], js=STOPPED_NOTE_JS, queue=False,
+                   api_visibility="private", show_progress="hidden")
 
     # --- handlers ------------------------------------------------------------------------
     def on_unload(self, request: gr.Request) -> None:
@@ -247,7 +249,7 @@ class ChatPage(chat_settings.SettingsEvents):
     def stop_reply(self, session: ChatSession) -> str:
         if session.streaming():
             session.stream.cancel("stop")
-            return "Stopping after the current token…"
+            return STOPPING_NOTE
         if self.auto.stop(session):
             return "Stopping the tune after the setting it is measuring…"
         return "Nothing is generating right now."

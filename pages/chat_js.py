@@ -10,6 +10,14 @@ the box to be fixed; a box edited meanwhile is left as the visitor made it.
 """
 from __future__ import annotations
 
+import json
+
+from pages.chat_text import settings_hint
+
+# Stop's note says what is about to happen; once the reply has ended (`ChatPage._after_reply`) it is out of date
+# and the settings hint comes back.
+STOPPING_NOTE = "Stopping after the current token…"
+STOPPED_NOTE_JS = f"(n) => [n === {json.dumps(STOPPING_NOTE)} ? {json.dumps(settings_hint())} : n]"
 BUSY_ON_JS = "() => { document.body.classList.add('spice-generating'); return []; }"
 BUSY_OFF_JS = "() => { document.body.classList.remove('spice-generating'); return []; }"
 # On a narrow screen the settings sidebar starts closed, so the chat and the examples are usable at once.

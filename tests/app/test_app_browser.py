@@ -235,6 +235,9 @@ def test_a_person_chats_tunes_stops_and_recovers(browser, fake_app):
     _click(page, "#spice-stop")
     assert _wait(lambda: "Stopped after" in _chat_text(page), 60), _chat_text(page)[-300:]
     assert "Settings changed during this reply" in _chat_text(page)
+    # Stop's "Stopping after the current token…" goes once the reply has ended (it stayed for good)
+    assert _wait(lambda: "Stopping" not in page.inner_text("#spice-settings-note"), 30), \
+        page.inner_text("#spice-settings-note")
     page.wait_for_timeout(500)
     assert box.input_value() == "wait for me", "the end of a reply must not wipe what was typed meanwhile"
 
