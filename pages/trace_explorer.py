@@ -326,10 +326,14 @@ class TraceExplorer:
         return clean
 
     def on_load(self, request: gr.Request = None):
+        """The run picker when the page opens: ``?run=<id>`` preselects that run; one this visitor may not open
+        (unknown, expired, or another's unshared) stays selected under a label saying so, and `show` explains,
+        rather than the page opening some other run as if the link had worked."""
         owner = owner_of(request)
         wanted = valid_run_id(request.query_params.get("run") if request is not None else None)
         if wanted and not self.ctx.runs.may_open(wanted, owner):
-            wanted = ""
+            choices = [(f"{wanted} · from the link: not available to you", wanted), *self._choices(owner)]
+            return gr.update(choices=choices, value=wanted)
         choices = self._choices(owner, extra=wanted)
         ids = [v for _, v in choices]
         value = wanted if wanted in ids else (ids[0] if ids else None)
