@@ -166,6 +166,16 @@ class FreeDropdown(gr.Dropdown):
         return payload
 
 
+class FreeCheckboxGroup(gr.CheckboxGroup):
+    """Checkboxes that pass unknown values through for the page to refuse by name (Gradio's own check answered an
+    API call with "Value: ... is not in the list of choices" and logged a traceback holding the value)."""
+
+    is_template = True
+
+    def preprocess(self, payload):
+        return payload
+
+
 # --- settings --------------------------------------------------------------------------------
 SETTING_FIELDS = ("policy", "cache_frac", "tau_prefetch", "tau_approx", "max_lookahead", "lore_rank",
                   "cpu_lane", "profile", "shape", "max_new_tokens", "temperature")

@@ -115,9 +115,10 @@ class TuneSection:
             session = TuneSession()
         try:
             budget = tuning.budget(ppl, agreement)
-            if profile not in info.profiles or shape not in info.shapes:
-                raise SpiceError(f"Hardware profile / Model shape: choose one of {', '.join(info.profiles)} / "
-                                 f"{', '.join(info.shapes)}")
+            if profile not in info.profiles:
+                raise SpiceError(f"Hardware profile: {str(profile)[:40]!r} is unknown; choose one of {', '.join(info.profiles)}")
+            if shape not in info.shapes:
+                raise SpiceError(f"Model shape: {str(shape)[:40]!r} is unknown; choose one of {', '.join(info.shapes)}")
             if "spice" not in info.policies:
                 raise SpiceError("this engine offers no spice policy: there is nothing to tune")
             base = replace(self.page.defaults, policy="spice", profile=profile, shape=shape,

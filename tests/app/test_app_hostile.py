@@ -207,6 +207,11 @@ def test_chat_history_of_400_exchanges_is_handled_in_under_a_second(served):
     (dict(prompts="\n".join("abcdefgh"), policies=["lru", "spice"], ta="0,0.1,0.3,0.6", tokens=128),
      "allows 4,096 per sweep"),
     (dict(ta="<b>x</b>"), "&lt;b&gt;"),
+    # Regression: Gradio's own choice check answered with "Value: ... is not in the list of choices" and logged a
+    # traceback; a bad profile or shape did not say which of the two was wrong.
+    (dict(policies=["lru", "bogus"]), "Policies: 'bogus' is unknown"),
+    (dict(profile="no-such-gpu"), "Hardware profile: 'no-such-gpu' is unknown"),
+    (dict(shape="no-such-shape"), "Model shape: 'no-such-shape' is unknown"),
 ])
 def test_sweep_limits_hold_at_the_api_with_messages_naming_the_control(served, client, over, words):
     status = client.predict(*_sweep_args(**over), api_name="/sweep")[0]
