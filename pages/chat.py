@@ -37,7 +37,8 @@ from pages import chat_settings
 from pages.chat_auto import AutoState, AutoTune
 from pages.chat_controls import SETTINGS_JS, ChatControls
 from pages.chat_switch import ModelSwitch
-from pages.chat_js import BUSY_OFF_JS, BUSY_ON_JS, NARROW_JS, SENT_JS, STOPPED_NOTE_JS, STOPPING_NOTE, started_js
+from pages.chat_js import (BUSY_OFF_JS, BUSY_ON_JS, KEEP_JS, KEEP_NONEMPTY_JS, NARROW_JS, PICK_KEPT_JS, SENT_JS,
+                           STOPPED_NOTE_JS, STOPPING_NOTE, started_js)
 from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, ChatHistory, as_plot,
                           default_settings, settings_from_values, spice_error_text)
 from pages.live import LiveRun
@@ -209,9 +210,8 @@ class ChatPage(chat_settings.SettingsEvents):
         # The browser also keeps the conversation at every change while a reply streams, so a reload mid-reply
         # keeps the message and what came of the reply (`restore`). Never an empty chat here: the page's first,
         # empty chat would overwrite the kept one before `restore` reads it (a clear saves in `_after_reply`).
-        self.chatbot.change(None, inputs=[self.chatbot, self.saved], outputs=[self.saved],
-                            js="(h, kept) => [h && h.length ? h : kept]", queue=False, api_visibility="private",
-                            show_progress="hidden")
+        self.chatbot.change(None, inputs=[self.chatbot, self.saved], outputs=[self.saved], js=KEEP_NONEMPTY_JS,
+                            queue=False, api_visibility="private", show_progress="hidden")
         # The sent message leaves the box when its reply starts, what was typed since stays (pages.chat_js).
         self.chatbot.change(None, inputs=[self.chatbot], outputs=None, js=started_js(CURSOR), queue=False,
                             api_visibility="private", show_progress="hidden")
@@ -221,14 +221,14 @@ class ChatPage(chat_settings.SettingsEvents):
         if root is not None:
             root.load(None, js=NARROW_JS, queue=False, api_visibility="private", show_progress="hidden")
             root.load(None, js=SETTINGS_JS, queue=False, api_visibility="private", show_progress="hidden")
-            root.load(self.restore, inputs=[self.saved], outputs=[self.chatbot], queue=False,
+            root.load(self.restore, inputs=[self.saved], outputs=[self.chatbot], js=PICK_KEPT_JS, queue=False,
                       api_visibility="private", show_progress="hidden")
 
     def _after_reply(self, event) -> None:
         """When a reply (or a clear) ends: Send comes back, and the browser keeps the conversation (an empty one
         after a clear). A js function's returned array is its list of outputs: the history goes in one."""
         event.then(None, js=BUSY_OFF_JS, queue=False, api_visibility="private", show_progress="hidden")
-        event.then(None, inputs=[self.chatbot], outputs=[self.saved], js="(h) => [h]", queue=False,
+        event.then(None, inputs=[self.chatbot, self.saved], outputs=[self.saved], js=KEEP_JS, queue=False,
                    api_visibility="private", show_progress="hidden")
         event.then(None, inputs=[self.ctl.note], outputs=[self.ctl.note], js=STOPPED_NOTE_JS, queue=False,
                    api_visibility="private", show_progress="hidden")

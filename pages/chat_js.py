@@ -18,6 +18,35 @@ from pages.chat_text import settings_hint
 # and the settings hint comes back.
 STOPPING_NOTE = "Stopping after the current token…"
 STOPPED_NOTE_JS = f"(n) => [n === {json.dumps(STOPPING_NOTE)} ? {json.dumps(settings_hint())} : n]"
+# The conversation the browser keeps (a BrowserState, one per model), per tab: {"tabs": {tab id: {"h": history,
+# "t": ms}}}, the tab's id in its sessionStorage (which a reload and the app's other pages keep). Two tabs of one
+# browser used to share one kept conversation, the last to write winning: a reload brought the other tab's back
+# and this one's was gone. A new tab starts from the newest kept conversation, under its own id. A kept plain
+# list (the format before) counts as one tab's.
+KEEP_TABS = 8
+_KEEP_PRELUDE = """
+  let tab = sessionStorage.getItem('spice-tab');
+  if (!tab) { tab = Date.now().toString(36) + Math.random().toString(36).slice(2, 8);
+              sessionStorage.setItem('spice-tab', tab); }
+  const all = Array.isArray(kept) ? (kept.length ? {before: {h: kept, t: 0}} : {})
+    : (kept && typeof kept === 'object' && kept.tabs && typeof kept.tabs === 'object') ? {...kept.tabs} : {};
+"""
+# (history, kept) -> [kept with this tab's history]; KEEP_NONEMPTY_JS leaves it as it was for an empty history
+# (the page's first, empty chat must not overwrite what `restore` is about to read).
+_KEEP_BODY = f"""{_KEEP_PRELUDE}
+  all[tab] = {{h: h || [], t: Date.now()}};
+  const ids = Object.keys(all).sort((a, b) => all[b].t - all[a].t).slice(0, {KEEP_TABS});
+  return [{{tabs: Object.fromEntries(ids.map((k) => [k, all[k]]))}}];
+"""
+KEEP_JS = f"(h, kept) => {{{_KEEP_BODY}}}"
+KEEP_NONEMPTY_JS = f"(h, kept) => {{ if (!(h && h.length)) return [kept];{_KEEP_BODY}}}"
+# (kept) -> [this tab's history, else the newest kept one, else []]: what `ChatPage.restore` gets on page load.
+PICK_KEPT_JS = f"""(kept) => {{{_KEEP_PRELUDE}
+  const mine = all[tab];
+  if (mine) return [mine.h];
+  const newest = Object.values(all).sort((a, b) => b.t - a.t)[0];
+  return [newest ? newest.h : []];
+}}"""
 BUSY_ON_JS = "() => { document.body.classList.add('spice-generating'); return []; }"
 BUSY_OFF_JS = "() => { document.body.classList.remove('spice-generating'); return []; }"
 # On a narrow screen the settings sidebar starts closed, so the chat and the examples are usable at once.
