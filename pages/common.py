@@ -261,6 +261,14 @@ def _settings_from_values(info: EngineInfo, values: dict, ranges: dict) -> RunSe
     return RunSettings(**kw)
 
 
+def check_profile_and_shape(info: EngineInfo, profile, shape) -> None:
+    """ConfigError naming which of the two a page's Hardware profile and Model shape is unknown, and the choices."""
+    if profile not in info.profiles:
+        raise ConfigError(f"Hardware profile: {str(profile)[:40]!r} is unknown; choose one of {', '.join(info.profiles)}")
+    if shape not in info.shapes:
+        raise ConfigError(f"Model shape: {str(shape)[:40]!r} is unknown; choose one of {', '.join(info.shapes)}")
+
+
 def _short(value) -> str:
     """A visitor's value as a note quotes it: at most 20 characters (it may be megabytes of anything)."""
     text = repr(value)

@@ -31,7 +31,8 @@ from spice_core.api import EXACT_POLICIES, RunSettings
 from spice_core.errors import ConfigError, SpiceError
 from pages import figures_sweep, models
 from pages.common import (ENGINE_GROUP, AppContext, FreeCheckboxGroup, FreeDropdown, FreeSlider, as_plot,
-                          default_settings, shape_choices, shape_info, spice_error_text, timed_bytes)
+                          check_profile_and_shape, default_settings, shape_choices, shape_info, spice_error_text,
+                          timed_bytes)
 from pages.limits import bounded_number
 from spice_core.api import identical_prefix_share, matching_tokens
 from pages.owners import esc, owner_of
@@ -214,10 +215,7 @@ class SweepPage:
             unknown = [p for p in policies if p not in self.info.policies]
             if unknown:
                 raise ConfigError(f"Policies: {unknown[0][:40]!r} is unknown; choose from {', '.join(self.info.policies)}")
-            if profile not in self.info.profiles:
-                raise ConfigError(f"Hardware profile: {str(profile)[:40]!r} is unknown; choose one of {', '.join(self.info.profiles)}")
-            if shape not in self.info.shapes:
-                raise ConfigError(f"Model shape: {str(shape)[:40]!r} is unknown; choose one of {', '.join(self.info.shapes)}")
+            check_profile_and_shape(self.info, profile, shape)
             base = replace(self.defaults, cache_frac=bounded_number(cache_frac, "GPU cache size", 0.0, 1.0),
                            max_new_tokens=bounded_number(max_new_tokens, "Tokens per run", lim.sweep_min_tokens,
                                                          lim.sweep_max_tokens, integer=True),

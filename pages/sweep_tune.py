@@ -23,7 +23,7 @@ import gradio as gr
 
 from spice_core.errors import SpiceError
 from pages import figures_tune
-from pages.common import ENGINE_GROUP, FreeNumber, as_plot, spice_error_text
+from pages.common import ENGINE_GROUP, FreeNumber, as_plot, check_profile_and_shape, spice_error_text
 from pages.limits import bounded_number
 from pages.owners import esc, owner_of
 from pages import tuning
@@ -115,10 +115,7 @@ class TuneSection:
             session = TuneSession()
         try:
             budget = tuning.budget(ppl, agreement)
-            if profile not in info.profiles:
-                raise SpiceError(f"Hardware profile: {str(profile)[:40]!r} is unknown; choose one of {', '.join(info.profiles)}")
-            if shape not in info.shapes:
-                raise SpiceError(f"Model shape: {str(shape)[:40]!r} is unknown; choose one of {', '.join(info.shapes)}")
+            check_profile_and_shape(info, profile, shape)
             if "spice" not in info.policies:
                 raise SpiceError("this engine offers no spice policy: there is nothing to tune")
             base = replace(self.page.defaults, policy="spice", profile=profile, shape=shape,
