@@ -13,6 +13,7 @@
                           │            at a rate it adapts to its own drawing time (spice_live.js)
                           └ end: run note in the chat, full panels, exact re-run when lossy
     Stop ──► stream.cancel() (between tokens)      tab closed ──► unload / orphan watchdog ──► cancel
+    page load ──► the conversation this tab kept ──► its last reply's panels and numbers row (pages.chat_reload)
 
 Everything per user lives in one `ChatSession` inside a gr.State (Gradio gives each page its
 own session, so the chat, its controls and its panels share this page). Events that only touch
@@ -31,11 +32,12 @@ import gradio as gr
 
 from spice_core.api import RunSettings
 from spice_core.errors import PromptError, SpiceError
-from pages import figures, models
+from pages import chat_check, figures, models
 from pages import chat_text as text
 from pages import chat_settings
 from pages.chat_auto import AutoState, AutoTune
 from pages.chat_controls import SETTINGS_JS, ChatControls
+from pages.chat_reload import LEFT_DURING_CHECK, ReplyPanels
 from pages.chat_switch import ModelSwitch
 from pages.chat_js import (BUSY_OFF_JS, BUSY_ON_JS, KEEP_JS, KEEP_NONEMPTY_JS, NARROW_JS, PICK_KEPT_JS, SENT_JS,
                            STOPPED_NOTE_JS, STOPPING_NOTE, started_js)
@@ -43,7 +45,8 @@ from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, 
                           default_settings, settings_from_values, spice_error_text)
 from pages.live import LiveRun
 from pages.messages import (clean_message, content_text, drop_oldest_exchanges, engine_turns, is_app_note,
-                            keep_newest, n_exchanges, normalize_history, note, problem_with, restore_kept)
+                            keep_newest, n_exchanges, normalize_history, note, problem_with, reply, restore_kept,
+                            run_note, untag_replies)
 from pages.owners import owner_of
 from pages.runner import CANCEL_REASONS, RunStream
 from pages.tuning import TuneBook
@@ -105,6 +108,7 @@ class ChatPage(chat_settings.SettingsEvents):
         if defaults.lore_rank not in ranks:       # the row must say what the control shows
             defaults = replace(defaults, lore_rank=ranks[-1])
         self.defaults = defaults
+        self.reload = ReplyPanels(ctx, defaults, PANELS, PLACEHOLDERS)    # the last reply's panels after a reload
         self._settings_lock = threading.Lock()     # a Send and a settings event may apply the same requests
 
     # --- layout --------------------------------------------------------------------------
@@ -221,7 +225,11 @@ class ChatPage(chat_settings.SettingsEvents):
         if root is not None:
             root.load(None, js=NARROW_JS, queue=False, api_visibility="private", show_progress="hidden")
             root.load(None, js=SETTINGS_JS, queue=False, api_visibility="private", show_progress="hidden")
-            root.load(self.restore, inputs=[self.saved], outputs=[self.chatbot], js=PICK_KEPT_JS, queue=False,
+            # The conversation at once, then its last reply's panels (which may wait for a run still stopping).
+            kept = root.load(self.restore, inputs=[self.saved], outputs=[self.chatbot], js=PICK_KEPT_JS, queue=False,
+                             api_visibility="private", show_progress="hidden")
+            kept.then(self.reload.restore, inputs=[self.chatbot, self.session],
+                      outputs=[self.stats, self.heatmap, self.prefetch, self.gantt], queue=False,
                       api_visibility="private", show_progress="hidden")
 
     def _after_reply(self, event) -> None:
@@ -380,13 +388,14 @@ class ChatPage(chat_settings.SettingsEvents):
             yield only_chat(refused + [note(f"⚠ The engine refused this message: {spice_error_text(exc)}")])
             return
         session.stream = stream
+        self.reload.remember(stream)
         session.notices.clear()
         self.ctx.label_run(stream.run_id, "chat: " + text.preview(cleaned.text), session.owner)
         if dropped:
             history.append(note(f"ℹ Left out the {dropped} oldest exchange{'s' if dropped > 1 else ''} to fit the "
                                 f"model's context ({self.info.max_context_tokens:,} tokens)"))
         reply_at = len(history)
-        history.append({"role": "assistant", "content": CURSOR})
+        history.append(reply(CURSOR, stream.run_id))
         live = LiveRun.for_engine(self.info)
         yield (skip if box_in_browser else "", history, text.stats_html(live, settings, self.info, state="starting"),
                skip, skip, skip, skip)
@@ -420,7 +429,7 @@ class ChatPage(chat_settings.SettingsEvents):
                 now = time.monotonic()
                 out = [skip] * 7
                 if text_dirty and now >= text_due:
-                    history[reply_at] = {"role": "assistant", "content": live.text + CURSOR}
+                    history[reply_at] = reply(live.text + CURSOR, stream.run_id)
                     out[1], text_due, text_dirty = history, now + TEXT_INTERVAL_S, False
                 if live.n_tokens and now >= stats_due:
                     out[2] = text.stats_html(live, stream.settings, self.info, stream=stream,
@@ -497,7 +506,7 @@ class ChatPage(chat_settings.SettingsEvents):
         skip = gr.skip()
         summary = stream.summary()
         session.last_run_id = stream.run_id
-        history[reply_at] = {"role": "assistant", "content": live.text}
+        history[reply_at] = reply(live.text, stream.run_id)
         if not live.text.strip():
             history.pop(reply_at)
             if not stream.error and stream.cancel_reason != "stop":
@@ -517,7 +526,7 @@ class ChatPage(chat_settings.SettingsEvents):
         if finish == "length" and live.text.strip():
             trimmed = text.trim_to_sentence(live.text)
             if trimmed != live.text:
-                history[reply_at] = {"role": "assistant", "content": trimmed}
+                history[reply_at] = reply(trimmed, stream.run_id)
                 if live.n_tokens < stream.settings.max_new_tokens:     # the model's context, not the slider, ended it
                     history.append(note(f"ℹ Reached the model's context ({self.info.max_context_tokens:,} tokens): "
                                         "the reply ends at its last full sentence (a New chat or a shorter message "
@@ -528,20 +537,23 @@ class ChatPage(chat_settings.SettingsEvents):
         tps = text.wall_tps(live, first_wall)
         # From every setting the reply ran with: a τ_approx raised mid-reply makes it lossy.
         agreement = text.agreement_line(settings, check_exact, stream.changes)
+        self.reload.remember(stream, tps, agreement or LEFT_DURING_CHECK)     # kept if the page goes meanwhile
         if agreement is None and live.n_tokens:
             checking = text.stats_html(live, stream.settings, self.info, stream=stream, summary=summary, wall_tps=tps,
                                        agreement=("checking…", "re-running with exact settings"))
             yield skip, history, checking, skip, skip, skip, skip
-            agreement = self._check_exact(turns, stream.settings, live, session, stream.owner)
+            agreement = chat_check.check_exact(self.ctx, turns, stream.settings, live, session, stream.owner)
             if session.epoch != epoch:      # "New chat" during the check
                 yield self._emptied(session)
                 return
         if summary is not None and live.n_tokens:
-            history.append(note(text.run_title(summary, live), text.run_body(summary, stream)))
+            history.append(run_note(text.run_title(summary, live), text.run_body(summary, stream), stream.run_id))
+        untag_replies(history)      # the run note names the run now
         final = text.stats_html(live, stream.settings, self.info, stream=stream, summary=summary, wall_tps=tps,
                                 agreement=agreement)
         session.last_view = {"live": live, "settings": stream.settings, "stream": stream, "summary": summary,
                              "wall_tps": tps, "agreement": agreement}
+        self.reload.remember(stream, tps, agreement)
         # The textbox was cleared when the message was sent; what the user typed since stays. Panels the
         # browser drew live get their last changes (cheap), but the heatmap comes whole: its per-expert counts
         # (the right grid's hover) are in no change (with live panels on they never arrived); otherwise the
@@ -551,36 +563,6 @@ class ChatPage(chat_settings.SettingsEvents):
                    figures.panels_delta(live, tag, seq + 1))
         else:
             yield (skip, history, final, *self._panels(live), "")
-
-    def _check_exact(self, turns, settings: RunSettings, live: LiveRun, session: ChatSession,
-                     reply_owner: str = "") -> tuple[str, str]:
-        """Generate the same reply with exact settings and compare greedy tokens: (value, detail), the value the
-        project's one greedy agreement (spice_core.api.greedy_agreement)."""
-        exact = replace(settings, tau_approx=0.0, max_new_tokens=max(1, live.n_tokens))
-        # The reply's owner and the session's stream: Stop, New chat and a closed tab (unload) end the check as
-        # they end a reply (it had an owner of its own, so nothing could stop it and the next visitor waited).
-        owner = reply_owner or f"exact-check-{id(session)}"
-        try:
-            stream = self.ctx.runner.start(owner, exact, lambda: self.ctx.engine.start_chat(turns, exact),
-                                           kind="exact check")
-        except SpiceError as exc:
-            return "not measured", spice_error_text(exc)
-        session.stream = stream
-        self.ctx.label_run(stream.run_id, f"exact check of {session.last_run_id}", session.owner)
-        ids: list[int] = []
-        while True:
-            steps, ended = stream.take(1.0)
-            ids += [s.token_id for s in steps]
-            if ended:
-                break
-        if session.stream is stream:
-            session.stream = None
-        if stream.error:
-            return "not measured", stream.error
-        if stream.cancel_reason:
-            return "not measured", ("stopped before the exact re-run ended" if stream.cancel_reason == "stop"
-                                    else f"the exact re-run was stopped: {CANCEL_REASONS.get(stream.cancel_reason, '')}")
-        return text.agreement_value(ids, live.token_ids)
 
     def _panels(self, live: LiveRun):
         return tuple(as_plot(figures.panel_figure(name, live)) for name in PANELS)

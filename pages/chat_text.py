@@ -157,11 +157,14 @@ def settings_line(settings: RunSettings) -> str:
 
 def stats_html(live: LiveRun | None, settings: RunSettings, info: EngineInfo, *, state: str = "",
                stream: RunStream | None = None, summary=None, wall_tps: float = 0.0,
-               agreement: tuple[str, str] | None = None, next_settings: RunSettings | None = None) -> str:
+               agreement: tuple[str, str] | None = None, next_settings: RunSettings | None = None,
+               note: str = "") -> str:
     """The row of numbers above the panels (HTML; styled by the app's CSS).
 
     ``settings`` are those the numbers were produced with; ``next_settings`` (when idle and different)
-    are what the controls now say, shown as what the next message will use.
+    are what the controls now say, shown as what the next message will use. ``stream`` is read for its
+    ``run_id`` and ``changes`` only (a reload passes the reply's kept view, pages.chat_reload). ``note``: a line
+    under the cards (why the last reply's numbers are missing).
     """
     timing = (live.timing if live is not None and live.timing else info.default_timing)
     shown = next_settings if next_settings is not None and (live is None or live.n_tokens == 0) else settings
@@ -177,7 +180,7 @@ def stats_html(live: LiveRun | None, settings: RunSettings, info: EngineInfo, *,
             head += (f" · <span class='changed'>changed {html.escape(', '.join(last.applied))} from token "
                      f"{last.from_token}</span>")
     if live is None or live.n_tokens == 0:
-        status = "starting…" if state == "starting" else "no reply yet"
+        status = "starting…" if state == "starting" else "not available" if note else "no reply yet"
         cards = [("tokens", "0", status, "")]
     else:
         run_id = stream.run_id if stream is not None else ""
@@ -209,7 +212,8 @@ def stats_html(live: LiveRun | None, settings: RunSettings, info: EngineInfo, *,
             if value.endswith("%"):
                 level = _level(float(value[:-1]) / 100, AGREEMENT_GOOD, AGREEMENT_WARN)
             cards.append(("greedy agreement", value, detail or "vs exact settings", level))
-    why = why_lines(live, settings) if live is not None and live.n_tokens else []
+    why = [note] if note else []
+    why += why_lines(live, settings) if live is not None and live.n_tokens else []
     notes = ("<ul class='notes spice-why'>" + "".join(f"<li>{html.escape(w)}</li>" for w in why) + "</ul>") if why else ""
     body = "".join(
         f"<div class='card {level}' title='{html.escape(TIPS.get(k, ''), quote=True)}'>"

@@ -87,6 +87,15 @@ class LiveRun:
     def for_engine(cls, info: EngineInfo) -> "LiveRun":
         return cls(layers=tuple(info.moe_layers), n_experts=info.n_experts, timing=info.default_timing)
 
+    @classmethod
+    def from_steps(cls, info: EngineInfo, steps) -> "LiveRun":
+        """A finished run's view, folded from its stored StepStats by `add`, one by one as they streamed, so
+        that every number and array equals the one the chat showed live (a reload brings the panels back)."""
+        live = cls.for_engine(info)
+        for step in steps:
+            live.add(step)
+        return live
+
     # --- folding ------------------------------------------------------------------------
     def add(self, step: StepStats) -> None:
         self.n_tokens += 1

@@ -10,6 +10,8 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 
+from pages.owners import valid_run_id
+
 KEEP_CONTROLS = {"\n", "\t"}
 BINARY_SHARE = 0.1   # more than this share of control / replacement characters (and at least
 BINARY_MIN = 8       # this many): it is binary data, not text
@@ -72,7 +74,8 @@ def is_app_note(message: dict) -> bool:
 
 
 def normalize_history(history) -> list[dict]:
-    """Chat history as a list of {"role", "content": str, ["metadata"]} dicts; drops what isn't a message."""
+    """Chat history as a list of {"role", "content": str, ["metadata"]} dicts; drops what isn't a message. An
+    app note keeps its metadata, a reply in flight its run tag (`reply`), nothing else does."""
     out = []
     if not isinstance(history, (list, tuple)):
         return out
@@ -83,8 +86,48 @@ def normalize_history(history) -> list[dict]:
         meta = m.get("metadata")
         if isinstance(meta, dict) and meta.get("title"):
             msg["metadata"] = {k: v for k, v in meta.items() if v is not None}
+        elif run_of(m):
+            msg["metadata"] = {"id": meta["id"]}
         out.append(msg)
     return out
+
+
+# A reply in flight (streaming, or waiting for its exact re-run) carries the id of the run that produces it, as its
+# metadata id (Gradio's chat shows a message whose metadata has no title as a plain message); once the reply has
+# ended, its run note carries the id instead (`run_note`) and the reply is a plain message again. So the conversation
+# the browser keeps names the run whose panels a reload brings back (pages.chat_reload), however it was left.
+RUN_TAG = "run:"
+
+
+def reply(content: str, run_id: str = "") -> dict:
+    """The model's reply in the chat, tagged with its run while in flight (plain without ``run_id``)."""
+    message = {"role": "assistant", "content": content}
+    if run_id:
+        message["metadata"] = {"id": RUN_TAG + run_id}
+    return message
+
+
+def run_note(title: str, body: str, run_id: str) -> dict:
+    """The note under an ended reply (its run's numbers and link), tagged with the run."""
+    message = note(title, body)
+    message["metadata"]["id"] = RUN_TAG + run_id
+    return message
+
+
+def untag_replies(history: list[dict]) -> None:
+    """The replies in ``history`` as plain messages again (their run notes keep the tag)."""
+    for m in history:
+        if run_of(m) and not is_app_note(m):
+            del m["metadata"]
+
+
+def run_of(message) -> str:
+    """The run id a reply or run note is tagged with ("" for any other message, or a malformed tag)."""
+    meta = message.get("metadata") if isinstance(message, dict) else None
+    tag = meta.get("id") if isinstance(meta, dict) else None
+    if not isinstance(tag, str) or not tag.startswith(RUN_TAG) or message.get("role") != "assistant":
+        return ""
+    return valid_run_id(tag[len(RUN_TAG):])
 
 
 def restore_kept(saved, cursor: str) -> list[dict]:

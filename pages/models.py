@@ -191,6 +191,9 @@ class EngineSet:
     def get_events(self, run_id: str) -> list:
         return self._holder(run_id).get_events(run_id)
 
+    def get_steps(self, run_id: str) -> list:
+        return self._holder(run_id).get_steps(run_id)
+
     def baselines(self, run_id: str) -> dict:
         return self._holder(run_id).baselines(run_id)
 

@@ -333,6 +333,9 @@ class FakeEngine:
     def get_events(self, run_id: str) -> list[TraceEvent]:
         return list(self._run(run_id).events)
 
+    def get_steps(self, run_id: str) -> list[StepStats]:
+        return list(self._run(run_id).steps)
+
     def baselines(self, run_id: str) -> dict:
         """Illustrative only: the fake's own TPOT scaled (the real engine replays the routing, timing/whatif.py)."""
         tpot = self._summarize(self._run(run_id), "").tpot_ms_median

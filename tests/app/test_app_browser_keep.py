@@ -2,7 +2,7 @@
 
 The page keeps the chat in the browser's storage as it changes (and an empty one after New chat); a reload,
 or About and back, must show it again, and the next message must carry it to the model. A reload mid-reply
-keeps the message and the reply so far, with a note that it ended there.
+keeps the message and the reply so far, with a note that it ended there, and the reply's panels and numbers.
 """
 from __future__ import annotations
 
@@ -118,6 +118,9 @@ def test_a_reload_mid_reply_keeps_the_message_and_the_reply_so_far(browser, ship
     assert ask in text and "▍" not in text, text[:400]
     reply = _replies(page)
     assert len(reply) == 1 and len(reply[0]) > 12, (reply, text[:400])
+    # Its panels and numbers come back too, for the tokens its run generated before the engine let it go.
+    _wait_for(page, f"() => {text_js('#spice-stats')}.includes('TPOT')", 30)
+    _wait_for(page, "() => ((document.querySelector('#spice-heatmap .js-plotly-plot') || {}).data || []).length > 0", 30)
     # The engine let go of the reply nobody reads, and the restored conversation goes on.
     assert shipped_served.ctx.runner.wait_idle(30)
     _cap(page, 16)
