@@ -39,8 +39,8 @@ from pages.chat_auto import AutoState, AutoTune
 from pages.chat_controls import SETTINGS_JS, ChatControls
 from pages.chat_reload import LEFT_DURING_CHECK, ReplyPanels
 from pages.chat_switch import ModelSwitch
-from pages.chat_js import (BUSY_OFF_JS, BUSY_ON_JS, KEEP_JS, KEEP_NONEMPTY_JS, NARROW_JS, PICK_KEPT_JS, SENT_JS,
-                           STOPPED_NOTE_JS, STOPPING_NOTE, started_js)
+from pages.chat_js import (BUSY_OFF_JS, BUSY_ON_JS, KEEP_JS, KEEP_NONEMPTY_JS, MARK_KEPT_JS, NARROW_JS, PICK_KEPT_JS,
+                           SENT_JS, STOPPED_NOTE_JS, STOPPING_NOTE, started_js)
 from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, ChatHistory, as_plot,
                           default_settings, settings_from_values, spice_error_text)
 from pages.live import LiveRun
@@ -216,6 +216,8 @@ class ChatPage(chat_settings.SettingsEvents):
         # empty chat would overwrite the kept one before `restore` reads it (a clear saves in `_after_reply`).
         self.chatbot.change(None, inputs=[self.chatbot, self.saved], outputs=[self.saved], js=KEEP_NONEMPTY_JS,
                             queue=False, api_visibility="private", show_progress="hidden")
+        self.saved.change(None, inputs=[self.saved], outputs=None, js=MARK_KEPT_JS, queue=False,
+                          api_visibility="private", show_progress="hidden")
         # The sent message leaves the box when its reply starts, what was typed since stays (pages.chat_js).
         self.chatbot.change(None, inputs=[self.chatbot], outputs=None, js=started_js(CURSOR), queue=False,
                             api_visibility="private", show_progress="hidden")

@@ -47,6 +47,15 @@ PICK_KEPT_JS = f"""(kept) => {{{_KEEP_PRELUDE}
   const newest = Object.values(all).sort((a, b) => b.t - a.t)[0];
   return [newest ? newest.h : []];
 }}"""
+# After the browser has written what it keeps (BrowserState's change follows its localStorage write): this tab's kept
+# conversation's count of run notes (each ended reply's links its run, trace?run=<id>) on the page's body, so a
+# browser test can tell the conversation is kept with its last reply's note before it reloads, on any machine.
+MARK_KEPT_JS = """(kept) => {
+  const tab = sessionStorage.getItem('spice-tab');
+  const mine = kept && kept.tabs && typeof kept.tabs === 'object' ? kept.tabs[tab] : null;
+  document.body.dataset.spiceKeptRuns = String(mine ? (JSON.stringify(mine.h).match(/trace\\?run=/g) || []).length : 0);
+  return [];
+}"""
 BUSY_ON_JS = "() => { document.body.classList.add('spice-generating'); return []; }"
 BUSY_OFF_JS = "() => { document.body.classList.remove('spice-generating'); return []; }"
 # On a narrow screen the settings sidebar starts closed, so the chat and the examples are usable at once.

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from chat_browser import KEPT_RUNS_JS
 from page_js import text_js
 
 pytestmark = pytest.mark.browser
@@ -93,9 +94,10 @@ def test_the_conversation_survives_a_reload_and_another_page(browser, shipped_se
     assert len(_replies(page)) == 2, text[:600]
 
     # New chat empties what the browser keeps too.
+    assert page.evaluate(KEPT_RUNS_JS) > 0, "the kept conversation holds no run note before New chat"
     page.click("#spice-new")
     _wait_for(page, f"() => !{text_js('#spice-chat')}.includes({ASK!r})", 20)
-    page.wait_for_timeout(500)
+    _wait_for(page, f"() => ({KEPT_RUNS_JS})() === 0", 20)      # the empty conversation is kept
     page.reload(wait_until="load")
     page.locator("#spice-msg textarea").wait_for(state="visible")
     page.wait_for_timeout(2000)              # restore runs on load: give it the time it took above

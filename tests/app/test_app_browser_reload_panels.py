@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from chat_browser import ask_and_keep, open_chat, reload_chat
 from page_js import text_js
 
 pytestmark = pytest.mark.browser
@@ -26,22 +27,6 @@ PANELS_JS = """() => {
 CARDS_JS = "() => (document.querySelector('#spice-stats .cards') || {}).innerText || ''"
 
 
-def _open(page, url: str) -> None:
-    page.goto(url, wait_until="load")
-    page.locator("#spice-msg textarea").wait_for(state="visible")
-
-
-def _ask(page, text: str) -> None:
-    """Send ``text`` and wait until its reply has ended and the browser has kept the conversation."""
-    page.fill("#spice-msg textarea", text)
-    page.press("#spice-msg textarea", "Enter")
-    page.wait_for_function("() => document.body.classList.contains('spice-generating')", timeout=20_000, polling=50)
-    page.wait_for_function("() => !document.body.classList.contains('spice-generating')", timeout=60_000,
-                           polling=100)
-    page.wait_for_function(f"() => {text_js('#spice-chat')}.includes('Run ')", timeout=20_000, polling=100)
-    page.wait_for_timeout(500)           # the keep follows the reply's end
-
-
 def _numbers_back(page, run_id: str) -> None:
     page.wait_for_function(f"() => {text_js('#spice-stats')}.includes({run_id!r})", timeout=30_000, polling=100)
     page.wait_for_function(f"() => {{ const p = ({PANELS_JS})(); return p['spice-gantt'] > 0 && p['spice-prefetch'] > 0; }}",
@@ -53,15 +38,13 @@ def test_a_reload_brings_back_the_last_replys_panels_and_numbers(browser, served
     context.set_default_timeout(30_000)
     try:
         page = context.new_page()
-        _open(page, served.url)
-        _ask(page, ASK)
+        open_chat(page, served.url)
+        ask_and_keep(page, ASK)
         run_id = _newest_run(served, context)
         cards, panels = page.evaluate(CARDS_JS), page.evaluate(PANELS_JS)
         assert run_id in cards and "TPOT" in cards and panels["heat_z"], (cards, panels)
 
-        page.reload(wait_until="load")
-        page.locator("#spice-msg textarea").wait_for(state="visible")
-        page.wait_for_function(f"() => {text_js('#spice-chat')}.includes({ASK!r})", timeout=20_000, polling=100)
+        reload_chat(page, ASK)
         _numbers_back(page, run_id)
         assert page.evaluate(CARDS_JS) == cards, "the numbers row differs from the one the reply ended with"
         again = page.evaluate(PANELS_JS)
@@ -78,7 +61,7 @@ def test_a_reload_brings_back_the_last_replys_panels_and_numbers(browser, served
               if (!sessionStorage.getItem('copied')) {{ sessionStorage.setItem('copied', '1');
                 for (const [k, v] of Object.entries(kept)) localStorage.setItem(k, v); }} }})()""")
             stranger = other.new_page()
-            _open(stranger, served.url)
+            open_chat(stranger, served.url)
             stranger.wait_for_function(f"() => {text_js('#spice-chat')}.includes({ASK!r})", timeout=20_000,
                                        polling=100)
             stranger.wait_for_function(f"() => {text_js('#spice-stats')}.includes('no longer available')",

@@ -1,0 +1,36 @@
+"""Driving the chat page in a real browser, shared by the browser tests that send a message and then reload.
+
+A reply's end is not the moment the browser has kept it: the page keeps the conversation (localStorage, encrypted
+by Gradio's BrowserState) a moment after the reply's last update, and a reload before that brings back less. The
+page marks on its body how many run notes this tab's kept conversation holds once the write is done
+(`pages.chat_js.MARK_KEPT_JS`); the tests wait for that mark instead of sleeping, so they pass on a slow machine
+and take no longer than they must on a fast one."""
+from __future__ import annotations
+
+from page_js import text_js
+
+KEPT_RUNS_JS = "() => +(document.body.dataset.spiceKeptRuns || 0)"
+
+
+def open_chat(page, url: str) -> None:
+    page.goto(url, wait_until="load")
+    page.locator("#spice-msg textarea").wait_for(state="visible")
+
+
+def ask_and_keep(page, text: str) -> None:
+    """Send ``text`` and wait until its reply has ended and the browser has kept the conversation with the reply's
+    run note (one run note more than before)."""
+    kept_before = page.evaluate(KEPT_RUNS_JS)
+    page.fill("#spice-msg textarea", text)
+    page.press("#spice-msg textarea", "Enter")
+    page.wait_for_function("() => document.body.classList.contains('spice-generating')", timeout=20_000, polling=50)
+    page.wait_for_function("() => !document.body.classList.contains('spice-generating')", timeout=60_000,
+                           polling=100)
+    page.wait_for_function(f"() => ({KEPT_RUNS_JS})() > {kept_before}", timeout=20_000, polling=100)
+
+
+def reload_chat(page, text: str) -> None:
+    """Reload and wait until the kept conversation holding ``text`` is back on screen."""
+    page.reload(wait_until="load")
+    page.locator("#spice-msg textarea").wait_for(state="visible")
+    page.wait_for_function(f"() => {text_js('#spice-chat')}.includes({text!r})", timeout=20_000, polling=100)
