@@ -136,7 +136,11 @@ python3 -m spice_core bench --config docs/benchmarks/headline/config-qwen2-nativ
 # whose spice_core is `git archive c4abee0 spice_core` (the timing model changed after it, which changes the digest)
 python3 -m spice_core bench --config docs/benchmarks/headline/config-qwen2-native-25.json --device cuda --shard 2/3 \\
     --out qwen2-native-25-shard2
-# still to run (the coverage above): the Qwen2 lift on x8, on engine aaf9b04551727430 or as a whole new cell
+# still to run (the coverage above): the Qwen2 lift on x8, a new cell, one shard a prompt (shard 0 also the long
+# prompt; ~7-9 min each, H200 only: resident's slots), every shard from a copy of the tree whose spice_core is
+# `git archive 3e9dc52 spice_core` (engine c8ca37be7f5d7c89: the CUDA tests passed on it, fast-path/host-3e9dc52-h100)
+python3 -m spice_core bench --config docs/benchmarks/headline/config-qwen2-x8-25.json --device cuda --shard K/8 \\
+    --out qwen2-x8-25-shardK
 bash docs/benchmarks/peers/run.sh peers                              # raw/peers
 bash docs/benchmarks/peers/run.sh peers-qwen2 docs/benchmarks/peers/config-qwen2.json   # raw/peers-qwen2: not run yet
 ```
