@@ -48,12 +48,15 @@ PICK_KEPT_JS = f"""(kept) => {{{_KEEP_PRELUDE}
   return [newest ? newest.h : []];
 }}"""
 # After the browser has written what it keeps (BrowserState's change follows its localStorage write): this tab's kept
-# conversation's count of run notes (each ended reply's links its run, trace?run=<id>) on the page's body, so a
-# browser test can tell the conversation is kept with its last reply's note before it reloads, on any machine.
+# conversation's count of run notes (an ended reply's note: a title and its run's tag, pages.messages.run_note) on
+# the page's body, so a browser test can tell the conversation is kept with its last reply's note before it reloads,
+# on any machine. It runs at every keep while a reply streams: a count over the messages, no serialising.
 MARK_KEPT_JS = """(kept) => {
   const tab = sessionStorage.getItem('spice-tab');
   const mine = kept && kept.tabs && typeof kept.tabs === 'object' ? kept.tabs[tab] : null;
-  document.body.dataset.spiceKeptRuns = String(mine ? (JSON.stringify(mine.h).match(/trace\\?run=/g) || []).length : 0);
+  const h = mine && Array.isArray(mine.h) ? mine.h : [];
+  const isNote = (m) => !!(m && m.metadata && m.metadata.title && String(m.metadata.id || '').startsWith('run:'));
+  document.body.dataset.spiceKeptRuns = String(h.filter(isNote).length);
   return [];
 }"""
 BUSY_ON_JS = "() => { document.body.classList.add('spice-generating'); return []; }"

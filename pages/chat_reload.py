@@ -96,8 +96,8 @@ def last_reply_run(history) -> str:
     users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
     after = messages[users[-1] + 1:] if users else messages
     for m in reversed(after):
-        if run_of(m):
-            return run_of(m)
+        if run := run_of(m):
+            return run
     for m in reversed(after):
         if is_app_note(m) and str(m["metadata"]["title"]).startswith("Run "):
             found = _RUN_LINK.search(m.get("content") if isinstance(m.get("content"), str) else "")

@@ -33,7 +33,8 @@ def _numbers_back(page, run_id: str) -> None:
                            timeout=30_000, polling=100)
 
 
-def test_a_reload_brings_back_the_last_replys_panels_and_numbers(browser, served):
+def test_a_reload_brings_back_the_last_replys_panels_and_numbers(browser, shipped_served):
+    served = shipped_served         # the real engine on the shipped model (the fake where it is absent)
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     context.set_default_timeout(30_000)
     try:
