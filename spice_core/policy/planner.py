@@ -4,6 +4,8 @@
     predictions   ─► plan_prefetch ─► PrefetchOrders: copies into slots for layers ahead (+ depth, stop reason)
                      plan_experts ─► ExpertRuns: per expert in ascending order, late demand copies, drops
     executed copy ─► prefetch_issued (the in-flight table learns the copy's arrival time)
+    one token     ─► plan_hits (all plain hits) / plan_ready (no miss action but a hit or LoRE): both phases in
+                     one call, the book kept as the two phases keep it (the fast path's host step)
 
 A layer is planned in phases because the mechanism interleaves them: the CPU tasks and
 demand copies go out first, the lookahead plan is made either before the experts (no host
@@ -21,12 +23,13 @@ in as `Queues`, read by the caller from its clock). Decisions come from `policy/
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import AbstractSet, NamedTuple, Protocol, Sequence
+from typing import AbstractSet, Sequence
 
 from spice_core.errors import ConfigError
 from spice_core.policy.cache import EVICTION_POLICIES, FarthestNextUseEviction
 from spice_core.policy.miss import MissAction, MissOptions, MissRequest, QueueState, plan_misses
+from spice_core.policy.plans import (CopyOrder, CpuTasks, ExpertRun, InflightPrefetch, LayerPlan, PlanCosts,  # noqa: F401
+                                     PrefetchOrders, Queues, ReadyLayer, int8_tasks)
 from spice_core.policy.prefetch import LayerPrediction, h_min, plan_lookahead, plan_pays
 from spice_core.policy.residency import Residency
 from spice_core.policy.spec import PolicySpec
@@ -46,101 +49,6 @@ def check_prefetch_admission(value: str) -> str:
     if value not in PREFETCH_ADMISSIONS:
         raise ConfigError(f"prefetch_admission={value!r} is unknown: use one of {', '.join(PREFETCH_ADMISSIONS)}")
     return value
-
-
-class CpuTasks(tuple):
-    """`LayerPlan.cpu` when some of the layer's CPU-lane experts run the lossy int8 kernel: the experts (ascending
-    ids, a tuple like any other plan's) and ``int8``, those of them that do. A plain tuple: every one is exact.
-    The executors pick each job's kernel from it (`int8_tasks`)."""
-
-    def __new__(cls, experts, int8):
-        self = super().__new__(cls, experts)
-        self.int8 = frozenset(int8)
-        return self
-
-
-def int8_tasks(cpu: tuple) -> frozenset:
-    """The experts of ``cpu`` (a `LayerPlan.cpu`) that run the int8 kernel: none unless it is a `CpuTasks`."""
-    return cpu.int8 if isinstance(cpu, CpuTasks) else frozenset()
-
-
-class PlanCosts(Protocol):
-    """What the planner believes things cost, in ms (timing/costs.py:CostModel implements it)."""
-
-    expert_bytes: int                      # of the modeled shape (for H_min)
-    profile: object                        # h2d_pinned_gbps, host_plan_us, host_copy_us
-
-    def copy_ms(self) -> float: ...
-    def gpu_layer_ms(self) -> float: ...
-    def gpu_expert_ms(self, n_tokens: int = 1) -> float: ...
-    def cpu_expert_ms(self, n_tokens: int = 1, link_busy: bool = False) -> float: ...
-    def cpu_int8_expert_ms(self, n_tokens: int = 1, link_busy: bool = False) -> float: ...
-
-
-class Queues(NamedTuple):
-    """When the caller's clock says it is, and when the copy queue drains (ms). Made once per layer."""
-
-    now_ms: float
-    copy_free_at_ms: float
-
-
-@dataclass(frozen=True)
-class InflightPrefetch:
-    key: ExpertKey
-    issued_at_layer: int
-    issued_ms: float
-    arrival_ms: float
-    confidence: float
-
-
-class CopyOrder(NamedTuple):
-    """Copy ``key`` into ``slot``; ``evicted`` left it first (``wasted``: a prefetch never used). A named tuple:
-    one is made per copy, several a layer for a small cache (a frozen dataclass of nine fields cost ~4 µs)."""
-
-    key: ExpertKey
-    slot: int
-    kind: str                                   # "copy" (demand) | "prefetch"
-    evicted: ExpertKey | None = None
-    wasted: InflightPrefetch | None = None      # the evicted prefetch's in-flight entry, when it had one
-    evicted_unused_prefetch: bool = False
-    distance: int = 0                           # prefetch: layers ahead
-    confidence: float = 0.0
-    planned_arrival_ms: float = 0.0
-
-
-class ExpertRun(NamedTuple):
-    """One needed expert of the layer, in ascending expert order (the stock loop's). A named tuple: one is made
-    per selection per layer, and a frozen dataclass took ~3 µs to build (its fields set one by one)."""
-
-    expert: int
-    outcome: str                          # hit | prefetch_hit | approx | copy (cpu, cpu_int8: no run)
-    slot: int = -1                        # GPU experts: the slot to read
-    late_copy: CopyOrder | None = None    # a demand copy placed only now (no slot was free earlier)
-    prefetch_used: InflightPrefetch | None = None   # the prefetch this use consumes
-    drop_after: bool = False              # on_demand: the copy is not kept
-
-
-class LayerPlan(NamedTuple):
-    """Phase 1's result for one layer (a named tuple, made once per layer: cheaper than a frozen dataclass)."""
-
-    layer: int
-    needed: tuple[int, ...]                            # experts selected by any token, ascending
-    routes: dict                                       # expert -> (token rows, top-k positions)
-    outcomes: dict                                     # expert -> outcome name
-    cpu: tuple[int, ...]                               # experts for the CPU lane, ascending (a CpuTasks when
-                                                       # some run the int8 kernel)
-    copies: tuple[CopyOrder, ...]                      # demand copies placed before the experts
-    hits: int                                          # selections served from the cache
-    misses: int
-
-
-@dataclass(frozen=True)
-class PrefetchOrders:
-    copies: tuple[CopyOrder, ...]
-    depth: int
-    stop_reason: str
-    h_min: float                                       # -1.0 when not finite or not planned
-    skipped_approx: int = 0                            # predicted experts not copied: their misses are approximated
 
 
 class LayerPlanner:
@@ -311,6 +219,61 @@ class LayerPlanner:
             use(keys[e], tick)
         return slots
 
+    def plan_ready(self, layer: int, expert_ids: Sequence[int], weights: Sequence[float],
+                   queues: Queues) -> ReadyLayer | None:
+        """Phases 1 and 3 at once for one token (T=1) whose selections (``expert_ids``, ``weights``: top-k order)
+        take no miss action but a hit: plain hits, landed prefetches, prefetches still in flight that the miss
+        rules wait for, and misses the policy approximates (below tau_approx). Decided by the same rules in the
+        same order, and the book kept exactly as `plan_layer` then `plan_experts(batched=True)` keep it. None,
+        with nothing changed, for any other layer (a miss to copy or to run on the CPU, a repeated or out-of-range
+        expert): the caller plans it in phases. The fast path's host step tries it where `plan_hits` cannot serve
+        (a policy that prefetches)."""
+        n_experts, keys = self.n_experts, self._keys[layer]
+        if len(set(expert_ids)) != len(expert_ids) or not all(0 <= e < n_experts for e in expert_ids):
+            return None
+        orchestrate, now = self.spec.miss_mode == "orchestrate", queues.now_ms
+        opts = self._options()
+        tau = opts.tau_approx if orchestrate and opts.can_approx else 0.0
+        where, state, inflight = self.residency.where, self.residency.state, self.inflight
+        outcomes: dict[int, str | None] = {}
+        misses = []                       # as plan_layer lists them: (expert, router weight, tokens)
+        for k in sorted(range(len(expert_ids)), key=expert_ids.__getitem__):
+            e = expert_ids[k]
+            slot = where.get(keys[e])
+            if slot is not None:
+                prefetched = state[slot].prefetched
+                inf = inflight.get(keys[e]) if prefetched else None
+                if not (orchestrate and inf is not None and inf.arrival_ms > now):
+                    outcomes[e] = PREFETCH_HIT if prefetched else HIT
+                    continue
+            elif weights[k] >= tau:           # not cached and not approximated: copied or run on the CPU
+                return None
+            outcomes[e] = None
+            misses.append((e, weights[k], 1))
+        if misses:
+            for (e, _, _), action in zip(misses, self._decide_misses(layer, misses, queues)):
+                if action == MissAction.APPROX:
+                    outcomes[e] = _APPROX
+                elif action == MissAction.WAIT_PREFETCH:
+                    outcomes[e] = PREFETCH_HIT
+                else:
+                    return None
+        self.global_pos = self.token * self.n_moe + self.moe_pos[layer]
+        self.tick += 1
+        n_approx = sum(1 for o in outcomes.values() if o == _APPROX)
+        self.miss_rate_ema = 0.8 * self.miss_rate_ema + 0.2 * (n_approx / max(1, len(outcomes)))
+        use, tick, slots, used = self.residency.use, self.tick, {}, []
+        for e, outcome in outcomes.items():          # ascending, as plan_experts touches them
+            if outcome == _APPROX:
+                slots[e] = None
+                continue
+            if outcome == PREFETCH_HIT:
+                inf = inflight.pop(keys[e], None)
+                if inf is not None:
+                    used.append((e, inf))
+            slots[e] = use(keys[e], tick)
+        return ReadyLayer(tuple(outcomes), outcomes, slots, tuple(used), len(outcomes) - n_approx, n_approx)
+
     def _decide_misses(self, layer: int, misses: list[tuple[int, float, int]], queues: Queues) -> list[MissAction]:
         """One action per miss of this layer (policy/miss.py), each charged to its queue in turn."""
         spec, c = self.spec, self.costs
@@ -327,15 +290,20 @@ class LayerPlanner:
         # Rule 2 first (policy/miss.py): a miss below tau_approx is approximated unless its prefetch has landed, and
         # charges no queue, so it needs no request; the rest are decided in order as if it were not there. Most of
         # spice's misses are such, and this runs with the GPU idle.
+        # Without a CPU lane an exact miss whose prefetch is on its way is always waited for (a second copy is not
+        # offered, policy/miss.py), whatever the queues: it needs no request either (and charges no queue).
         actions: list[MissAction | None] = [None] * len(misses)
         rest = []
         tau, now = (opts.tau_approx if opts.can_approx else 0.0), queues.now_ms
+        wait_only = not (opts.can_cpu or opts.can_int8)
         for i, (e, weight, _) in enumerate(misses):
-            if weight < tau:
-                inf = inflight.get(keys[e])
-                if inf is None or inf.arrival_ms > now:
-                    actions[i] = MissAction.APPROX
-                    continue
+            inf = inflight.get(keys[e])
+            if weight < tau and (inf is None or inf.arrival_ms > now):
+                actions[i] = MissAction.APPROX
+                continue
+            if wait_only and inf is not None:
+                actions[i] = MissAction.WAIT_PREFETCH
+                continue
             rest.append(i)
         if not rest:
             return actions
