@@ -18,8 +18,7 @@ layer of each engine section (instrumented by wrapping the engine's methods). Wi
 cumulative time). ``--lift``: the miniature lifted to DeepSeek-V2-Lite shapes with its draft heads and
 LoRE (the headline's model), where the fast path's host step plans real lookaheads. ``--sections-out``:
 a finer table per policy of the fast path's host step (`FAST_SECTIONS`: calls and µs per MoE layer,
-µs per call), nested sections included in their callers' time. ``--without-plan-ready``: every layer of a
-prefetching policy planned in phases, as before `LayerPlanner.plan_ready` (an A/B of that one-call path). Timing label: *measured* wall clock.
+µs per call), nested sections included in their callers' time. Timing label: *measured* wall clock.
 """
 from __future__ import annotations
 
@@ -137,11 +136,7 @@ def main(argv=None) -> int:
                     help="lift --model to DeepSeek-V2-Lite shapes (with its draft heads and LoRE), as the headline")
     ap.add_argument("--sections-out", type=Path, default=None,
                     help="write the fast path's finer host sections per policy (markdown) here")
-    ap.add_argument("--without-plan-ready", action="store_true",
-                    help="plan every layer of a prefetching policy in phases (LayerPlanner.plan_ready refuses): an A/B")
     args = ap.parse_args(argv)
-    if args.without_plan_ready:
-        LayerPlanner.plan_ready = lambda self, *a: None
     torch.manual_seed(0)
     if args.device == "cpu":
         torch.set_num_threads(1)

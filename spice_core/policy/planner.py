@@ -4,8 +4,7 @@
     predictions   ─► plan_prefetch ─► PrefetchOrders: copies into slots for layers ahead (+ depth, stop reason)
                      plan_experts ─► ExpertRuns: per expert in ascending order, late demand copies, drops
     executed copy ─► prefetch_issued (the in-flight table learns the copy's arrival time)
-    one token     ─► plan_hits (all plain hits) / plan_ready (no miss action but a hit or LoRE): both phases in
-                     one call, the book kept as the two phases keep it (the fast path's host step)
+    one token     ─► plan_hits (all plain hits, a policy that never prefetches): both phases in one call
 
 A layer is planned in phases because the mechanism interleaves them: the CPU tasks and
 demand copies go out first, the lookahead plan is made either before the experts (no host
@@ -29,7 +28,7 @@ from spice_core.errors import ConfigError
 from spice_core.policy.cache import EVICTION_POLICIES, FarthestNextUseEviction
 from spice_core.policy.miss import MissAction, MissOptions, MissRequest, QueueState, plan_misses
 from spice_core.policy.plans import (CopyOrder, CpuTasks, ExpertRun, InflightPrefetch, LayerPlan, PlanCosts,  # noqa: F401
-                                     PrefetchOrders, Queues, ReadyLayer, int8_tasks)
+                                     PrefetchOrders, Queues, int8_tasks)
 from spice_core.policy.prefetch import LayerPrediction, h_min, plan_lookahead, plan_pays
 from spice_core.policy.residency import Residency
 from spice_core.policy.spec import PolicySpec
@@ -218,61 +217,6 @@ class LayerPlanner:
         for e in sorted(expert_ids):             # touched in ascending expert order, as plan_experts does
             use(keys[e], tick)
         return slots
-
-    def plan_ready(self, layer: int, expert_ids: Sequence[int], weights: Sequence[float],
-                   queues: Queues) -> ReadyLayer | None:
-        """Phases 1 and 3 at once for one token (T=1) whose selections (``expert_ids``, ``weights``: top-k order)
-        take no miss action but a hit: plain hits, landed prefetches, prefetches still in flight that the miss
-        rules wait for, and misses the policy approximates (below tau_approx). Decided by the same rules in the
-        same order, and the book kept exactly as `plan_layer` then `plan_experts(batched=True)` keep it. None,
-        with nothing changed, for any other layer (a miss to copy or to run on the CPU, a repeated or out-of-range
-        expert): the caller plans it in phases. The fast path's host step tries it where `plan_hits` cannot serve
-        (a policy that prefetches)."""
-        n_experts, keys = self.n_experts, self._keys[layer]
-        if len(set(expert_ids)) != len(expert_ids) or not all(0 <= e < n_experts for e in expert_ids):
-            return None
-        orchestrate, now = self.spec.miss_mode == "orchestrate", queues.now_ms
-        opts = self._options()
-        tau = opts.tau_approx if orchestrate and opts.can_approx else 0.0
-        where, state, inflight = self.residency.where, self.residency.state, self.inflight
-        outcomes: dict[int, str | None] = {}
-        misses = []                       # as plan_layer lists them: (expert, router weight, tokens)
-        for k in sorted(range(len(expert_ids)), key=expert_ids.__getitem__):
-            e = expert_ids[k]
-            slot = where.get(keys[e])
-            if slot is not None:
-                prefetched = state[slot].prefetched
-                inf = inflight.get(keys[e]) if prefetched else None
-                if not (orchestrate and inf is not None and inf.arrival_ms > now):
-                    outcomes[e] = PREFETCH_HIT if prefetched else HIT
-                    continue
-            elif weights[k] >= tau:           # not cached and not approximated: copied or run on the CPU
-                return None
-            outcomes[e] = None
-            misses.append((e, weights[k], 1))
-        if misses:
-            for (e, _, _), action in zip(misses, self._decide_misses(layer, misses, queues)):
-                if action == MissAction.APPROX:
-                    outcomes[e] = _APPROX
-                elif action == MissAction.WAIT_PREFETCH:
-                    outcomes[e] = PREFETCH_HIT
-                else:
-                    return None
-        self.global_pos = self.token * self.n_moe + self.moe_pos[layer]
-        self.tick += 1
-        n_approx = sum(1 for o in outcomes.values() if o == _APPROX)
-        self.miss_rate_ema = 0.8 * self.miss_rate_ema + 0.2 * (n_approx / max(1, len(outcomes)))
-        use, tick, slots, used = self.residency.use, self.tick, {}, []
-        for e, outcome in outcomes.items():          # ascending, as plan_experts touches them
-            if outcome == _APPROX:
-                slots[e] = None
-                continue
-            if outcome == PREFETCH_HIT:
-                inf = inflight.pop(keys[e], None)
-                if inf is not None:
-                    used.append((e, inf))
-            slots[e] = use(keys[e], tick)
-        return ReadyLayer(tuple(outcomes), outcomes, slots, tuple(used), len(outcomes) - n_approx, n_approx)
 
     def _decide_misses(self, layer: int, misses: list[tuple[int, float, int]], queues: Queues) -> list[MissAction]:
         """One action per miss of this layer (policy/miss.py), each charged to its queue in turn."""

@@ -97,18 +97,6 @@ class LayerPlan(NamedTuple):
     misses: int
 
 
-class ReadyLayer(NamedTuple):
-    """`LayerPlanner.plan_ready`'s result: one token's layer served without a miss action (a named tuple, made for
-    about half of spice's layers, on the fast path's host step)."""
-
-    needed: tuple[int, ...]                 # the selected experts, ascending
-    outcomes: dict                          # expert -> hit | prefetch_hit | approx
-    slots: dict                             # expert -> its slot, ascending; None for an approximated one
-    used: tuple                             # (expert, InflightPrefetch) of each prefetch this use consumes
-    hits: int
-    misses: int                             # the approximated selections
-
-
 @dataclass(frozen=True)
 class PrefetchOrders:
     copies: tuple[CopyOrder, ...]

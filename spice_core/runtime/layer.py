@@ -4,7 +4,6 @@
     GraphedDecoder's host step, between two segments        ─► decide_layer (graphed), then run_deferred
       └─► layer_phases, the one sequence both take (runtime/phases.py: how each executor does each phase):
           dense layers timed ─► routing ─► observers ─► all hits? plan_hits ─► done
-          (graphed, a policy that prefetches) no miss action? plan_ready ─► done, its record and lookahead deferred
           planner.plan_layer ─► start (CPU jobs, demand copies) ─► experts (planner.plan_experts)
           ─► finish (eager: CPU results, combine) ─► after: the lookahead (planner.plan_prefetch ─►
           copies.issue_many) and recorder.layer_outcomes, now (eager) or once the next segment runs (graphed)
@@ -47,9 +46,6 @@ class LayerRuntime:
         # policy without lookahead): the phases' objects (routes, outcomes, plan, runs) cost more than the math.
         # The fast path's host step takes the same planner call for any policy without lookahead.
         self.decide_hits = not planner.prefetching
-        # ... and, for a policy that prefetches, a layer with no miss action (hits, landed prefetches, LoRE
-        # approximations) in one planner call too (`LayerPlanner.plan_ready`): about half of spice's layers.
-        self.decide_ready = planner.prefetching
         self.hit_path = self.eager.batched and self.decide_hits
         self.deferred_lookahead = None        # the graphed step's lookahead, planned after the next segment's launch
         self.deferred_record = None  # ... and the last decided layer's outcomes, recorded then
@@ -129,10 +125,6 @@ class LayerRuntime:
             slots = planner.plan_hits(layer, idx_rows[0])
             if slots is not None:
                 return step.hits(idx_rows[0], slots)
-        elif step.ready_path:   # a layer with no miss action: one planner call (`plan_ready`)
-            ready = planner.plan_ready(layer, idx_rows[0], w_rows[0], self._queues())
-            if ready is not None:
-                return step.ready(ready)
         plan = planner.plan_layer(layer, idx_rows, w_rows, self._queues())
         self.recorder.layer_counts(plan.hits, plan.misses)
         step.start(plan)

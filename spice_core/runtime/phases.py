@@ -4,9 +4,6 @@
     routing      the draft's launch, then ONE readback of the routing      the rows the segment read back
     pending      -                                                         the last layer's deferred record
     hits         run_hits: the K experts in one gathered batch (CPU)       wait for the K slots' copies
-    ready        -                                                         no miss action (`plan_ready`): the
-                                                                           counts, one wait, the slots; after's
-                                                                           record and lookahead
     start        CPU jobs, demand copies                                   CPU jobs, demand copies, the jobs joined
                                                                            (a failed one falls back to a copy)
     experts      each expert from its slot, LoRE, late copies              each selection's slot (or LoRE / CPU
@@ -51,8 +48,6 @@ class EagerLayer:
 
     def pending(self) -> None:
         """Nothing is left from an earlier layer on this path."""
-
-    ready_path = False        # `GraphedLayer.ready`: the fast path's host step only
 
     def hits(self, expert_ids, slots):
         rt = self.rt
@@ -115,25 +110,6 @@ class GraphedLayer:
         rt.executor.copies.wait_ready_many(slots)
         rt.deferred_record = (self.layer, expert_ids, None)
         return slots
-
-    @property
-    def ready_path(self) -> bool:
-        return self.rt.decide_ready
-
-    def ready(self, ready):
-        """A layer `LayerPlanner.plan_ready` served in one call: what start, experts, finish and after do with its
-        plan (no CPU job, no copy to issue), in the same order: the counts, each consumed prefetch, one wait for
-        the slots it reads, the slot of each selection; the record and the lookahead deferred."""
-        rt, layer = self.rt, self.layer
-        rt.recorder.layer_counts(ready.hits, ready.misses)
-        if ready.used:
-            now = rt.clock.now_ms
-            for e, inf in ready.used:
-                rt.recorder.prefetch_used(ExpertKey(layer, e), inf, now())
-        slots = ready.slots
-        rt.executor.copies.wait_ready_many([s for s in slots.values() if s is not None])
-        self.after(ready)
-        return [APPROX_SLOT if slots[e] is None else slots[e] for e in self.expert_ids]
 
     def start(self, plan) -> None:
         rt, ex, layer = self.rt, self.rt.executor, self.layer

@@ -112,39 +112,3 @@ def test_the_host_step_records_each_layer_after_it_returns_and_before_the_next(e
             nxt = next((k for k in decode[i + 1:] if k[0] != "decided"), None)
             assert nxt == ("record", layer), f"layer {layer}: recorded out of turn ({nxt})"
     assert sum(s.hits + s.misses for s in steps[1:]) > 0
-
-
-def test_the_fast_paths_host_step_serves_a_layer_with_no_miss_action_in_one_call_and_reports_the_same(monkeypatch):
-    """`LayerPlanner.plan_ready` on the graphed executor's host step (op by op on the CPU), the shipped model's spice
-    with LoRE and its lookahead: the same tokens, logits, outcomes and trace events as planning every layer in phases,
-    and the same waits for the same slots (on a GPU a missing or reordered wait is a race)."""
-    from spice_core.engine import SpiceEngine
-    from spice_core.runtime.copies import CopyEngine
-
-    eng = SpiceEngine.load(None, device="cpu", executor="graphed")
-    settings = RunSettings(policy="spice", cache_frac=0.25, max_new_tokens=12, tau_approx=0.08, lore_rank=4)
-    calls, waits = [], []
-    real = LayerPlanner.plan_ready
-    monkeypatch.setattr(LayerPlanner, "plan_ready", lambda self, *a: calls.append(r := real(self, *a)) or r)
-    real_wait = CopyEngine.wait_ready_many
-    monkeypatch.setattr(CopyEngine, "wait_ready_many", lambda self, slots: waits.append(list(slots))
-                        or real_wait(self, slots))
-
-    def run():
-        r = eng.start_ids(PROMPT, settings)
-        steps, logits = [], []
-        for st in r:
-            steps.append(st)
-            logits.append(r.last_logits.clone())
-        return steps, logits, [e.as_dict() for e in eng.get_events(r.run_id)]
-
-    fast = run()
-    served = [c for c in calls if c is not None]
-    assert served and any(o == "approx" for c in served for o in c.outcomes.values())    # it served layers with LoRE
-    assert any(n.startswith("fast path:") for n in eng.list_runs()[0].notes)
-    fast_waits = list(waits)
-    waits.clear()
-    monkeypatch.setattr(LayerPlanner, "plan_ready", lambda self, *a: None)
-    slow = run()
-    assert fast_waits == waits
-    _assert_same_report(*fast, *slow)
