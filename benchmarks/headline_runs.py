@@ -6,10 +6,14 @@ write beside the measurement (``export_traces``, ``export_trace_prompts``: trace
 record, after its run) measured the same thing, yet carry different digests. For every committed ``config-*.json``
 this recomputes bench's digest and the digest without those keys; records whose configs agree on the second merge as
 one run. A digest that no committed config reproduces is left as it is (its shards merge only with their own).
+
+The GPU a shard ran on is read from the ``env.txt`` beside its results (`shard_gpu`): shards of one config merge only
+when they ran on one kind of GPU (`refuse_mixed_gpus`), and the report names each cell's.
 """
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from spice_core.tools.bench_config import load_config_file
@@ -54,3 +58,24 @@ def note_configs(joined: dict[str, set[str]], merged: list[dict]) -> None:
         ran = joined.get((m.get("provenance") or {}).get("config"))
         if ran and len(ran) > 1:
             m["provenance"] = dict(m["provenance"], configs_as_run=sorted(ran))
+
+
+# Every shard the headline ran before its folders kept an env.txt ran on one H200 (the README of each round says so).
+GPU_BEFORE_ENV_FILES = "H200"
+
+
+def shard_gpu(folder: Path) -> str:
+    """The GPU a shard ran on ("H100", "H200"), from the nvidia-smi line of its ``env.txt``."""
+    env = folder / "env.txt"
+    found = re.search(r"NVIDIA ([A-Z]\d+)", env.read_text()) if env.exists() else None
+    return found.group(1) if found else GPU_BEFORE_ENV_FILES
+
+
+def refuse_mixed_gpus(runs: dict[str, list[dict]]) -> None:
+    """Raise ValueError when the shards of one run (``runs``: config digest -> records, each with its ``gpu``) ran on
+    different GPUs: their steps would merge into one median of two machines."""
+    for config, records in runs.items():
+        gpus = sorted({r.get("gpu") or GPU_BEFORE_ENV_FILES for r in records})
+        if len(gpus) > 1:
+            raise ValueError(f"the shards of config {config} ran on {' and '.join(gpus)}: merge only shards of one "
+                             "kind of GPU (run the cell's remaining shards on the GPU its first ones ran on)")

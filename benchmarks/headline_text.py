@@ -41,7 +41,13 @@ the miss on both), the x8 50% cell with the x8 10% refit (out of sample: 9 of 10
 step modeled as one graph run ahead of the host (within 4% of measured on every cell measured since that step runs
 ahead, Qwen2's included), the Qwen2 cell with the native refit (another shape: 9 of 10, `cpu_compute` the miss; 10 of
 10 once the CPU lane's rate and fixed cost per job are fitted on both models' expert sizes, 63.0 GB/s + 349 µs), and
-the cells of engine `fa4cbd20a9b7570c` with the shipped profile, before any refit (23 of 30)."""
+the cells of engine `fa4cbd20a9b7570c` with the shipped profile, before any refit (23 of 30).
+`c8ca37be7f5d7c89` is the engine of 3e9dc52, on which the Qwen2 x8 cell runs **on one H100** (the `GPU` column; the
+report merges only shards of one GPU): no H200 could be had for three sessions, and an H100 holds every policy's slots
+but `resident`'s (~92 GiB). That cell has no `resident` row: its greedy agreement is with `on_demand`, which the fast
+path keeps bitwise identical to `resident` (`tests/runtime`), and its floors take the compute of the native cell's
+`resident` step (an H200's: an H100's would be slower, so these floors are lower and the `× 3-lane floor` ratios larger
+than the same GPU would give). Compare it with the other cells by ratios, not milliseconds."""
 
 FLOOR_NOTE = """`floor ms` is BENCHMARK.md's two-lane floor, max(compute, (1 − hit rate) × routed bytes per token ÷ link
 rate). `3-lane floor ms` adds the CPU lane (`three_lane_floor` in `benchmarks/headline_report.py`): the row's
@@ -136,11 +142,14 @@ python3 -m spice_core bench --config docs/benchmarks/headline/config-qwen2-nativ
 # whose spice_core is `git archive c4abee0 spice_core` (the timing model changed after it, which changes the digest)
 python3 -m spice_core bench --config docs/benchmarks/headline/config-qwen2-native-25.json --device cuda --shard 2/3 \\
     --out qwen2-native-25-shard2
-# still to run (the coverage above): the Qwen2 lift on x8, a new cell, one shard a prompt (shard 0 also the long
-# prompt; ~7-9 min each, H200 only: resident's slots), every shard from a copy of the tree whose spice_core is
-# `git archive 3e9dc52 spice_core` (engine c8ca37be7f5d7c89: the CUDA tests passed on it, fast-path/host-3e9dc52-h100)
-python3 -m spice_core bench --config docs/benchmarks/headline/config-qwen2-x8-25.json --device cuda --shard K/8 \\
-    --out qwen2-x8-25-shardK
+# the Qwen2 lift on x8, a new cell, on one H100 (no H200 could be had for three sessions): config-qwen2-x8-25.json
+# without resident, whose ~92 GiB of slots do not fit an H100 (it makes no copies: its time does not depend on the
+# link, and the native cell has it); one shard a prompt (shard 0 also the long prompt), every shard on an H100 from a
+# copy of the tree whose spice_core is `git archive 3e9dc52 spice_core` (engine c8ca37be7f5d7c89: the CUDA tests
+# passed on it, fast-path/host-3e9dc52-h100). Shards 1 and 2 ran 2026-12-06 (468 and 448 s with the slab's pinning);
+# still to run: shards 0 and 3-7
+python3 -m spice_core bench --config docs/benchmarks/headline/config-qwen2-x8-25-h100.json --device cuda --shard K/8 \\
+    --out qwen2-x8-25-h100-shardK
 bash docs/benchmarks/peers/run.sh peers                              # raw/peers
 bash docs/benchmarks/peers/run.sh peers-qwen2 docs/benchmarks/peers/config-qwen2.json   # raw/peers-qwen2: not run yet
 ```

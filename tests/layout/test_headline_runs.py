@@ -1,12 +1,15 @@
 """Slices of one cell whose configs differ only in the traces they write merge as one run
-(benchmarks/headline_runs.py); configs that differ in what they measure stay apart."""
+(benchmarks/headline_runs.py); configs that differ in what they measure stay apart; shards of one config merge only from one kind of GPU."""
 import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from headline_runs import join_output_variants, note_configs, run_digests  # noqa: E402
+from headline_runs import (GPU_BEFORE_ENV_FILES, join_output_variants, note_configs, refuse_mixed_gpus,  # noqa: E402
+                           run_digests, shard_gpu)
 
 from spice_core.tools.bench_config import load_config_file  # noqa: E402
 from spice_core.tools.bench_records import provenance  # noqa: E402
@@ -50,3 +53,28 @@ def test_a_digest_no_committed_config_reproduces_is_left_alone(tmp_path):
     records = [_rec("0123456789abcdef")]
     join_output_variants(records, run_digests(tmp_path))
     assert records[0]["provenance"]["config"] == "0123456789abcdef"
+
+
+def test_a_shards_gpu_is_read_from_its_env_file_and_shards_before_env_files_ran_on_the_h200(tmp_path):
+    h100, h200, old = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for d in (h100, h200, old):
+        d.mkdir()
+    (h100 / "env.txt").write_text("name, driver_version, memory.total [MiB]\nNVIDIA H100 80GB HBM3, 580.1, 81559 MiB\n")
+    (h200 / "env.txt").write_text("name, driver_version, memory.total [MiB]\nNVIDIA H200, 580.1, 143771 MiB\n")
+    assert (shard_gpu(h100), shard_gpu(h200), shard_gpu(old)) == ("H100", "H200", GPU_BEFORE_ENV_FILES)
+
+
+def test_shards_of_one_config_from_two_kinds_of_gpu_are_refused_and_of_one_kind_pass():
+    one = [dict(_rec("x"), gpu="H100"), dict(_rec("x", 2), gpu="H100")]
+    refuse_mixed_gpus({"x": one, "y": [dict(_rec("y"), gpu="H200"), _rec("y")]})   # no env file: the H200's
+    with pytest.raises(ValueError, match="H100 and H200"):
+        refuse_mixed_gpus({"x": one + [dict(_rec("x", 3), gpu="H200")]})
+
+
+def test_the_committed_headline_names_each_cells_gpu():
+    """The report's coverage has a GPU column, and the Qwen2 x8 cell (run on an H100) is not merged with H200 shards."""
+    readme = (Path(__file__).resolve().parents[2] / "docs/benchmarks/headline/README.md").read_text(encoding="utf-8")
+    assert "| policies | GPU | engine code |" in readme
+    assert "| Qwen2-57B-A14B | pcie4x8 | 25% | prompts |" in readme
+    row = next(ln for ln in readme.splitlines() if ln.startswith("| Qwen2-57B-A14B | pcie4x8 | 25% | prompts |"))
+    assert "| H100 |" in row
