@@ -6,7 +6,8 @@
                                                        per-layer table
     a second run ──► the two side by side: numbers with ratios, its timeline, per-layer table of both
     a download button ──► ExportStore writes that one export ──► a file link
-    Share ──► the owner makes the run's link open for anyone who has it (never listed to others)
+    Share ──► the owner makes the run's link open for anyone who has it (never listed to others); the note
+              gives the full link (pages.links: the app's public address behind a proxy or on a Space)
     From token / Tokens shown ──► the timeline's window, within the run's tokens (fit_window says what it moved)
 
 A visitor sees only the runs they started (pages.owners explains who "they" are): the list,
@@ -16,6 +17,7 @@ The tables are computed here from the trace events (one schema for measured and 
 """
 from __future__ import annotations
 
+import html
 import logging
 from collections import defaultdict
 
@@ -26,6 +28,7 @@ from spice_core.errors import SpiceError
 from spice_core import api as metrics   # the one definition of every metric (trace.metrics)
 from pages import figures
 from pages.common import AppContext, FreeDropdown, FreeNumber, as_plot, fmt_bytes, spice_error_text, timed_bytes
+from pages.links import page_link
 from pages.owners import RUN_ID_RULE, esc, owner_of, valid_run_id
 from pages.limits import strict_bool
 
@@ -451,6 +454,8 @@ class TraceExplorer:
         return as_plot(self._timeline(events, first, count)), window_update(first, note, last), count
 
     def set_shared(self, run_id, shared, request: gr.Request = None) -> str:
+        """Share or unshare the owner's run; shared, the note gives the run's full link (the app's public
+        address from the request: its host, scheme and root path behind a proxy or on a Space)."""
         clean = valid_run_id(run_id)
         try:
             shared = strict_bool(shared, "Share")
@@ -459,8 +464,10 @@ class TraceExplorer:
         if not clean or not self.ctx.runs.set_shared(clean, owner_of(request), shared):
             return "⚠ Only the visitor who made a run can share it."
         if shared:
+            link = page_link(request, "trace", run=clean)
             return (f"Anyone with this link can now open run **{esc(clean)}** (read-only): "
-                    f"`trace?run={esc(clean)}`. Untick to make it private again.")
+                    f"<a href=\"{html.escape(link, quote=True)}\" target=\"_blank\">{esc(link)}</a>. "
+                    "Untick to make it private again.")
         self.ctx.exports.drop_run(clean)     # download links handed out while it was shared stop working
         return "This run is private again (download links made while it was shared no longer work)."
 
