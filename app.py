@@ -7,7 +7,8 @@ Without --model the app serves every shipped model found in assets/ (spice-mini,
 the first at "/" and "/sweep", the others on pages of their own that a model picker opens
 (pages/models.py); with one model there is no picker. Pages live in `pages/` (one module each); they
 reach the engine only through `spice_core.api`. `build_demo(engine)` accepts any `EngineLike` (or a
-list of them), so tests pass a fake.
+list of them), so tests pass a fake. An address that is no page gets a small page linking the app's pages
+(pages/links.py).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from pages import about, chat, guard, sweep, trace_explorer
+from pages import about, chat, guard, links, sweep, trace_explorer
 from pages.common import AppContext
 from pages.keyboard import KEYBOARD_JS
 from pages.models import EngineSet, keep_nav, model_pages
@@ -35,6 +36,10 @@ QUEUE_MAX_SIZE = 16       # waiting events across all sessions; beyond it the br
 DELETE_CACHE = (600, 3600)  # every 10 min, Gradio deletes files it cached (downloads, uploads) older than 1 h
 MAX_FILE_SIZE = "2mb"     # uploads: the app takes none (pages/guard.py refuses the route); a second guard
 STATUS_INTERVAL_S = 2.0   # how often a page says what the engine is busy with
+# Gradio 6.31's status tracker announces a finished event to screen readers as i18n("common.complete"), a key its
+# own translations lack (they have common.loading and common.error; "Complete" sits under chatbot.complete), so the
+# live region read out "common.complete". The app's translation fills that key; other locales fall back to English.
+I18N = gr.I18n(en={"common.complete": "Complete"})
 
 
 def build_app(engine=None, *, max_queue: int = QUEUE_MAX_SIZE, orphan_after_s: float = 5.0,
@@ -153,12 +158,14 @@ def build_demo(engine=None, **kwargs) -> gr.Blocks:
 
 
 def launch_kwargs() -> dict:
-    """Styling for `launch()` (Gradio 6 takes theme and CSS there, not in Blocks)."""
+    """Styling, the missing status word and the not-found page for `launch()` (Gradio 6 takes theme and CSS there,
+    not in Blocks)."""
     from starlette.middleware import Middleware
 
     return {"theme": gr.themes.Default(primary_hue="blue", neutral_hue="slate"), "css": CSS_PATH.read_text(),
-            "head": OWNER_JS + KEYBOARD_JS, "max_file_size": MAX_FILE_SIZE,
-            "app_kwargs": {"middleware": [Middleware(guard.RequestGuard)]}}   # size limit, no uploads, headers
+            "head": OWNER_JS + KEYBOARD_JS, "max_file_size": MAX_FILE_SIZE, "i18n": I18N,
+            "app_kwargs": {"middleware": [Middleware(guard.RequestGuard)],     # size limit, no uploads, headers
+                           "exception_handlers": {404: links.not_found}}}     # a wrong address: the app's pages
 
 
 def main() -> None:

@@ -2,7 +2,9 @@
 
 The benchmark table is read from the Markdown files under ``docs/benchmarks/`` each time the page
 opens (so a new benchmark shows without a restart): the newest file by the latest ISO date it
-mentions (its modification time when it mentions none; ties go to the most recently written),
+mentions, else by its last commit when the app runs from a git checkout (`git_dates`: local history, no network),
+else undated and listed last (a file's modification time says when it was checked out or copied, not when it was
+written, so it is never shown); ties go to the later commit. It shows
 its first table (or the first after a ``<!-- about: table -->`` line, for a file whose newest results
 come after older ones) and the heading above it, with the file's path as the source. A row whose setting names
 a LoRE rank (``r=16``) that the file's model does not ship is left out, with a note: a benchmark may fit LoRE
@@ -10,9 +12,10 @@ factors of its own, and the page must not offer rows the visitor's model cannot 
 """
 from __future__ import annotations
 
-import datetime as dt
 import json
+import logging
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +24,8 @@ import gradio as gr
 from spice_core.api import EngineInfo, own_shape
 from pages.common import AppContext, fmt_bytes
 
+log = logging.getLogger(__name__)
+
 HEADLINE_RESULTS = Path("headline/results.json")     # under the benchmarks folder
 HEADLINE_BUDGET = 0.25
 HEADLINE_POLICIES = ("on_demand", "lru", "spice_prefetch", "spice", "oracle_prefetch", "resident")
@@ -28,6 +33,7 @@ DATE = re.compile(r"\b(20\d\d-[01]\d-[0-3]\d)\b")
 ABOUT_MARKER = "<!-- about: table -->"      # in a benchmark file: the table About shows is the first below
 SEPARATOR = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")   # a table's |---|:--:| row
 LORE_RANK = re.compile(r"\br=(\d+)\b")       # a benchmark setting's LoRE rank: "spice τ=0.05 r=16"
+GIT_TIMEOUT_S = 10.0
 
 ABOUT = """
 ## What SPICE does
@@ -83,14 +89,39 @@ class BenchmarkTable:
     path: Path
     heading: str
     table: str
-    date: str
+    date: str               # ISO date, "" when neither the text nor git history dates the file
+    commit_time_s: int = 0  # the file's last commit (Unix seconds), 0 if none: orders files of one date
 
 
-def _file_date(path: Path, text: str) -> str:
-    dates = DATE.findall(text)
-    if dates:
-        return max(dates)
-    return dt.date.fromtimestamp(path.stat().st_mtime).isoformat()
+@dataclass(frozen=True)
+class GitDate:
+    date: str               # the committer's date, ISO
+    time_s: int
+
+
+def git_dates(folder: Path) -> dict[Path, GitDate]:
+    """Each file under ``folder``'s last commit, from one `git log` of the folder's own checkout; {} when it is
+    none (no git, not a checkout, git refuses it). In a shallow clone a file whose last commit is the clone's
+    cut-off is left out: that commit only says when the clone was made."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, check=True,
+                              timeout=GIT_TIMEOUT_S, stdin=subprocess.DEVNULL).stdout
+
+    try:
+        shallow = git("rev-parse", "--is-shallow-repository").strip() == "true"
+        out = git("log", "--format=%x00%ct %cs %P", "--name-only", "--relative", "--no-renames", "--", ".")
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.info("no git dates for %s: %s", folder, exc)
+        return {}
+    dates: dict[Path, GitDate] = {}
+    for entry in out.split("\0")[1:]:               # newest commit first: a file's first entry is its last commit
+        head, *names = entry.strip("\n").split("\n")
+        time_s, date, *parents = head.split()
+        if shallow and not parents:                   # the cut-off of a shallow clone (or its true root)
+            continue
+        for name in filter(None, names):
+            dates.setdefault(Path(folder) / name, GitDate(date, int(time_s)))
+    return dates
 
 
 def first_table(text: str) -> tuple[str, str]:
@@ -158,17 +189,27 @@ def lore_rank_note(model: EngineInfo, dropped: list[int], named: list[int]) -> s
 
 
 def benchmark_tables(folder: Path) -> list[BenchmarkTable]:
-    """Every benchmark file with a table, newest first."""
+    """Every benchmark file with a table, newest first (the module docstring says how a file is dated); undated
+    files last, by path."""
     out = []
+    committed = None
     for path in sorted(Path(folder).rglob("*.md")):
         try:
             text = path.read_text(encoding="utf-8")
         except OSError:
             continue
         heading, table = first_table(text)
-        if table:
-            out.append(BenchmarkTable(path, heading, table, _file_date(path, text)))
-    return sorted(out, key=lambda b: (b.date, b.path.stat().st_mtime, b.path.name), reverse=True)
+        if not table:
+            continue
+        if committed is None:
+            committed = git_dates(Path(folder))
+        git = committed.get(path)
+        dates = DATE.findall(text)
+        out.append(BenchmarkTable(path, heading, table, max(dates) if dates else git.date if git else "",
+                                  git.time_s if git else 0))
+    dated = sorted((b for b in out if b.date), key=lambda b: (b.date, b.commit_time_s, b.path.as_posix()),
+                   reverse=True)
+    return dated + [b for b in out if not b.date]
 
 
 # The headline's models: what each lifted miniature stands for, and its routed experts in host memory.
@@ -290,7 +331,7 @@ class AboutPage:
         tables = benchmark_tables(self.dir)
         if not tables:
             return gr.update(choices=[], value=None, visible=False), "No benchmark results yet (`docs/benchmarks/*.md`)."
-        choices = [(f"{self._rel(b.path)} ({b.date})", self._rel(b.path)) for b in tables]
+        choices = [(f"{self._rel(b.path)}{_dated(b)}", self._rel(b.path)) for b in tables]
         return gr.update(choices=choices, value=choices[0][1], visible=True), self._render(tables[0])
 
     def show(self, rel):
@@ -307,7 +348,12 @@ class AboutPage:
             model = self._infos()[0]
         table, dropped, named = rows_for_lore_ranks(b.table, tuple(model.lore_ranks))
         note = lore_rank_note(model, dropped, named)
-        return f"{heading}{table}\n\n{note + chr(10) * 2 if note else ''}Source: `{self._rel(b.path)}` ({b.date})"
+        return f"{heading}{table}\n\n{note + chr(10) * 2 if note else ''}Source: `{self._rel(b.path)}`{_dated(b)}"
+
+
+def _dated(b: BenchmarkTable) -> str:
+    """" (2025-03-04)" after a file's name, nothing for an undated file."""
+    return f" ({b.date})" if b.date else ""
 
 
 def routing_text(infos: list[EngineInfo]) -> str:

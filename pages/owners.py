@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 OWNER_COOKIE = "spice_owner"
 _TOKEN = re.compile(r"^[0-9a-f]{32}$")
 RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")   # what the engine's run ids look like (checked before any lookup)
+RUN_ID_RULE = "a run id is 1 to 64 letters, digits, - or _, e.g. 03c3b90521"     # RUN_ID, in words
 MAX_RUNS_PER_OWNER = 64
 MAX_RUNS_TOTAL = 1024
 

@@ -6,7 +6,9 @@
                                                        per-layer table
     a second run ──► the two side by side: numbers with ratios, its timeline, per-layer table of both
     a download button ──► ExportStore writes that one export ──► a file link
-    Share ──► the owner makes the run's link open for anyone who has it (never listed to others)
+    Share ──► the owner makes the run's link open for anyone who has it (never listed to others); the note
+              gives the full link (pages.links: the app's public address behind a proxy or on a Space)
+    From token / Tokens shown ──► the timeline's window, within the run's tokens (fit_window says what it moved)
 
 A visitor sees only the runs they started (pages.owners explains who "they" are): the list,
 the views and the exports all check the run's owner first, and a malformed id never reaches
@@ -15,6 +17,7 @@ The tables are computed here from the trace events (one schema for measured and 
 """
 from __future__ import annotations
 
+import html
 import logging
 from collections import defaultdict
 
@@ -25,7 +28,8 @@ from spice_core.errors import SpiceError
 from spice_core import api as metrics   # the one definition of every metric (trace.metrics)
 from pages import figures
 from pages.common import AppContext, FreeDropdown, FreeNumber, as_plot, fmt_bytes, spice_error_text, timed_bytes
-from pages.owners import esc, owner_of, valid_run_id
+from pages.links import page_link
+from pages.owners import RUN_ID_RULE, esc, owner_of, valid_run_id
 from pages.limits import strict_bool
 
 log = logging.getLogger(__name__)
@@ -33,6 +37,7 @@ log = logging.getLogger(__name__)
 DEFAULT_WINDOW_TOKENS = 16
 MAX_WINDOW_TOKENS = 4096
 MAX_FIRST_TOKEN = 10**9
+LINK_ID_SHOWN = 80      # characters of a malformed ?run= kept in the picker (over RUN_ID's 64: it stays malformed)
 # "prefetched hit %" are prefetches in time; "late prefetch %" those whose copy came after the layer needed it
 # (a stall, not a hit: trace.metrics), so hit % + prefetched hit % is the layer's hit rate, as in the chat.
 # "CPU int8 %" are misses run on the CPU lane from the experts' int8 copy (lossy), apart from the exact "CPU %",
@@ -116,6 +121,30 @@ def window_bounds(first, count) -> tuple[int, int]:
         return int(round(max(low, min(high, number))))
 
     return whole(first, 0, 0, MAX_FIRST_TOKEN), whole(count, DEFAULT_WINDOW_TOKENS, 1, MAX_WINDOW_TOKENS)
+
+
+def last_token(events) -> int | None:
+    """The run's last token index (its tokens are 0..last), None for a run without per-token events."""
+    return max((e.token for e in events if e.token >= 0), default=None)
+
+
+def fit_window(first, count, last: int | None) -> tuple[int, int, str]:
+    """(first token, tokens shown, note) of the timeline: `window_bounds`, then a first token past the run's
+    ``last`` token is moved back so that the window shows the run's last tokens; the note, for the "From token"
+    box, gives the run's range and says when the number typed was moved ("" for a run without tokens)."""
+    first, count = window_bounds(first, count)
+    if last is None:
+        return first, count, ""
+    if first <= last:
+        return first, count, f"this run has tokens 0–{last:,}"
+    moved = max(0, last + 1 - count)
+    return moved, count, (f"⚠ {first:,} is past this run's last token ({last:,}): showing tokens "
+                          f"{moved:,}–{last:,}")
+
+
+def window_update(first: int, note: str, last: int | None):
+    """The "From token" box showing the window drawn, bounded by the run's last token (its arrows stop there)."""
+    return gr.update(value=first, info=note or None, maximum=last)
 
 
 def compare_frame(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
@@ -250,7 +279,8 @@ class TraceExplorer:
                                 elem_id="trace-overview")
         with gr.Row(equal_height=True):
             # Any number is taken and brought into range (the boxes then show the window drawn).
-            self.first = FreeNumber(0, precision=0, label="From token", scale=1, elem_id="trace-first")
+            self.first = FreeNumber(0, precision=0, label="From token", scale=1, elem_id="trace-first", minimum=0,
+                                    info="pick a run")
             self.count = FreeNumber(DEFAULT_WINDOW_TOKENS, precision=0, label=f"Tokens shown (1–{MAX_WINDOW_TOKENS:,})",
                                     scale=1, elem_id="trace-count")
         self.timeline = gr.Plot(as_plot(figures.empty_figure("pick a run")), label="Timeline: one row per lane",
@@ -270,7 +300,7 @@ class TraceExplorer:
     def _wire(self) -> None:
         buttons = [self.dl_chrome, self.dl_chrome_gz, self.dl_tb, self.dl_csv]
         shown = [self.message, self.summary, self.overview, self.timeline, self.table, self.file, self.share,
-                 *buttons]
+                 *buttons, self.first, self.count]
         gr.on(None, self.on_load, inputs=None, outputs=[self.run], api_visibility="private", queue=False)
         self.refresh.click(self.list_runs, inputs=[self.run], outputs=[self.run], api_name="runs", queue=False)
         self.run.change(self.list_others, inputs=[self.run, self.other], outputs=[self.other],
@@ -318,19 +348,29 @@ class TraceExplorer:
 
     def _allowed(self, run_id, request) -> str:
         """The run id if this visitor may open it; raises SpiceError otherwise (same words for
-        "not yours" and "unknown", so nobody learns which ids exist)."""
+        "not yours" and "unknown", so nobody learns which ids exist; text that cannot be an id is told so,
+        as its form gives nothing away)."""
         clean = valid_run_id(run_id)
-        if not clean or not self.ctx.runs.may_open(clean, owner_of(request)):
+        if not clean:
+            raise SpiceError(f"Run: that is not a run id ({RUN_ID_RULE}); check the link, or pick a run from "
+                             "the list")
+        if not self.ctx.runs.may_open(clean, owner_of(request)):
             raise SpiceError("Run: that run is unknown, expired or not yours (runs are private to the browser "
                              "that made them, unless their owner shares them); pick one from the list")
         return clean
 
     def on_load(self, request: gr.Request = None):
         """The run picker when the page opens: ``?run=<id>`` preselects that run; one this visitor may not open
-        (unknown, expired, or another's unshared) stays selected under a label saying so, and `show` explains,
-        rather than the page opening some other run as if the link had worked."""
+        (unknown, expired, or another's unshared), or text that is no run id at all, stays selected under a label
+        saying so, and `show` explains, rather than the page opening some other run as if the link had worked."""
         owner = owner_of(request)
-        wanted = valid_run_id(request.query_params.get("run") if request is not None else None)
+        asked = request.query_params.get("run") if request is not None else None
+        asked = asked.strip() if isinstance(asked, str) else ""
+        wanted = valid_run_id(asked)
+        if asked and not wanted:        # no run has such an id: say so rather than open another run silently
+            kept = asked[:LINK_ID_SHOWN]                        # still malformed (over 64 characters when cut)
+            choices = [(f"{kept} · from the link: not a run id", kept), *self._choices(owner)]
+            return gr.update(choices=choices, value=kept)
         if wanted and not self.ctx.runs.may_open(wanted, owner):
             choices = [(f"{wanted} · from the link: not available to you", wanted), *self._choices(owner)]
             return gr.update(choices=choices, value=wanted)
@@ -357,6 +397,7 @@ class TraceExplorer:
             ev_a, ev_b = self.ctx.engine.get_events(a_id), self.ctx.engine.get_events(b_id)
         except SpiceError as exc:
             return (f"<p>⚠ {esc(spice_error_text(exc))}</p>", *empty)
+        first, count, _ = fit_window(first, count, last_token(ev_a))
         return (compare_html(a, b), as_plot(self._timeline(ev_b, first, count)),
                 compare_frame(per_layer_frame(ev_a, a.n_tokens), per_layer_frame(ev_b, b.n_tokens)))
 
@@ -371,15 +412,18 @@ class TraceExplorer:
         if not run_id:
             return ("No finished runs yet: chat on the main page or run a sweep, then press Refresh.", "",
                     as_plot(figures.empty_figure("pick a run")), as_plot(figures.empty_figure("pick a run")),
-                    pd.DataFrame(columns=LAYER_COLUMNS), None, share_off, off, off, off, off)
+                    pd.DataFrame(columns=LAYER_COLUMNS), None, share_off, off, off, off, off,
+                    gr.update(info="pick a run", maximum=None), gr.skip())
         try:
             run_id = self._allowed(run_id, request)
             summary = self.ctx.engine.get_summary(run_id)
             events = self.ctx.engine.get_events(run_id)
         except SpiceError as exc:
             return (f"⚠ {esc(spice_error_text(exc))}", "", gr.skip(), gr.skip(), gr.skip(), None, share_off,
-                    off, off, off, off)
+                    off, off, off, off, gr.skip(), gr.skip())
         tokens, step_ms, stall_ms, mb = per_token_series(events)
+        last = last_token(events)
+        first, count, note = fit_window(first, count, last)
         overview = figures.token_overview(tokens, step_ms, stall_ms, mb, summary.timing)
         entry = self.ctx.runs.get(run_id)
         mine = self.ctx.runs.is_owner(run_id, owner_of(request))
@@ -391,11 +435,13 @@ class TraceExplorer:
             baselines = {}
         return ("", summary_html(summary, entry.label if entry else "", baselines), as_plot(overview),
                 as_plot(self._timeline(events, first, count)), per_layer_frame(events, summary.n_tokens), None,
-                gr.update(value=bool(entry and entry.shared), interactive=mine), on, on, on, on)
+                gr.update(value=bool(entry and entry.shared), interactive=mine), on, on, on, on,
+                window_update(first, note, last), count)
 
     def window(self, run_id, first, count, request: gr.Request = None):
         """The timeline for the tokens asked for; the boxes show the window drawn (an out-of-range or
-        unreadable number is brought to the nearest one that can be drawn)."""
+        unreadable number is brought to the nearest one that can be drawn, past the run's end to its last
+        tokens, and the box says so)."""
         first, count = window_bounds(first, count)
         if not run_id:
             return gr.skip(), first, count
@@ -403,9 +449,13 @@ class TraceExplorer:
             events = self.ctx.engine.get_events(self._allowed(run_id, request))
         except SpiceError:
             return gr.skip(), first, count
-        return as_plot(self._timeline(events, first, count)), first, count
+        last = last_token(events)
+        first, count, note = fit_window(first, count, last)
+        return as_plot(self._timeline(events, first, count)), window_update(first, note, last), count
 
     def set_shared(self, run_id, shared, request: gr.Request = None) -> str:
+        """Share or unshare the owner's run; shared, the note gives the run's full link (the app's public
+        address from the request: its host, scheme and root path behind a proxy or on a Space)."""
         clean = valid_run_id(run_id)
         try:
             shared = strict_bool(shared, "Share")
@@ -414,8 +464,10 @@ class TraceExplorer:
         if not clean or not self.ctx.runs.set_shared(clean, owner_of(request), shared):
             return "⚠ Only the visitor who made a run can share it."
         if shared:
+            link = page_link(request, "trace", run=clean)
             return (f"Anyone with this link can now open run **{esc(clean)}** (read-only): "
-                    f"`trace?run={esc(clean)}`. Untick to make it private again.")
+                    f"<a href=\"{html.escape(link, quote=True)}\" target=\"_blank\">{esc(link)}</a>. "
+                    "Untick to make it private again.")
         self.ctx.exports.drop_run(clean)     # download links handed out while it was shared stop working
         return "This run is private again (download links made while it was shared no longer work)."
 

@@ -37,3 +37,18 @@ def test_a_link_to_an_unshared_or_unknown_run_stays_selected_and_says_why(served
     got = page.on_load(_request(BOB, run_id))
     assert got["value"] == run_id and not any("not available" in label for label, _ in got["choices"])
     assert page.show(run_id, 0, 16, _request(BOB, run_id))[0] == ""
+
+
+def test_a_link_with_a_malformed_run_id_stays_selected_and_says_it_is_not_a_run_id(served):
+    """Regression: `/trace?run=<not an id>` (a space, a quote, a cut or mangled link) dropped the id and showed the
+    visitor's own runs or "No finished runs yet" with no word about the link; an unknown id said why."""
+    page = TraceExplorer(served.ctx)
+    for asked in ("bo gus!", "03c3b90521'", "x" * 300):
+        got = page.on_load(_request(ALICE, asked))
+        kept = got["value"]
+        assert kept and asked.startswith(kept) and len(kept) <= 80
+        assert (f"{kept} · from the link: not a run id", kept) in got["choices"]
+        message = page.show(kept, 0, 16, _request(ALICE, asked))[0]
+        assert message.startswith("⚠") and "not a run id" in message and "check the link" in message, message
+    empty = page.on_load(_request(ALICE, "   "))            # an empty ?run= is no link at all
+    assert not any("from the link" in label for label, _ in empty["choices"])
