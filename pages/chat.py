@@ -13,7 +13,8 @@
                           │            at a rate it adapts to its own drawing time (spice_live.js)
                           └ end: run note in the chat, full panels, exact re-run when lossy
     Stop ──► stream.cancel() (between tokens)      tab closed ──► unload / orphan watchdog ──► cancel
-    page load ──► the conversation this tab kept ──► its last reply's panels and numbers row (pages.chat_reload)
+    page load ──► the conversation and settings this tab kept (settings checked as typed ones: pages.chat_settings)
+              ──► its last reply's panels and numbers row (pages.chat_reload)
 
 Everything per user lives in one `ChatSession` inside a gr.State (Gradio gives each page its
 own session, so the chat, its controls and its panels share this page). Events that only touch
@@ -44,10 +45,11 @@ from pages.chat_js import (BUSY_OFF_JS, BUSY_ON_JS, KEEP_JS, KEEP_NONEMPTY_JS, M
 from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, ChatHistory, as_plot,
                           default_settings, settings_from_values, spice_error_text)
 from pages.live import LiveRun
-from pages.messages import (clean_message, content_text, drop_oldest_exchanges, engine_turns, is_app_note,
-                            keep_newest, n_exchanges, normalize_history, note, problem_with, reply, restore_kept,
-                            run_note, untag_replies)
-from pages.owners import owner_of
+from pages.messages import (TRANSIENT_TAG, clean_message, content_text, cut_at_last_user, drop_oldest_exchanges,
+                            engine_turns, keep_newest, n_exchanges, normalize_history, note, problem_with, reply,
+                            restore_kept, run_note, shown_text, transient_note, typed_text, untag_replies,
+                            without_transient)
+from pages.owners import esc, owner_of
 from pages.runner import CANCEL_REASONS, RunStream
 from pages.tuning import TuneBook
 
@@ -117,6 +119,9 @@ class ChatPage(chat_settings.SettingsEvents):
         self.session = gr.State(ChatSession())   # deep-copied per browser session
         # The conversation survives a reload or a visit to another page (kept in this browser only).
         self.saved = gr.BrowserState([], storage_key="spice-chat-v1" + self.ctx.key)   # one per model
+        # The settings in use, as the browser keeps them beside the conversation (pages.chat_js); never typed into.
+        self.kept_settings = gr.Textbox(chat_settings.settings_json(d), visible="hidden", show_label=False,
+                                        container=False, interactive=False, elem_id="spice-kept-settings")
         with gr.Sidebar(label="Settings", open=True, width=330, elem_id="spice-controls"):
             self.model_picker = models.picker(self.ctx.models, info.model_name, "chat", navigate=False)
             self.ctl = ChatControls(info, d, self.ctx.limits)
@@ -199,13 +204,17 @@ class ChatPage(chat_settings.SettingsEvents):
         self.switch.wire(self.model_picker)
         # Each control applies alone: a slider's requests (SETTINGS_JS), a menu or checkbox when it changes.
         sliders = list(self.ctl.sliders.values())
-        self.ctl.requests.change(self.on_requests, inputs=[self.ctl.requests, self.session],
-                                outputs=[self.ctl.note, self.banner, self.stats, *sliders], queue=False,
-                                trigger_mode="multiple", api_visibility="private", show_progress="hidden")
+        applied = [self.ctl.requests.change(self.on_requests, inputs=[self.ctl.requests, self.session],
+                                            outputs=[self.ctl.note, self.banner, self.stats, *sliders], queue=False,
+                                            trigger_mode="multiple", api_visibility="private", show_progress="hidden")]
         for name, control in self.ctl.others.items():
-            control.change(self._on_control(name), inputs=[control, self.session],
-                           outputs=[self.ctl.note, self.banner, self.stats], queue=False,
-                           api_visibility="private", show_progress="hidden")
+            applied.append(control.change(self._on_control(name), inputs=[control, self.session],
+                                          outputs=[self.ctl.note, self.banner, self.stats], queue=False,
+                                          api_visibility="private", show_progress="hidden"))
+        for event in applied:           # the settings in use, kept by the browser with the conversation
+            self._keep_settings(event)
+        self.auto.note.change(self.settings_kept, inputs=[self.session], outputs=[self.kept_settings], queue=False,
+                              api_visibility="private", show_progress="hidden")      # Auto's pick, once applied
         # "New chat" and the chat's own 🗑 do the same thing: stop the reply, clear chat and panels.
         for event, name in ((self.new_chat.click, "new_chat" + self.ctx.key), (self.chatbot.clear, None)):
             cleared = event(self.clear, inputs=[self.session], outputs=outputs, queue=False, show_progress="hidden",
@@ -214,8 +223,10 @@ class ChatPage(chat_settings.SettingsEvents):
         # The browser also keeps the conversation at every change while a reply streams, so a reload mid-reply
         # keeps the message and what came of the reply (`restore`). Never an empty chat here: the page's first,
         # empty chat would overwrite the kept one before `restore` reads it (a clear saves in `_after_reply`).
-        self.chatbot.change(None, inputs=[self.chatbot, self.saved], outputs=[self.saved], js=KEEP_NONEMPTY_JS,
-                            queue=False, api_visibility="private", show_progress="hidden")
+        self.chatbot.change(None, inputs=[self.chatbot, self.kept_settings, self.saved], outputs=[self.saved],
+                            js=KEEP_NONEMPTY_JS, queue=False, api_visibility="private", show_progress="hidden")
+        self.kept_settings.change(None, inputs=[self.chatbot, self.kept_settings, self.saved], outputs=[self.saved],
+                                  js=KEEP_JS, queue=False, api_visibility="private", show_progress="hidden")
         self.saved.change(None, inputs=[self.saved], outputs=None, js=MARK_KEPT_JS, queue=False,
                           api_visibility="private", show_progress="hidden")
         # The sent message leaves the box when its reply starts, what was typed since stays (pages.chat_js).
@@ -227,9 +238,12 @@ class ChatPage(chat_settings.SettingsEvents):
         if root is not None:
             root.load(None, js=NARROW_JS, queue=False, api_visibility="private", show_progress="hidden")
             root.load(None, js=SETTINGS_JS, queue=False, api_visibility="private", show_progress="hidden")
-            # The conversation at once, then its last reply's panels (which may wait for a run still stopping).
-            kept = root.load(self.restore, inputs=[self.saved], outputs=[self.chatbot], js=PICK_KEPT_JS, queue=False,
-                             api_visibility="private", show_progress="hidden")
+            # The conversation and settings at once, then its last reply's panels (which may wait for a run still
+            # stopping).
+            kept = root.load(self.restore, inputs=[self.saved, self.session],
+                             outputs=[self.chatbot, self.ctl.note, self.banner, self.stats, *self.controls,
+                                      self.kept_settings],
+                             js=PICK_KEPT_JS, queue=False, api_visibility="private", show_progress="hidden")
             kept.then(self.reload.restore, inputs=[self.chatbot, self.session],
                       outputs=[self.stats, self.heatmap, self.prefetch, self.gantt], queue=False,
                       api_visibility="private", show_progress="hidden")
@@ -238,9 +252,15 @@ class ChatPage(chat_settings.SettingsEvents):
         """When a reply (or a clear) ends: Send comes back, and the browser keeps the conversation (an empty one
         after a clear). A js function's returned array is its list of outputs: the history goes in one."""
         event.then(None, js=BUSY_OFF_JS, queue=False, api_visibility="private", show_progress="hidden")
-        event.then(None, inputs=[self.chatbot, self.saved], outputs=[self.saved], js=KEEP_JS, queue=False,
-                   api_visibility="private", show_progress="hidden")
+        event.then(None, inputs=[self.chatbot, self.kept_settings, self.saved], outputs=[self.saved], js=KEEP_JS,
+                   queue=False, api_visibility="private", show_progress="hidden")
+        self._keep_settings(event)      # a Send applies the slider requests it carries
         event.then(None, inputs=[self.ctl.note], outputs=[self.ctl.note], js=STOPPED_NOTE_JS, queue=False,
+                   api_visibility="private", show_progress="hidden")
+
+    def _keep_settings(self, event) -> None:
+        """After ``event``: the settings in use into the box the browser keeps with the conversation."""
+        event.then(self.settings_kept, inputs=[self.session], outputs=[self.kept_settings], queue=False,
                    api_visibility="private", show_progress="hidden")
 
     # --- handlers ------------------------------------------------------------------------
@@ -250,11 +270,11 @@ class ChatPage(chat_settings.SettingsEvents):
             self.ctx.runner.cancel_owner(request.session_hash, "closed")
 
     def note_if_busy(self, session: ChatSession) -> None:
-        if session.streaming() and not any(n.get("metadata", {}).get("id") == "busy" for n in session.notices):
-            busy = note("⚠ Still answering your previous message: your new one stays in the box. Press Stop "
-                        "to end this reply, or send it when the reply is done.")
-            busy["metadata"]["id"] = "busy"
-            session.notices.append(busy)
+        busy_id = TRANSIENT_TAG + "busy"
+        if session.streaming() and not any(n.get("metadata", {}).get("id") == busy_id for n in session.notices):
+            session.notices.append(transient_note("⚠ Still answering your previous message: your new one stays in "
+                                                  "the box. Press Stop to end this reply, or send it when the reply "
+                                                  "is done.", kind="busy"))
 
     def stop_reply(self, session: ChatSession) -> str:
         if session.streaming():
@@ -285,38 +305,30 @@ class ChatPage(chat_settings.SettingsEvents):
         return ("" if clear_text else gr.skip(), [], stats,
                 *(as_plot(figures.empty_figure(PLACEHOLDERS[name])) for name in PANELS), "")
 
-    @staticmethod
-    def restore(saved):
-        """The conversation this browser kept (`messages.restore_kept`); nothing to change when it kept none."""
-        return restore_kept(saved, CURSOR.strip()) or gr.skip()
-
-    @staticmethod
-    def _cut_at_last_user(history, session: ChatSession, index: int | None = None):
-        history = normalize_history(history)
-        users = [i for i, m in enumerate(history) if m["role"] == "user" and not is_app_note(m)]
-        if index is not None:
-            users = [i for i in users if i <= index]
-        if not users or session.streaming():
-            return None
-        return history, users[-1]
+    def restore(self, picked, session):
+        """Page load: the conversation this tab kept (`messages.restore_kept`; nothing to change when it kept none),
+        and its settings, checked as typed ones are (`chat_settings.SettingsEvents.restore_settings`). ``picked``:
+        {"h": history, "s": settings} from PICK_KEPT_JS (a plain history from a page of before)."""
+        history, kept = (picked.get("h"), picked.get("s")) if isinstance(picked, dict) else (picked, None)
+        return (restore_kept(history, CURSOR.strip()) or gr.skip(), *self.restore_settings(kept, session))
 
     def prepare_retry(self, history, session: ChatSession):
-        """Retry: drop the last reply and send the last user message again."""
-        cut = self._cut_at_last_user(history, session)
+        """Retry: drop the last reply and send the last user message again (as it was typed)."""
+        cut = None if session.streaming() else cut_at_last_user(history)
         if cut is None:
             raise gr.Error("Nothing to retry yet.", print_exception=False)
         history, at = cut
-        return history[at]["content"], history[:at]
+        return typed_text(history[at]["content"]), history[:at]
 
     def prepare_edit(self, history, session: ChatSession, edit: gr.EditData):
         """Edit: replace a user message by its edited text and send it again (later turns are dropped)."""
         index = edit.index if isinstance(edit.index, int) else (edit.index[0] if edit.index else None)
-        cut = self._cut_at_last_user(history, session, index)
+        cut = None if session.streaming() else cut_at_last_user(history, index)
         if cut is None:
             raise gr.Error("Only your own messages can be edited, when no reply is streaming.", print_exception=False)
         history, at = cut
         value = edit.value if isinstance(edit.value, str) else content_text(edit.value)
-        return value, history[:at]
+        return typed_text(value), history[:at]
 
     def chat_event(self, message, history, policy, cache_frac, tau_prefetch, tau_approx, max_lookahead, lore_rank,
                    cpu_lane, profile, shape, max_new_tokens, temperature, live_panels, check_exact, session,
@@ -347,35 +359,35 @@ class ChatPage(chat_settings.SettingsEvents):
         *values, live_panels, check_exact, session = args
         if not isinstance(session, ChatSession):           # API callers cannot break the state
             session = ChatSession()
-        history = normalize_history(history)
+        history = without_transient(normalize_history(history))     # a note about the last action goes now
         history, cut = keep_newest(history, self.ctx.limits.history_max_messages)
         skip = gr.skip()
 
-        def only_chat(h):               # the message stays in the box, to be fixed
-            return (skip, h, skip, skip, skip, skip, skip)
+        def only_chat(h, title):        # the message stays in the box, to be fixed; the note replaces the last one
+            return (skip, h + [transient_note(title)], skip, skip, skip, skip, skip)
 
         try:
             settings = settings_from_values(self.info, dict(zip(SETTING_FIELDS, values)), self.ctx.limits)
         except SpiceError as exc:
-            yield only_chat(history + [note(f"⚠ Settings not applied: {spice_error_text(exc)}")])
+            yield only_chat(history, f"⚠ Settings not applied: {esc(spice_error_text(exc))}")
             return
         session.settings = settings
         raw_len = len(message) if isinstance(message, str) else 0
         cleaned = clean_message(message)
         problem = problem_with(cleaned, raw_len, self.ctx.max_message_chars, self.info.max_context_tokens)
         if problem:
-            yield only_chat(history + [note(f"⚠ Message not sent: {problem}")])
+            yield only_chat(history, f"⚠ Message not sent: {problem}")
             return
         if session.streaming():
-            yield only_chat(history + [note("⚠ Still answering your previous message: wait for it to finish or "
-                                            "press Stop, then send again.")])
+            yield only_chat(history, "⚠ Still answering your previous message: wait for it to finish or press "
+                                     "Stop, then send again.")
             return
         if cut:
             history.append(note(f"ℹ Kept the newest {len(history)} messages of this chat",
                                 f"{cut} older messages were dropped: the app keeps at most "
                                 f"{self.ctx.limits.history_max_messages}. Press New chat to start afresh."))
         user_at = len(history)
-        history.append({"role": "user", "content": cleaned.text})
+        history.append({"role": "user", "content": shown_text(cleaned.text)})     # shown as typed, never as HTML
         if cleaned.removed:
             history.append(note(f"ℹ Removed {cleaned.removed} control character"
                                 f"{'s' if cleaned.removed > 1 else ''} (e.g. {cleaned.example}) before sending"))
@@ -387,7 +399,7 @@ class ChatPage(chat_settings.SettingsEvents):
             stream, turns, dropped = self._start(owner, turns, settings)
         except SpiceError as exc:     # not sent: the text stays in the box to be fixed
             refused = [m for m in history if m.get("role") != "user" or m is not history[user_at]]
-            yield only_chat(refused + [note(f"⚠ The engine refused this message: {spice_error_text(exc)}")])
+            yield only_chat(refused, f"⚠ The engine refused this message: {esc(spice_error_text(exc))}")
             return
         session.stream = stream
         self.reload.remember(stream)
@@ -431,7 +443,7 @@ class ChatPage(chat_settings.SettingsEvents):
                 now = time.monotonic()
                 out = [skip] * 7
                 if text_dirty and now >= text_due:
-                    history[reply_at] = reply(live.text + CURSOR, stream.run_id)
+                    history[reply_at] = reply(shown_text(live.text) + CURSOR, stream.run_id)
                     out[1], text_due, text_dirty = history, now + TEXT_INTERVAL_S, False
                 if live.n_tokens and now >= stats_due:
                     out[2] = text.stats_html(live, stream.settings, self.info, stream=stream,
@@ -508,7 +520,7 @@ class ChatPage(chat_settings.SettingsEvents):
         skip = gr.skip()
         summary = stream.summary()
         session.last_run_id = stream.run_id
-        history[reply_at] = reply(live.text, stream.run_id)
+        history[reply_at] = reply(shown_text(live.text), stream.run_id)
         if not live.text.strip():
             history.pop(reply_at)
             if not stream.error and stream.cancel_reason != "stop":
@@ -525,17 +537,11 @@ class ChatPage(chat_settings.SettingsEvents):
         if stream.changes:
             history.append(note("Settings changed during this reply", text.changes_text(stream)))
         finish = (summary.finish_reason if summary else "") or ""
-        if finish == "length" and live.text.strip():
-            trimmed = text.trim_to_sentence(live.text)
-            if trimmed != live.text:
-                history[reply_at] = reply(trimmed, stream.run_id)
-                if live.n_tokens < stream.settings.max_new_tokens:     # the model's context, not the slider, ended it
-                    history.append(note(f"ℹ Reached the model's context ({self.info.max_context_tokens:,} tokens): "
-                                        "the reply ends at its last full sentence (a New chat or a shorter message "
-                                        "leaves more room)"))
-                else:
-                    history.append(note(f"ℹ Reached the {live.n_tokens}-token limit: the reply ends at its last full "
-                                        f"sentence (raise “Max new tokens” for longer stories)"))
+        if finish == "length" and live.text.strip():       # a token limit ended it: always said, trimmed or not
+            shown, said = text.at_limit(live.text, live.n_tokens, stream.settings.max_new_tokens,
+                                        self.info.max_context_tokens)
+            history[reply_at] = reply(shown_text(shown), stream.run_id)
+            history.append(note(said))
         tps = text.wall_tps(live, first_wall)
         # From every setting the reply ran with: a τ_approx raised mid-reply makes it lossy.
         agreement = text.agreement_line(settings, check_exact, stream.changes)

@@ -8,9 +8,8 @@ import gradio as gr
 
 from spice_core.api import EngineInfo, RunSettings
 from pages import chat_text as text
-from pages.common import (LORE_RANKS, SETTING_FIELDS, SLIDER_RANGES, FreeDropdown, FreeSlider, policy_choices,
-                          shape_choices, shape_info)
-from pages.limits import Limits
+from pages.common import LORE_RANKS, SETTING_FIELDS, FreeDropdown, FreeSlider, policy_choices, shape_choices, shape_info
+from pages.limits import Limits, slider_ranges
 
 
 # Which settings field each slider's elem_id holds (the browser's requests name fields).
@@ -67,9 +66,11 @@ SETTINGS_JS = """() => {
 }""" % (json.dumps(SLIDER_IDS),)
 
 
-def _slider(name: str) -> dict:
-    low, high, step = SLIDER_RANGES[name]
-    return {"minimum": low, "maximum": high, "step": step}
+# The line under each slider's label (a typed value's note takes its place until the next one: pages.chat_settings).
+SLIDER_INFO = {"cache_frac": "share of all routed experts that fit on the GPU",
+               "tau_prefetch": "prefetch an expert when the draft is at least this confident",
+               "tau_approx": "approximate misses that matter less than this (0 = always exact; useful range 0–0.1)",
+               "max_lookahead": "", "max_new_tokens": "", "temperature": "0 = greedy"}
 
 
 class ChatControls:
@@ -77,22 +78,21 @@ class ChatControls:
 
     def __init__(self, info: EngineInfo, d: RunSettings, limits: Limits) -> None:
         lore_ranks = tuple(getattr(info, "lore_ranks", ()) or LORE_RANKS)
+        ranges = slider_ranges(info, limits)        # GPU cache size from the smallest this model runs with
+
+        def slider(name: str, **kw) -> FreeSlider:
+            low, high, step = ranges[name]
+            return FreeSlider(low, high, step=step, value=getattr(d, name), info=SLIDER_INFO[name] or None, **kw)
+
         with gr.Group():
             self.policy = FreeDropdown(policy_choices(info), value=d.policy, label="Policy",
                                        info="baselines, and SPICE with parts switched off", elem_id="ctl-policy")
-            self.cache_frac = FreeSlider(**_slider("cache_frac"), value=d.cache_frac, label="GPU cache size",
-                                         info="share of all routed experts that fit on the GPU",
-                                         elem_id="ctl-cache")
-            self.tau_prefetch = FreeSlider(**_slider("tau_prefetch"), value=d.tau_prefetch, label="τ_prefetch",
-                                           info="prefetch an expert when the draft is at least this confident",
-                                           elem_id="ctl-tau-prefetch")
+            self.cache_frac = slider("cache_frac", label="GPU cache size", elem_id="ctl-cache")
+            self.tau_prefetch = slider("tau_prefetch", label="τ_prefetch", elem_id="ctl-tau-prefetch")
             # Approximation only pays below ~0.1 (docs/benchmarks/speed-quality.md); a 0-1 scale in
             # steps of 0.05 left one useful stop.
-            self.tau_approx = FreeSlider(**_slider("tau_approx"), value=d.tau_approx, label="τ_approx",
-                                         info="approximate misses that matter less than this (0 = always exact; "
-                                              "useful range 0–0.1)", elem_id="ctl-tau-approx")
-            self.max_lookahead = FreeSlider(**_slider("max_lookahead"), value=d.max_lookahead,
-                                            label="Max lookahead (layers)", elem_id="ctl-lookahead")
+            self.tau_approx = slider("tau_approx", label="τ_approx", elem_id="ctl-tau-approx")
+            self.max_lookahead = slider("max_lookahead", label="Max lookahead (layers)", elem_id="ctl-lookahead")
             with gr.Row():
                 self.lore_rank = FreeDropdown(list(lore_ranks), value=d.lore_rank if d.lore_rank in lore_ranks
                                               else lore_ranks[-1], label="LoRE rank", min_width=100,
@@ -104,10 +104,8 @@ class ChatControls:
                                         elem_id="ctl-profile")
             self.shape = FreeDropdown(shape_choices(info), value=d.shape, label="Model shape", info=shape_info(info),
                                       elem_id="ctl-shape")
-            self.max_new_tokens = FreeSlider(1, limits.chat_max_new_tokens, value=d.max_new_tokens, step=1,
-                                             label="Max new tokens", elem_id="ctl-max-new")
-            self.temperature = FreeSlider(**_slider("temperature"), value=d.temperature, label="Temperature",
-                                          info="0 = greedy", elem_id="ctl-temperature")
+            self.max_new_tokens = slider("max_new_tokens", label="Max new tokens", elem_id="ctl-max-new")
+            self.temperature = slider("temperature", label="Temperature", elem_id="ctl-temperature")
             self.live_panels = gr.Checkbox(value=True, label="Update the panels while a reply streams",
                                            elem_id="ctl-live")
             self.check_exact = gr.Checkbox(value=False, label="Measure greedy agreement with exact settings after "
@@ -116,6 +114,11 @@ class ChatControls:
         # The browser's slider requests (SETTINGS_JS writes them; never typed into).
         self.requests = gr.Textbox("", visible="hidden", elem_id="spice-setting-req", show_label=False,
                                    container=False)
+
+    @property
+    def infos(self) -> dict:
+        """field -> the line under its slider's label when no note takes its place ("" for none)."""
+        return dict(SLIDER_INFO)
 
     @property
     def sliders(self) -> dict:

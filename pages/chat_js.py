@@ -13,16 +13,21 @@ from __future__ import annotations
 import json
 
 from pages.chat_text import settings_hint
+from pages.messages import TRANSIENT_TAG
 
 # Stop's note says what is about to happen; once the reply has ended (`ChatPage._after_reply`) it is out of date
 # and the settings hint comes back.
 STOPPING_NOTE = "Stopping after the current token…"
 STOPPED_NOTE_JS = f"(n) => [n === {json.dumps(STOPPING_NOTE)} ? {json.dumps(settings_hint())} : n]"
-# The conversation the browser keeps (a BrowserState, one per model), per tab: {"tabs": {tab id: {"h": history,
-# "t": ms}}}, the tab's id in its sessionStorage (which a reload and the app's other pages keep). Two tabs of one
-# browser used to share one kept conversation, the last to write winning: a reload brought the other tab's back
-# and this one's was gone. A new tab starts from the newest kept conversation, under its own id. A kept plain
-# list (the format before) counts as one tab's.
+# The conversation and settings the browser keeps (a BrowserState, one per model), per tab: {"tabs": {tab id: {"h":
+# history, "s": settings, "t": ms}}}, the tab's id in its sessionStorage (which a reload and the app's other pages
+# keep). Two tabs of one browser used to share one kept conversation, the last to write winning: a reload brought the
+# other tab's back and this one's was gone. A new tab starts from the newest kept conversation and its settings (the
+# last used), under its own id. A kept plain list (the format before) counts as one tab's, with no settings.
+# Every keep writes both the history and the settings from the page (the settings the server applied, as JSON in a
+# hidden box, `ChatPage.kept_settings`), never one of them from what was kept: two keeps triggered together read the
+# same kept value, and the last to write wins; each writes the page as it is. A note about the last action only
+# (pages.messages.transient_note) is not kept.
 KEEP_TABS = 8
 _KEEP_PRELUDE = """
   let tab = sessionStorage.getItem('spice-tab');
@@ -31,32 +36,39 @@ _KEEP_PRELUDE = """
   const all = Array.isArray(kept) ? (kept.length ? {before: {h: kept, t: 0}} : {})
     : (kept && typeof kept === 'object' && kept.tabs && typeof kept.tabs === 'object') ? {...kept.tabs} : {};
 """
-# (history, kept) -> [kept with this tab's history]; KEEP_NONEMPTY_JS leaves it as it was for an empty history
-# (the page's first, empty chat must not overwrite what `restore` is about to read).
+# (history, settings JSON, kept) -> [kept with this tab's history and settings]; KEEP_NONEMPTY_JS leaves it as it was
+# for an empty history (the page's first, empty chat must not overwrite what `restore` is about to read).
 _KEEP_BODY = f"""{_KEEP_PRELUDE}
-  all[tab] = {{h: h || [], t: Date.now()}};
+  const transient = (m) => !!(m && m.metadata && String(m.metadata.id || '').startsWith({json.dumps(TRANSIENT_TAG)}));
+  let settings = null;
+  try {{ settings = JSON.parse(s); }} catch (e) {{ settings = null; }}
+  all[tab] = {{h: (Array.isArray(h) ? h : []).filter((m) => !transient(m)), s: settings, t: Date.now()}};
   const ids = Object.keys(all).sort((a, b) => all[b].t - all[a].t).slice(0, {KEEP_TABS});
   return [{{tabs: Object.fromEntries(ids.map((k) => [k, all[k]]))}}];
 """
-KEEP_JS = f"(h, kept) => {{{_KEEP_BODY}}}"
-KEEP_NONEMPTY_JS = f"(h, kept) => {{ if (!(h && h.length)) return [kept];{_KEEP_BODY}}}"
-# (kept) -> [this tab's history, else the newest kept one, else []]: what `ChatPage.restore` gets on page load.
+KEEP_JS = f"(h, s, kept) => {{{_KEEP_BODY}}}"
+KEEP_NONEMPTY_JS = f"(h, s, kept) => {{ if (!(h && h.length)) return [kept];{_KEEP_BODY}}}"
+# (kept) -> [{h: this tab's history, s: its settings}, else the newest kept tab's, else {h: [], s: null}]: what
+# `ChatPage.restore` gets on page load.
 PICK_KEPT_JS = f"""(kept) => {{{_KEEP_PRELUDE}
-  const mine = all[tab];
-  if (mine) return [mine.h];
   const newest = Object.values(all).sort((a, b) => b.t - a.t)[0];
-  return [newest ? newest.h : []];
+  const pick = all[tab] || newest;
+  return [pick ? {{h: pick.h || [], s: pick.s || null}} : {{h: [], s: null}}];
 }}"""
 # After the browser has written what it keeps (BrowserState's change follows its localStorage write): this tab's kept
 # conversation's count of run notes (an ended reply's note: a title and its run's tag, pages.messages.run_note) on
 # the page's body, so a browser test can tell the conversation is kept with its last reply's note before it reloads,
-# on any machine. It runs at every keep while a reply streams: a count over the messages, no serialising.
+# on any machine; the tab's kept settings, which a reload brings back; and how many keeps this page has made (a test
+# waits for the keep after an action). It runs at every keep while a reply streams: a count over the messages, no
+# serialising of them.
 MARK_KEPT_JS = """(kept) => {
   const tab = sessionStorage.getItem('spice-tab');
   const mine = kept && kept.tabs && typeof kept.tabs === 'object' ? kept.tabs[tab] : null;
   const h = mine && Array.isArray(mine.h) ? mine.h : [];
   const isNote = (m) => !!(m && m.metadata && m.metadata.title && String(m.metadata.id || '').startsWith('run:'));
   document.body.dataset.spiceKeptRuns = String(h.filter(isNote).length);
+  document.body.dataset.spiceKeptSettings = JSON.stringify(mine && mine.s ? mine.s : null);
+  document.body.dataset.spiceKeeps = String(+(document.body.dataset.spiceKeeps || 0) + 1);
   return [];
 }"""
 BUSY_ON_JS = "() => { document.body.classList.add('spice-generating'); return []; }"

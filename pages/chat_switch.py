@@ -84,8 +84,9 @@ class ModelSwitch:
                     api_visibility="private", show_progress="hidden")
         root = gr.context.Context.root_block
         if root is not None:
-            root.load(self.adopt, inputs=[p.session], outputs=[p.ctl.note, p.banner, p.stats, *p.controls],
-                      queue=False, api_visibility="private", show_progress="hidden")
+            adopted = root.load(self.adopt, inputs=[p.session], outputs=[p.ctl.note, p.banner, p.stats, *p.controls],
+                                queue=False, api_visibility="private", show_progress="hidden")
+            p._keep_settings(adopted)       # the browser keeps them with this page's conversation
 
     def hand_over(self, model, requests, session, request: gr.Request = None) -> None:
         """Keep this session's settings for this visitor's next visit to ``model``'s chat page."""

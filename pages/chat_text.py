@@ -10,8 +10,8 @@ import re
 import time
 
 from spice_core import api
-from spice_core.api import EngineInfo, RunSettings, RunSummary
-from pages.common import SETTING_FIELDS, fmt_bytes, timed_bytes
+from spice_core.api import BASELINE_POLICIES, EXACT_POLICIES, EngineInfo, RunSettings, RunSummary
+from pages.common import POLICY_LABELS, SETTING_FIELDS, fmt_bytes, timed_bytes
 from pages.live import CATEGORIES, LiveRun
 
 OUTCOME_INDEX = {name: i - 1 for i, name in enumerate(CATEGORIES) if i}     # LiveRun.counts' last axis
@@ -103,8 +103,9 @@ def copied_words(summary: RunSummary) -> str:
 def run_body(summary: RunSummary, stream: RunStream) -> str:
     split = ", ".join(f"{k} {v}" for k, v in sorted(summary.miss_split.items()) if v) or "none"
     notes = "".join(f"\n- {n}" for n in summary.notes)
-    return (f"Policy **{summary.policy}** · {summary.timing} timing ({summary.profile}, {summary.shape}) · "
-            f"TTFT {summary.ttft_ms:.1f} ms · p90 TPOT {summary.tpot_ms_p90:.2f} ms · "
+    label = POLICY_LABELS.get(summary.policy, summary.policy)      # the menu's name, then the API's
+    return (f"Policy **{label}** (`{summary.policy}`) · {summary.timing} timing ({summary.profile}, "
+            f"{summary.shape}) · TTFT {summary.ttft_ms:.1f} ms · p90 TPOT {summary.tpot_ms_p90:.2f} ms · "
             f"{summary.tokens_per_s:.1f} tokens/s · {copied_words(summary)} · "
             f"stall {summary.stall_ms_per_token:.2f} ms per token · misses: {split} · "
             f"finished: {summary.finish_reason or stream.cancel_reason or '?'}{notes}\n\n"
@@ -121,9 +122,9 @@ TIPS = {
                 "(resident, or prefetched in time). A prefetch that arrived late is a stall, not a hit: it is "
                 "counted apart, under the value. "
                 "Green ≥ 80%, amber ≥ 50%.",
-    "copied": "Bytes copied from host memory to the GPU per token (on demand and prefetch), at the shape the "
-              "times are for (modeled timing: the model shape chosen; measured: this model's own), as the TPOT "
-              "beside it; under the value, what this model copied at its own (native) sizes.",
+    "copied per token": "Bytes copied from host memory to the GPU per token (on demand and prefetch), at the shape "
+                        "the times are for (modeled timing: the model shape chosen; measured: this model's own), as "
+                        "the TPOT beside it; under the value, what this model copied at its own (native) sizes.",
     "stall": "Time per token the GPU waited for an expert to arrive. Green below 10% of TPOT, amber below 40%.",
     "lookahead": "How many layers ahead every confident prediction was prefetched in time (mean over layers and "
                  "tokens), and why the lookahead stopped there most often. The likeliest experts are still copied "
@@ -140,6 +141,9 @@ STOP_REASONS = {
     "cache": "no free cache slot",
     "cost": "planning costs more than it saves",
 }
+# The same in a card's line, which a narrow card cuts (the card's tooltip has the whole line).
+STOP_WORDS = {"confidence": "not confident", "time": "copies too slow", "bound": "at max lookahead",
+              "cache": "no free slot", "cost": "not worth it"}
 
 
 def _level(value: float, good: float, warn: float, higher_is_better: bool = True) -> str:
@@ -148,11 +152,39 @@ def _level(value: float, good: float, warn: float, higher_is_better: bool = True
     return "good" if value >= good else "warn" if value >= warn else "bad"
 
 
-def settings_line(settings: RunSettings) -> str:
-    return (f"<b>{html.escape(settings.policy)}</b> · cache {settings.cache_frac:.0%} · "
-            f"τ<sub>prefetch</sub> {settings.tau_prefetch:g} · τ<sub>approx</sub> {settings.tau_approx:g} · "
-            f"lookahead ≤ {settings.max_lookahead} · LoRE r{settings.lore_rank} · "
-            f"CPU lane {'on' if settings.cpu_lane else 'off'}")
+# The settings each policy reads (beyond profile, shape, max new tokens and temperature), for the numbers row: a
+# setting a policy ignores is not shown with it. Prefetching policies (those with a predictor) read τ_prefetch and the
+# lookahead, lossy ones (LoRE) τ_approx and the rank; two facts the engine's exports do not say are named here, and
+# tests/app/test_chat_header.py checks them against the engine's policy table.
+NO_CACHE_POLICIES = ("resident", "on_demand")     # every expert on the GPU; or no expert kept after its copy
+CPU_LANE_POLICIES = ("cpu_compute", "spice", "spice_no_lore")
+
+
+def policy_knobs(policy: str) -> tuple[str, ...]:
+    """The RunSettings fields among cache_frac, tau_prefetch, max_lookahead, tau_approx, lore_rank and cpu_lane that
+    ``policy`` reads, in that order."""
+    used = {"cache_frac": policy not in NO_CACHE_POLICIES,
+            "tau_prefetch": policy not in BASELINE_POLICIES, "max_lookahead": policy not in BASELINE_POLICIES,
+            "tau_approx": policy not in EXACT_POLICIES, "lore_rank": policy not in EXACT_POLICIES,
+            "cpu_lane": policy in CPU_LANE_POLICIES}
+    return tuple(name for name, on in used.items() if on)
+
+
+def settings_line(settings: RunSettings, info: EngineInfo | None = None) -> str:
+    """The policy as the menu names it, and only the settings it reads (`policy_knobs`), as they are: "spice_no_cpu
+    · … CPU lane on" and a LoRE rank beside spice_no_lore said what the run did not do. τ_approx and the LoRE rank
+    go where the model has no LoRE factors (nothing is approximated; the banner says so)."""
+    used = set(policy_knobs(settings.policy))
+    if not getattr(info, "has_lore", True):
+        used -= {"tau_approx", "lore_rank"}
+    parts = [f"<b>{html.escape(POLICY_LABELS.get(settings.policy, settings.policy))}</b>"]
+    shown = {"cache_frac": f"cache {settings.cache_frac:.0%}",
+             "tau_prefetch": f"τ<sub>prefetch</sub> {settings.tau_prefetch:g}",
+             "max_lookahead": f"lookahead ≤ {settings.max_lookahead}",
+             "tau_approx": f"τ<sub>approx</sub> {settings.tau_approx:g}",
+             "lore_rank": f"LoRE r{settings.lore_rank}",
+             "cpu_lane": f"CPU lane {'on' if settings.cpu_lane else 'off'}"}
+    return " · ".join(parts + [words for name, words in shown.items() if name in used])
 
 
 def stats_html(live: LiveRun | None, settings: RunSettings, info: EngineInfo, *, state: str = "",
@@ -169,10 +201,10 @@ def stats_html(live: LiveRun | None, settings: RunSettings, info: EngineInfo, *,
     timing = (live.timing if live is not None and live.timing else info.default_timing)
     shown = next_settings if next_settings is not None and (live is None or live.n_tokens == 0) else settings
     where = f"{shown.profile}, {shown.shape}" if timing == "modeled" else info.device
-    head = f"{settings_line(shown)} · <span class='timing'>{html.escape(f'{timing} ({where})')}</span>"
+    head = f"{settings_line(shown, info)} · <span class='timing'>{html.escape(f'{timing} ({where})')}</span>"
     if next_settings is not None and shown is settings and next_settings != settings:
-        head = (f"<span class='next'>Next message: {settings_line(next_settings)}</span><br>"
-                f"Last reply ran with: {settings_line(settings)} · "
+        head = (f"<span class='next'>Next message: {settings_line(next_settings, info)}</span><br>"
+                f"Last reply ran with: {settings_line(settings, info)} · "
                 f"<span class='timing'>{html.escape(f'{timing} ({where})')}</span>")
     if stream is not None and stream.changes:
         last = stream.changes[-1]
@@ -187,20 +219,24 @@ def stats_html(live: LiveRun | None, settings: RunSettings, info: EngineInfo, *,
         status = "done" if summary is not None else "streaming"
         stall_share = live.stall_ms_per_token / live.tpot_ms if live.tpot_ms > 0 else 0.0
         reason, share = live.main_stop_reason()
-        stop = f"stopped: {STOP_REASONS.get(reason, reason)} ({100 * share:.0f}%)" if reason else "mean depth (layers)"
+        stop = (f"stop: {STOP_WORDS.get(reason, reason)} ({100 * share:.0f}%)", f"mean depth in layers; "
+                f"{100 * share:.0f}% of the layers planned stopped: {STOP_REASONS.get(reason, reason)}") if reason \
+            else "mean depth (layers)"
         cards = [
             ("tokens", f"{live.n_tokens}", f"{run_id} · {status}", ""),
             ("TTFT", f"{live.ttft_ms:.1f} ms", "incl. prefill", ""),
             ("TPOT", f"{live.tpot_ms:.2f} ms", f"median, {timing}", ""),
             ("tokens/s", f"{live.tokens_per_s:.1f}", f"{timing}; streamed {wall_tps:.1f}/s", ""),
             ("hit rate", f"{100 * live.hit_rate:.0f}%",
-             f"in time; {100 * live.late_rate:.0f}% late prefetches" if live.late_rate >= 0.005 else "resident + prefetched in time",
+             (f"{100 * live.late_rate:.0f}% late prefetches", f"in time; {100 * live.late_rate:.0f}% late prefetches")
+             if live.late_rate >= 0.005 else "resident + prefetched in time",
              _level(live.hit_rate, 0.8, 0.5)),
-            ("copied", *_copied_card(live), ""),
+            ("copied per token", *_copied_card(live), ""),
             ("stall", f"{live.stall_ms_per_token:.2f} ms", f"per token ({100 * stall_share:.0f}% of TPOT)",
              _level(stall_share, 0.1, 0.4, higher_is_better=False)),
-            ("lookahead", f"{live.mean_lookahead:.1f} of {settings.max_lookahead}", stop, ""),
         ]
+        if "max_lookahead" in policy_knobs(settings.policy):      # a policy that never prefetches has no lookahead
+            cards.append(("lookahead", f"{live.mean_lookahead:.1f} of {settings.max_lookahead}", stop, ""))
         if live.prefetches_issued:
             wasted = live.prefetches_wasted / live.prefetches_issued
             cards.append(("prefetches", f"{live.prefetches_issued}",
@@ -211,21 +247,24 @@ def stats_html(live: LiveRun | None, settings: RunSettings, info: EngineInfo, *,
             level = ""
             if value.endswith("%"):
                 level = _level(float(value[:-1]) / 100, AGREEMENT_GOOD, AGREEMENT_WARN)
-            cards.append(("greedy agreement", value, detail or "vs exact settings", level))
+            measured = detail.startswith("measured: ") if detail else False     # the line a phone's card shows
+            cards.append(("greedy agreement", value, (detail[10:].split(" · ")[0], detail) if measured
+                          else detail or "vs exact settings", level))
     why = [note] if note else []
     why += why_lines(live, settings) if live is not None and live.n_tokens else []
     notes = ("<ul class='notes spice-why'>" + "".join(f"<li>{html.escape(w)}</li>" for w in why) + "</ul>") if why else ""
     body = "".join(
         f"<div class='card {level}' title='{html.escape(TIPS.get(k, ''), quote=True)}'>"
         f"<div class='k'>{html.escape(k)}</div><div class='v'>{html.escape(v)}</div>"
-        f"<div class='s' title='{html.escape(sub, quote=True)}'>{html.escape(sub)}</div></div>"
+        f"<div class='s' title='{html.escape(sub[-1] if isinstance(sub, tuple) else sub, quote=True)}'>"
+        f"{html.escape(sub[0] if isinstance(sub, tuple) else sub)}</div></div>"
         for k, v, sub, level in cards)
     return f"<div class='spice-stats'><div class='head'>{head}</div><div class='cards'>{body}</div>{notes}</div>"
 
 
 def _copied_card(live: LiveRun) -> tuple[str, str]:
     shown, native = timed_bytes(live.shape_bytes_per_token, live.bytes_per_token)
-    return fmt_bytes(shown), "per token, own sizes" if native is None else f"native {fmt_bytes(native)} per token"
+    return fmt_bytes(shown), "own sizes" if native is None else f"native {fmt_bytes(native)}"
 
 
 def why_lines(live: LiveRun, settings: RunSettings) -> list[str]:
@@ -234,17 +273,35 @@ def why_lines(live: LiveRun, settings: RunSettings) -> list[str]:
     out = []
     reason, share = live.main_stop_reason()
     if live.prefetches_issued and live.mean_lookahead < 0.5 and reason == "time":
-        out.append(f"Max lookahead and τ_prefetch change little here: on the {settings.profile} profile an expert's "
-                   f"copy outlasts a layer's compute, so the lookahead stopped at depth 0 "
-                   f"({100 * share:.0f}% of layers) and the likeliest experts are copied anyway, late. A faster link "
-                   "(the hardware profile menu) or a larger GPU cache gives them room.")
+        # The lookahead card's numbers, in words: its mean depth, and the share of layer plans its reason stopped
+        # (not a share of layers at depth 0, which this note used to claim beside a card saying 0.1).
+        link = f"on the {settings.profile} profile" if live.timing != "measured" else "on this machine's link"
+        out.append(f"Max lookahead and τ_prefetch change little here: {link} an expert's copy outlasts a layer's "
+                   f"compute, so prefetches were in time only {live.mean_lookahead:.1f} layers ahead on average (of "
+                   f"{settings.max_lookahead} allowed): {100 * share:.0f}% of the layers planned stopped the "
+                   "lookahead because copies could not arrive in time. The likeliest experts are copied anyway, late. "
+                   "A faster link (the hardware profile menu) or a larger GPU cache gives them room.")
     elif reason == "bound" and share > 0.5:
-        out.append(f"The lookahead stopped at its bound most often: raising max lookahead "
-                   f"(now {settings.max_lookahead}) lets it prefetch further ahead.")
+        out.append(f"The lookahead stopped at its bound in {100 * share:.0f}% of the layers planned: raising max "
+                   f"lookahead (now {settings.max_lookahead}) lets it prefetch further ahead.")
     if settings.tau_approx > 0 and live.counts is not None and live.counts[..., OUTCOME_INDEX["approx"]].sum():
         out.append("τ_approx above 0 replaces some experts by a low-rank surrogate, which computes less than the "
                    "expert itself: modeled times can fall below resident's, at a cost in quality (greedy agreement).")
     return out
+
+
+def at_limit(reply: str, n_tokens: int, max_new_tokens: int, context_tokens: int) -> tuple[str, str]:
+    """A reply that a token limit ended (finish "length"): (its text, ended at its last full sentence when that keeps
+    most of it; the note that says which limit ended it). The note is there whatever the reply ends on: one that
+    happened to end on a full stop said nothing, as if the model had finished."""
+    trimmed = trim_to_sentence(reply)
+    if n_tokens < max_new_tokens:           # the model's context, not "Max new tokens", ended it
+        limit, room = (f"the model's context ({context_tokens:,} tokens)",
+                       "a New chat or a shorter message leaves more room")
+    else:
+        limit, room = f"the {n_tokens}-token limit", "raise “Max new tokens” for longer stories"
+    ending = "the reply ends at its last full sentence" if trimmed != reply else "the reply may be unfinished"
+    return trimmed, f"ℹ Reached {limit}: {ending} ({room})"
 
 
 SENTENCE_END = re.compile(r"[.!?][\"”’')\]]*(?=\s|$)")

@@ -22,7 +22,7 @@ from pydantic import model_validator
 
 from spice_core.api import DEFAULT_LORE_RANK, EngineInfo, EngineLike, RunSettings, own_shape
 from spice_core.errors import ConfigError, SpiceError
-from pages.limits import Limits
+from pages.limits import SLIDER_RANGES, Limits, slider_ranges  # noqa: F401 - SLIDER_RANGES: re-exported
 from pages.models import SwitchBook
 from pages.owners import RunBook, valid_run_id
 from pages.runner import EngineRunner
@@ -189,17 +189,10 @@ FIELD_CONTROLS = {"policy": "Policy", "cache_frac": "GPU cache size", "tau_prefe
                   "max_new_tokens": "Max new tokens", "temperature": "Temperature"}
 
 
-# The chat's sliders: (minimum, maximum, step). A slider's range is the range its setting takes in the app
-# and its API: a browser clamps a number typed beyond it to the slider's end when its box is left.
-# Max new tokens: 1 to the app's limit (pages/limits.py).
-SLIDER_RANGES = {"cache_frac": (0.0, 1.0, 0.05), "tau_prefetch": (0.0, 1.0, 0.05), "tau_approx": (0.0, 0.2, 0.005),
-                 "max_lookahead": (1, 16, 1), "temperature": (0.0, 2.0, 0.05)}
-
-
 def settings_from_values(info: EngineInfo, values: dict, limits: Limits | None = None) -> RunSettings:
-    """RunSettings from control values (UI or API) within the UI's ranges (the sliders', and the app's cap on
-    new tokens); ConfigError naming the control and the range it takes."""
-    ranges = SLIDER_RANGES | {"max_new_tokens": (1, (limits or Limits()).chat_max_new_tokens, 1)}
+    """RunSettings from control values (UI or API) within the UI's ranges (the sliders', `slider_ranges`, and the
+    app's cap on new tokens); ConfigError naming the control and the range it takes."""
+    ranges = slider_ranges(info, limits)
     try:
         return _settings_from_values(info, values, ranges)
     except ConfigError as exc:
@@ -286,8 +279,10 @@ def default_settings(info: EngineInfo) -> RunSettings:
     profile = base.profile if base.profile in info.profiles else info.profiles[0]
     own = own_shape(info)
     shape = own if own in info.shapes else base.shape if base.shape in info.shapes else info.shapes[0]
+    cache = max(base.cache_frac, slider_ranges(info)["cache_frac"][0])     # a model too large for the default
     return RunSettings(**{f.name: getattr(base, f.name) for f in fields(base)}
-                       | {"policy": policy, "profile": profile, "shape": shape, "max_new_tokens": DEFAULT_CHAT_TOKENS})
+                       | {"policy": policy, "profile": profile, "shape": shape, "max_new_tokens": DEFAULT_CHAT_TOKENS,
+                          "cache_frac": cache})
 
 
 # --- exports ---------------------------------------------------------------------------------
@@ -528,11 +523,22 @@ UI_NAMES = {"--cache-frac": "GPU cache size", "--cache-gb": "GPU cache size", "-
             "--profile": "Hardware profile", "--shape": "Model shape", "--lore-rank": "LoRE rank",
             "--max-lookahead": "Max lookahead", "--temperature": "Temperature"}
 _CACHE_GB = re.compile(r" or GPU cache size to >= [0-9.]+")
+# The engine's refusal of a cache below one layer's experts, in GB to 4 decimals ("cache budget 0.0000 GB is smaller
+# than one layer's top-6 experts (0.0001 GB): raise --cache-frac to >= 0.0036 ..."): said again in the slider's terms.
+_CACHE_TOO_SMALL = re.compile(r"cache budget [0-9.]+ GB is smaller than one layer's top-(\d+) experts \([0-9.]+ GB\): "
+                              r"raise --cache-frac to >= ([0-9.]+)")
+_GB = re.compile(r"\b([0-9]+\.[0-9]+) GB\b")
 
 
 def spice_error_text(exc: BaseException) -> str:
-    """The one line shown to a user for an error they can fix, in the app's words (control names, not flags)."""
+    """The one line shown to a user for an error they can fix, in the app's words (control names, not flags; sizes
+    in readable units)."""
     line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    small = _CACHE_TOO_SMALL.search(line)
+    if small:
+        need = float(small.group(2))
+        return (f"GPU cache size is too small for this model: one layer's top-{small.group(1)} experts need {need:.2%} "
+                f"of all experts, so raise GPU cache size to at least {need:g}")
     for flag, control in UI_NAMES.items():
         line = line.replace(flag, control)
-    return _CACHE_GB.sub("", line)
+    return _GB.sub(lambda m: fmt_bytes(float(m.group(1)) * 1e9), _CACHE_GB.sub("", line))

@@ -7,8 +7,12 @@ not depend on how fast the host is; the wall time does).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
 
+from spice_core.api import EngineInfo
 from spice_core.errors import ConfigError
 
 
@@ -22,6 +26,64 @@ class Limits:
     sweep_token_budget: int = 4096         # runs × tokens per run, references included
     history_max_messages: int = 200        # chat messages kept from a client's history (newest)
     trace_max_window_tokens: int = 4096    # "Tokens shown" in the trace explorer
+
+
+# The chat's sliders: (minimum, maximum, step). A slider's range is the range its setting takes in the app
+# and its API: a browser clamps a number typed beyond it to the slider's end when its box is left.
+# GPU cache size starts at the smallest step a model can run with (`slider_ranges`); Max new tokens: 1 to the
+# app's limit (`Limits.chat_max_new_tokens`).
+SLIDER_RANGES = {"cache_frac": (0.0, 1.0, 0.05), "tau_prefetch": (0.0, 1.0, 0.05), "tau_approx": (0.0, 0.2, 0.005),
+                 "max_lookahead": (1, 16, 1), "temperature": (0.0, 2.0, 0.05)}
+
+
+def min_cache_share(info: EngineInfo) -> Fraction:
+    """The smallest GPU cache size (a share of all routed experts, every expert the same size) the engine runs
+    with: one layer's top-k experts; the engine refuses less. 0 for an engine that does not say its sizes."""
+    n_routed = getattr(info, "n_experts", 0) * len(getattr(info, "moe_layers", ()) or ())
+    return min(Fraction(1), Fraction(getattr(info, "top_k", 0), n_routed)) if n_routed else Fraction(0)
+
+
+def step_decimals(step: float) -> int:
+    """Decimals a value on a slider of ``step`` is written with (0.005 -> 3, 0.05 -> 2, 1 -> 0)."""
+    return max(0, -Decimal(str(step)).normalize().as_tuple().exponent)
+
+
+def on_step(value: float, low: float, step: float) -> float:
+    """``value`` at the nearest of a slider's steps from ``low`` (halves up), written as the slider writes it."""
+    k = math.floor((Fraction(str(value)) - Fraction(str(low))) / Fraction(str(step)) + Fraction(1, 2))
+    return round(float(Fraction(str(low)) + k * Fraction(str(step))), step_decimals(step))
+
+
+def slider_ranges(info: EngineInfo, limits: Limits | None = None) -> dict[str, tuple]:
+    """The chat's sliders for this model: SLIDER_RANGES with GPU cache size from the first step that holds one
+    layer's top-k experts (0 was on the slider and the engine refused it whatever the model), and Max new tokens up
+    to the app's cap. The app and its API take each setting within these ranges."""
+    low, high, step = SLIDER_RANGES["cache_frac"]
+    need = min_cache_share(info)
+    first = min(high, float(math.ceil(need / Fraction(str(step))) * Fraction(str(step)))) if need > low else low
+    return SLIDER_RANGES | {"cache_frac": (round(first, step_decimals(step)), high, step),
+                            "max_new_tokens": (1, (limits or Limits()).chat_max_new_tokens, 1)}
+
+
+class OutOfRange(ConfigError):
+    """A number typed into a slider's box that the slider does not take (not a number, or beyond its ends)."""
+
+
+def on_slider(raw, low: float, high: float, step: float) -> float:
+    """A number typed into a slider's box, at the nearest of its steps (the slider shows no other); OutOfRange
+    when it is not a finite number from ``low`` to ``high``, with the words a note completes ("… is out of
+    range")."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+        raise OutOfRange("is not a number")
+    try:
+        number = float(raw)
+    except (ValueError, OverflowError):
+        raise OutOfRange("is not a number") from None
+    if not math.isfinite(number):
+        raise OutOfRange("is not a number")
+    if not low <= number <= high:
+        raise OutOfRange("is out of range")
+    return min(high, max(low, on_step(number, low, step)))
 
 
 def bounded_number(value, control: str, lo: float, hi: float, *, integer: bool = False) -> float | int:

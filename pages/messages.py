@@ -4,9 +4,17 @@ The chat shows three kinds of messages: the user's, the model's, and the app's o
 (notices such as "message not sent", and run statistics). The app's notes carry
 ``metadata.title`` and never reach the model. History arrives from Gradio (content as a list of
 parts, FACTS.md) or from API clients (plain strings); both are accepted.
+
+Why the user's and the model's text are escaped in the chat (`shown_text`): Gradio's chat renders every
+message as Markdown with HTML (sanitised, but an <img> stays an image and loads its src), with no option per
+message, and the app's own notes need Markdown (bold, links). So a message's text is stored in the chat as
+Markdown that shows it literally, and `typed_text` gives back exactly what was typed (or generated) before the
+model sees it. Only the characters that can start Markdown or HTML are escaped, so an ordinary sentence is
+stored, copied and edited unchanged.
 """
 from __future__ import annotations
 
+import re
 import unicodedata
 from dataclasses import dataclass
 
@@ -55,6 +63,51 @@ def problem_with(message: CleanMessage, raw_len: int, max_chars: int, max_contex
             return "Your message only had control characters, so there is nothing to send. Type some text."
         return "Nothing to send: the message is empty. Type a question and press Enter."
     return ""
+
+
+# --- the user's and the model's text in the chat ---------------------------------------------------------------
+# Escaped wherever they are: they start HTML, an entity, code, emphasis, links, tables, headings, strike-through, LaTeX.
+_ALWAYS = frozenset("\\`*_[]<>&#|~$@")
+_PUNCT = r"!-/:-@\[-`{-~"                         # ASCII punctuation: what a Markdown backslash escapes
+_UNESCAPE = re.compile(rf"\\([{_PUNCT}])")
+_LINE_START = re.compile(r"^([ \t]*)([-+=]|\d{1,9}[.)])")  # a list item, a setext underline or a rule at a line's start
+_AUTOLINK = re.compile(r"(?i)(?<=www)\.|:(?=//)")      # www. and scheme:// (marked links them without brackets)
+_INDENT_COLUMNS = 4                                       # an indented code block, where nothing is interpreted
+
+
+def _code_lines(lines: list[str]) -> list[bool]:
+    """Which lines an indented code block holds (shown as typed, so left as they are): indented 4 columns or more
+    and not continuing a paragraph. With every list and quote marker escaped, no other block can hold them."""
+    out, prev_code, prev_blank = [], False, True
+    for line in lines:
+        blank = not line.strip()
+        indent = len(line.expandtabs(_INDENT_COLUMNS)) - len(line.expandtabs(_INDENT_COLUMNS).lstrip())
+        code = not blank and indent >= _INDENT_COLUMNS and (prev_blank or prev_code)
+        out.append(code or (blank and prev_code))
+        prev_code, prev_blank = code or (blank and prev_code), blank
+    return out
+
+
+def shown_text(text: str) -> str:
+    """``text`` as Markdown that the chat shows literally (no HTML, no Markdown); `typed_text` undoes it."""
+    lines = text.split("\n")
+    out = []
+    for line, code in zip(lines, _code_lines(lines)):
+        if code:
+            out.append(line)
+            continue
+        start = _LINE_START.match(line)
+        marks = {start.end(2) - 1} if start else set()
+        marks |= {m.start() for m in _AUTOLINK.finditer(line)}
+        out.append("".join("\\" + ch if ch in _ALWAYS or i in marks else ch for i, ch in enumerate(line)))
+    return "\n".join(out)
+
+
+def typed_text(shown: str) -> str:
+    """The text `shown_text` was given: every backslash before punctuation dropped, outside code lines. (An API
+    client's own history in plain text loses only a backslash it put before punctuation.)"""
+    lines = shown.split("\n")
+    return "\n".join(line if code else _UNESCAPE.sub(r"\1", line) for line, code in zip(lines, _code_lines(lines)))
 
 
 def content_text(content) -> str:
@@ -134,7 +187,7 @@ def restore_kept(saved, cursor: str) -> list[dict]:
     """The conversation a browser kept (a reload or another page must not lose it); [] when it kept none. A reply
     that was streaming when the page went away ended there (the engine stops a reply nobody reads): it keeps
     its text, without the ``cursor``, and a note says so."""
-    history = normalize_history(saved)
+    history = without_transient(normalize_history(saved))
     if not history:
         return []
     last = history[-1]
@@ -147,14 +200,47 @@ def restore_kept(saved, cursor: str) -> list[dict]:
 
 
 def engine_turns(history: list[dict]) -> list[dict]:
-    """The turns the model sees: user and assistant text, without the app's notes or empty turns."""
-    return [{"role": m["role"], "content": m["content"]} for m in history
-            if not is_app_note(m) and m["content"].strip()]
+    """The turns the model sees: user and assistant text as typed or generated (`typed_text`), without the app's
+    notes or empty turns."""
+    turns = [{"role": m["role"], "content": typed_text(m["content"])} for m in history if not is_app_note(m)]
+    return [t for t in turns if t["content"].strip()]
 
 
 def note(title: str, body: str = "", status: str = "done") -> dict:
     """An app note in the chat (not sent to the model)."""
     return {"role": "assistant", "content": body, "metadata": {"title": title, "status": status}}
+
+
+# A note about the last action only (a message not sent, a reply still streaming): the next action replaces it, and the
+# browser does not keep it (pages.chat_js). Sending an empty message twice used to add two identical notes, kept
+# across reloads.
+TRANSIENT_TAG = "notice:"
+
+
+def transient_note(title: str, body: str = "", kind: str = "last-action") -> dict:
+    message = note(title, body)
+    message["metadata"]["id"] = TRANSIENT_TAG + kind
+    return message
+
+
+def is_transient(message) -> bool:
+    meta = message.get("metadata") if isinstance(message, dict) else None
+    tag = meta.get("id") if isinstance(meta, dict) else None
+    return isinstance(tag, str) and tag.startswith(TRANSIENT_TAG)
+
+
+def without_transient(history: list[dict]) -> list[dict]:
+    return [m for m in history if not is_transient(m)]
+
+
+def cut_at_last_user(history, index: int | None = None) -> tuple[list[dict], int] | None:
+    """(the history, the index of its last user message, at or before ``index`` when given), for a retry or an
+    edit; None when there is none."""
+    history = normalize_history(history)
+    users = [i for i, m in enumerate(history) if m["role"] == "user" and not is_app_note(m)]
+    if index is not None:
+        users = [i for i in users if i <= index]
+    return (history, users[-1]) if users else None
 
 
 def drop_oldest_turn(turns: list[dict]) -> list[dict] | None:

@@ -32,8 +32,8 @@ def test_a_policy_picked_and_the_cpu_lane_unticked_apply_and_the_reply_runs_on_t
         assert "CPU lane on" in page.inner_text("#spice-stats")
 
         page.click("#ctl-policy input")
-        page.click("#ctl-policy [role=option]:has-text('LRU')")
-        _until(page, f"() => {stats}.includes('lru')", "the policy picked never applied")
+        page.click("#ctl-policy [role=option]:has-text('SPICE without LoRE')")   # a policy with a CPU lane
+        _until(page, f"() => {stats}.includes('SPICE without LoRE')", "the policy picked never applied")
         page.click("#ctl-cpu input[type=checkbox]")
         _until(page, f"() => {stats}.includes('CPU lane off')", "the unticked CPU lane never applied")
         assert "Error" not in page.inner_text("#spice-settings-note")
@@ -45,6 +45,6 @@ def test_a_policy_picked_and_the_cpu_lane_unticked_apply_and_the_reply_runs_on_t
                                polling=50)
         _until(page, "() => !document.body.classList.contains('spice-generating')", "the reply never ended", 240)
         head = page.inner_text("#spice-stats")
-        assert "lru" in head and "CPU lane off" in head, head
+        assert "SPICE without LoRE" in head and "CPU lane off" in head, head
     finally:
         page.close()

@@ -52,13 +52,21 @@ def test_real_engine_chat_streams_and_its_trace_exports_as_valid_chrome_json(rea
     c.close()
 
 
-def test_real_engine_refuses_a_too_small_cache_with_its_own_message(real):
+def test_a_cache_below_the_models_smallest_is_refused_by_the_app_and_the_smallest_runs(real):
+    """Regression (QA, defect 2): 0 was on the cache slider and the engine refused it, whatever the model, in GB to four
+    decimals. The app's range starts at the smallest step that holds one layer's top-k experts (the engine's own
+    bound, per model): below it the app says the range, and at it the engine runs."""
+    from pages.limits import slider_ranges
+
+    low = slider_ranges(real.ctx.info)["cache_frac"][0]
+    assert 0 < low < 1
     c = Client(real.url, verbose=False)
     out = c.predict(*chat_inputs("the cat", max_new_tokens=4, policy="lru", cache_frac=0.0), api_name="/chat")
     notes = last_notes(out[1])
-    assert any(n.startswith("⚠ The engine refused this message") and "cache" in n for n in notes), notes
-    out = c.predict(*chat_inputs("the cat", out[1], max_new_tokens=4), api_name="/chat")
-    assert any(n.startswith("Run ") for n in last_notes(out[1]))
+    assert any(n.startswith("⚠ Settings not applied: GPU cache size") and f"[{low:g}, 1]" in n for n in notes), notes
+    for policy in ("lru", "spice"):
+        out = c.predict(*chat_inputs("the cat", max_new_tokens=4, policy=policy, cache_frac=low), api_name="/chat")
+        assert any(n.startswith("Run ") for n in last_notes(out[1])), last_notes(out[1])
     c.close()
 
 

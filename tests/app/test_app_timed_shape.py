@@ -44,7 +44,7 @@ def _card(html: str, key: str) -> tuple[str, str]:
 
 def test_the_copied_card_shows_the_timed_shapes_bytes_and_the_native_ones_under_them(shipped_run):
     engine, settings, live, summary, _ = shipped_run
-    value, sub = _card(stats_html(live, settings, engine.info(), summary=summary), "copied")
+    value, sub = _card(stats_html(live, settings, engine.info(), summary=summary), "copied per token")
     assert value == fmt_bytes(summary.shape_bytes_per_token)
     assert f"native {fmt_bytes(summary.bytes_per_token)}" in sub
     assert live.shape_bytes_per_token == pytest.approx(summary.shape_bytes_per_token)

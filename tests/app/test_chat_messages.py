@@ -1,0 +1,97 @@
+"""What the chat holds: the visitor's and the model's text shown as it is, never as HTML (while the model reads
+exactly what was typed), notes about the last action that do not pile up, and the note a token limit leaves. Unit
+tests of pages.messages and API flows on the fake engine."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from app_helpers import chat_inputs, content, last_notes
+from pages.chat_settings import restored, settings_json
+from pages.common import default_settings
+from pages.limits import Limits
+from pages.messages import engine_turns, restore_kept, shown_text, transient_note, typed_text
+from fake_engine import FakeEngine
+
+HOSTILE = "<img src=x onerror=alert(1)> <b>bold</b> a<b story about a cat."
+
+
+@pytest.mark.parametrize("text", [
+    HOSTILE, "Tell me a story about a cat and a ball.", "1. one\n2) two\n- three\n+ four\nTitle\n===\n---",
+    "**bold** _it_ `code` ~~gone~~ [link](https://example.com) ![img](x) <https://a.b> www.a.b c@d.ef",
+    "$$x^2$$ | a | b |\n|---|---|", "# heading\n> quote\n\n    indented *code*\n\nback\\*slash\\\\", "&lt; &amp; &#42;",
+])
+def test_shown_text_gives_back_exactly_what_was_typed(text):
+    assert typed_text(shown_text(text)) == text
+
+
+def test_shown_text_round_trips_any_mix_of_markup_characters():
+    rng = random.Random(7)
+    alphabet = list("ab \n\t\\`*_[]<>&#|~$@-+=.):/w1!(")
+    for _ in range(20_000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 16)))
+        assert typed_text(shown_text(text)) == text, repr(text)
+
+
+def test_an_ordinary_sentence_is_stored_unchanged():
+    """Only what can start Markdown or HTML is escaped: copying or editing a sentence shows it as typed."""
+    for text in ("Tell me a story about a fox and a drum.", "Why? Because, it's 3.5 km (about 2 miles) away!"):
+        assert shown_text(text) == text
+
+
+def test_a_hostile_message_reaches_the_model_as_typed_and_is_shown_as_text(served, client):
+    """Regression (QA, defect 1): a message was rendered as HTML (a real <img> that requested /x on every reload,
+    real bold). The chat holds it escaped, the model reads it as typed, also from the history the next time."""
+    out = client.predict(*chat_inputs(HOSTILE, max_new_tokens=4), api_name="/chat")
+    users = [m for m in out[1] if m["role"] == "user"]
+    assert content(users[0]) == shown_text(HOSTILE) and "<img" not in content(users[0]).replace("\\<img", "")
+    assert served.engine.generations[-1]._prompt.startswith(f"user: {HOSTILE}\nassistant:")
+    client.predict(*chat_inputs("And another one.", out[1], max_new_tokens=4), api_name="/chat")
+    assert f"user: {HOSTILE}\n" in served.engine.generations[-1]._prompt
+    assert engine_turns([{"role": "assistant", "content": shown_text("a <b>reply</b>")}])[0]["content"] == \
+        "a <b>reply</b>"        # the model's own text goes back to it as it was generated
+
+
+def test_a_blank_message_sent_twice_leaves_one_note_and_the_next_message_replaces_it(served, client):
+    """Regression (QA, defect 7): every empty or blank send added one more identical "⚠ Message not sent…", kept
+    across reloads."""
+    first = client.predict(*chat_inputs("hello", max_new_tokens=4), api_name="/chat")[1]
+    history = first
+    for blank in ("", "   ", ""):
+        history = client.predict(*chat_inputs(blank, history), api_name="/chat")[1]
+    notes = [n for n in last_notes(history) if "Message not sent" in n]
+    assert len(notes) == 1 and len(history) == len(first) + 1, last_notes(history)
+    after = client.predict(*chat_inputs("hello again", history, max_new_tokens=4), api_name="/chat")[1]
+    assert not [n for n in last_notes(after) if "Message not sent" in n], last_notes(after)
+    # A page reload brings back the conversation without it (a browser that kept one before).
+    assert restore_kept(history, "▍") == restore_kept(first, "▍")
+    assert not restore_kept([transient_note("⚠ Message not sent: empty")], "▍")
+
+
+def test_a_reply_that_used_every_token_says_so_even_untrimmed(served, client):
+    """Regression (QA, defect 4): the limit's note came only when the reply could be trimmed to a sentence."""
+    out = client.predict(*chat_inputs("Tell me a story", max_new_tokens=6), api_name="/chat")
+    notes = last_notes(out[1])
+    assert any(n.startswith("ℹ Reached the 6-token limit") for n in notes), notes
+
+
+def test_kept_settings_come_back_checked_as_typed_ones():
+    """Defect 8: what a browser kept is the browser's; a stale or tampered value never applies out of range and
+    never raises; the rest of what was kept applies."""
+    info = FakeEngine().info()
+    defaults = default_settings(info)
+    kept = {"policy": "lru", "cache_frac": 0.5, "tau_prefetch": 0.6, "max_new_tokens": 64}
+    settings, notes = restored(info, Limits(), defaults, kept)
+    assert (settings.policy, settings.cache_frac, settings.tau_prefetch, settings.max_new_tokens, notes) == \
+        ("lru", 0.5, 0.6, 64, [])
+    assert restored(info, Limits(), defaults, json.loads(settings_json(settings)))[0] == settings
+    tampered = {"policy": "turbo", "cache_frac": 7, "tau_prefetch": "0.6", "max_lookahead": [1], "lore_rank": 0,
+                "cpu_lane": "yes", "profile": None, "temperature": float("nan"), "max_new_tokens": 10**12,
+                "tau_approx": 0.0123, "evil": 1}
+    settings, notes = restored(info, Limits(), defaults, tampered)
+    assert settings == defaults.__class__(**{**defaults.__dict__, "tau_prefetch": 0.6, "tau_approx": 0.01})
+    assert len(notes) == 8 and all(n.startswith("⚠ Not restored:") for n in notes), notes
+    for junk in (None, [], "x", 3, {"h": []}):
+        assert restored(info, Limits(), defaults, junk) == (defaults, [])
