@@ -8,7 +8,12 @@
              picked and why (the record's reason)
     page load ──► TuneBook.take_for_chat(visitor) (a pick the sweep page handed over) ──► apply, the same way
               └─ else a pick saved beside the model for this cache, profile and shape (TuneBook.saved_for) ──►
-                 the side bar offers it: Auto with its budget finds it in the book and applies it, without a tune
+                 the side bar offers it: Auto with its budget and reply length finds it in the book and applies it,
+                 without a tune; one whose quality was never confirmed on replies as long as this session's is
+                 offered with that caveat, and Auto tunes again instead of applying it (pages.tuning)
+
+Whatever is applied, the side bar says what its quality stands on, and warns when the pick is not known to be
+within its budget for this session's replies (a max new tokens above the length it was confirmed for).
 
 Knows the chat page only through what it hands over (its session, controls, lock and settings handlers).
 """
@@ -42,8 +47,9 @@ class AutoTune:
     def build(self) -> None:
         with gr.Group(elem_id="ctl-auto-group"):
             gr.Markdown("**Auto (within budget)**: the fastest spice setting for this model, cache, profile and "
-                        "shape whose measured quality keeps the budget (a tune takes "
-                        f"{tuning.APP_TUNE_WORDS} here, once per cache, profile, shape and budget).",
+                        "shape whose measured quality keeps the budget on replies as long as your max new tokens "
+                        f"(a tune takes {tuning.APP_TUNE_WORDS} here, once per cache, profile, shape, budget and reply "
+                        "length).",
                         elem_classes=["spice-note"], padding=True)
             with gr.Row():
                 self.ppl = FreeNumber(tuning.DEFAULT_PPL_PCT, label="Perplexity +% at most", minimum=0,
@@ -121,11 +127,15 @@ class AutoTune:
         record = self.book.take_for_chat(owner_of(request) + self.ctx.key) if owner_of(request) else None
         if record is not None:
             return self.apply(session, record, "from the sweep page")
-        kept = self.book.saved_for(self.ctx.key, session.settings or self.page.defaults)
+        settings = session.settings or self.page.defaults
+        kept = self.book.saved_for(self.ctx.key, settings)
         if kept is None:
             return (skip,) * n_out
-        return (esc(tuning.saved_markdown(kept, "Auto (within budget) with that budget applies it at once, without "
-                                                "a tune.")), *[skip] * (n_out - 1))
+        reply = settings.max_new_tokens
+        then = ("Auto (within budget) with that budget applies it at once, without a tune."
+                if tuning.reused_for(kept.record, reply) else
+                f"Auto (within budget) does not apply it: it tunes again, re-measuring on replies of {reply} tokens.")
+        return (esc(tuning.saved_markdown(kept, then, reply)), *[skip] * (n_out - 1))
 
     def apply(self, session, record, how: str) -> tuple:
         """The pick on top of the session's settings, through the chat's own settings path: (auto note, settings
@@ -146,5 +156,5 @@ class AutoTune:
         applied = "Applied to your next message. " if not session.streaming() else \
             "τ_approx, τ_prefetch and max lookahead apply from the next token of this reply; the rest from your " \
             "next message. "
-        return (applied + tuning.pick_markdown(record, how), note, banner, stats, *controls)
+        return (applied + tuning.pick_markdown(record, how, settings.max_new_tokens), note, banner, stats, *controls)
 

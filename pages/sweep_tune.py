@@ -4,6 +4,8 @@
         runner, progress once a second, Stop between settings) ──► TuneRecord
                                                       ──► Pareto plot (every point labelled, ★ the pick),
                                                           table (fastest first, flagged), the pick in words
+    The tune's replies are the chat's default length (pages.common.DEFAULT_CHAT_TOKENS), not the sweep's short runs:
+    the pick is for the chat, and a lossy one is within the budget only for replies as long as it was confirmed on.
     "Use this setting in chat" ──► TuneBook.hand_to_chat(visitor) ──► the browser opens the chat page, whose
         load applies it through the chat's own settings path (pages.chat_auto.adopt)
     "Save this pick beside the model" ──► TuneBook.save_beside_model ──► spice-tuned.json in the model's folder
@@ -23,7 +25,8 @@ import gradio as gr
 
 from spice_core.errors import SpiceError
 from pages import figures_tune
-from pages.common import ENGINE_GROUP, FreeNumber, as_plot, check_profile_and_shape, spice_error_text
+from pages.common import (DEFAULT_CHAT_TOKENS, ENGINE_GROUP, FreeNumber, as_plot, check_profile_and_shape,
+                          spice_error_text)
 from pages.limits import bounded_number
 from pages.owners import esc, owner_of
 from pages import tuning
@@ -50,15 +53,21 @@ class TuneSection:
         self.page, self.ctx = page, page.ctx
         self.book: tuning.TuneBook = page.tunes
         self.book.offer_saved(self.ctx.key, self.ctx.info)
+        # The pick is for the chat ("Use this setting in chat"), so its quality is confirmed on replies as long as the
+        # chat's by default, not on the sweep's short runs.
+        self.reply_tokens = DEFAULT_CHAT_TOKENS
 
     def build(self) -> None:
+        reply = self.reply_tokens
         gr.Markdown("### Fastest setting within a quality budget\nThe tuner searches spice's τ_approx, LoRE rank, "
                     "τ_prefetch, max lookahead and CPU lane for the fastest setting whose measured quality keeps "
                     "the budget, at the GPU cache size, hardware profile and model shape above. Quality: perplexity "
-                    "and greedy agreement against the exact model on held-out text; speed: "
+                    "and greedy agreement against the exact model on held-out text, screened on a short sample and "
+                    f"re-measured on chat replies as long as the chat's ({reply} tokens) before a lossy setting counts "
+                    "as within the budget (agreement over a few tokens runs high: replies diverge later); speed: "
                     f"{'measured' if self.ctx.info.default_timing == 'measured' else 'modeled'} ms per token. "
-                    f"On this app's small evaluation one tune of the shipped model takes {tuning.APP_TUNE_WORDS} on a "
-                    "2-core machine.", elem_id="tune-intro")
+                    f"One tune of the shipped model takes {tuning.APP_TUNE_WORDS} on a 2-core machine.",
+                    elem_id="tune-intro")
         self.session = gr.State(TuneSession())
         with gr.Row(equal_height=True):
             self.ppl = FreeNumber(tuning.DEFAULT_PPL_PCT, label="Perplexity increase at most (%)", minimum=0,
@@ -119,7 +128,8 @@ class TuneSection:
             if "spice" not in info.policies:
                 raise SpiceError("this engine offers no spice policy: there is nothing to tune")
             base = replace(self.page.defaults, policy="spice", profile=profile, shape=shape,
-                           cache_frac=bounded_number(cache_frac, "GPU cache size", 0.0, 1.0))
+                           cache_frac=bounded_number(cache_frac, "GPU cache size", 0.0, 1.0),
+                           max_new_tokens=self.reply_tokens)
         except (SpiceError, TypeError, ValueError) as exc:
             yield f"⚠ Tune not started: {esc(spice_error_text(exc))}", skip, skip, skip, skip
             return
@@ -143,11 +153,10 @@ class TuneSection:
             yield f"⚠ No pick{reason}: {esc(spice_error_text(how))}", skip, skip, skip, skip
             return
         session.record = record
-        met, total = figures_tune.trial_count(record.trials)
         verb = "Stopped early" if record.stopped else "Done"
-        yield (f"{verb}: {total} settings measured, {met} within the budget, in {time.perf_counter() - started:.0f} s "
-               f"({esc(how)}).", as_plot(figures_tune.tune_pareto(record)), figures_tune.tune_table(record),
-               tuning.pick_markdown(record, how), gr.update(interactive=True))
+        yield (f"{verb}: {figures_tune.trial_words(record)}, in {time.perf_counter() - started:.0f} s ({esc(how)}).",
+               as_plot(figures_tune.tune_pareto(record)), figures_tune.tune_table(record),
+               tuning.pick_markdown(record, how, base.max_new_tokens), gr.update(interactive=True))
 
     def use_in_chat(self, session: TuneSession, request: gr.Request = None):
         """Hand the pick to this visitor's chat page and open it (GO_JS)."""
@@ -181,10 +190,14 @@ class TuneSection:
         if kept is None or not isinstance(session, TuneSession) or session.running:
             return skip, skip, skip, skip, skip
         session.record = kept.record
-        return (esc(tuning.saved_markdown(kept, "“Find the fastest setting” with that budget reuses it; “Use this "
-                                                "setting in chat” applies it.")),
+        reply = self.reply_tokens
+        then = ("“Find the fastest setting” with that budget reuses it; “Use this setting in chat” applies it."
+                if tuning.reused_for(kept.record, reply) else
+                f"“Find the fastest setting” with that budget tunes again, re-measuring on chat replies of {reply} "
+                "tokens; “Use this setting in chat” applies it as it is.")
+        return (esc(tuning.saved_markdown(kept, then, reply)),
                 as_plot(figures_tune.tune_pareto(kept.record)), figures_tune.tune_table(kept.record),
-                tuning.pick_markdown(kept.record, f"saved beside the model (`{kept.saved_at}`)"),
+                tuning.pick_markdown(kept.record, f"saved beside the model (`{kept.saved_at}`)", reply),
                 gr.update(interactive=True))
 
     def chat_url(self) -> str:

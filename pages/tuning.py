@@ -20,9 +20,21 @@ wait in the engine's queue; Stop, a closed page (unload) and a reader that went 
 watchdog) end it between two measured settings. The tuner itself takes the engine's lock per measured
 setting (tools.quality), so it can never run inside someone else's generation either.
 
-Why a small evaluation (APP_EVAL): the app runs on a shared 2-core machine; one tune of the shipped model
-with 64 teacher-forced tokens and 2 prompts x 8 greedy tokens measures its 19 settings in 1.5 to 3 minutes
-there (APP_TUNE_WORDS) (the CLI's default evaluation is larger and is what docs/benchmarks/tune/ reports).
+Why a small screening (APP_EVAL) and a confirmation as long as the chat's replies (APP_CONFIRM): the app runs on a
+shared 2-core machine. The screening measures each of the shipped model's 19 settings on 64 teacher-forced tokens and
+2 prompts x 8 greedy tokens (about 50 s there); agreement over 8 tokens runs high (a greedy reply that diverges from
+the exact one does so later and rarely comes back), so it only sorts out what is plainly too lossy. A lossy setting
+is within the budget only once it also held on 6 held-out chat requests x the chat's reply length (the base's max
+new tokens: 192 by default) and 256 teacher-forced tokens: measured, the screening passed every lossy setting of the
+shipped model at the default budget, and on chat replies every one of them missed it (spice_core.tuner says more).
+The confirmation re-measures the least lossy candidate first, so when it fails nothing else is measured: one tune of
+the shipped model takes 2 to 2.5 minutes there (APP_TUNE_WORDS); the CLI's default evaluation is larger and
+is what docs/benchmarks/tune/ reports.
+
+What a pick holds for (spice_core.tuned): an exact pick is within any budget; a lossy one only for replies no
+longer than those it was confirmed on. So a pick is reused for the same budget and reply length (`pick_key`); one
+saved beside the model that was never confirmed (an older file, or `tune --no-confirm`) is offered with that caveat,
+and never applied by Auto as within the budget: Auto tunes again.
 
 Knows nothing of Gradio; the engine, the tuner and its file are reached through `spice_core.api` only.
 """
@@ -45,11 +57,14 @@ from pages.runner import CANCEL_REASONS
 
 log = logging.getLogger(__name__)
 
-# The app's evaluation per tune (see the module's docstring for why it is small).
+# The app's screening per tune (see the module's docstring for why it is small).
 APP_EVAL = {"max_tokens": 64, "n_prompts": 2, "new_tokens": 8, "speed_tokens": 32}
-# How long one tune of the shipped model takes on a 2-core machine with another job on it (measured: 85 s alone,
-# 95 s from the page's handler, 130-160 s with a browser and other tests on the same cores).
-APP_TUNE_WORDS = "1.5 to 3 minutes"
+# The app's confirmation (spice_core.tuner.Confirm's fields): greedy replies as long as the base's max new tokens.
+APP_CONFIRM = {"max_tokens": 256, "n_prompts": 6, "prompts": "chat", "max_settings": 3}
+# How long one tune of the shipped model takes on a 2-core machine (measured from the sweep page's handler at the
+# default budget and the chat's 192 tokens: 122-141 s, about 50 s of it the screening; 57 s before the confirmation);
+# other work on the same cores makes it slower.
+APP_TUNE_WORDS = "2 to 4 minutes"
 MAX_PPL_PCT = 100.0    # the budget box's range: a perplexity increase beyond 100 % is no budget
 DEFAULT_PPL_PCT = DEFAULT_BUDGET_PPL_PCT
 DEFAULT_AGREEMENT = DEFAULT_BUDGET_AGREEMENT
@@ -92,9 +107,11 @@ class TuneJob:
 
     run_id = ""
 
-    def __init__(self, engine, base: RunSettings, tune_budget: Budget, evaluation: dict | None = None) -> None:
+    def __init__(self, engine, base: RunSettings, tune_budget: Budget, evaluation: dict | None = None,
+                 confirm: dict | None = None) -> None:
         self.engine, self.base, self.budget = engine, base, tune_budget
         self.evaluation = dict(APP_EVAL if evaluation is None else evaluation)
+        self.confirm = dict(APP_CONFIRM if confirm is None else confirm)
         self.record: TuneRecord | None = None
         self.last = TuneProgress("starting", 0, 0)
         self._stop = threading.Event()
@@ -137,7 +154,7 @@ class TuneJob:
         try:
             self.record = tune(self.engine, self.base, self.budget,
                                progress=lambda m, d, t: self._items.put(TuneProgress(m, d, t)),
-                               should_stop=self._stop.is_set, **self.evaluation)
+                               should_stop=self._stop.is_set, confirm=self.confirm, **self.evaluation)
         except BaseException as exc:    # handed to the iterating thread, which raises it there
             self._items.put(exc)
         finally:
@@ -145,10 +162,24 @@ class TuneJob:
 
 
 def pick_key(model_key: str, where, tune_budget: Budget) -> tuple:
-    """What a pick depends on: the model, cache, profile, shape and budget (``where``: the base RunSettings, or a
-    TuneRecord, which names its cache, profile and shape alike). The base's exact knobs only seed the tuner's
-    search over them, so picks are shared across them (as the file beside the model shares them)."""
-    return (model_key, where.cache_frac, where.profile, where.shape, tune_budget.ppl_pct, tune_budget.agreement)
+    """What a pick depends on: the model, cache, profile, shape, budget and reply length (``where``: the base
+    RunSettings, whose max_new_tokens is the reply length, or a TuneRecord, which names its cache, profile and shape
+    alike, and the reply length it was confirmed for: 0, never asked for, when it was not). The base's exact knobs
+    only seed the tuner's search over them, so picks are shared across them (as the file beside the model shares
+    them)."""
+    return (model_key, where.cache_frac, where.profile, where.shape, tune_budget.ppl_pct, tune_budget.agreement,
+            reply_tokens_of(where))
+
+
+def reused_for(record: TuneRecord, reply_tokens: int) -> bool:
+    """Whether a tune for replies of ``reply_tokens`` (same model, cache, profile, shape and budget) reuses ``record``:
+    it was tuned for that reply length and is within its budget there (`run`)."""
+    return record.reply_tokens == reply_tokens and record.within_budget_for(reply_tokens)
+
+
+def reply_tokens_of(where) -> int:
+    """The reply length of a base RunSettings (its max_new_tokens) or of a TuneRecord (what it was confirmed for)."""
+    return where.reply_tokens if isinstance(where, TuneRecord) else where.max_new_tokens
 
 
 def budget_of(record: TuneRecord) -> Budget:
@@ -173,10 +204,10 @@ class Kept:
     def how(self) -> str:
         """How a page that reuses it got it, in words."""
         if self.saved_at:
-            return (f"reused the pick saved beside the model (`{self.saved_at}`) for the same cache, profile, shape and "
-                    "budget")
-        return (f"reused the pick made {_ago(time.time() - self.made)} for the same model, cache, profile, shape and "
-                "budget (the tuner is deterministic)")
+            return (f"reused the pick saved beside the model (`{self.saved_at}`) for the same cache, profile, shape, "
+                    "budget and reply length")
+        return (f"reused the pick made {_ago(time.time() - self.made)} for the same model, cache, profile, shape, "
+                "budget and reply length (the tuner is deterministic)")
 
 
 class TuneBook:
@@ -280,7 +311,7 @@ def run(ctx, book: TuneBook, owner: str, base: RunSettings, tune_budget: Budget,
     A pick already made (or saved beside the model) for the same key is reused at once."""
     key = pick_key(ctx.key, base, tune_budget)
     found = book.find(key)
-    if found is not None:
+    if found is not None and reused_for(found.record, base.max_new_tokens):
         return found.record, found.how()
     try:
         stream = ctx.runner.start(owner, base, lambda: TuneJob(ctx.engine, base, tune_budget), kind="tune")
@@ -340,20 +371,47 @@ def setting_words(s: dict) -> str:
     return f"{approx}, τ_prefetch {s['tau_prefetch']:g}, max lookahead {s['max_lookahead']}, CPU lane {lane}"
 
 
-def saved_markdown(kept: Kept, then: str) -> str:
-    """One line offering a pick saved beside the model: what it is, what it was tuned for, and ``then`` (what
-    the page does with it)."""
+def quality_words(record: TuneRecord) -> str:
+    """The pick's quality and the sample it stands on."""
+    if record.exact:
+        return "the exact model's tokens (nothing approximated)"
+    on = f"replies of {record.reply_tokens} tokens" if record.confirmed else "the short screening sample only"
+    return f"perplexity {record.ppl_pct:+.2f} %, greedy agreement {record.agreement:.3f} on {on}"
+
+
+def nothing_lossy_holds(record: TuneRecord) -> bool:
+    """The pick is exact because every approximating setting re-measured on replies failed (or was ruled out)."""
+    verdicts = [TuneRecord.verdict(t) for t in record.trials if t.get("stage") == "lossy"]
+    return record.exact and "failed" in verdicts and "unconfirmed" not in verdicts
+
+
+def caveat_markdown(record: TuneRecord, reply_tokens: int) -> str:
+    """A warning line when the pick is not known to be within its budget for replies of ``reply_tokens`` ("")."""
+    caveat = record.caveat(reply_tokens)
+    return f"⚠ **Not known to be within the budget:** {caveat}." if caveat else ""
+
+
+def saved_markdown(kept: Kept, then: str, reply_tokens: int) -> str:
+    """One line offering a pick saved beside the model: what it is, what it was tuned for, whether it is within that
+    budget for replies of ``reply_tokens`` (`caveat_markdown`), and ``then`` (what the page does with it)."""
     r = kept.record
+    caveat = caveat_markdown(r, reply_tokens)
     return (f"**Saved beside the model** for this cache, profile and shape: {setting_words(r.setting)} · "
-            f"{r.speed_ms:.2f} ms per token, {r.speed_timing} · perplexity {r.ppl_pct:+.2f} %, greedy agreement "
-            f"{r.agreement:.3f}, tuned for {budget_of(r).words()}. {then}")
+            f"{r.speed_ms:.2f} ms per token, {r.speed_timing} · {quality_words(r)}, tuned for {budget_of(r).words()}. "
+            + (f"{caveat} " if caveat else "") + then)
 
 
-def pick_markdown(record: TuneRecord, how: str) -> str:
-    """What was picked and why (the record's reason), in words for the page."""
+def pick_markdown(record: TuneRecord, how: str, reply_tokens: int) -> str:
+    """What was picked and why (the record's reason), in words for the page; a warning when it is not known to be
+    within its budget for replies of ``reply_tokens`` (the max new tokens it is used with)."""
     budget_words = budget_of(record).words()
-    return (f"**Picked: {setting_words(record.setting)}** (policy spice) · {record.speed_ms:.2f} ms per token, "
-            f"{record.speed_timing} · perplexity {record.ppl_pct:+.2f} %, greedy agreement {record.agreement:.3f}.  \n"
-            f"**Why:** {record.reason}.  \n"
-            f"Budget: {budget_words} · cache {record.cache_frac:g}, {record.profile}, {record.shape} · quality "
-            f"measured on {record.quality_measured_on} · {len(record.trials)} settings, {how}.")
+    caveat = caveat_markdown(record, reply_tokens)
+    plain = (f"**No approximating setting keeps this budget on replies of {record.reply_tokens} tokens, so the pick is "
+             "the exact setting (τ_approx 0).**  \n" if nothing_lossy_holds(record) else "")
+    checked = f"screened on {record.quality_measured_on}" + (
+        f"; re-measured on {record.confirmed_on}" if record.confirmed_on else "")
+    return (plain + f"**Picked: {setting_words(record.setting)}** (policy spice) · {record.speed_ms:.2f} ms per token, "
+            f"{record.speed_timing} · {quality_words(record)}.  \n"
+            f"**Why:** {record.reason}.  \n" + (f"{caveat}  \n" if caveat else "") +
+            f"Budget: {budget_words} · cache {record.cache_frac:g}, {record.profile}, {record.shape} · {checked} · "
+            f"{len(record.trials)} settings, {how}.")

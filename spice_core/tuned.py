@@ -2,6 +2,13 @@
 
 One record per hardware profile, shape and cache fraction; `generate --tuned` and the app read it. Plain data:
 knows nothing of how the setting was searched (`spice_core.tuner`).
+
+Which picks are within their budget (`TuneRecord.within_budget_for`): an exact pick always (tau_approx 0: the exact
+model's tokens); a lossy one only when its quality held on the confirmation sample, whose greedy generations were at
+least as long as the replies it is used for. Greedy agreement falls with the length of a generation (a greedy
+reply that diverged from the exact one rarely finds its way back), so agreement measured over a few tokens says
+little about a reply of a hundred. Records written before the confirmation existed, or by a tune without it, have
+no `confirmed` flag and count as not confirmed: they are offered with that caveat, never as within the budget.
 """
 from __future__ import annotations
 
@@ -38,6 +45,9 @@ class TuneRecord:
     tune_s: float = 0.0
     seed: int = 0
     confirmed_on: str = ""          # the confirmation sample lossy candidates were re-measured on ("": none ran)
+    confirmed: bool = False         # a lossy pick's quality held on the confirmation sample (exact picks need none)
+    reply_tokens: int = 0           # greedy tokens per prompt of that sample: the reply length the pick holds for
+                                    # (0: no confirmation ran)
 
     def settings(self, base: RunSettings) -> RunSettings:
         """``base`` with the picked setting applied (policy spice)."""
@@ -45,6 +55,40 @@ class TuneRecord:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def exact(self) -> bool:
+        return float(self.setting.get("tau_approx", 0.0)) <= 0.0
+
+    def within_budget_for(self, reply_tokens: int) -> bool:
+        """Whether the pick may be called within its budget for replies of ``reply_tokens`` tokens: exact, or
+        confirmed on greedy generations at least that long."""
+        return self.exact or (self.confirmed and self.reply_tokens >= reply_tokens)
+
+    def caveat(self, reply_tokens: int) -> str:
+        """Why the pick is not within its budget for such replies, in words ("" when it is)."""
+        if self.within_budget_for(reply_tokens):
+            return ""
+        if not self.confirmed:
+            return (f"its quality was never confirmed on replies as long as yours ({reply_tokens} tokens): it stands on "
+                    "a sample of a few greedy tokens per prompt, where agreement runs higher than over a whole reply")
+        return (f"its quality was confirmed on replies of {self.reply_tokens} tokens, shorter than yours "
+                f"({reply_tokens} tokens), and greedy agreement falls as replies grow")
+
+    @staticmethod
+    def verdict(trial: dict) -> str:
+        """What a measured setting (one of ``trials``) came to: "exact" (tau_approx 0: within any budget), "held"
+        (its quality held on the confirmation sample), "failed" (it did not), "ruled out" (not re-measured: a less
+        lossy setting failed there), "unconfirmed" (passed the short screening only) or "missed" (failed the
+        screening). Records written before the verdicts were kept get theirs from ``met`` and the confirmation's
+        numbers."""
+        if "verdict" in trial:
+            return trial["verdict"]
+        if trial.get("stage") == "exact" or not trial.get("tau_approx"):
+            return "exact"
+        if "confirm_agreement" in trial:
+            return "held" if trial.get("met") else "failed"
+        return "unconfirmed" if trial.get("met") else "missed"
 
     def matches(self, *, profile: str, shape: str, cache_frac: float) -> bool:
         return self.profile == profile and self.shape == shape and abs(self.cache_frac - cache_frac) < 1e-9

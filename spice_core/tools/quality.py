@@ -159,10 +159,11 @@ class EvalSet:
 
 def eval_set(engine, *, text_file: Path | None = None, prompts_file: Path | None = None,
              max_tokens: int = DEFAULT_MAX_TOKENS, window: int = DEFAULT_WINDOW, n_prompts: int = DEFAULT_PROMPTS,
-             prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> EvalSet:
+             prompt_tokens: int = DEFAULT_PROMPT_TOKENS, chat_prompts: bool = False) -> EvalSet:
     """Held-out windows and prompts for ``engine``'s model. Default text: the evaluation half of
     the calibration module's held-out set (disjoint from what calibration fits on, for the shipped
-    model); prompts: one per line of ``prompts_file``, else the openings of held-out texts."""
+    model); prompts: one per line of ``prompts_file``, else ``chat_prompts``: held-out chat requests through
+    the chat template (`chat_requests`), else the openings of held-out texts."""
     from spice_core.predictor.traces import calibration_texts, read_text_file, tokenize_texts
 
     if max_tokens < 2 or window < 2:
@@ -183,6 +184,9 @@ def eval_set(engine, *, text_file: Path | None = None, prompts_file: Path | None
         if not prompt_texts:
             raise ConfigError(f"--prompts {prompts_file}: holds no prompt: write one prompt per line")
         prompts = [lm.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompt_texts]
+    elif chat_prompts:
+        prompts, asked = chat_requests(engine, n_prompts)
+        source += f" (prompts: {asked})"
     else:
         prompts = []
         for text in reversed(texts):     # the far end of the held-out set: not the scored windows
@@ -197,6 +201,24 @@ def eval_set(engine, *, text_file: Path | None = None, prompts_file: Path | None
     if not prompts:
         raise ConfigError("no usable prompt: pass --prompts FILE with one prompt per line")
     return EvalSet(tuple(windows), tuple(tuple(p) for p in prompts), source)
+
+
+def chat_requests(engine, n: int) -> tuple[list[list[int]], str]:
+    """(token ids of ``n`` chat requests, what they are): the held-out chat requests beside the shipped model (never
+    trained on), else the built-in prompts, each sent as one user message through the model's chat template, as a
+    chat sends it (`generation.build_prompt_ids`)."""
+    from spice_core import heldout
+    from spice_core.generation import build_prompt_ids
+    from spice_core.predictor.traces import shipped_folder
+
+    folder = shipped_folder(engine.lm)
+    data = heldout.load_heldout(folder) if folder is not None else None
+    asked = [p["chat"] for p in data["prompts"] if "chat" in p] if data is not None else []
+    what = "held-out chat requests"
+    if not asked:
+        asked, what = list(heldout.DEFAULT_PROMPTS), "built-in prompts sent as chat requests"
+    ids = [build_prompt_ids(engine.lm.tokenizer, messages=[{"role": "user", "content": m}]) for m in asked[:n]]
+    return ids, f"{len(ids)} {what}, chat template"
 
 
 # ---------------------------------------------------------------------- metrics

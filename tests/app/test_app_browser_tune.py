@@ -39,8 +39,11 @@ def test_a_budgeted_tune_applies_its_pick_to_the_chat_and_the_next_reply_runs_wi
                                                                                      monkeypatch):
     import pages.tuning
     from app_helpers import SHIPPED, TUNE_EVAL
-    # A smaller evaluation than the app's (the page is under test, not the pick's statistics).
+    # A smaller evaluation than the app's (the page is under test, not the pick's statistics; the app's own
+    # confirmation is tested in test_app_tune_chat_replies.py).
     monkeypatch.setattr(pages.tuning, "APP_EVAL", TUNE_EVAL)
+    monkeypatch.setattr(pages.tuning, "APP_CONFIRM", {"max_tokens": 16, "n_prompts": 1, "prompts": "chat",
+                                                      "max_settings": 1})
     if not (SHIPPED / "config.json").exists():
         pytest.skip("the shipped model is not in assets/spice-mini: this test is for the real engine")
     context = browser.new_context(viewport={"width": 1400, "height": 1000})

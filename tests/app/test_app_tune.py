@@ -20,6 +20,7 @@ from pages.tuning import TuneBook
 
 pytestmark = pytest.mark.slow
 VISITOR = SimpleNamespace(cookies={"spice_owner": "ab" * 16}, session_hash="tune-test-page")
+TUNE_CONFIRM = {"max_tokens": 16, "n_prompts": 1, "prompts": "chat", "max_settings": 1}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -27,8 +28,10 @@ def small_evaluation():
     import pages.tuning
 
     with pytest.MonkeyPatch.context() as mp:
-        # A smaller evaluation than the app's (the page is under test, not the pick's statistics).
+        # A smaller evaluation than the app's (the page is under test, not the pick's statistics; the app's own
+        # confirmation is tested in test_app_tune_chat_replies.py).
         mp.setattr(pages.tuning, "APP_EVAL", TUNE_EVAL)
+        mp.setattr(pages.tuning, "APP_CONFIRM", TUNE_CONFIRM)
         yield
 
 
@@ -73,12 +76,16 @@ def test_budgeted_tune_meets_the_budget_and_its_pick_applies_to_the_chat(pages):
     assert record is not None and not record.stopped
     assert record.ppl_pct <= 1.0 + 1e-9 and record.agreement >= 0.9 - 1e-9, record
     assert record.setting["tau_approx"] <= 0.2          # a value the chat takes
+    # Within the budget on replies as long as the chat's: exact, or confirmed there.
+    assert record.reply_tokens == pages.sweep.tune.reply_tokens == 192 and record.within_budget_for(192)
+    assert "settings measured:" in status and "exact" in status
     print(f"one tune of the shipped model in the app: {took_s:.0f} s ({len(record.trials)} settings)")
 
     # The plot: every point carries its setting as text; the pick is marked.
     import json
     figure = json.loads(plot.plot)
-    labelled = [t for t in figure["data"] if t["name"] in ("meets the budget", "misses the budget")]
+    labelled = [t for t in figure["data"] if t["name"] in ("within the budget", "outside the budget",
+                                                            "not confirmed (short screening only)")]
     assert sum(len(t["x"]) for t in labelled) >= 2 and all(len(t["text"]) == len(t["x"]) for t in labelled)
     unlabelled = [x for t in labelled for x, label in zip(t["x"], t["text"]) if not label]
     assert unlabelled in ([], [record.speed_ms]), "only the pick's own point may leave its label to the star"
@@ -87,9 +94,10 @@ def test_budgeted_tune_meets_the_budget_and_its_pick_applies_to_the_chat(pages):
     # The table: fastest first, each row flagged, the pick marked once and within the budget.
     speeds = list(table["ms / token"])
     assert speeds == sorted(speeds) and len(table) == len(record.trials)
-    assert set(table["within budget"]) <= {"✓ yes", "✗ no"}
+    assert set(table["within budget"]) <= {"✓ yes (exact)", "✓ yes (held on replies)", "✗ no (failed on replies)",
+                                           "✗ no (ruled out)", "? not confirmed", "✗ no"}
     picked = table[table[""] == "★ pick"]
-    assert len(picked) == 1 and picked["within budget"].iloc[0] == "✓ yes"
+    assert len(picked) == 1 and picked["within budget"].iloc[0].startswith("✓ yes")
     assert "Picked:" in pick and "Why:" in pick and record.reason in pick
 
     # "Use this setting in chat": handed to this visitor's chat page, applied when it loads.

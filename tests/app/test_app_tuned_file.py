@@ -3,8 +3,10 @@ writes spice-tuned.json where `python -m spice_core tune` writes it (the same fu
 --tuned` reads it) and says where in one line; a folder it cannot write, a model without a folder or a file of
 that name that is not a tuned-settings file is said in one line, and nothing is lost. A pick saved there that fits
 the page's cache, profile and shape is offered on the sweep page and in the chat's side bar when the app loads
-the model, and a tune with its budget reuses it without running. The pages run on the fake engine, the records
-are made up (no tune runs here: the tuner itself is tests/tune/test_tuner.py)."""
+the model, and a tune with its budget and reply length reuses it without running; a lossy pick that was never
+confirmed on replies as long as the chat's (a file written before the confirmation existed) is offered with that
+caveat, and Auto tunes again rather than applying it as within the budget. The pages run on the fake engine, the
+records are made up (no tune runs here: the tuner itself is tests/tune/test_tuner.py)."""
 import errno
 import json
 from dataclasses import replace
@@ -17,7 +19,7 @@ from fake_engine import FakeEngine
 from pages import tuning
 from pages.chat import ChatSession
 from pages.chat_auto import AutoTune
-from pages.common import SETTING_FIELDS, AppContext, default_settings
+from pages.common import DEFAULT_CHAT_TOKENS, SETTING_FIELDS, AppContext, default_settings
 from pages.sweep import SweepPage
 from pages.sweep_tune import TuneSection, TuneSession
 from spice_core.api import TuneRecord, find_tuned, load_tuned, save_tuned, tuned_path
@@ -29,13 +31,24 @@ SETTING = {"tau_approx": 0.05, "tau_prefetch": 0.1, "max_lookahead": 2, "lore_ra
 def _record(info, **kw) -> TuneRecord:
     d = default_settings(info)
     trials = [{**SETTING, "tau_approx": 0.0, "speed_ms": 20.0, "ppl_pct": 0.0, "agreement": 1.0, "stage": "exact",
-               "met": True},
-              {**SETTING, "speed_ms": 12.5, "ppl_pct": 0.4, "agreement": 0.95, "stage": "lossy", "met": True}]
+               "met": True, "verdict": "exact"},
+              {**SETTING, "speed_ms": 12.5, "ppl_pct": 0.6, "agreement": 1.0, "stage": "lossy", "met": True,
+               "verdict": "held", "confirm_ppl_pct": 0.4, "confirm_agreement": 0.95}]
     return TuneRecord(**{"model": info.model_name, "policy": "spice", "profile": d.profile, "shape": d.shape,
                          "cache_frac": d.cache_frac, "budget": {"ppl_pct": 1.0, "agreement": 0.9},
                          "setting": dict(SETTING), "speed_ms": 12.5, "speed_timing": f"modeled (profile {d.profile})",
                          "ppl_pct": 0.4, "agreement": 0.95, "quality_measured_on": "64 teacher-forced tokens",
-                         "reason": "the fastest setting within the budget", "trials": trials, "tune_s": 3.0, **kw})
+                         "reason": "the fastest setting within the budget", "trials": trials, "tune_s": 3.0,
+                         "confirmed": True, "reply_tokens": DEFAULT_CHAT_TOKENS, **kw})
+
+
+def _drain(gen):
+    """Run a pages.tuning.run generator to its end: its (record | None, words)."""
+    while True:
+        try:
+            next(gen)
+        except StopIteration as end:
+            return end.value
 
 
 def _section(model_dir="", book=None) -> TuneSection:
@@ -113,7 +126,7 @@ def test_a_saved_pick_that_fits_is_offered_on_both_pages_and_reused_without_a_tu
     page = SimpleNamespace(ctx=ctx, defaults=default_settings(ctx.info), controls=[None] * len(SETTING_FIELDS))
     note, *rest = AutoTune(page, book).adopt(ChatSession())
     assert "Saved beside the model" in note and "Auto (within budget)" in note, note
-    # A tune with its budget, cache, profile and shape reuses it at once (nothing runs on the engine).
+    # A tune with its budget, cache, profile, shape and reply length reuses it at once (nothing runs on the engine).
     gen = tuning.run(ctx, book, "visitor", page.defaults, tuning.budget(1.0, 0.9), lambda: False)
     with pytest.raises(StopIteration) as end:
         next(gen)
@@ -124,6 +137,37 @@ def test_a_saved_pick_that_fits_is_offered_on_both_pages_and_reused_without_a_tu
     assert book.saved_for(ctx.key, replace(page.defaults, cache_frac=0.75)).record.speed_ms == 9.0
     assert book.saved_for(ctx.key, replace(page.defaults, cache_frac=0.5)) is None
     assert book.find(tuning.pick_key(ctx.key, page.defaults, tuning.budget(0.5, 0.95))) is None
+    # Replies longer than it was confirmed on: not reused.
+    longer = replace(page.defaults, max_new_tokens=DEFAULT_CHAT_TOKENS + 1)
+    assert book.find(tuning.pick_key(ctx.key, longer, tuning.budget(1.0, 0.9))) is None
+
+
+def test_an_old_saved_pick_never_confirmed_is_offered_with_a_caveat_and_never_applied_as_within_budget(tmp_path):
+    """Regression: a lossy pick saved before the confirmation existed (screened on 2 prompts x 8 greedy tokens) was
+    offered and applied by Auto as within the budget; on chat replies its agreement was far below it."""
+    info = FakeEngine(model_dir=str(tmp_path)).info()
+    old = _record(info).as_dict()
+    for key in ("confirmed", "reply_tokens"):            # the file's format before them
+        del old[key]
+    for trial in old["trials"]:
+        trial.pop("verdict"), trial.pop("confirm_ppl_pct", None), trial.pop("confirm_agreement", None)
+    tuned_path(tmp_path).write_text(json.dumps({"format": 1, "records": [old]}))
+    [record] = load_tuned(tuned_path(tmp_path))
+    assert not record.confirmed and not record.within_budget_for(1)
+    assert [TuneRecord.verdict(t) for t in record.trials] == ["exact", "unconfirmed"]
+    book = tuning.TuneBook()
+    section = _section(tmp_path, book)
+    status, _plot, table, pick, _use = section.offer(TuneSession())
+    assert "Not known to be within the budget" in status and "never confirmed" in status, status
+    assert "tunes again" in status and "Not known to be within the budget" in pick
+    assert list(table["within budget"]) == ["? not confirmed", "✓ yes (exact)"]
+    page = SimpleNamespace(ctx=section.ctx, defaults=default_settings(section.ctx.info),
+                           controls=[None] * len(SETTING_FIELDS))
+    note, *_rest = AutoTune(page, book).adopt(ChatSession())
+    assert "Not known to be within the budget" in note and "does not apply it" in note, note
+    # Auto with its budget does not reuse it: a tune starts (on the fake engine it cannot run, and says so).
+    got, how = _drain(tuning.run(section.ctx, book, "visitor", page.defaults, tuning.budget(1.0, 0.9), lambda: False))
+    assert got is None and "reused" not in how
 
 
 def test_a_saved_file_that_cannot_be_read_offers_nothing_and_breaks_no_page(tmp_path):
@@ -132,3 +176,13 @@ def test_a_saved_file_that_cannot_be_read_offers_nothing_and_breaks_no_page(tmp_
     session = TuneSession()
     assert section.offer(session) == (gr.skip(),) * 5 and session.record is None
     assert section.book.saved_for(section.ctx.key, section.page.defaults) is None
+
+
+def test_a_pick_used_for_longer_replies_than_it_was_confirmed_on_says_so():
+    record = _record(FakeEngine().info())
+    assert "Not known to be within the budget" not in tuning.pick_markdown(record, "tuned", DEFAULT_CHAT_TOKENS)
+    longer = tuning.pick_markdown(record, "tuned", 512)
+    assert f"confirmed on replies of {DEFAULT_CHAT_TOKENS} tokens, shorter than yours (512 tokens)" in longer, longer
+    exact = replace(record, setting={**SETTING, "tau_approx": 0.0}, confirmed=False, reply_tokens=0)
+    assert "Not known" not in tuning.pick_markdown(exact, "tuned", 512) and "nothing approximated" in \
+        tuning.pick_markdown(exact, "tuned", 512)

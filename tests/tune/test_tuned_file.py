@@ -1,4 +1,5 @@
-"""The tuned-settings file beside the model (spice_core.tuned): a save that fails leaves the file as it was.
+"""The tuned-settings file beside the model (spice_core.tuned): a save that fails leaves the file as it was; a
+pick is within its budget only when exact or confirmed on replies at least as long; old records read back.
 
 Regression: the file was rewritten in place, so a write that failed half way (a full disk) lost every pick saved
 before it; it is written beside the file, then renamed over it."""
@@ -33,3 +34,26 @@ def test_a_save_that_fails_leaves_the_file_as_it_was(tmp_path, monkeypatch):
     monkeypatch.undo()
     save(_record(0.5), path)
     assert sorted(r.cache_frac for r in load_all(path)) == [0.25, 0.5]
+
+
+def test_only_an_exact_or_confirmed_pick_is_within_its_budget_and_only_for_replies_it_was_confirmed_on():
+    """A lossy pick screened on a few greedy tokens only (a record written before the confirmation, or by a tune
+    without it) is never within its budget; a confirmed one is, for replies no longer than those it was confirmed
+    on; an exact one always is."""
+    lossy = _record(0.25)
+    assert not lossy.confirmed and lossy.reply_tokens == 0
+    assert not lossy.within_budget_for(1) and "never confirmed" in lossy.caveat(192)
+    confirmed = TuneRecord(**{**lossy.as_dict(), "confirmed": True, "reply_tokens": 192})
+    assert confirmed.within_budget_for(192) and confirmed.within_budget_for(16) and confirmed.caveat(192) == ""
+    assert not confirmed.within_budget_for(193) and "confirmed on replies of 192 tokens" in confirmed.caveat(512)
+    exact = TuneRecord(**{**lossy.as_dict(), "setting": {**lossy.setting, "tau_approx": 0.0}})
+    assert exact.exact and exact.within_budget_for(100_000)
+
+
+def test_an_old_records_trials_get_their_verdicts_from_met_and_the_confirmations_numbers():
+    old = [{"tau_approx": 0.0, "stage": "exact", "met": True},
+           {"tau_approx": 0.1, "stage": "lossy", "met": True, "confirm_ppl_pct": 0.2, "confirm_agreement": 0.95},
+           {"tau_approx": 0.2, "stage": "lossy", "met": False, "confirm_ppl_pct": 2.0, "confirm_agreement": 0.4},
+           {"tau_approx": 0.05, "stage": "lossy", "met": True}, {"tau_approx": 0.15, "stage": "lossy", "met": False}]
+    assert [TuneRecord.verdict(t) for t in old] == ["exact", "held", "failed", "unconfirmed", "missed"]
+    assert TuneRecord.verdict({**old[3], "verdict": "ruled out"}) == "ruled out"

@@ -1,7 +1,9 @@
 """The tuner on a tiny model with LoRE: it meets the budget it is given, picks the fastest setting that did,
-refuses a budget no setting can meet, is deterministic, can be stopped, and its pick reaches `generate --tuned`."""
+refuses a budget no setting can meet, is deterministic, can be stopped, and its pick reaches `generate --tuned`;
+the confirmation re-measures the least lossy candidate first, then bisects, and a failure rules out the lossier
+ones; a pick that was not confirmed is never within the budget (the order itself: plain trials, no model)."""
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -9,7 +11,7 @@ from spice_core.api import RunSettings
 from spice_core.errors import ConfigError
 from spice_core.tools.quality import EvalSet
 from spice_core.tuned import find, save, tuned_path
-from spice_core.tuner import Budget, Setting, tune
+from spice_core.tuner import Budget, Confirm, Setting, Trial, next_to_confirm, rule_out, tune
 
 from lore_support import build_tiny, engine_with_lore, random_rows
 
@@ -35,7 +37,9 @@ BASE = RunSettings(policy="spice", cache_frac=0.3)
 
 @pytest.fixture(scope="module")
 def record(engine, data):
-    return tune(engine, BASE, Budget(ppl_pct=1.0, agreement=0.9), data=data, new_tokens=8, speed_tokens=16)
+    """The screening alone (confirm=None): what the search does before any re-measurement."""
+    return tune(engine, BASE, Budget(ppl_pct=1.0, agreement=0.9), data=data, new_tokens=8, speed_tokens=16,
+                confirm=None)
 
 
 def test_the_pick_meets_the_budget_and_is_the_fastest_that_did(record):
@@ -46,8 +50,9 @@ def test_the_pick_meets_the_budget_and_is_the_fastest_that_did(record):
     assert {t["stage"] for t in record.trials} == {"exact", "lossy"}      # both stages ran
     assert record.speed_timing.startswith("modeled (profile rtx4090-pcie4x16")
     assert record.reason and "teacher-forced tokens" in record.quality_measured_on
-    if record.setting["tau_approx"] > 0:          # no confirmation sample was given: the record says so
-        assert "not confirmed on a larger sample" in record.reason and record.confirmed_on == ""
+    if record.setting["tau_approx"] > 0:          # no confirmation was asked for: the record says so
+        assert "not confirmed" in record.reason and record.confirmed_on == ""
+        assert not record.confirmed and record.reply_tokens == 0 and not record.within_budget_for(1)
 
 
 def test_a_lossy_rank_stops_at_its_first_failure(record):
@@ -62,7 +67,8 @@ def test_a_lossy_rank_stops_at_its_first_failure(record):
 
 
 def test_a_stricter_budget_never_picks_a_setting_that_misses_it(engine, data):
-    rec = tune(engine, BASE, Budget(ppl_pct=0.0, agreement=1.0), data=data, new_tokens=8, speed_tokens=16)
+    rec = tune(engine, BASE, Budget(ppl_pct=0.0, agreement=1.0), data=data, new_tokens=8, speed_tokens=16,
+               confirm=None)
     assert rec.ppl_pct <= 1e-9 and rec.agreement >= 1.0 - 1e-9
 
 
@@ -75,7 +81,8 @@ def test_an_impossible_budget_is_refused_with_the_best_quality_reachable(kw, mat
 
 
 def test_the_search_is_deterministic(engine, data, record):
-    again = tune(engine, BASE, Budget(ppl_pct=1.0, agreement=0.9), data=data, new_tokens=8, speed_tokens=16)
+    again = tune(engine, BASE, Budget(ppl_pct=1.0, agreement=0.9), data=data, new_tokens=8, speed_tokens=16,
+                 confirm=None)
     assert again.setting == record.setting and again.trials == record.trials
 
 
@@ -86,7 +93,7 @@ def test_stopping_keeps_the_best_so_far(engine, data):
         calls.append(1)
         return len(calls) > 2
 
-    rec = tune(engine, BASE, Budget(), data=data, new_tokens=8, speed_tokens=16, should_stop=stop)
+    rec = tune(engine, BASE, Budget(), data=data, new_tokens=8, speed_tokens=16, should_stop=stop, confirm=None)
     assert rec.stopped and len(rec.trials) == 2 and "stopped early" in rec.reason
 
 
@@ -119,28 +126,71 @@ def test_generate_tuned_runs_with_the_saved_setting(model_dir, record, capsys):
     assert rc == 2 and "--tuned sets spice's thresholds: use --policy spice" in capsys.readouterr().err
 
 
-def test_a_confirmed_pick_held_on_the_confirmation_sample_and_a_failure_rules_out_larger_taus(engine, data):
-    """Stage 3 re-measures the fastest lossy settings that met the budget on a second, larger sample: the pick's
-    reported quality is the confirmation's and meets the budget; a setting that failed it is not met, nor any of its
-    rank at a larger tau_approx that was never re-measured."""
-    from spice_core.tuner import Confirm
+def _confirm_sample(n_rows=3, length=32, seed=11):
+    windows = tuple(tuple(r) for r in random_rows(96, n_rows=n_rows, length=length, seed=seed))
+    return EvalSet(windows, tuple(w[:6] for w in windows), "random ids (confirmation)")
 
-    windows = tuple(tuple(r) for r in random_rows(96, n_rows=3, length=32, seed=11))
-    confirm = Confirm(max_tokens=96, n_prompts=3, new_tokens=12, max_settings=2,
-                      data=EvalSet(windows, tuple(w[:6] for w in windows), "random ids (confirmation)"))
+
+def test_a_confirmed_pick_held_on_the_confirmation_sample_and_a_failure_rules_out_lossier_ones(engine, data):
+    """Stage 3 re-measures settings that passed the screening on a second sample, its greedy generations as long as
+    the replies (the base's max_new_tokens): the pick's reported quality is the confirmation's and meets the budget;
+    a setting that failed it is outside the budget, and so is every setting at least as lossy that was not
+    re-measured."""
+    confirm = Confirm(max_tokens=96, n_prompts=3, max_settings=2, data=_confirm_sample())
     budget = Budget(ppl_pct=1.0, agreement=0.9)
-    rec = tune(engine, BASE, budget, data=data, new_tokens=8, speed_tokens=16, confirm=confirm)
+    rec = tune(engine, replace(BASE, max_new_tokens=12), budget, data=data, new_tokens=8, speed_tokens=16,
+               confirm=confirm)
     confirmed = [t for t in rec.trials if "confirm_ppl_pct" in t]
     assert 1 <= len(confirmed) <= 2 and rec.confirmed_on.startswith("93 teacher-forced tokens and 3 prompts x 12")
+    assert rec.reply_tokens == 12
     for t in confirmed:
-        assert t["met"] == budget.met(t["confirm_ppl_pct"], t["confirm_agreement"])
-        if not t["met"]:
-            assert not any(o["met"] for o in rec.trials if o["stage"] == "lossy" and o["lore_rank"] == t["lore_rank"]
-                           and o["tau_approx"] >= t["tau_approx"] and o["tau_prefetch"] == t["tau_prefetch"])
+        assert t["verdict"] == ("held" if budget.met(t["confirm_ppl_pct"], t["confirm_agreement"]) else "failed")
+        if t["verdict"] == "failed":
+            assert all(o["verdict"] != "unconfirmed" for o in rec.trials if o["stage"] == "lossy"
+                       and o["lore_rank"] <= t["lore_rank"] and o["tau_approx"] >= t["tau_approx"])
     if rec.setting["tau_approx"] > 0:
         pick = next(t for t in confirmed if {k: t[k] for k in rec.setting} == rec.setting)
-        assert (rec.ppl_pct, rec.agreement) == (pick["confirm_ppl_pct"], pick["confirm_agreement"]) and pick["met"]
-        assert "held on the confirmation sample" in rec.reason
+        assert (rec.ppl_pct, rec.agreement) == (pick["confirm_ppl_pct"], pick["confirm_agreement"])
+        assert pick["verdict"] == "held" and rec.confirmed and rec.within_budget_for(12)
+        assert not rec.within_budget_for(13)        # longer replies than it was confirmed on: not known
+        assert "on the confirmation sample (replies of 12 tokens)" in rec.reason
     else:
-        assert all(not t["met"] for t in confirmed)
+        assert all(t["verdict"] == "failed" for t in confirmed) and rec.within_budget_for(10_000)
+    # The first setting re-measured is the least lossy that passed the screening.
+    screened = [t for t in rec.trials if t["stage"] == "lossy" and t["met"]]
+    least = min(screened, key=lambda t: (t["tau_approx"], -t["lore_rank"]))
+    assert "confirm_agreement" in least
 
+
+def _trial(tau, rank, ms, verdict="unconfirmed"):
+    return Trial(Setting(tau_approx=tau, lore_rank=rank), ms, 0.0, 1.0, "lossy", True, verdict=verdict)
+
+
+def test_the_confirmation_order_least_lossy_first_then_bisection_on_speed():
+    trials = [_trial(0.02, 4, 68.0), _trial(0.02, 2, 67.9), _trial(0.05, 4, 41.0), _trial(0.1, 4, 24.6),
+              _trial(0.2, 2, 20.4), _trial(0.2, 4, 20.5), _trial(0.1, 2, 24.5, "missed")]
+    first = next_to_confirm(trials, exact_ms=69.0)
+    assert first.setting == Setting(tau_approx=0.02, lore_rank=4)          # least lossy, not fastest
+    # It held: the rest are searched by bisection among the faster ones (the median by speed of 20.4, 20.5, 24.6,
+    # 41.0, 67.9; the one that missed the screening is not a candidate).
+    trials[0] = replace(first, verdict="held")
+    second = next_to_confirm(trials, exact_ms=69.0)
+    assert second.setting == Setting(tau_approx=0.1, lore_rank=4)
+    # That one failed: the lossier ones are ruled out, and the bisection goes on among the slower ones left.
+    trials = rule_out([replace(t, verdict="failed") if t is second else t for t in trials], second.setting)
+    assert [t.verdict for t in trials][3:6] == ["failed", "ruled out", "ruled out"]
+    assert next_to_confirm(trials, exact_ms=69.0).setting == Setting(tau_approx=0.05, lore_rank=4)
+    # Nothing faster than the exact best is worth confirming.
+    assert next_to_confirm([_trial(0.02, 4, 70.0)], exact_ms=69.0) is None
+
+
+def test_a_failure_rules_out_every_setting_at_least_as_lossy_and_nothing_else():
+    trials = [_trial(0.02, 4, 68.0), _trial(0.02, 2, 67.9), _trial(0.05, 4, 41.0), _trial(0.05, 8, 41.2),
+              _trial(0.01, 2, 68.5)]
+    out = {(t.setting.tau_approx, t.setting.lore_rank): t.verdict for t in rule_out(trials, Setting(0.02, lore_rank=4))}
+    assert out == {(0.02, 4): "ruled out", (0.02, 2): "ruled out", (0.05, 4): "ruled out", (0.05, 8): "unconfirmed",
+                   (0.01, 2): "unconfirmed"}
+    # The least lossy failing rules out all when it is below every other in both knobs.
+    assert {t.verdict for t in rule_out(trials[:3], Setting(0.02, lore_rank=4))} == {"ruled out"}
+    # Other exact knobs: a different setting, not comparable.
+    assert rule_out([_trial(0.05, 4, 41.0)], Setting(0.02, tau_prefetch=0.5, lore_rank=4))[0].verdict == "unconfirmed"
