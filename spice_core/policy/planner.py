@@ -248,13 +248,12 @@ class LayerPlanner:
             if wait_only and inf is not None:
                 actions[i] = MissAction.WAIT_PREFETCH
                 continue
-            rest.append(i)
+            rest.append((i, inf))         # inf: only an expert whose prefetch is still in flight has one
         if not rest:
             return actions
         reqs = []
-        for i in rest:
+        for i, inf in rest:
             e, weight, n_tokens = misses[i]
-            inf = inflight.get(keys[e])   # only experts whose prefetch is still in flight
             ms = expert_ms.get(n_tokens)
             if ms is None:
                 int8 = (c.cpu_int8_expert_ms(n_tokens), c.cpu_int8_expert_ms(n_tokens, link_busy=True)) \
@@ -265,7 +264,7 @@ class LayerPlanner:
                                     inf.arrival_ms if inf is not None else None, copy_value, *ms[2:]))
         # CPU-lane tasks are collected within their layer, so the lane is idle when a layer starts.
         q = QueueState(now_ms=queues.now_ms, copy_free_at_ms=queues.copy_free_at_ms)
-        for i, action in zip(rest, plan_misses(reqs, q, opts)):
+        for (i, _), action in zip(rest, plan_misses(reqs, q, opts)):
             actions[i] = action
         return actions
 
