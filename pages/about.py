@@ -243,20 +243,33 @@ def _headline_table(model, rows: dict) -> str:
     if not links:
         return ""
     names = {"native": "PCIe 5.0 x16 (native)", "pcie4x8": "PCIe 4.0 x8 (emulated)"}
-    head = "| link | " + " | ".join(f"`{p}`" for p in HEADLINE_POLICIES) + " | spice vs on_demand | spice vs lru | decode steps |"
-    lines = [head, "|---" * (len(HEADLINE_POLICIES) + 4) + "|"]
+    head = ("| link | GPU | " + " | ".join(f"`{p}`" for p in HEADLINE_POLICIES)
+            + " | spice vs on_demand | spice vs lru | decode steps |")
+    lines = [head, "|---" * (len(HEADLINE_POLICIES) + 5) + "|"]
+    gpus = {link: _row_gpu(rows[(link, "spice")]) for link in links}
+    step_counts = set()
     for link in links:
         cells = [f"{rows[(link, p)]['tpot_ms_median']:.1f} ms" if (link, p) in rows else "–" for p in HEADLINE_POLICIES]
         sp = rows[(link, "spice")]["tpot_ms_median"]
         ratio = lambda p: f"{rows[(link, p)]['tpot_ms_median'] / sp:.2f}×" if (link, p) in rows else "–"  # noqa: E731
         steps = min(r["n_decode_tokens"] for (lk, _), r in rows.items() if lk == link and "n_decode_tokens" in r)
-        lines.append(f"| {names.get(link, link)} | " + " | ".join(cells) + f" | {ratio('on_demand')} | {ratio('lru')} | {steps} |")
+        lines.append(f"| {names.get(link, link)} | {gpus[link]} | " + " | ".join(cells)
+                     + f" | {ratio('on_demand')} | {ratio('lru')} | {steps} |")
+        step_counts.add(steps)
     quality = headline_quality(rows[(links[0], "spice")], links[0])
     real, slab = HEADLINE_MODELS.get(model, (None, None))
     what = (f"the shipped miniature lifted to {real}'s shapes ({slab} of routed experts in host memory)" if real
             else f"`{model or 'the model'}`")
-    return (f"TPOT median, **measured** on one H200: {what}, 25% GPU budget, held-out prompts × 64 tokens, "
-            f"the CUDA-graph fast path with its CPU lane where the lane pays (the x8 link).{quality}\n\n" + "\n".join(lines))
+    where = f"one {gpus[links[0]]}" if len(set(gpus.values())) == 1 else "one GPU per link (the GPU column)"
+    return (f"TPOT median, **measured** on {where}: {what}, 25% GPU budget, held-out prompts × 64 tokens, "
+            f"the CUDA-graph fast path with its CPU lane where the lane pays (the x8 link).{quality}\n\n" + "\n".join(lines)
+            + ("\n\nA link with fewer decode steps has run on fewer of the prompts so far (what is still to run is "
+               "listed in the README beside the results)." if len(step_counts) > 1 else ""))
+
+
+def _row_gpu(record: dict) -> str:
+    """The GPU a headline record ran on; records from before the report named it ran on an H200."""
+    return str(record.get("gpu") or "H200")
 
 
 def headline_quality(record: dict, link: str) -> str:

@@ -265,8 +265,28 @@ def test_about_headline_quotes_the_headline_results_file(tmp_path):
                rec("native", "spice", 1.0) | {"timing": "modeled"}]
     (tmp_path / "r.json").write_text(json.dumps(records))
     text = headline_markdown(tmp_path / "r.json")
-    assert "| PCIe 5.0 x16 (native) | 60.0 ms | 45.0 ms | – | 20.0 ms | – | 10.0 ms | 3.00× | 2.25× | 504 |" in text
+    assert "| PCIe 5.0 x16 (native) | H200 | 60.0 ms | 45.0 ms | – | 20.0 ms | – | 10.0 ms | 3.00× | 2.25× | 504 |" in text
     assert "PCIe 4.0 x8" not in text and "+0.30%" in text          # only measured 25% records are quoted
+    assert "measured** on one H200" in text and "fewer decode steps" not in text
+
+
+def test_about_headline_names_each_links_gpu_and_a_partial_link(tmp_path):
+    """Regression: the About page said "measured on one H200" of a model whose x8 link ran on an H100, on 5 of
+    its 8 prompts, and nothing in the table told the two apart."""
+    import json
+
+    from pages.about import headline_markdown
+
+    rec = lambda link, pol, ms, steps, gpu: {"link": link, "policy": pol, "budget_frac": 0.25,  # noqa: E731
+                                             "workload": "prompts", "timing": "measured", "tpot_ms_median": ms,
+                                             "n_decode_tokens": steps, "gpu": gpu}
+    records = [rec("native", "on_demand", 240.0, 504, "H200"), rec("native", "spice", 70.0, 504, "H200"),
+               rec("pcie4x8", "on_demand", 960.0, 315, "H100"), rec("pcie4x8", "spice", 112.0, 315, "H100")]
+    (tmp_path / "r.json").write_text(json.dumps(records))
+    text = headline_markdown(tmp_path / "r.json")
+    assert "| PCIe 5.0 x16 (native) | H200 |" in text and "| PCIe 4.0 x8 (emulated) | H100 |" in text
+    assert "one GPU per link (the GPU column)" in text and "one H200" not in text
+    assert "fewer decode steps has run on fewer of the prompts" in text
 
 
 def test_about_headline_matches_the_committed_results():
