@@ -25,3 +25,46 @@ def test_tunes_default_confirmation_is_as_long_as_the_chats_replies():
     args = build_parser().parse_args(["tune"])
     assert args.confirm_new_tokens == DEFAULT_CHAT_TOKENS
     assert lossy_record(reply_tokens=args.confirm_new_tokens).within_budget_for(DEFAULT_CHAT_TOKENS)
+
+
+def _generate_tuned(capsys, model, record, max_new_tokens):
+    from spice_core.tuned import save, tuned_path
+
+    from cli_helpers import run_cli
+
+    save(record, tuned_path(model))
+    return run_cli(capsys, ["generate", "--model", model, "--device", "cpu", "--policy", "spice", "--cache-frac",
+                            record.cache_frac, "--profile", record.profile, "--shape", record.shape, "--raw",
+                            "--prompt", "hello", "--max-new-tokens", max_new_tokens, "--tuned"])
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and r.name.startswith("spice_core")]
+
+
+def test_generate_tuned_warns_when_the_pick_was_never_confirmed(tiny_model, capsys, caplog):
+    """Regression: `generate --tuned` applied a lossy pick that was never confirmed (`tune --no-confirm`, or a file
+    written before the confirmation) without a word, its note quoting the screening's quality as if it held. It is
+    applied (the user asked for it), with one warning on stderr saying why it is not known to be within its budget
+    and how to confirm it, and the run's note says so."""
+    code, out, _ = _generate_tuned(capsys, tiny_model, lossy_record(confirmed=False, reply_tokens=0), 4)
+    assert code == 0 and "note: tuned setting from" in out
+    assert "not known to be within its budget for replies of 4 tokens" in out
+    (warning,) = _warnings(caplog)
+    assert "\n" not in warning and "never confirmed" in warning and "--confirm-new-tokens 4 or more" in warning
+    assert "without --no-confirm" in warning
+
+
+def test_generate_tuned_warns_when_the_replies_are_longer_than_the_pick_was_confirmed_on(tiny_model, capsys,
+                                                                                          caplog):
+    """Regression: a pick confirmed on replies of 2 tokens was applied to replies of 6 without a word."""
+    code, out, _ = _generate_tuned(capsys, tiny_model, lossy_record(reply_tokens=2), 6)
+    assert code == 0 and "not known to be within its budget for replies of 6 tokens" in out
+    (warning,) = _warnings(caplog)
+    assert "confirmed on replies of 2 tokens, shorter than yours (6 tokens)" in warning
+    assert "--max-new-tokens 2 or fewer" in warning
+
+
+def test_generate_tuned_is_silent_for_a_pick_confirmed_on_replies_at_least_as_long(tiny_model, capsys, caplog):
+    code, out, _ = _generate_tuned(capsys, tiny_model, lossy_record(reply_tokens=6), 6)
+    assert code == 0 and "note: tuned setting from" in out and "not known" not in out and _warnings(caplog) == []
