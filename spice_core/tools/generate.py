@@ -13,6 +13,7 @@ from spice_core.tools import args as ca
 from spice_core.config import MAX_NEW_TOKENS_LIMIT, POLICIES, RunSettings, own_shape
 from spice_core.errors import ConfigError, SpiceError
 from spice_core.model.shipped import NAMES, model_argument
+from spice_core.units import format_bytes
 from spice_core.user_files import check_writable_dir
 
 log = logging.getLogger(__name__)
@@ -188,8 +189,8 @@ def run(args) -> int:
         for note in notes:
             print(f"note: {note}")
         t = rec.totals
-        print(f"GPU expert cache: {t.get('cache_slots')} slots = {t.get('cache_capacity_bytes', 0) / 1e6:.2f} MB "
-              f"of {t.get('routed_bytes', 0) / 1e6:.2f} MB routed experts (native sizes)")
+        print(f"GPU expert cache: {t.get('cache_slots')} slots = {format_bytes(t.get('cache_capacity_bytes', 0))} "
+              f"of {format_bytes(t.get('routed_bytes', 0))} routed experts (native sizes)")
     return 0
 
 
