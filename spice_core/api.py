@@ -5,8 +5,9 @@
                     │                                                  │ update_settings(): from next token
                     │                                                  │ cancel(): between tokens
                     ├─ runs (RunRegistry): finished runs ─► export_* (Chrome trace, TensorBoard zip, CSV)
-                    └─ tune(engine, RunSettings, Budget) ─► TuneRecord ─► save_tuned / find_tuned (spice-tuned.json
-                       beside the model, the file `python -m spice_core tune` writes and `generate --tuned` reads)
+                    └─ tune(engine, RunSettings, Budget, confirm=Confirm) ─► TuneRecord ─► save_tuned / find_tuned
+                       (spice-tuned.json beside the model, the file `python -m spice_core tune` writes and
+                       `generate --tuned` reads)
 
 Everything that crosses this boundary is an immutable plain value (frozen dataclasses,
 tuples, str, numbers), so a UI can keep snapshots without locking and a test can pass a
@@ -36,8 +37,11 @@ from spice_core.trace.metrics import (  # noqa: F401 - re-exported: one definiti
 from spice_core.tuned import (  # noqa: F401 - re-exported: the tuner's record and its file beside the model
     TUNED_FILE, TuneRecord, tuned_path)
 from spice_core.tuned import find as find_tuned, load_all as load_tuned, save as save_tuned  # noqa: F401
-from spice_core.tuner import (  # noqa: F401 - re-exported: the tuner and its quality budget
-    DEFAULT_BUDGET_AGREEMENT, DEFAULT_BUDGET_PPL_PCT, Budget, Tuner, tune)
+from spice_core.tuner import (  # noqa: F401 - re-exported: the tuner, its quality budget and confirmation sample
+    CONFIRM_PROMPTS, DEFAULT_BUDGET_AGREEMENT, DEFAULT_BUDGET_PPL_PCT, DEFAULT_REPLY_TOKENS, Budget, Confirm, Tuner,
+    tune)
+from spice_core.tuner import (  # noqa: F401 - re-exported: what TuneRecord.verdict says of a measured setting
+    EXACT, FAILED, HELD, MISSED, RULED_OUT, UNCONFIRMED, WITHIN)
 
 
 class Generation(Protocol):

@@ -44,6 +44,7 @@ from spice_core.timing.profiles import ModelShape, get_profile, get_shape, profi
 from spice_core.timing.timeline import ONE_GRAPH_NOTE, ModeledTimeline
 from spice_core.trace.recorder import Recorder
 from spice_core.types import ExpertKey
+from spice_core.units import format_bytes, round_up
 
 log = logging.getLogger(__name__)
 MAX_RUNS_KEPT = 32
@@ -202,12 +203,13 @@ class SpiceEngine:
         get_shape(s.shape, self.native_shape)
         if s.policy != "resident":
             budget = s.cache_frac * self.routed_bytes
-            if budget < self.min_cache_bytes():
-                need_frac = self.min_cache_bytes() / self.routed_bytes
+            need_bytes = self.min_cache_bytes()
+            if budget < need_bytes:
+                need_frac = need_bytes / self.routed_bytes
                 raise ConfigError(
-                    f"cache budget {budget / 1e9:.4f} GB is smaller than one layer's top-{self.lm.top_k} experts "
-                    f"({self.min_cache_bytes() / 1e9:.4f} GB): raise --cache-frac to >= {need_frac:.4f} "
-                    f"or --cache-gb to >= {self.min_cache_bytes() / 1e9:.4f}")
+                    f"cache budget {format_bytes(budget)} is smaller than one layer's top-{self.lm.top_k} experts "
+                    f"({format_bytes(need_bytes)}): raise --cache-frac to >= {round_up(need_frac)} "
+                    f"or --cache-gb to >= {round_up(need_bytes / 1e9)}")
 
     def _register(self, rec: RunRecord) -> None:
         size = record_bytes(rec)
@@ -419,9 +421,9 @@ class SpiceEngine:
                 # The draft heads and LoRE factors do not fit beside one layer's experts (a miniature timed at
                 # its own, native shape: its heads are about an expert each). Run without them, and say so.
                 need = (reserved + lm.top_k * lm.expert_bytes) / self.routed_bytes
-                notes.append(f"the draft heads and LoRE factors ({reserved / 1e6:.1f} MB) do not fit in this GPU cache "
-                             f"beside one layer's experts: running without them (the gate predictor, exact misses); "
-                             f"raise the GPU cache to >= {need:.2f} of the experts to use them")
+                notes.append(f"the draft heads and LoRE factors ({format_bytes(reserved)}) do not fit in this GPU "
+                             "cache beside one layer's experts: running without them (the gate predictor, exact "
+                             f"misses); raise the GPU cache to >= {round_up(need)} of the experts to use them")
                 if spec.predictor == "draft":
                     from spice_core.predictor.gate import GatePredictor
                     predictor = GatePredictor(lm)
@@ -429,8 +431,8 @@ class SpiceEngine:
                 n_slots = min(cache_slots_for_budget(budget, lm.expert_bytes), len(lm.host))
             if n_slots < lm.top_k:
                 raise ConfigError(
-                    f"cache budget {budget / 1e9:.4f} GB leaves room for {n_slots} experts after "
-                    f"{reserved / 1e9:.4f} GB of draft/LoRE memory, fewer than top-{lm.top_k}: raise --cache-frac")
+                    f"cache budget {format_bytes(budget)} leaves room for {n_slots} experts after "
+                    f"{format_bytes(reserved)} of draft/LoRE memory, fewer than top-{lm.top_k}: raise --cache-frac")
         fast = not eager and max_cache_len is not None and self._wants_fast_path(modeled)
         modeled_cpu = spec.use_cpu and not real_lane
         if spec.miss_mode == "orchestrate":
@@ -516,7 +518,7 @@ class SpiceEngine:
             return None
         store = self.int8_store()
         notes.append(f"cpu_int8 (lossy): a miss below router weight {s.tau_int8:g} (and not below tau_approx) may run "
-                     f"on the CPU lane from an int8 weight-only copy of the experts ({store.total_bytes / 1e6:.1f} MB "
+                     f"on the CPU lane from an int8 weight-only copy of the experts ({format_bytes(store.total_bytes)} "
                      f"of host memory, {store.total_bytes / self.routed_bytes:.0%} of the experts' bytes)")
         return store
 

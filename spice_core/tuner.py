@@ -56,6 +56,10 @@ MAX_LOOKAHEAD_VALUES = (1, 2, 4, 8)
 TAU_APPROX_VALUES = (0.02, 0.05, 0.1, 0.15, 0.2)     # the chat accepts [0, 0.2]
 LORE_RANKS = (2, 4, 8, 16)
 SAME_SPEED_REL = 1e-3      # speeds closer than this (relative) are ties: the modeled timing's float noise, not a gain
+# The reply length a confirmation defaults to where no generation's max_new_tokens says it (the CLI's tune): the
+# app chat's default reply length, which the app's own tune confirms on (the shipped model's stories end after
+# 130-160 tokens). A lossy pick is within its budget only for replies no longer than this (`TuneRecord.within_budget_for`).
+DEFAULT_REPLY_TOKENS = 192
 
 
 @dataclass(frozen=True)

@@ -18,15 +18,12 @@ import zlib
 from pathlib import Path
 
 from spice_core.errors import ConfigError
+from spice_core.units import format_bytes
 
 # Generous for every file the CLI reads (a long measured Chrome trace is tens of MB), small
 # enough that parsing it cannot exhaust a laptop's memory.
 DEFAULT_LIMIT_BYTES = 256 * 1024 * 1024
 _CHUNK_BYTES = 1 << 20
-
-
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.0f} MB"
 
 
 def require_file(path, flag: str, hint: str = "") -> Path:
@@ -49,12 +46,12 @@ def read_bytes_limited(path, flag: str, limit_bytes: int = DEFAULT_LIMIT_BYTES) 
                 while chunk := f.read(_CHUNK_BYTES):
                     out += chunk
                     if len(out) > limit_bytes:
-                        raise ConfigError(f"{flag} {p}: decompresses to more than {_mb(limit_bytes)}: "
+                        raise ConfigError(f"{flag} {p}: decompresses to more than {format_bytes(limit_bytes)}: "
                                           "refusing it (not a file this tool wrote)")
             return bytes(out)
         if p.stat().st_size > limit_bytes:
-            raise ConfigError(f"{flag} {p}: is {_mb(p.stat().st_size)}, over the {_mb(limit_bytes)} limit: "
-                              "pass a smaller file")
+            raise ConfigError(f"{flag} {p}: is {format_bytes(p.stat().st_size)}, over the {format_bytes(limit_bytes)} "
+                              "limit: pass a smaller file")
         return p.read_bytes()
     except (OSError, EOFError, zlib.error) as e:
         raise ConfigError(f"{flag} {p}: cannot be read ({type(e).__name__}: {e})") from e

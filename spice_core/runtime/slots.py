@@ -11,6 +11,7 @@ import gc
 import torch
 
 from spice_core.memory.host_store import ExpertLayout
+from spice_core.units import format_bytes
 
 
 class SlotBuffer:
@@ -52,5 +53,5 @@ def _allocate(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) 
         return torch.empty(shape, dtype=dtype, device=device)
     except torch.OutOfMemoryError as err:
         nbytes = shape[0] * shape[1] * dtype.itemsize
-        raise torch.OutOfMemoryError(f"the GPU cannot hold {shape[0]} expert slots ({nbytes / 1e9:.1f} GB) beside "
+        raise torch.OutOfMemoryError(f"the GPU cannot hold {shape[0]} expert slots ({format_bytes(nbytes)}) beside "
                                      f"what is resident: lower the expert budget (cache_frac). {err}") from err

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from spice_core.errors import ConfigError
+from spice_core.units import format_bytes
 
 
 def deepseek_v2_lite_config(vocab_size: int = 102400, max_positions: int = 4096):
@@ -81,8 +82,8 @@ def check_host_memory(needed_bytes: int, what: str,
     """Refuse, before allocating, what cannot fit in host memory (with a 10% margin); ``fix`` says what to change."""
     avail = available_host_bytes()
     if avail is not None and needed_bytes > 0.9 * avail:
-        raise ConfigError(f"{what} needs about {needed_bytes / 1e9:.1f} GB of host memory but only "
-                          f"{avail / 1e9:.1f} GB is available: {fix}")
+        raise ConfigError(f"{what} needs about {format_bytes(needed_bytes)} of host memory but only "
+                          f"{format_bytes(avail)} is available: {fix}")
 
 
 def load_safetensors_model(path, dtype="auto", experts_implementation: str | None = None):

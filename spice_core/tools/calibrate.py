@@ -25,6 +25,7 @@ from spice_core.tools import args as ca
 from spice_core.errors import ConfigError
 from spice_core.model.shipped import model_argument
 from spice_core.tools.generate import MODEL_HELP
+from spice_core.units import format_bytes
 from spice_core.user_files import check_writable_dir
 
 log = logging.getLogger(__name__)
@@ -245,7 +246,7 @@ def run(args) -> int:
     rec = ", ".join(f"d={k}: {v:.3f}" for k, v in d["heldout_recall_at_k"].items())
     print(f"traced {report['traces']['tokens']} tokens of {report['traces']['source']} "
           f"in {report['traces']['trace_s']} s")
-    print(f"draft: {d['heads']} heads, {d['device_bytes'] / 1e6:.2f} MB on the device, trained in {d['train_s']} s "
+    print(f"draft: {d['heads']} heads, {format_bytes(d['device_bytes'])} on the device, trained in {d['train_s']} s "
           f"(best epoch {d['best_epoch']}); held-out recall@k {rec}")
     _print_lore_and_files(report)
     return 0
@@ -255,5 +256,5 @@ def _print_lore_and_files(report: dict) -> None:
     lo = report["lore"]
     print("LoRE: " + (f"skipped ({lo['skipped']})" if "skipped" in lo else f"{lo['file']} (max rank {lo['max_rank']})"))
     for name, size in report["files_bytes"].items():
-        print(f"wrote {name}: {size / 1e6:.2f} MB")
+        print(f"wrote {name}: {format_bytes(size)}")
     print(f"done in {report['total_s']} s")

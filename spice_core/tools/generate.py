@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import shutil
 import sys
@@ -12,8 +13,10 @@ from spice_core.tools import args as ca
 from spice_core.config import MAX_NEW_TOKENS_LIMIT, POLICIES, RunSettings, own_shape
 from spice_core.errors import ConfigError, SpiceError
 from spice_core.model.shipped import NAMES, model_argument
+from spice_core.units import format_bytes
 from spice_core.user_files import check_writable_dir
 
+log = logging.getLogger(__name__)
 MAX_MODELED_STEP_MS = 86_400_000.0   # a modeled token slower than a day comes from a profile's absurd numbers
 DEFAULTS = RunSettings()          # the one set of defaults the app and the API use too
 MODEL_HELP = (f"a shipped model's name ({', '.join(NAMES)}), a checkpoint folder or a hub id "
@@ -186,8 +189,8 @@ def run(args) -> int:
         for note in notes:
             print(f"note: {note}")
         t = rec.totals
-        print(f"GPU expert cache: {t.get('cache_slots')} slots = {t.get('cache_capacity_bytes', 0) / 1e6:.2f} MB "
-              f"of {t.get('routed_bytes', 0) / 1e6:.2f} MB routed experts (native sizes)")
+        print(f"GPU expert cache: {t.get('cache_slots')} slots = {format_bytes(t.get('cache_capacity_bytes', 0))} "
+              f"of {format_bytes(t.get('routed_bytes', 0))} routed experts (native sizes)")
     return 0
 
 
@@ -200,7 +203,11 @@ def default_tuned_path(model) -> Path:
 
 
 def apply_tuned(args, settings: RunSettings) -> tuple[RunSettings, str]:
-    """``--tuned [FILE]``: ``settings`` with the saved pick for its profile, shape and cache, and a note."""
+    """``--tuned [FILE]``: ``settings`` with the saved pick for its profile, shape and cache, and a note.
+
+    A pick not known to be within its budget for replies of ``settings.max_new_tokens`` (a lossy one never confirmed,
+    or confirmed on shorter replies: `TuneRecord.caveat`) is applied with a warning on stderr saying why and how to
+    confirm it, and the note says so too."""
     from spice_core.tuned import find
 
     if settings.policy != "spice":
@@ -209,6 +216,16 @@ def apply_tuned(args, settings: RunSettings) -> tuple[RunSettings, str]:
     rec = find(path, profile=settings.profile, shape=settings.shape, cache_frac=settings.cache_frac)
     note = (f"tuned setting from {path}: {rec.reason}; measured quality perplexity {rec.ppl_pct:+.2f} %, "
             f"greedy agreement {rec.agreement:.3f}")
+    reply_tokens = settings.max_new_tokens
+    caveat = rec.caveat(reply_tokens)
+    if caveat:
+        # Applied all the same, as the app offers such a pick with its caveat: the user asked for it by name.
+        log.warning("--tuned %s: the saved pick is not known to be within its budget for --max-new-tokens %d: %s; "
+                    "to confirm it, run `python -m spice_core tune` with --confirm-new-tokens %d or more%s", path,
+                    reply_tokens, caveat, reply_tokens,
+                    f" (or pass --max-new-tokens {rec.reply_tokens} or fewer)" if rec.confirmed else
+                    " and without --no-confirm")
+        note += f"; not known to be within its budget for replies of {reply_tokens} tokens"
     return rec.settings(settings), note
 
 

@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 from spice_core.errors import ConfigError
+from spice_core.units import format_bytes
 
 REAL_ROPE_THETA = {"qwen2_moe": 1000000.0}     # by model type; DeepSeek-V2-Lite keeps the miniature's
 
@@ -326,7 +327,7 @@ def check_memory(cfg, device: str, whole: bool, what: str, dtype: torch.dtype = 
     if dev and str(device).startswith("cuda"):
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         if dev > 0.9 * free:
-            raise ConfigError(f"{what} needs about {dev / 1e9:.1f} GB of GPU memory but only {free / 1e9:.1f} GB is "
+            raise ConfigError(f"{what} needs about {format_bytes(dev)} of GPU memory but only {format_bytes(free)} is "
                               f"free on {device}: free the GPU or use a larger one"
                               + (" (or set \"reference_generate\": false, which streams the experts)" if whole else ""))
 

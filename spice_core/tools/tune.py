@@ -19,7 +19,7 @@ from spice_core.errors import ConfigError
 
 def add_cli(sub) -> None:
     from spice_core.tools.generate import add_engine_args
-    from spice_core.tuner import DEFAULT_BUDGET_AGREEMENT, DEFAULT_BUDGET_PPL_PCT
+    from spice_core.tuner import DEFAULT_BUDGET_AGREEMENT, DEFAULT_BUDGET_PPL_PCT, DEFAULT_REPLY_TOKENS
 
     p = sub.add_parser("tune", help="find the fastest spice setting within a quality budget",
                        description="Search tau_approx, tau_prefetch, max lookahead, LoRE rank and the CPU lane for "
@@ -38,8 +38,10 @@ def add_cli(sub) -> None:
                         "(default 512)")
     p.add_argument("--confirm-prompts", type=ca.int_in(1, 1000), default=8,
                    help="prompts of the confirmation sample (default 8)")
-    p.add_argument("--confirm-new-tokens", type=ca.int_in(1, 1024), default=32,
-                   help="greedy tokens per prompt of the confirmation sample (default 32)")
+    p.add_argument("--confirm-new-tokens", type=ca.int_in(1, 1024), default=DEFAULT_REPLY_TOKENS,
+                   help="greedy tokens per prompt of the confirmation sample: the longest reply a lossy pick is "
+                        "within the budget for (generate --max-new-tokens, the chat's Max new tokens); longer "
+                        f"replies get a caveat (default {DEFAULT_REPLY_TOKENS}, the chat's default reply length)")
     p.add_argument("--confirm-settings", type=ca.int_in(1, 100), default=3,
                    help="fastest candidate settings re-measured on it at most (default 3)")
     p.add_argument("--no-confirm", action="store_true",

@@ -1,5 +1,6 @@
 """Every bad input gets a one-line SpiceError naming the setting to change; the CLI exits 2 without a traceback."""
 import json
+import re
 import shutil
 
 import pytest
@@ -9,6 +10,7 @@ from spice_core.api import RunSettings
 from spice_core.tools.cli import main
 from spice_core.errors import ConfigError, ModelLoadError, PromptError, UnsupportedModelError
 from spice_core.model.loader import load_model
+from spice_core.units import format_bytes
 
 
 def run_cli(capsys, *argv):
@@ -103,6 +105,23 @@ def test_cache_budget_below_top_k_says_minimum(engines):
     eng = engines["deepseek_v2"]
     with pytest.raises(ConfigError, match=r"cache-gb to >= [0-9.]+"):
         eng.start_ids([1, 2, 3], RunSettings(policy="lru", cache_frac=0.01))
+
+
+def test_cache_budget_refusal_gives_sizes_for_humans_and_bounds_that_hold_when_typed_back(engines):
+    """Regression: the refusal read "cache budget 0.0000 GB is smaller than one layer's top-3 experts (0.0000 GB):
+    raise --cache-frac to >= 0.0938 or --cache-gb to >= 0.0000": sizes in GB to four decimals, zero for a small
+    model, and bounds rounded to the nearest, so the value typed back could still be refused."""
+    eng = engines["deepseek_v2"]
+    with pytest.raises(ConfigError) as refused:
+        eng.start_ids([1, 2, 3], RunSettings(policy="lru", cache_frac=0.01))
+    said = re.fullmatch(r"cache budget (.+) is smaller than one layer's top-3 experts \((.+)\): raise --cache-frac "
+                        r"to >= ([0-9.]+) or --cache-gb to >= ([0-9.]+)", str(refused.value))
+    assert said, str(refused.value)
+    assert said.group(1, 2) == (format_bytes(0.01 * eng.routed_bytes), format_bytes(eng.min_cache_bytes()))
+    assert re.fullmatch(r"[0-9.]+ kB", said.group(2))          # the tiny model's experts are a few kB
+    frac, gb = float(said.group(3)), float(said.group(4))
+    for typed_back in (frac, gb * 1e9 / eng.routed_bytes):   # as --cache-frac, and as generate turns --cache-gb
+        eng._validate(RunSettings(policy="lru", cache_frac=typed_back))
 
 
 def test_cache_budget_below_top_k_via_cli(capsys, tiny_dirs):

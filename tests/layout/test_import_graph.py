@@ -1,7 +1,7 @@
 """The package's layout: no import cycles between spice_core's modules, nothing in spice_core
 imports the front end (pages, app) or the training scripts, and the pages reach the engine only
-through spice_core.api (STYLE.md). Function-level imports count too: a cycle hidden inside a
-function is still a cycle in the design."""
+through spice_core.api (STYLE.md), which exports every type the tuner takes and returns. Function-level imports count
+too: a cycle hidden inside a function is still a cycle in the design."""
 from __future__ import annotations
 
 import ast
@@ -128,3 +128,31 @@ def test_the_page_rule_sees_every_way_of_importing_the_tuner():
         assert _engine_imports_of_a_page(_source_imports(source, "pages")), source
     allowed = "from spice_core import api\nfrom spice_core.api import tune\nfrom spice_core.errors import SpiceError\n"
     assert _engine_imports_of_a_page(_source_imports(allowed, "pages")) == []
+
+
+def _spice_types(hint) -> set[type]:
+    """The spice_core classes named in a resolved type hint (``Confirm | Mapping | None`` -> {Confirm})."""
+    import typing
+
+    found = {hint} if isinstance(hint, type) and hint.__module__.startswith("spice_core.") else set()
+    for arg in typing.get_args(hint):
+        found |= _spice_types(arg)
+    return found
+
+
+def test_the_api_exports_every_type_the_tuners_entry_points_take_and_return():
+    """Regression: spice_core.api did not export Confirm, the confirmation sample `tune(confirm=...)` takes, so a
+    page could only build one by importing spice_core.tuner, which the rule above forbids. Every spice_core type in
+    the signatures of the tuner and its file is exported, and so is the vocabulary of TuneRecord.verdict."""
+    import typing
+
+    from spice_core import api, tuned, tuner
+
+    entry_points = (tuner.tune, tuner.Tuner.__init__, tuner.Tuner.run, tuned.find, tuned.load_all, tuned.save,
+                    tuned.tuned_path)
+    used = set().union(*(_spice_types(h) for f in entry_points for h in typing.get_type_hints(f).values()))
+    assert used >= {tuner.Budget, tuner.Confirm, tuned.TuneRecord}, used
+    assert sorted(t.__name__ for t in used if getattr(api, t.__name__, None) is not t) == []
+    verdicts = ("EXACT", "HELD", "FAILED", "RULED_OUT", "UNCONFIRMED", "MISSED", "WITHIN")
+    assert [getattr(api, name, None) for name in verdicts] == [getattr(tuner, name) for name in verdicts]
+    assert (api.CONFIRM_PROMPTS, api.DEFAULT_REPLY_TOKENS) == (tuner.CONFIRM_PROMPTS, tuner.DEFAULT_REPLY_TOKENS)

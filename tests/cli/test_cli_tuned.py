@@ -1,0 +1,70 @@
+"""`tune` and `generate --tuned` on the command line: a pick tuned with the defaults is within its budget for the
+chat's replies, and `generate --tuned` says so when the saved pick is not known to be within its budget for the
+replies it is asked for."""
+from spice_core.tools.cli import build_parser
+from spice_core.tuned import TuneRecord
+
+
+def lossy_record(**over) -> TuneRecord:
+    """A lossy pick as `tune` saves it (confirmed on replies of 192 tokens unless ``over`` says otherwise)."""
+    fields = dict(model="m", policy="spice", profile="rtx4090-pcie4x16", shape="deepseek-v2-lite", cache_frac=0.3,
+                  budget={"ppl_pct": 1.0, "agreement": 0.9},
+                  setting={"tau_approx": 0.05, "tau_prefetch": 0.2, "max_lookahead": 4, "lore_rank": 4,
+                           "cpu_lane": True},
+                  speed_ms=10.0, speed_timing="modeled", ppl_pct=0.5, agreement=0.95,
+                  quality_measured_on="random ids", reason="the fastest setting within the budget",
+                  confirmed=True, reply_tokens=192)
+    return TuneRecord(**(fields | over))
+
+
+def test_tunes_default_confirmation_is_as_long_as_the_chats_replies():
+    """Regression: `tune` confirmed on replies of 32 tokens by default, so a lossy pick tuned with the defaults was
+    not within its budget for the chat's replies (192 tokens by default, the length the app's own tune confirms on)."""
+    from pages.common import DEFAULT_CHAT_TOKENS
+
+    args = build_parser().parse_args(["tune"])
+    assert args.confirm_new_tokens == DEFAULT_CHAT_TOKENS
+    assert lossy_record(reply_tokens=args.confirm_new_tokens).within_budget_for(DEFAULT_CHAT_TOKENS)
+
+
+def _generate_tuned(capsys, model, record, max_new_tokens):
+    from spice_core.tuned import save, tuned_path
+
+    from cli_helpers import run_cli
+
+    save(record, tuned_path(model))
+    return run_cli(capsys, ["generate", "--model", model, "--device", "cpu", "--policy", "spice", "--cache-frac",
+                            record.cache_frac, "--profile", record.profile, "--shape", record.shape, "--raw",
+                            "--prompt", "hello", "--max-new-tokens", max_new_tokens, "--tuned"])
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and r.name.startswith("spice_core")]
+
+
+def test_generate_tuned_warns_when_the_pick_was_never_confirmed(tiny_model, capsys, caplog):
+    """Regression: `generate --tuned` applied a lossy pick that was never confirmed (`tune --no-confirm`, or a file
+    written before the confirmation) without a word, its note quoting the screening's quality as if it held. It is
+    applied (the user asked for it), with one warning on stderr saying why it is not known to be within its budget
+    and how to confirm it, and the run's note says so."""
+    code, out, _ = _generate_tuned(capsys, tiny_model, lossy_record(confirmed=False, reply_tokens=0), 4)
+    assert code == 0 and "note: tuned setting from" in out
+    assert "not known to be within its budget for replies of 4 tokens" in out
+    (warning,) = _warnings(caplog)
+    assert "\n" not in warning and "never confirmed" in warning and "--confirm-new-tokens 4 or more" in warning
+    assert "without --no-confirm" in warning
+
+
+def test_generate_tuned_warns_when_the_replies_are_longer_than_the_pick_was_confirmed_on(tiny_model, capsys,
+                                                                                          caplog):
+    """Regression: a pick confirmed on replies of 2 tokens was applied to replies of 6 without a word."""
+    code, out, _ = _generate_tuned(capsys, tiny_model, lossy_record(reply_tokens=2), 6)
+    assert code == 0 and "not known to be within its budget for replies of 6 tokens" in out
+    (warning,) = _warnings(caplog)
+    assert "confirmed on replies of 2 tokens, shorter than yours (6 tokens)" in warning
+    assert "--max-new-tokens 2 or fewer" in warning
+
+
+def test_generate_tuned_is_silent_for_a_pick_confirmed_on_replies_at_least_as_long(tiny_model, capsys, caplog):
+    code, out, _ = _generate_tuned(capsys, tiny_model, lossy_record(reply_tokens=6), 6)
+    assert code == 0 and "note: tuned setting from" in out and "not known" not in out and _warnings(caplog) == []
