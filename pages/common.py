@@ -525,8 +525,9 @@ UI_NAMES = {"--cache-frac": "GPU cache size", "--cache-gb": "GPU cache size", "-
 _CACHE_GB = re.compile(r" or GPU cache size to >= [0-9.]+")
 # The engine's refusal of a cache below one layer's experts, in GB to 4 decimals ("cache budget 0.0000 GB is smaller
 # than one layer's top-6 experts (0.0001 GB): raise --cache-frac to >= 0.0036 ..."): said again in the slider's terms.
-_CACHE_TOO_SMALL = re.compile(r"cache budget [0-9.]+ GB is smaller than one layer's top-(\d+) experts \([0-9.]+ GB\): "
-                              r"raise --cache-frac to >= ([0-9.]+)")
+# The engine's refusal (`SpiceEngine._validate`): sizes in any unit (units.format_bytes), the bound rounded up.
+_CACHE_TOO_SMALL = re.compile(r"cache budget [0-9.]+ [kMGT]?B is smaller than one layer's top-(\d+) experts "
+                              r"\([0-9.]+ [kMGT]?B\): raise --cache-frac to >= ([0-9.]+)")
 _GB = re.compile(r"\b([0-9]+\.[0-9]+) GB\b")
 
 

@@ -106,12 +106,19 @@ def test_the_cache_slider_starts_at_the_smallest_size_each_model_runs_with():
         settings_from_values(small, {f: getattr(default_settings(small), f) for f in SETTING_FIELDS} | {"cache_frac": 0})
 
 
-def test_the_engines_cache_refusal_reads_in_the_sliders_terms():
+def test_the_engines_cache_refusal_reads_in_the_sliders_terms(engines):
     """Regression (QA, defect 2): "cache budget 0.0000 GB is smaller than one layer's top-6 experts (0.0001 GB):
-    raise GPU cache size to >= 0.0036"."""
-    said = spice_error_text(ConfigError("cache budget 0.0000 GB is smaller than one layer's top-6 experts (0.0001 GB): "
-                                        "raise --cache-frac to >= 0.0036 or --cache-gb to >= 0.0001"))
-    assert "GB" not in said and "0.36% of all experts" in said and "at least 0.0036" in said, said
+    raise GPU cache size to >= 0.0036". The refusal is the engine's own, so a change of its wording that the page
+    no longer reads fails here (it did once: the sizes became "1.11 kB")."""
+    from spice_core.api import RunSettings
+
+    eng = engines["deepseek_v2"]
+    with pytest.raises(ConfigError) as refused:
+        eng.start_ids([1, 2, 3], RunSettings(policy="lru", cache_frac=0.01))
+    need = float(str(refused.value).split("--cache-frac to >= ")[1].split()[0])
+    said = spice_error_text(refused.value)
+    assert said.startswith("GPU cache size is too small for this model"), said
+    assert "B" not in said and f"{need:.2%} of all experts" in said and f"at least {need:g}" in said, said
     other = spice_error_text(ConfigError("cache budget 0.0012 GB leaves room for 3 experts after 0.0400 GB of "
                                          "draft/LoRE memory, fewer than top-6: raise --cache-frac"))
     assert "1.2 MB" in other and "40.0 MB" in other and "GPU cache size" in other, other
