@@ -86,6 +86,49 @@ def on_slider(raw, low: float, high: float, step: float) -> float:
     return min(high, max(low, on_step(number, low, step)))
 
 
+def cache_words(info: EngineInfo) -> str:
+    """What a page's GPU cache size takes for this model, as a note ends: "it takes 0.25 to 1 for this model (0.25
+    is the first step that holds one layer's top-4 experts)"; the part in brackets only when the model needs more
+    than 0."""
+    low, high, _step = slider_ranges(info)["cache_frac"]
+    need = f" ({low:g} is the first step that holds one layer's top-{info.top_k} experts)" if low > 0 else ""
+    return f"it takes {low:g} to {high:g} for this model{need}"
+
+
+def cache_share(raw, info: EngineInfo, control: str = "GPU cache size") -> float:
+    """A GPU cache size from a page other than the chat (the sweep, the tune) or its API, as typed, within the chat
+    slider's range for this model (`slider_ranges`: the engine refuses less than one layer's top-k experts);
+    ConfigError naming the control, the value and that range otherwise. Between two steps it stays as typed:
+    these pages apply nothing else the slider would have to agree with."""
+    low, high, step = slider_ranges(info)["cache_frac"]
+    typed = str(raw).strip()[:20] if isinstance(raw, (str, int, float)) and not isinstance(raw, bool) else "that"
+    try:
+        if typed == "":
+            raise OutOfRange("is empty")
+        on_slider(raw, low, high, step)
+    except OutOfRange as exc:
+        what = "the box is empty" if typed == "" else f"{typed} {exc}"
+        raise ConfigError(f"{control}: {what}; {cache_words(info)}") from None
+    return float(raw)
+
+
+def cache_refusal(raw, info: EngineInfo) -> tuple[float, str] | None:
+    """A number left in a GPU cache size box that the page does not take (`cache_share`): (the value the box goes to,
+    the note that says so); None for one it takes. The browser brings a number beyond a slider's ends to the nearest
+    end, and anything else (an empty box) to its low end, without a word: the note gives that value."""
+    try:
+        cache_share("" if raw is None else raw, info)
+        return None
+    except ConfigError as exc:
+        low, high, _step = slider_ranges(info)["cache_frac"]
+        try:
+            went = float(raw)
+        except (TypeError, ValueError, OverflowError):
+            went = low
+        went = min(high, max(low, went)) if math.isfinite(went) else low
+        return went, f"⚠ {exc}. The box went to {went:g}."
+
+
 def bounded_number(value, control: str, lo: float, hi: float, *, integer: bool = False) -> float | int:
     """A finite number in [lo, hi] from a UI or API value, or ConfigError naming the control."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):

@@ -11,7 +11,9 @@ same runner and concurrency group as the chat, one at a time. The handler yields
 streams, so Gradio can stop it when the visitor leaves; Stop, closing the page (unload) and a
 vanished reader (the runner's orphan watchdog) all end the sweep between tokens or runs. A sweep
 never pre-empts anyone else's reply (pages.runner), and its size is capped at the API as at the UI
-(pages.limits): runs, prompts, tokens per run and tokens in all.
+(pages.limits): runs, prompts, tokens per run and tokens in all. Its GPU cache size (the tune's too) takes the
+chat's range for the page's model, from the smallest step that holds one layer's top-k experts (below it the
+engine refuses to run); a number typed beyond it is said under the slider's label, and refused at the API.
 The agreement shown is the project's one greedy agreement (spice_core.api.greedy_agreement: positions with
 the reference's token over the longer sequence), pooled over the prompts as the benchmarks pool it (matching
 positions summed, then divided); the table also gives the identical prefix (share of the reference reproduced
@@ -33,7 +35,7 @@ from pages import figures_sweep, models
 from pages.common import (ENGINE_GROUP, AppContext, FreeCheckboxGroup, FreeDropdown, FreeSlider, as_plot,
                           check_profile_and_shape, default_settings, shape_choices, shape_info, spice_error_text,
                           timed_bytes)
-from pages.limits import bounded_number
+from pages.limits import bounded_number, cache_refusal, cache_share, slider_ranges
 from spice_core.api import identical_prefix_share, matching_tokens
 from pages.owners import esc, owner_of
 from pages.runner import RunStream
@@ -99,6 +101,15 @@ def reference_policy(policies) -> str:
     return "resident" if "resident" in policies else next(p for p in policies if p in EXACT_POLICIES)
 
 
+class TypedData(gr.EventData):
+    """A slider's release event: ``value`` is the number in its box as the browser had it when the box was left,
+    before Gradio brings it to the slider's nearest end (None when the box held none)."""
+
+    def __init__(self, target, data) -> None:
+        super().__init__(target, data)
+        self.value = data
+
+
 class SweepPage:
     def __init__(self, ctx: AppContext, tunes: TuneBook | None = None) -> None:
         self.ctx = ctx
@@ -129,8 +140,10 @@ class SweepPage:
                 self.tau_approx = gr.Textbox(DEFAULT_TAU_APPROX, label="τ_approx values",
                                              info="used by lossy SPICE policies", elem_id="sweep-ta")
                 with gr.Row():
-                    self.cache_frac = FreeSlider(0.0, 1.0, value=d.cache_frac, step=0.05, label="GPU cache size",
-                                                elem_id="sweep-cache")
+                    # From the smallest step this model runs with, as the chat's (pages.limits.slider_ranges).
+                    low, high, step = slider_ranges(info, self.limits)["cache_frac"]
+                    self.cache_frac = FreeSlider(low, high, value=d.cache_frac, step=step, label="GPU cache size",
+                                                 info=self.cache_info, elem_id="sweep-cache")
                     self.max_new_tokens = FreeSlider(self.limits.sweep_min_tokens, self.limits.sweep_max_tokens,
                                                      value=d.max_new_tokens, step=1,
                                                      label="Tokens per run", elem_id="sweep-tokens")
@@ -139,6 +152,10 @@ class SweepPage:
                                             elem_id="sweep-profile")
                 self.shape = FreeDropdown(shape_choices(info), value=d.shape, label="Model shape",
                                           info=shape_info(info), elem_id="sweep-shape")
+        # A number typed beyond the slider is said under its label: the browser brings it to the slider's end when
+        # the box is left (with no word), after the release event has sent what was typed.
+        self.cache_frac.release(self.on_cache_typed, inputs=None, outputs=[self.cache_frac], queue=False,
+                                api_visibility="private", show_progress="hidden")
         self.tune = TuneSection(self)
         self.tune.build()
         self.tune.wire(self.cache_frac, self.profile, self.shape)
@@ -168,6 +185,18 @@ class SweepPage:
         gr.on(None, self.on_load, outputs=outputs, queue=False, api_visibility="private")
 
     # --- handlers ------------------------------------------------------------------------
+    @property
+    def cache_info(self) -> str:
+        """The line under the GPU cache size's label when no note takes its place."""
+        low = slider_ranges(self.info, self.limits)["cache_frac"][0]
+        return f"share of all routed experts on the GPU; from {low:g} for this model"
+
+    def on_cache_typed(self, typed: TypedData = None):
+        """The GPU cache size's box was left or its slider let go: a number it does not take is said under its label
+        with the value the box went to (`cache_refusal`); any other brings the slider's own line back."""
+        refused = cache_refusal(getattr(typed, "value", None), self.info)
+        return gr.update(info=self.cache_info) if refused is None else gr.update(value=refused[0], info=refused[1])
+
     def on_load(self, request: gr.Request = None):
         rows = self.ctx.last_sweep(owner_of(request))
         if not rows:
@@ -216,7 +245,7 @@ class SweepPage:
             if unknown:
                 raise ConfigError(f"Policies: {unknown[0][:40]!r} is unknown; choose from {', '.join(self.info.policies)}")
             check_profile_and_shape(self.info, profile, shape)
-            base = replace(self.defaults, cache_frac=bounded_number(cache_frac, "GPU cache size", 0.0, 1.0),
+            base = replace(self.defaults, cache_frac=cache_share(cache_frac, self.info),
                            max_new_tokens=bounded_number(max_new_tokens, "Tokens per run", lim.sweep_min_tokens,
                                                          lim.sweep_max_tokens, integer=True),
                            profile=profile, shape=shape)

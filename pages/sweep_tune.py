@@ -27,7 +27,7 @@ from spice_core.errors import SpiceError
 from pages import figures_tune
 from pages.common import (DEFAULT_CHAT_TOKENS, ENGINE_GROUP, FreeNumber, as_plot, check_profile_and_shape,
                           spice_error_text)
-from pages.limits import bounded_number
+from pages.limits import cache_share
 from pages.owners import esc, owner_of
 from pages import tuning
 
@@ -128,7 +128,7 @@ class TuneSection:
             if "spice" not in info.policies:
                 raise SpiceError("this engine offers no spice policy: there is nothing to tune")
             base = replace(self.page.defaults, policy="spice", profile=profile, shape=shape,
-                           cache_frac=bounded_number(cache_frac, "GPU cache size", 0.0, 1.0),
+                           cache_frac=cache_share(cache_frac, info),
                            max_new_tokens=self.reply_tokens)
         except (SpiceError, TypeError, ValueError) as exc:
             yield f"⚠ Tune not started: {esc(spice_error_text(exc))}", skip, skip, skip, skip

@@ -13,238 +13,38 @@
 A visitor sees only the runs they started (pages.owners explains who "they" are): the list,
 the views and the exports all check the run's owner first, and a malformed id never reaches
 the engine or the disk. Everything shown that came from a visitor (labels) is escaped.
-The tables are computed here from the trace events (one schema for measured and modeled runs).
+The numbers come from the trace events (pages.trace_numbers: one schema for measured and modeled runs); the
+summary cards and the comparison's headline table are pages.trace_cards'. This module lays the page out and wires
+its events.
 """
 from __future__ import annotations
 
 import html
 import logging
-from collections import defaultdict
 
 import gradio as gr
 import pandas as pd
 
 from spice_core.errors import SpiceError
-from spice_core import api as metrics   # the one definition of every metric (trace.metrics)
 from pages import figures
-from pages.common import AppContext, FreeDropdown, FreeNumber, as_plot, fmt_bytes, spice_error_text, timed_bytes
+from pages.common import AppContext, FreeDropdown, FreeNumber, as_plot, spice_error_text
 from pages.links import page_link
 from pages.owners import RUN_ID_RULE, esc, owner_of, valid_run_id
 from pages.limits import strict_bool
+# The numbers and the HTML live in modules of their own; their names stay importable from here.
+from pages.trace_cards import baseline_cards, compare_html, summary_html  # noqa: F401 - baseline_cards: re-exported
+from pages.trace_numbers import (COMPARE_COLUMNS, DEFAULT_WINDOW_TOKENS, LAYER_COLUMNS,  # noqa: F401 - re-exported
+                                 MAX_FIRST_TOKEN, MAX_WINDOW_TOKENS, compare_frame, fit_window, last_token,
+                                 per_layer_frame, per_token_series, window_bounds)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_WINDOW_TOKENS = 16
-MAX_WINDOW_TOKENS = 4096
-MAX_FIRST_TOKEN = 10**9
 LINK_ID_SHOWN = 80      # characters of a malformed ?run= kept in the picker (over RUN_ID's 64: it stays malformed)
-# "prefetched hit %" are prefetches in time; "late prefetch %" those whose copy came after the layer needed it
-# (a stall, not a hit: trace.metrics), so hit % + prefetched hit % is the layer's hit rate, as in the chat.
-# "CPU int8 %" are misses run on the CPU lane from the experts' int8 copy (lossy), apart from the exact "CPU %",
-# as the run summary's miss split and the exports' experts_cpu_int8 count them; the shares add up to 100.
-LAYER_COLUMNS = ["layer", "selections", "hit %", "prefetched hit %", "late prefetch %", "approx %", "CPU %",
-                 "CPU int8 %", "copied %", "prefetches", "wasted prefetches", "MB copied / token (timed shape)",
-                 "stall ms / token"]
-
-
-# --- numbers from events (pure) ---------------------------------------------------------------
-def per_layer_frame(events, n_tokens: int) -> pd.DataFrame:
-    """One row per layer that routed anything: outcome shares over the decode tokens (the run summary's
-    scope, trace.metrics), prefetch counts, bytes and stalls per token."""
-    table = metrics.per_layer_counts(metrics.outcomes_from_events(events, metrics.scope_tokens(n_tokens)))
-    outcome_rows = {int(r.layer): r for r in table.itertuples(index=False)}
-    rows: dict[int, dict] = defaultdict(lambda: defaultdict(float))
-    for e in events:
-        if e.layer < 0:
-            continue
-        r = rows[e.layer]
-        if e.kind == "prefetch":
-            r["prefetches"] += 1
-        elif e.kind == "prefetch_wasted":
-            r["wasted"] += 1
-        if e.kind in ("copy", "prefetch"):
-            r["bytes"] += e.bytes
-        if e.kind == "stall":
-            r["stall_ms"] += e.end_ms - e.start_ms
-    out = []
-    tokens = max(n_tokens, 1)
-    for layer in sorted(set(rows) | set(outcome_rows)):
-        r, o = rows[layer], outcome_rows.get(layer)
-        sel = int(o.selections) if o is not None else 0
-        if sel == 0 and r["prefetches"] == 0:
-            continue
-        pct = (lambda n: round(100 * n / sel, 1)) if sel else (lambda n: 0.0)
-        get = (lambda k: getattr(o, k)) if o is not None else (lambda k: 0)
-        out.append([layer, sel, pct(get("hit")), pct(get("prefetch_hit")), pct(get("prefetch_late")),
-                    pct(get("approx")), pct(get("cpu")), pct(get(metrics.CPU_INT8_OUTCOME)), pct(get("copy")),
-                    int(r["prefetches"]), int(r["wasted"]),
-                    round(r["bytes"] / 1e6 / tokens, 2), round(r["stall_ms"] / tokens, 3)])
-    return pd.DataFrame(out, columns=LAYER_COLUMNS)
-
-
-def per_token_series(events) -> tuple[list[int], list[float], list[float], list[float]]:
-    """(token, step ms, stall ms, MB copied) per token; step time from the host "token" events when present."""
-    span: dict[int, list[float]] = {}
-    step: dict[int, float] = {}
-    stall: dict[int, float] = defaultdict(float)
-    copied: dict[int, float] = defaultdict(float)
-    for e in events:
-        if e.token < 0:
-            continue
-        lo_hi = span.setdefault(e.token, [e.start_ms, e.end_ms])
-        lo_hi[0], lo_hi[1] = min(lo_hi[0], e.start_ms), max(lo_hi[1], e.end_ms)
-        if e.kind == "token":
-            step[e.token] = e.end_ms - e.start_ms
-        elif e.kind == "stall":
-            stall[e.token] += e.end_ms - e.start_ms
-        if e.kind in ("copy", "prefetch"):
-            copied[e.token] += e.bytes / 1e6
-    tokens = sorted(span)
-    return (tokens, [step.get(t, span[t][1] - span[t][0]) for t in tokens], [stall[t] for t in tokens],
-            [copied[t] for t in tokens])
-
-
-COMPARE_COLUMNS = ["layer", "hit % (first)", "hit % (second)", "MB / token (first)", "MB / token (second)",
-                   "stall ms / token (first)", "stall ms / token (second)"]
-
-
-def window_bounds(first, count) -> tuple[int, int]:
-    """(first token, tokens shown) of the timeline from what was typed: whole numbers within range; an
-    empty or unreadable box gets its default."""
-    def whole(value, default: int, low: int, high: int) -> int:
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            return default
-        if number != number:                  # NaN
-            return default
-        return int(round(max(low, min(high, number))))
-
-    return whole(first, 0, 0, MAX_FIRST_TOKEN), whole(count, DEFAULT_WINDOW_TOKENS, 1, MAX_WINDOW_TOKENS)
-
-
-def last_token(events) -> int | None:
-    """The run's last token index (its tokens are 0..last), None for a run without per-token events."""
-    return max((e.token for e in events if e.token >= 0), default=None)
-
-
-def fit_window(first, count, last: int | None) -> tuple[int, int, str]:
-    """(first token, tokens shown, note) of the timeline: `window_bounds`, then a first token past the run's
-    ``last`` token is moved back so that the window shows the run's last tokens; the note, for the "From token"
-    box, gives the run's range and says when the number typed was moved ("" for a run without tokens)."""
-    first, count = window_bounds(first, count)
-    if last is None:
-        return first, count, ""
-    if first <= last:
-        return first, count, f"this run has tokens 0–{last:,}"
-    moved = max(0, last + 1 - count)
-    return moved, count, (f"⚠ {first:,} is past this run's last token ({last:,}): showing tokens "
-                          f"{moved:,}–{last:,}")
 
 
 def window_update(first: int, note: str, last: int | None):
     """The "From token" box showing the window drawn, bounded by the run's last token (its arrows stop there)."""
     return gr.update(value=first, info=note or None, maximum=last)
-
-
-def compare_frame(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
-    """Per layer, two runs' hit rates (hit + prefetched hit), copies and stalls side by side."""
-    def part(df, tag):
-        return pd.DataFrame({"layer": df["layer"], f"hit % ({tag})": df["hit %"] + df["prefetched hit %"],
-                             f"MB / token ({tag})": df["MB copied / token (timed shape)"],
-                             f"stall ms / token ({tag})": df["stall ms / token"]})
-    both = part(a, "first").merge(part(b, "second"), on="layer", how="outer").sort_values("layer")
-    both = both[COMPARE_COLUMNS].fillna(0.0).reset_index(drop=True)
-    # Sums of rounded shares carry float noise (65.30000000000001): one decimal, as the per-layer table shows.
-    return both.round({c: 1 for c in both.columns if c.startswith("hit %")} | {c: 3 for c in both.columns
-                                                                                 if c.startswith(("MB", "stall"))})
-
-
-def _late_text(s) -> str:
-    """The share of selections served by a prefetch that came late (RunSummary.late_prefetch_rate)."""
-    return f"{100 * s.late_prefetch_rate:.0f}%"
-
-
-def _hit_rate_note(s) -> str:
-    """Under the hit rate: the late prefetches' share when there is one (as the chat's card), then the misses."""
-    split = " · ".join(f"{k} {v}" for k, v in sorted(s.miss_split.items()) if v) or "no misses"
-    return f"in time; {_late_text(s)} late prefetches · {split}" if s.late_prefetch_rate >= 0.005 else split
-
-
-def _timed_bytes_text(s) -> str:
-    return fmt_bytes(timed_bytes(s.shape_bytes_per_token, s.bytes_per_token)[0])
-
-
-def compare_html(a, b) -> str:
-    """The two runs' headline numbers and how the second compares (every value escaped)."""
-    def ratio(x, y, better_low=True):
-        if not x or not y:
-            return "—"
-        r = x / y if better_low else y / x
-        if not better_low:
-            return f"{r:.2f}×"
-        # r = first / second: above 1 the second is faster by r; below, slower by 1 / r ("0.73× slower" was wrong).
-        return "same" if round(r, 2) == 1 else f"{r:.2f}× faster" if r > 1 else f"{1 / r:.2f}× slower"
-    rows = [("policy", a.policy, b.policy, ""), ("timing", f"{a.timing} · {a.shape}", f"{b.timing} · {b.shape}", ""),
-            ("TPOT median", f"{a.tpot_ms_median:.2f} ms", f"{b.tpot_ms_median:.2f} ms",
-             ratio(a.tpot_ms_median, b.tpot_ms_median)),
-            ("hit rate (in time)", f"{100 * a.hit_rate:.0f}%", f"{100 * b.hit_rate:.0f}%", ""),
-            ("late prefetches (stalled)", _late_text(a), _late_text(b), ""),
-            ("copied / token (timed shape)", _timed_bytes_text(a), _timed_bytes_text(b), ""),
-            ("copied / token (native)", fmt_bytes(a.bytes_per_token), fmt_bytes(b.bytes_per_token), ""),
-            ("stall / token", f"{a.stall_ms_per_token:.2f} ms", f"{b.stall_ms_per_token:.2f} ms", ""),
-            ("tokens", f"{a.n_tokens}", f"{b.n_tokens}", "")]
-    head = "<tr><th></th><th>first run</th><th>second run</th><th>second vs first</th></tr>"
-    body = "".join(f"<tr><td>{esc(k)}</td><td>{esc(x)}</td><td>{esc(y)}</td><td>{esc(r)}</td></tr>"
-                   for k, x, y, r in rows)
-    note = "" if a.timing == b.timing else "<p>⚠ one run is measured and the other modeled: compare with care.</p>"
-    return f"<table class='spice-compare'>{head}{body}</table>{note}"
-
-
-def baseline_cards(s, baselines: dict) -> list[tuple[str, str, str]]:
-    """The run beside its baselines: ``baselines`` are modeled ms per token of resident, on_demand and lru
-    over the run's own routing (engine.baselines). Ratios only when the run is modeled too (same clock)."""
-    out = []
-    for name, label in (("lru", "vs lru"), ("on_demand", "vs on_demand"), ("resident", "vs resident floor")):
-        ms = baselines.get(name)
-        if not ms or s.policy == name:
-            continue
-        if s.timing == "modeled" and s.tpot_ms_median > 0:
-            r = ms / s.tpot_ms_median
-            verdict = f"{r:.2f}× faster" if r >= 1 else f"{1 / r:.2f}× slower"
-            out.append((label, verdict, f"{name} {ms:.2f} ms · modeled, same routing"))
-        else:
-            out.append((label, f"{ms:.2f} ms", f"{name}, modeled for this routing (this run is {s.timing})"))
-    return out
-
-
-def _copied_card(s) -> tuple[str, str]:
-    """Bytes per token at the shape the run's times are for (as the per-layer table and the chart), native under."""
-    shown, native = timed_bytes(s.shape_bytes_per_token, s.bytes_per_token)
-    return fmt_bytes(shown), "per token (own sizes)" if native is None else \
-        f"per token at {s.shape} · native {fmt_bytes(native)}"
-
-
-def summary_html(s, label: str = "", baselines: dict | None = None) -> str:
-    """The summary cards; every interpolated value is escaped (labels are visitors' prompts)."""
-    cards = [
-        ("tokens", f"{s.n_tokens}", s.finish_reason or "—"),
-        ("TTFT", f"{s.ttft_ms:.1f} ms", "incl. prefill"),
-        ("TPOT", f"{s.tpot_ms_median:.2f} ms", f"median · p90 {s.tpot_ms_p90:.2f}"),
-        ("tokens/s", f"{s.tokens_per_s:.1f}", s.timing),
-        ("hit rate", f"{100 * s.hit_rate:.0f}%", _hit_rate_note(s)),
-        ("copied", *_copied_card(s)),
-        ("stall", f"{s.stall_ms_per_token:.2f} ms", "per token"),
-        *baseline_cards(s, baselines or {}),
-    ]
-    body = "".join(f"<div class='card'><div class='k'>{esc(k)}</div><div class='v'>{esc(v)}</div>"
-                   f"<div class='s'>{esc(t)}</div></div>" for k, v, t in cards)
-    notes = "".join(f"<li>{esc(n)}</li>" for n in s.notes)
-    where = f" ({esc(s.profile)}, {esc(s.shape)})" if s.timing == "modeled" else ""
-    head = (f"<b>{esc(s.run_id)}</b> · {esc(s.policy)} · {esc(s.timing)} timing{where}"
-            f"{f' · {esc(label)}' if label else ''}")
-    return (f"<div class='spice-stats'><div class='head'>{head}</div><div class='cards'>{body}</div>"
-            f"{f'<ul class=notes>{notes}</ul>' if notes else ''}</div>")
 
 
 # --- page -------------------------------------------------------------------------------------
