@@ -15,10 +15,11 @@ from collections import defaultdict
 
 import pandas as pd
 
+from pages.limits import Limits
 from spice_core import api as metrics   # the one definition of every metric (trace.metrics)
 
 DEFAULT_WINDOW_TOKENS = 16
-MAX_WINDOW_TOKENS = 4096
+MAX_WINDOW_TOKENS = Limits.trace_max_window_tokens     # the app's one limit on "Tokens shown"
 MAX_FIRST_TOKEN = 10**9
 # "prefetched hit %" are prefetches in time; "late prefetch %" those whose copy came after the layer needed it
 # (a stall, not a hit: trace.metrics), so hit % + prefetched hit % is the layer's hit rate, as in the chat.
