@@ -24,7 +24,7 @@ from pathlib import Path
 import gradio as gr
 
 from pages import about, chat, guard, links, sweep, trace_explorer
-from pages.common import AppContext
+from pages.common import AppContext, quiet_page_loads
 from pages.keyboard import KEYBOARD_JS
 from pages.models import EngineSet, keep_nav, model_pages
 from pages.owners import OWNER_JS
@@ -81,6 +81,7 @@ def build_app(engine=None, *, max_queue: int = QUEUE_MAX_SIZE, orphan_after_s: f
     with demo.route("About", "/about"):
         about.build(ctx, ROOT / "docs" / "benchmarks", ROOT)
         keep_nav(ctx.models)
+    quiet_page_loads(demo)          # a page load says nothing to screen readers (pages/common.py)
     demo.queue(default_concurrency_limit=1, max_size=max_queue)
     guard.install(demo)             # each visitor's share of that queue (pages/guard.py)
     return demo, ctx
