@@ -1,6 +1,7 @@
 """What the chat holds: the visitor's and the model's text shown as it is, never as HTML (while the model reads
-exactly what was typed), notes about the last action that do not pile up, and the note a token limit leaves. Unit
-tests of pages.messages and API flows on the fake engine."""
+exactly what was typed), notes about the last action that do not pile up, the note a token limit leaves, and what a
+page load brings back of what the browser kept. Unit tests of pages.messages and the chat page's handlers, and API
+flows on the fake engine."""
 from __future__ import annotations
 
 import json
@@ -8,14 +9,19 @@ import random
 
 import pytest
 
+import gradio as gr
+
 from app_helpers import chat_inputs, content, last_notes
+from pages.chat import CURSOR, ChatPage, ChatSession
 from pages.chat_settings import restored, settings_json
 from pages.common import default_settings
 from pages.limits import Limits
-from pages.messages import engine_turns, restore_kept, shown_text, transient_note, typed_text
+from pages.messages import engine_turns, note, restore_kept, shown_text, transient_note, typed_text
 from fake_engine import FakeEngine
 
 HOSTILE = "<img src=x onerror=alert(1)> <b>bold</b> a<b story about a cat."
+# Markdown a visitor may well type, a backslash of their own among it (the chat holds it escaped).
+MARKDOWN = "*x* and a_b, \\* [l](u) 2 > 1 & `c`\n1. one\n    code *as is*"
 
 
 @pytest.mark.parametrize("text", [
@@ -95,3 +101,24 @@ def test_kept_settings_come_back_checked_as_typed_ones():
     assert len(notes) == 8 and all(n.startswith("⚠ Not restored:") for n in notes), notes
     for junk in (None, [], "x", 3, {"h": []}):
         assert restored(info, Limits(), defaults, junk) == (defaults, [])
+
+
+def _sent(text: str) -> list[dict]:
+    """A conversation as the chat holds it after ``text`` was sent and answered."""
+    return [{"role": "user", "content": shown_text(text)}, {"role": "assistant", "content": shown_text("a *reply*")},
+            note("Run 1", "numbers")]
+
+
+def test_a_page_load_brings_back_what_the_browser_kept_and_nothing_from_junk(served):
+    """Page load (defect 2's store): the browser hands over JSON text {"h": history, "s": settings}; the kept
+    conversation comes back as it was kept, and anything else (the browser's: not JSON, not an object) changes
+    nothing and raises nothing."""
+    page = ChatPage(served.ctx)
+    kept = json.dumps({"h": _sent(MARKDOWN), "s": {"max_new_tokens": 64}})
+    out = page.keep.restore(kept, ChatSession())
+    assert [typed_text(m["content"]) for m in out[0][:2]] == [MARKDOWN, "a *reply*"]
+    assert out[-1] == settings_json(restored(page.info, page.ctx.limits, page.defaults, {"max_new_tokens": 64})[0])
+    for junk in ("", "{", "[]", "3", json.dumps({"h": "x", "s": [1]}), None):
+        out = page.keep.restore(junk, ChatSession())
+        assert all(isinstance(o, type(gr.skip())) for o in out), (junk, out)
+    assert CURSOR.strip() == page.keep.cursor
