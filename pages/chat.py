@@ -40,7 +40,8 @@ from pages.chat_auto import AutoState, AutoTune
 from pages.chat_controls import SETTINGS_JS, ChatControls
 from pages.chat_reload import LEFT_DURING_CHECK, ReplyPanels
 from pages.chat_switch import ModelSwitch
-from pages.chat_js import BUSY_OFF_JS, BUSY_ON_JS, NARROW_JS, SENT_JS, STOPPED_NOTE_JS, STOPPING_NOTE, started_js
+from pages.chat_js import (BUSY_OFF_JS, BUSY_ON_JS, NARROW_JS, SENT_JS, STOPPED_NOTE_JS, STOPPING_NOTE, TYPED_TEXT_JS,
+                           started_js)
 from pages.chat_keep import KeptChat
 from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, ChatHistory, as_plot,
                           default_settings, settings_from_values, spice_error_text)
@@ -228,6 +229,7 @@ class ChatPage(chat_settings.SettingsEvents):
         if root is not None:
             root.load(None, js=NARROW_JS, queue=False, api_visibility="private", show_progress="hidden")
             root.load(None, js=SETTINGS_JS, queue=False, api_visibility="private", show_progress="hidden")
+            root.load(None, js=TYPED_TEXT_JS, queue=False, api_visibility="private", show_progress="hidden")
         self.keep.wire()        # what this tab kept comes back; what the page shows is kept (pages.chat_keep)
 
     def _after_reply(self, event) -> None:
@@ -295,7 +297,9 @@ class ChatPage(chat_settings.SettingsEvents):
         return typed_text(history[at]["content"]), history[:at]
 
     def prepare_edit(self, history, session: ChatSession, edit: gr.EditData):
-        """Edit: replace a user message by its edited text and send it again (later turns are dropped)."""
+        """Edit: replace a user message by its edited text and send it again (later turns are dropped). The page's
+        edit box holds the text as typed and gives it back escaped, for the chat to show it literally until this
+        answers (assets/static/spice_chat_text.js): `typed_text` gives what the visitor typed, backslashes included."""
         index = edit.index if isinstance(edit.index, int) else (edit.index[0] if edit.index else None)
         cut = None if session.streaming() else cut_at_last_user(history, index)
         if cut is None:

@@ -1,6 +1,7 @@
 """The chat page's browser side: Stop in Send's place while a reply streams, the side bar closed on a narrow
-screen, what the browser keeps per tab (the calls to assets/static/spice_keep.js), and the message box: a sent
-message leaves it when its reply starts, and what was typed since stays.
+screen, what the browser keeps per tab (the calls to assets/static/spice_keep.js), the text as typed where Gradio
+gives back the chat's stored text (assets/static/spice_chat_text.js), and the message box: a sent message leaves it
+when its reply starts, and what was typed since stays.
 
 The server used to empty the box with the reply's first update, and keys typed between Send and that update
 (a fraction of a second, or as long as the message waits for the engine behind another visitor's reply)
@@ -18,6 +19,8 @@ from pages.chat_text import settings_hint
 from pages.messages import RUN_TAG, TRANSIENT_TAG
 
 STATIC = Path(__file__).resolve().parents[1] / "assets" / "static"
+# The visitor's and the model's text as typed: copy, edit box and aria-labels (one script per page, installed on load).
+TYPED_TEXT_JS = (STATIC / "spice_chat_text.js").read_text()
 
 # Stop's note says what is about to happen; once the reply has ended (`ChatPage._after_reply`) it is out of date
 # and the settings hint comes back.
