@@ -13,8 +13,12 @@ KEPT_RUNS_JS = "() => +(document.body.dataset.spiceKeptRuns || 0)"
 
 
 def open_chat(page, url: str) -> None:
+    """Open the chat and wait until its page-load events have started: the load that brings back what the tab kept
+    marks the tab's id on the body (assets/static/spice_keep.js). A box can show before the page's events are wired,
+    and a key pressed then reaches no listener."""
     page.goto(url, wait_until="load")
     page.locator("#spice-msg textarea").wait_for(state="visible")
+    page.wait_for_function("() => !!document.body.dataset.spiceTab", timeout=20_000, polling=50)
 
 
 def ask_and_keep(page, text: str) -> None:
