@@ -24,7 +24,8 @@ from pathlib import Path
 import gradio as gr
 
 from pages import about, chat, guard, links, sweep, trace_explorer
-from pages.common import AppContext
+from pages.chat_js import KEEP_STORE_JS
+from pages.common import AppContext, quiet_page_loads
 from pages.keyboard import KEYBOARD_JS
 from pages.models import EngineSet, keep_nav, model_pages
 from pages.owners import OWNER_JS
@@ -81,6 +82,7 @@ def build_app(engine=None, *, max_queue: int = QUEUE_MAX_SIZE, orphan_after_s: f
     with demo.route("About", "/about"):
         about.build(ctx, ROOT / "docs" / "benchmarks", ROOT)
         keep_nav(ctx.models)
+    quiet_page_loads(demo)          # a page load says nothing to screen readers (pages/common.py)
     demo.queue(default_concurrency_limit=1, max_size=max_queue)
     guard.install(demo)             # each visitor's share of that queue (pages/guard.py)
     return demo, ctx
@@ -158,12 +160,12 @@ def build_demo(engine=None, **kwargs) -> gr.Blocks:
 
 
 def launch_kwargs() -> dict:
-    """Styling, the missing status word and the not-found page for `launch()` (Gradio 6 takes theme and CSS there,
-    not in Blocks)."""
+    """Styling, the scripts every page's head holds, the missing status word and the not-found page for `launch()`
+    (Gradio 6 takes theme and CSS there, not in Blocks)."""
     from starlette.middleware import Middleware
 
     return {"theme": gr.themes.Default(primary_hue="blue", neutral_hue="slate"), "css": CSS_PATH.read_text(),
-            "head": OWNER_JS + KEYBOARD_JS, "max_file_size": MAX_FILE_SIZE, "i18n": I18N,
+            "head": OWNER_JS + KEYBOARD_JS + KEEP_STORE_JS, "max_file_size": MAX_FILE_SIZE, "i18n": I18N,
             "app_kwargs": {"middleware": [Middleware(guard.RequestGuard)],     # size limit, no uploads, headers
                            "exception_handlers": {404: links.not_found}}}     # a wrong address: the app's pages
 

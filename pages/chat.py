@@ -13,8 +13,8 @@
                           │            at a rate it adapts to its own drawing time (spice_live.js)
                           └ end: run note in the chat, full panels, exact re-run when lossy
     Stop ──► stream.cancel() (between tokens)      tab closed ──► unload / orphan watchdog ──► cancel
-    page load ──► the conversation and settings this tab kept (settings checked as typed ones: pages.chat_settings)
-              ──► its last reply's panels and numbers row (pages.chat_reload)
+    page load ──► the conversation and settings this tab kept (pages.chat_keep; settings checked as typed ones:
+                  pages.chat_settings) ──► its last reply's panels and numbers row (pages.chat_reload)
 
 Everything per user lives in one `ChatSession` inside a gr.State (Gradio gives each page its
 own session, so the chat, its controls and its panels share this page). Events that only touch
@@ -40,15 +40,15 @@ from pages.chat_auto import AutoState, AutoTune
 from pages.chat_controls import SETTINGS_JS, ChatControls
 from pages.chat_reload import LEFT_DURING_CHECK, ReplyPanels
 from pages.chat_switch import ModelSwitch
-from pages.chat_js import (BUSY_OFF_JS, BUSY_ON_JS, KEEP_JS, KEEP_NONEMPTY_JS, MARK_KEPT_JS, NARROW_JS, PICK_KEPT_JS,
-                           SENT_JS, STOPPED_NOTE_JS, STOPPING_NOTE, started_js)
+from pages.chat_js import (BUSY_OFF_JS, BUSY_ON_JS, NARROW_JS, SENT_JS, STOPPED_NOTE_JS, STOPPING_NOTE, TYPED_TEXT_JS,
+                           started_js)
+from pages.chat_keep import KeptChat
 from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, ChatHistory, as_plot,
                           default_settings, settings_from_values, spice_error_text)
 from pages.live import LiveRun
 from pages.messages import (TRANSIENT_TAG, clean_message, content_text, cut_at_last_user, drop_oldest_exchanges,
                             engine_turns, keep_newest, n_exchanges, normalize_history, note, problem_with, reply,
-                            restore_kept, run_note, shown_text, transient_note, typed_text, untag_replies,
-                            without_transient)
+                            run_note, shown_text, transient_note, typed_text, untag_replies, without_transient)
 from pages.owners import esc, owner_of
 from pages.runner import CANCEL_REASONS, RunStream
 from pages.tuning import TuneBook
@@ -111,14 +111,14 @@ class ChatPage(chat_settings.SettingsEvents):
             defaults = replace(defaults, lore_rank=ranks[-1])
         self.defaults = defaults
         self.reload = ReplyPanels(ctx, defaults, PANELS, PLACEHOLDERS)    # the last reply's panels after a reload
+        self.keep = KeptChat(self, CURSOR)      # the conversation and settings this tab keeps in the browser
         self._settings_lock = threading.Lock()     # a Send and a settings event may apply the same requests
 
     # --- layout --------------------------------------------------------------------------
     def build(self) -> None:
         info, d = self.info, self.defaults
         self.session = gr.State(ChatSession())   # deep-copied per browser session
-        # The conversation survives a reload or a visit to another page (kept in this browser only).
-        self.saved = gr.BrowserState([], storage_key="spice-chat-v1" + self.ctx.key)   # one per model
+        self.keep.build()
         # The settings in use, as the browser keeps them beside the conversation (pages.chat_js); never typed into.
         self.kept_settings = gr.Textbox(chat_settings.settings_json(d), visible="hidden", show_label=False,
                                         container=False, interactive=False, elem_id="spice-kept-settings")
@@ -220,15 +220,6 @@ class ChatPage(chat_settings.SettingsEvents):
             cleared = event(self.clear, inputs=[self.session], outputs=outputs, queue=False, show_progress="hidden",
                             **({"api_name": name} if name else {"api_visibility": "private"}))
             self._after_reply(cleared)
-        # The browser also keeps the conversation at every change while a reply streams, so a reload mid-reply
-        # keeps the message and what came of the reply (`restore`). Never an empty chat here: the page's first,
-        # empty chat would overwrite the kept one before `restore` reads it (a clear saves in `_after_reply`).
-        self.chatbot.change(None, inputs=[self.chatbot, self.kept_settings, self.saved], outputs=[self.saved],
-                            js=KEEP_NONEMPTY_JS, queue=False, api_visibility="private", show_progress="hidden")
-        self.kept_settings.change(None, inputs=[self.chatbot, self.kept_settings, self.saved], outputs=[self.saved],
-                                  js=KEEP_JS, queue=False, api_visibility="private", show_progress="hidden")
-        self.saved.change(None, inputs=[self.saved], outputs=None, js=MARK_KEPT_JS, queue=False,
-                          api_visibility="private", show_progress="hidden")
         # The sent message leaves the box when its reply starts, what was typed since stays (pages.chat_js).
         self.chatbot.change(None, inputs=[self.chatbot], outputs=None, js=started_js(CURSOR), queue=False,
                             api_visibility="private", show_progress="hidden")
@@ -238,22 +229,14 @@ class ChatPage(chat_settings.SettingsEvents):
         if root is not None:
             root.load(None, js=NARROW_JS, queue=False, api_visibility="private", show_progress="hidden")
             root.load(None, js=SETTINGS_JS, queue=False, api_visibility="private", show_progress="hidden")
-            # The conversation and settings at once, then its last reply's panels (which may wait for a run still
-            # stopping).
-            kept = root.load(self.restore, inputs=[self.saved, self.session],
-                             outputs=[self.chatbot, self.ctl.note, self.banner, self.stats, *self.controls,
-                                      self.kept_settings],
-                             js=PICK_KEPT_JS, queue=False, api_visibility="private", show_progress="hidden")
-            kept.then(self.reload.restore, inputs=[self.chatbot, self.session],
-                      outputs=[self.stats, self.heatmap, self.prefetch, self.gantt], queue=False,
-                      api_visibility="private", show_progress="hidden")
+            root.load(None, js=TYPED_TEXT_JS, queue=False, api_visibility="private", show_progress="hidden")
+        self.keep.wire()        # what this tab kept comes back; what the page shows is kept (pages.chat_keep)
 
     def _after_reply(self, event) -> None:
         """When a reply (or a clear) ends: Send comes back, and the browser keeps the conversation (an empty one
-        after a clear). A js function's returned array is its list of outputs: the history goes in one."""
+        after a clear)."""
         event.then(None, js=BUSY_OFF_JS, queue=False, api_visibility="private", show_progress="hidden")
-        event.then(None, inputs=[self.chatbot, self.kept_settings, self.saved], outputs=[self.saved], js=KEEP_JS,
-                   queue=False, api_visibility="private", show_progress="hidden")
+        self.keep.after(event)
         self._keep_settings(event)      # a Send applies the slider requests it carries
         event.then(None, inputs=[self.ctl.note], outputs=[self.ctl.note], js=STOPPED_NOTE_JS, queue=False,
                    api_visibility="private", show_progress="hidden")
@@ -305,13 +288,6 @@ class ChatPage(chat_settings.SettingsEvents):
         return ("" if clear_text else gr.skip(), [], stats,
                 *(as_plot(figures.empty_figure(PLACEHOLDERS[name])) for name in PANELS), "")
 
-    def restore(self, picked, session):
-        """Page load: the conversation this tab kept (`messages.restore_kept`; nothing to change when it kept none),
-        and its settings, checked as typed ones are (`chat_settings.SettingsEvents.restore_settings`). ``picked``:
-        {"h": history, "s": settings} from PICK_KEPT_JS (a plain history from a page of before)."""
-        history, kept = (picked.get("h"), picked.get("s")) if isinstance(picked, dict) else (picked, None)
-        return (restore_kept(history, CURSOR.strip()) or gr.skip(), *self.restore_settings(kept, session))
-
     def prepare_retry(self, history, session: ChatSession):
         """Retry: drop the last reply and send the last user message again (as it was typed)."""
         cut = None if session.streaming() else cut_at_last_user(history)
@@ -321,7 +297,9 @@ class ChatPage(chat_settings.SettingsEvents):
         return typed_text(history[at]["content"]), history[:at]
 
     def prepare_edit(self, history, session: ChatSession, edit: gr.EditData):
-        """Edit: replace a user message by its edited text and send it again (later turns are dropped)."""
+        """Edit: replace a user message by its edited text and send it again (later turns are dropped). The page's
+        edit box holds the text as typed and gives it back escaped, for the chat to show it literally until this
+        answers (assets/static/spice_chat_text.js): `typed_text` gives what the visitor typed, backslashes included."""
         index = edit.index if isinstance(edit.index, int) else (edit.index[0] if edit.index else None)
         cut = None if session.streaming() else cut_at_last_user(history, index)
         if cut is None:

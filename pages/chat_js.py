@@ -1,5 +1,7 @@
 """The chat page's browser side: Stop in Send's place while a reply streams, the side bar closed on a narrow
-screen, and the message box: a sent message leaves it when its reply starts, and what was typed since stays.
+screen, what the browser keeps per tab (the calls to assets/static/spice_keep.js), the text as typed where Gradio
+gives back the chat's stored text (assets/static/spice_chat_text.js), and the message box: a sent message leaves it
+when its reply starts, and what was typed since stays.
 
 The server used to empty the box with the reply's first update, and keys typed between Send and that update
 (a fraction of a second, or as long as the message waits for the engine behind another visitor's reply)
@@ -11,66 +13,48 @@ the box to be fixed; a box edited meanwhile is left as the visitor made it.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from pages.chat_text import settings_hint
-from pages.messages import TRANSIENT_TAG
+from pages.messages import RUN_TAG, TRANSIENT_TAG
+
+STATIC = Path(__file__).resolve().parents[1] / "assets" / "static"
+# The visitor's and the model's text as typed: copy, edit box and aria-labels (one script per page, installed on load).
+TYPED_TEXT_JS = (STATIC / "spice_chat_text.js").read_text()
 
 # Stop's note says what is about to happen; once the reply has ended (`ChatPage._after_reply`) it is out of date
 # and the settings hint comes back.
 STOPPING_NOTE = "Stopping after the current token…"
 STOPPED_NOTE_JS = f"(n) => [n === {json.dumps(STOPPING_NOTE)} ? {json.dumps(settings_hint())} : n]"
-# The conversation and settings the browser keeps (a BrowserState, one per model), per tab: {"tabs": {tab id: {"h":
-# history, "s": settings, "t": ms}}}, the tab's id in its sessionStorage (which a reload and the app's other pages
-# keep). Two tabs of one browser used to share one kept conversation, the last to write winning: a reload brought the
-# other tab's back and this one's was gone. A new tab starts from the newest kept conversation and its settings (the
-# last used), under its own id. A kept plain list (the format before) counts as one tab's, with no settings.
-# Every keep writes both the history and the settings from the page (the settings the server applied, as JSON in a
-# hidden box, `ChatPage.kept_settings`), never one of them from what was kept: two keeps triggered together read the
-# same kept value, and the last to write wins; each writes the page as it is. A note about the last action only
-# (pages.messages.transient_note) is not kept.
-KEEP_TABS = 8
-_KEEP_PRELUDE = """
-  let tab = sessionStorage.getItem('spice-tab');
-  if (!tab) { tab = Date.now().toString(36) + Math.random().toString(36).slice(2, 8);
-              sessionStorage.setItem('spice-tab', tab); }
-  const all = Array.isArray(kept) ? (kept.length ? {before: {h: kept, t: 0}} : {})
-    : (kept && typeof kept === 'object' && kept.tabs && typeof kept.tabs === 'object') ? {...kept.tabs} : {};
-"""
-# (history, settings JSON, kept) -> [kept with this tab's history and settings]; KEEP_NONEMPTY_JS leaves it as it was
-# for an empty history (the page's first, empty chat must not overwrite what `restore` is about to read).
-_KEEP_BODY = f"""{_KEEP_PRELUDE}
-  const transient = (m) => !!(m && m.metadata && String(m.metadata.id || '').startsWith({json.dumps(TRANSIENT_TAG)}));
-  let settings = null;
-  try {{ settings = JSON.parse(s); }} catch (e) {{ settings = null; }}
-  all[tab] = {{h: (Array.isArray(h) ? h : []).filter((m) => !transient(m)), s: settings, t: Date.now()}};
-  const ids = Object.keys(all).sort((a, b) => all[b].t - all[a].t).slice(0, {KEEP_TABS});
-  return [{{tabs: Object.fromEntries(ids.map((k) => [k, all[k]]))}}];
-"""
-KEEP_JS = f"(h, s, kept) => {{{_KEEP_BODY}}}"
-KEEP_NONEMPTY_JS = f"(h, s, kept) => {{ if (!(h && h.length)) return [kept];{_KEEP_BODY}}}"
-# (kept) -> [{h: this tab's history, s: its settings}, else the newest kept tab's, else {h: [], s: null}]: what
-# `ChatPage.restore` gets on page load.
-PICK_KEPT_JS = f"""(kept) => {{{_KEEP_PRELUDE}
-  const newest = Object.values(all).sort((a, b) => b.t - a.t)[0];
-  const pick = all[tab] || newest;
-  return [pick ? {{h: pick.h || [], s: pick.s || null}} : {{h: [], s: null}}];
-}}"""
-# After the browser has written what it keeps (BrowserState's change follows its localStorage write): this tab's kept
-# conversation's count of run notes (an ended reply's note: a title and its run's tag, pages.messages.run_note) on
-# the page's body, so a browser test can tell the conversation is kept with its last reply's note before it reloads,
-# on any machine; the tab's kept settings, which a reload brings back; and how many keeps this page has made (a test
-# waits for the keep after an action). It runs at every keep while a reply streams: a count over the messages, no
-# serialising of them.
-MARK_KEPT_JS = """(kept) => {
-  const tab = sessionStorage.getItem('spice-tab');
-  const mine = kept && kept.tabs && typeof kept.tabs === 'object' ? kept.tabs[tab] : null;
-  const h = mine && Array.isArray(mine.h) ? mine.h : [];
-  const isNote = (m) => !!(m && m.metadata && m.metadata.title && String(m.metadata.id || '').startsWith('run:'));
-  document.body.dataset.spiceKeptRuns = String(h.filter(isNote).length);
-  document.body.dataset.spiceKeptSettings = JSON.stringify(mine && mine.s ? mine.s : null);
-  document.body.dataset.spiceKeeps = String(+(document.body.dataset.spiceKeeps || 0) + 1);
-  return [];
-}"""
+# The conversation and settings the browser keeps, per tab and model: localStorage, one entry per tab that only that
+# tab writes (assets/static/spice_keep.js says how, and why not one value for all tabs as before). A new tab starts
+# from the newest kept conversation and its settings (the last used), under its own id. Every keep writes both the
+# history and the settings from the page (the settings the server applied, as JSON in a hidden box,
+# `ChatPage.kept_settings`), never one of them from what was kept: two keeps triggered together each write the page
+# as it is. A note about the last action only (pages.messages.transient_note) is not kept.
+KEEP_PREFIX = "spice-chat-v2"
+LEGACY_KEY = "spice-chat-v1"        # the one value of before (Gradio's BrowserState, unreadable after a restart)
+KEEP_STORE_JS = f"<script>\n{(STATIC / 'spice_keep.js').read_text()}</script>"     # the page's head (app.py)
+
+
+def _keep_config(key: str) -> str:
+    return json.dumps({"prefix": KEEP_PREFIX + key, "legacy": LEGACY_KEY + key, "transient": TRANSIENT_TAG,
+                       "run": RUN_TAG})
+
+
+def keep_js(key: str, non_empty: bool = False) -> str:
+    """(history, settings JSON) -> []: this tab keeps the page's conversation and settings (for the model pages
+    ``key``); with ``non_empty``, an empty history leaves what was kept as it is (the page's first, empty chat must
+    not overwrite what `pages.chat_keep.KeptChat.restore` is about to read)."""
+    return f"(h, s) => {{ window.spiceKeep.keep({_keep_config(key)}, h, s, {json.dumps(non_empty)}); return []; }}"
+
+
+def pick_kept_js(key: str) -> str:
+    """(anything) -> [JSON text {"h": history, "s": settings}]: this tab's kept conversation and settings, else the
+    newest kept, else none; what `pages.chat_keep.KeptChat.restore` gets on page load."""
+    return f"() => [window.spiceKeep.pick({_keep_config(key)})]"
+
+
 BUSY_ON_JS = "() => { document.body.classList.add('spice-generating'); return []; }"
 BUSY_OFF_JS = "() => { document.body.classList.remove('spice-generating'); return []; }"
 # On a narrow screen the settings sidebar starts closed, so the chat and the examples are usable at once.

@@ -176,6 +176,32 @@ class FreeCheckboxGroup(gr.CheckboxGroup):
         return payload
 
 
+# --- page loads ------------------------------------------------------------------------------
+def quiet_page_loads(blocks: gr.Blocks) -> list[int]:
+    """Every event a page load sets off shows and says no progress; returns their ids.
+
+    Gradio's status tracker reads every event's progress out to screen readers (a live region: "Loading", then
+    "Complete"), except an event whose progress is hidden. So every load of every page said both, for work nobody
+    asked for. What a load sets off: its listeners, what they chain (``.then``, ``.success``), and the listeners of
+    a change of what they fill, in turn. A listener of the latter kind also runs when the visitor changes that
+    component (a quick view, the trace explorer's run or About's benchmark): it is silent then too, as Gradio has
+    one progress setting per listener. What a visitor starts otherwise (a reply, a sweep, a tune) keeps its
+    progress, shown and said."""
+    fns = list(blocks.fns.values())
+    quiet = {fn._id for fn in fns if any(event == "load" for _, event in fn.targets)}
+    while True:
+        filled = {block._id for fn in fns if fn._id in quiet for block in fn.outputs}
+        more = {fn._id for fn in fns if fn._id not in quiet and (
+            fn.trigger_after in quiet or any(event == "change" and target in filled for target, event in fn.targets))}
+        if not more:
+            break
+        quiet |= more
+    for fn in fns:
+        if fn._id in quiet:
+            fn.show_progress = "hidden"
+    return sorted(quiet)
+
+
 # --- settings --------------------------------------------------------------------------------
 SETTING_FIELDS = ("policy", "cache_frac", "tau_prefetch", "tau_approx", "max_lookahead", "lore_rank",
                   "cpu_lane", "profile", "shape", "max_new_tokens", "temperature")

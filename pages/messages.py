@@ -7,10 +7,13 @@ parts, FACTS.md) or from API clients (plain strings); both are accepted.
 
 Why the user's and the model's text are escaped in the chat (`shown_text`): Gradio's chat renders every
 message as Markdown with HTML (sanitised, but an <img> stays an image and loads its src), with no option per
-message, and the app's own notes need Markdown (bold, links). So a message's text is stored in the chat as
-Markdown that shows it literally, and `typed_text` gives back exactly what was typed (or generated) before the
-model sees it. Only the characters that can start Markdown or HTML are escaped, so an ordinary sentence is
-stored, copied and edited unchanged.
+message (`render_markdown=False` is the whole chat's, and still renders HTML), and the app's own notes need
+Markdown (bold, links). So a message's text is stored in the chat as Markdown that shows it literally, and
+`typed_text` gives back exactly what was typed (or generated) wherever the text leaves the chat: the model's turns,
+a retry's message box, a run's label. In the browser, Gradio's copy button, edit box and message labels read the
+stored text themselves; the page's script gives them the text as typed through its twin of `typed_text`
+(assets/static/spice_chat_text.js). Only the characters that can start Markdown or HTML are escaped, so an
+ordinary sentence is stored unchanged.
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """Driving the chat page in a real browser, shared by the browser tests that send a message and then reload.
 
-A reply's end is not the moment the browser has kept it: the page keeps the conversation (localStorage, encrypted
-by Gradio's BrowserState) a moment after the reply's last update, and a reload before that brings back less. The
-page marks on its body how many run notes this tab's kept conversation holds once the write is done
-(`pages.chat_js.MARK_KEPT_JS`); the tests wait for that mark instead of sleeping, so they pass on a slow machine
-and take no longer than they must on a fast one."""
+A reply's end is not the moment the browser has kept it: the page keeps the conversation (this tab's entry in
+localStorage) a moment after the reply's last update, and a reload before that brings back less. The page marks on
+its body how many run notes this tab's kept conversation holds once the write is done (assets/static/spice_keep.js);
+the tests wait for that mark instead of sleeping, so they pass on a slow machine and take no longer than they must
+on a fast one."""
 from __future__ import annotations
 
 from page_js import text_js
@@ -13,8 +13,12 @@ KEPT_RUNS_JS = "() => +(document.body.dataset.spiceKeptRuns || 0)"
 
 
 def open_chat(page, url: str) -> None:
+    """Open the chat and wait until its page-load events have started: the load that brings back what the tab kept
+    marks the tab's id on the body (assets/static/spice_keep.js). A box can show before the page's events are wired,
+    and a key pressed then reaches no listener."""
     page.goto(url, wait_until="load")
     page.locator("#spice-msg textarea").wait_for(state="visible")
+    page.wait_for_function("() => !!document.body.dataset.spiceTab", timeout=20_000, polling=50)
 
 
 def ask_and_keep(page, text: str) -> None:

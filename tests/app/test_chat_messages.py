@@ -1,6 +1,7 @@
-"""What the chat holds: the visitor's and the model's text shown as it is, never as HTML (while the model reads
-exactly what was typed), notes about the last action that do not pile up, and the note a token limit leaves. Unit
-tests of pages.messages and API flows on the fake engine."""
+"""What the chat holds: the visitor's and the model's text shown as it is, never as HTML (while the model, a retry, an
+edit and a run's label get exactly what was typed), notes about the last action that do not pile up, the note a
+token limit leaves, and what a page load brings back of what the browser kept. Unit tests of pages.messages and the
+chat page's handlers, and API flows on the fake engine."""
 from __future__ import annotations
 
 import json
@@ -8,14 +9,19 @@ import random
 
 import pytest
 
+import gradio as gr
+
 from app_helpers import chat_inputs, content, last_notes
+from pages.chat import CURSOR, ChatPage, ChatSession
 from pages.chat_settings import restored, settings_json
 from pages.common import default_settings
 from pages.limits import Limits
-from pages.messages import engine_turns, restore_kept, shown_text, transient_note, typed_text
+from pages.messages import engine_turns, note, restore_kept, run_of, shown_text, transient_note, typed_text
 from fake_engine import FakeEngine
 
 HOSTILE = "<img src=x onerror=alert(1)> <b>bold</b> a<b story about a cat."
+# Markdown a visitor may well type, a backslash of their own among it (the chat holds it escaped).
+MARKDOWN = "*x* and a_b, \\* [l](u) 2 > 1 & `c`\n1. one\n    code *as is*"
 
 
 @pytest.mark.parametrize("text", [
@@ -95,3 +101,50 @@ def test_kept_settings_come_back_checked_as_typed_ones():
     assert len(notes) == 8 and all(n.startswith("⚠ Not restored:") for n in notes), notes
     for junk in (None, [], "x", 3, {"h": []}):
         assert restored(info, Limits(), defaults, junk) == (defaults, [])
+
+
+def _sent(text: str) -> list[dict]:
+    """A conversation as the chat holds it after ``text`` was sent and answered."""
+    return [{"role": "user", "content": shown_text(text)}, {"role": "assistant", "content": shown_text("a *reply*")},
+            note("Run 1", "numbers")]
+
+
+def test_retry_puts_the_message_back_in_the_box_as_typed(served):
+    """Regression (defect 1): what goes back to the visitor is the text as typed, never the chat's escaped copy."""
+    text, history = ChatPage(served.ctx).prepare_retry(_sent(MARKDOWN), ChatSession())
+    assert text == MARKDOWN and history == []
+
+
+def test_an_edit_is_sent_as_the_visitor_typed_it_backslashes_included(served):
+    """The page's edit box holds the message as typed and gives the edit back with every punctuation mark escaped
+    (the chat shows it until the server answers): the box gets what the visitor typed, their backslash included."""
+    edited = "*new* <b>x</b> and a\\_b"
+    escaped = "\\*new\\* \\<b\\>x\\<\\/b\\> and a\\\\\\_b"       # as the page's `escaped` gives it
+    edit = gr.EditData(None, {"index": 0, "value": escaped, "previous_value": shown_text(MARKDOWN)})
+    text, history = ChatPage(served.ctx).prepare_edit(_sent(MARKDOWN), ChatSession(), edit)
+    assert text == edited and history == []
+
+
+def test_a_markdown_message_reaches_the_model_and_its_runs_label_as_typed(served, client):
+    """The model reads the message as typed, so do the run's label (the trace explorer, the exports), and the next
+    message carries the model's reply back to it as it was generated."""
+    out = client.predict(*chat_inputs(MARKDOWN, max_new_tokens=4), api_name="/chat")
+    assert served.engine.generations[-1]._prompt.startswith(f"user: {MARKDOWN}\nassistant:")
+    run_id = next(run_of(m) for m in reversed(out[1]) if run_of(m))
+    assert served.ctx.runs.label(run_id).startswith("chat: *x* and a_b, \\* [l](u) 2 > 1 & `c` 1. one")
+    assert engine_turns([{"role": "user", "content": shown_text(MARKDOWN)}])[0]["content"] == MARKDOWN
+
+
+def test_a_page_load_brings_back_what_the_browser_kept_and_nothing_from_junk(served):
+    """Page load (defect 2's store): the browser hands over JSON text {"h": history, "s": settings}; the kept
+    conversation comes back as it was kept, and anything else (the browser's: not JSON, not an object) changes
+    nothing and raises nothing."""
+    page = ChatPage(served.ctx)
+    kept = json.dumps({"h": _sent(MARKDOWN), "s": {"max_new_tokens": 64}})
+    out = page.keep.restore(kept, ChatSession())
+    assert [typed_text(m["content"]) for m in out[0][:2]] == [MARKDOWN, "a *reply*"]
+    assert out[-1] == settings_json(restored(page.info, page.ctx.limits, page.defaults, {"max_new_tokens": 64})[0])
+    for junk in ("", "{", "[]", "3", json.dumps({"h": "x", "s": [1]}), None):
+        out = page.keep.restore(junk, ChatSession())
+        assert all(isinstance(o, type(gr.skip())) for o in out), (junk, out)
+    assert CURSOR.strip() == page.keep.cursor

@@ -1,0 +1,55 @@
+"""Page loads are silent for screen readers, in a real browser on the fake engine (regression: Gradio's status
+tracker wrote "Loading", then "Complete" into its live region at every load of the trace explorer, the sweep and
+About); a reply the visitor asks for still says its progress.
+
+Every text the live region is given is recorded from the page's start. A load's "Loading" would come as its first
+event starts, before any of its outputs arrive, so each page is checked once what its load fills is on screen."""
+from __future__ import annotations
+
+import pytest
+
+from chat_browser import ask_and_keep, open_chat, reload_chat
+from page_js import text_js
+
+pytestmark = pytest.mark.browser
+ASK = "Tell me a story about a cat and a ball."
+RECORD_JS = """window.spiceSaid = [];
+document.addEventListener('DOMContentLoaded', () => {
+  const watch = () => document.querySelectorAll('.sr-only[role="status"][aria-live]').forEach((el) => {
+    if (el.dataset.spiceHeard) return;
+    el.dataset.spiceHeard = '1';
+    new MutationObserver(() => { const t = el.textContent.trim(); if (t) window.spiceSaid.push(t); })
+      .observe(el, {childList: true, subtree: true, characterData: true});
+  });
+  watch();
+  new MutationObserver(watch).observe(document.documentElement, {childList: true, subtree: true});
+});"""
+SAID_JS = "() => window.spiceSaid"
+
+
+def _loaded(page, url: str, shown_js: str) -> list[str]:
+    """What the live region said while ``url`` loaded, once ``shown_js`` (what its load fills) holds."""
+    page.goto(url, wait_until="load")
+    page.wait_for_function(shown_js, timeout=30_000, polling=100)
+    return page.evaluate(SAID_JS)
+
+
+def test_page_loads_say_nothing_and_a_reply_still_says_its_progress(browser, served):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.set_default_timeout(30_000)
+    context.add_init_script(RECORD_JS)
+    try:
+        page = context.new_page()
+        base = served.url.rstrip("/")
+        assert _loaded(page, base + "/about", f"() => {text_js('#about-bench')}.trim() !== ''") == []
+        assert _loaded(page, base + "/trace", "() => document.body.innerText.includes('No finished runs yet')") == []
+        open_chat(page, served.url)
+        ask_and_keep(page, ASK)
+        page.wait_for_function("() => window.spiceSaid.includes('Complete')", timeout=30_000, polling=100)
+        assert page.evaluate(SAID_JS)[0] == "Loading", page.evaluate(SAID_JS)
+        # A reload brings the conversation, then its last reply's numbers back: all without a word.
+        reload_chat(page, ASK)
+        page.wait_for_function(f"() => {text_js('#spice-stats')}.includes('TPOT')", timeout=30_000, polling=100)
+        assert page.evaluate(SAID_JS) == []
+    finally:
+        context.close()
