@@ -20,7 +20,7 @@ from gradio.components.chatbot import ChatbotDataMessages
 from gradio.components.plot import PlotData
 from pydantic import model_validator
 
-from spice_core.api import DEFAULT_LORE_RANK, EngineInfo, EngineLike, RunSettings, own_shape
+from spice_core.api import DEFAULT_LORE_RANK, DEFAULT_REPLY_TOKENS, EngineInfo, EngineLike, RunSettings, own_shape
 from spice_core.errors import ConfigError, SpiceError
 from pages.limits import SLIDER_RANGES, Limits, slider_ranges  # noqa: F401 - SLIDER_RANGES: re-exported
 from pages.models import SwitchBook
@@ -294,8 +294,9 @@ def _short(value) -> str:
     return text if len(text) <= 20 else text[:17] + "..."
 
 
-# The shipped model's stories end by themselves after 130-160 tokens: the default lets them (96 cut every one).
-DEFAULT_CHAT_TOKENS = 192
+# The shipped model's stories end by themselves after 130-160 tokens: the default lets them (96 cut every one). The
+# tuner confirms a lossy pick on replies this long by default, so the chat's default reply is within its budget.
+DEFAULT_CHAT_TOKENS = DEFAULT_REPLY_TOKENS
 
 
 def default_settings(info: EngineInfo) -> RunSettings:
