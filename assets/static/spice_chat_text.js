@@ -114,7 +114,14 @@
   const chat = document.getElementById("spice-chat");
   if (chat) {
     fix(chat);
-    new MutationObserver(() => fix(chat)).observe(chat, {
+    // A streamed reply redraws its message at every token: look once a frame, not once a mutation.
+    let queued = false;
+    const soon = () => {
+      if (queued) return;
+      queued = true;
+      requestAnimationFrame(() => { queued = false; fix(chat); });
+    };
+    new MutationObserver(soon).observe(chat, {
       childList: true, subtree: true, attributes: true, attributeFilter: ["aria-label"],
     });
   }

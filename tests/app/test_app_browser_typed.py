@@ -115,7 +115,7 @@ def test_settings_kept_by_a_page_of_before_or_out_of_range_never_apply(browser, 
     open_chat(page, served.url)
     ask_and_keep(page, "Tell me a story about a fox and a drum.")
     # What the page keeps goes through the same path as what it restores: write a kept entry as a tampered store
-    # would hold it, through the page's own keep (the store itself is encrypted by the browser state).
+    # would hold it, through the page's own keep (the hidden settings box the keep reads).
     tampered = {"policy": "lru", "cache_frac": 5, "tau_prefetch": 0.6, "max_lookahead": "many", "profile": "<b>x</b>"}
     page.evaluate(f"""() => {{
       const box = document.querySelector('#spice-kept-settings textarea, #spice-kept-settings input');

@@ -70,6 +70,27 @@ def test_a_cache_below_the_models_smallest_is_refused_by_the_app_and_the_smalles
     c.close()
 
 
+def test_a_sweep_below_the_models_smallest_cache_is_refused_and_one_at_it_runs(real):
+    """The sweep's cache check (pages.limits.cache_share) against the real engine's own bound: below the smallest
+    step nothing runs and the page says the range; at it every run of the sweep finishes."""
+    import gradio as gr
+
+    from pages.limits import slider_ranges
+    from pages.sweep import SweepPage, SweepSession
+
+    page = SweepPage(real.ctx)
+    with gr.Blocks():
+        page.build()
+    low = slider_ranges(real.ctx.info)["cache_frac"][0]
+    d = page.defaults
+    sweep = lambda cache: page.run("the cat", ["lru"], "0.2", "0", cache, 4, d.profile, d.shape,  # noqa: E731
+                                   SweepSession(), lambda *a, **k: None)
+    refused = next(sweep(low / 2))[0]
+    assert refused.startswith("⚠ Sweep not started: GPU cache size") and f"it takes {low:g} to 1" in refused, refused
+    *_, last = sweep(low)
+    assert last[0].startswith("Done"), last[0]
+
+
 @pytest.mark.skipif(not (SHIPPED / "config.json").exists(),
                     reason="the shipped model (assets/spice-mini/) is not in this checkout yet")
 def test_shipped_model_answers_in_english_through_the_app():
