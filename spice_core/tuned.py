@@ -23,6 +23,11 @@ from spice_core.errors import ConfigError
 TUNED_FILE = "spice-tuned.json"
 
 
+# What a measured setting came to (the tuner writes it into the record's trials; `TuneRecord.verdict` reads it back).
+EXACT, HELD, FAILED, RULED_OUT, UNCONFIRMED, MISSED = "exact", "held", "failed", "ruled out", "unconfirmed", "missed"
+WITHIN = (EXACT, HELD)
+
+
 @dataclass
 class TuneRecord:
     """What the tuner found: saved beside the model (`save`), shown by the app and the CLI."""
@@ -85,10 +90,10 @@ class TuneRecord:
         if "verdict" in trial:
             return trial["verdict"]
         if trial.get("stage") == "exact" or not trial.get("tau_approx"):
-            return "exact"
+            return EXACT
         if "confirm_agreement" in trial:
-            return "held" if trial.get("met") else "failed"
-        return "unconfirmed" if trial.get("met") else "missed"
+            return HELD if trial.get("met") else FAILED
+        return UNCONFIRMED if trial.get("met") else MISSED
 
     def matches(self, *, profile: str, shape: str, cache_frac: float) -> bool:
         return self.profile == profile and self.shape == shape and abs(self.cache_frac - cache_frac) < 1e-9

@@ -48,6 +48,7 @@ from typing import Callable, Mapping, Sequence
 from spice_core.config import RunSettings
 from spice_core.errors import ConfigError
 from spice_core.tuned import TuneRecord, find, save, tuned_path  # noqa: F401 - the record and its file, re-exported
+from spice_core.tuned import EXACT, FAILED, HELD, MISSED, RULED_OUT, UNCONFIRMED, WITHIN  # noqa: F401 - verdicts
 
 DEFAULT_BUDGET_PPL_PCT = 1.0
 DEFAULT_BUDGET_AGREEMENT = 0.9
@@ -148,9 +149,6 @@ class Setting:
                 and self.tau_approx >= other.tau_approx and self.lore_rank <= other.lore_rank)
 
 
-# What a measured setting came to (the record's trials keep it; `tuned.TuneRecord.verdict` reads it back).
-EXACT, HELD, FAILED, RULED_OUT, UNCONFIRMED, MISSED = "exact", "held", "failed", "ruled out", "unconfirmed", "missed"
-WITHIN = (EXACT, HELD)
 
 
 @dataclass(frozen=True)
