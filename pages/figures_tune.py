@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from spice_core import api as verdict     # the names TuneRecord.verdict returns
 from spice_core.api import TuneRecord
 from pages.figures import MID, OKABE_ITO, _axis, _layout, empty_figure
 from pages.figures_sweep import pareto_front
@@ -28,12 +29,13 @@ from pages.tuning import setting_label, setting_words
 TABLE_COLUMNS = ["", "within budget", "setting", "ms / token", "perplexity +%", "greedy agreement", "quality from",
                  "τ_approx", "LoRE rank", "τ_prefetch", "max lookahead", "CPU lane"]
 MET, OPEN, MISSED, PICK = OKABE_ITO["blue"], MID, OKABE_ITO["vermillion"], OKABE_ITO["orange"]
-VERDICT_WORDS = {"exact": "✓ yes (exact)", "held": "✓ yes (held on replies)", "failed": "✗ no (failed on replies)",
-                 "ruled out": "✗ no (ruled out)", "unconfirmed": "? not confirmed", "missed": "✗ no"}
+VERDICT_WORDS = {verdict.EXACT: "✓ yes (exact)", verdict.HELD: "✓ yes (held on replies)",
+                 verdict.FAILED: "✗ no (failed on replies)", verdict.RULED_OUT: "✗ no (ruled out)",
+                 verdict.UNCONFIRMED: "? not confirmed", verdict.MISSED: "✗ no"}
 # The plot's three groups: (name, verdicts, colour).
-GROUPS = (("within the budget", ("exact", "held"), MET),
-          ("not confirmed (short screening only)", ("unconfirmed",), OPEN),
-          ("outside the budget", ("failed", "ruled out", "missed"), MISSED))
+GROUPS = (("within the budget", verdict.WITHIN, MET),
+          ("not confirmed (short screening only)", (verdict.UNCONFIRMED,), OPEN),
+          ("outside the budget", (verdict.FAILED, verdict.RULED_OUT, verdict.MISSED), MISSED))
 
 
 def quality(trial: dict) -> tuple[float, float, str]:
@@ -46,7 +48,7 @@ def quality(trial: dict) -> tuple[float, float, str]:
 
 def _same(trial: dict) -> tuple:
     ppl, agreement, _ = quality(trial)
-    within = TuneRecord.verdict(trial) in ("exact", "held")
+    within = TuneRecord.verdict(trial) in verdict.WITHIN
     return (round(trial["speed_ms"], 3), round(ppl, 3), round(agreement, 4), within)
 
 
@@ -143,15 +145,15 @@ def trial_words(record) -> str:
     0 within the budget on replies of 192 tokens, 1 failed there, 9 ruled out"."""
     verdicts = [TuneRecord.verdict(t) for t in record.trials]
     n = {v: verdicts.count(v) for v in VERDICT_WORDS}
-    lossy = len(verdicts) - n["exact"]
-    parts = [f"{len(verdicts)} settings measured: {n['exact']} exact"]
+    lossy = len(verdicts) - n[verdict.EXACT]
+    parts = [f"{len(verdicts)} settings measured: {n[verdict.EXACT]} exact"]
     if lossy:
         replies = f"replies of {record.reply_tokens} tokens" if record.reply_tokens else "longer replies"
-        counts = [f"{n['held']} within the budget on {replies}"] + [
-            words for words, k in ((f"{n['failed']} failed there", n["failed"]),
-                                   (f"{n['ruled out']} ruled out by those", n["ruled out"]),
-                                   (f"{n['unconfirmed']} passed the short screening only (not confirmed)",
-                                    n["unconfirmed"]),
-                                   (f"{n['missed']} missed the screening", n["missed"])) if k]
+        counts = [f"{n[verdict.HELD]} within the budget on {replies}"] + [
+            words for words, k in ((f"{n[verdict.FAILED]} failed there", n[verdict.FAILED]),
+                                   (f"{n[verdict.RULED_OUT]} ruled out by those", n[verdict.RULED_OUT]),
+                                   (f"{n[verdict.UNCONFIRMED]} passed the short screening only (not confirmed)",
+                                    n[verdict.UNCONFIRMED]),
+                                   (f"{n[verdict.MISSED]} missed the screening", n[verdict.MISSED])) if k]
         parts.append(f"{lossy} approximating: " + ", ".join(counts))
     return "; ".join(parts)
