@@ -147,7 +147,8 @@ python3 -m spice_core bench --config docs/benchmarks/headline/config-qwen2-nativ
 # link, and the native cell has it); one shard a prompt (shard 0 also the long prompt), every shard on an H100 from a
 # copy of the tree whose spice_core is `git archive 3e9dc52 spice_core` (engine c8ca37be7f5d7c89: the CUDA tests
 # passed on it, fast-path/host-3e9dc52-h100). Shards 1 and 2 ran 2026-12-06 (468 and 448 s with the slab's pinning),
-# then shards 0 (about 590 s), 3 and 4 (427 s each) the same day; still to run: shards 5-7
+# then shards 0 (about 590 s), 3 and 4 (427 s each) the same day, and shards 5, 6 and 7 (433, 428, 428 s) on
+# 2026-12-06 in a later session (the cell's 8 prompts complete; no resident row)
 python3 -m spice_core bench --config docs/benchmarks/headline/config-qwen2-x8-25-h100.json --device cuda --shard K/8 \\
     --out qwen2-x8-25-h100-shardK
 bash docs/benchmarks/peers/run.sh peers                              # raw/peers
