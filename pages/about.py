@@ -21,8 +21,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from spice_core.api import EngineInfo, own_shape
-from pages.common import AppContext, fmt_bytes
+from spice_core.api import EngineInfo, format_bytes, own_shape
+from pages.common import AppContext
 
 log = logging.getLogger(__name__)
 
@@ -323,7 +323,7 @@ class AboutPage:
         rows = [("model", lambda i: f"`{i.model_name}` ({i.family})"),
                 ("layers", lambda i: f"{i.n_layers}, MoE: {len(i.moe_layers)}"),
                 ("experts", lambda i: f"{i.n_experts} routed per layer, top-{i.top_k}"),
-                ("expert size", lambda i: fmt_bytes(i.expert_bytes)), ("device", lambda i: i.device),
+                ("expert size", lambda i: format_bytes(i.expert_bytes)), ("device", lambda i: i.device),
                 ("timing", lambda i: i.default_timing),
                 ("draft heads", lambda i: "yes" if i.has_draft else "no (gate predictor)"),
                 ("LoRE factors", lambda i: f"ranks {', '.join(map(str, i.lore_ranks))}" if i.has_lore and i.lore_ranks

@@ -20,7 +20,8 @@ from gradio.components.chatbot import ChatbotDataMessages
 from gradio.components.plot import PlotData
 from pydantic import model_validator
 
-from spice_core.api import DEFAULT_LORE_RANK, DEFAULT_REPLY_TOKENS, EngineInfo, EngineLike, RunSettings, own_shape
+from spice_core.api import (DEFAULT_LORE_RANK, DEFAULT_REPLY_TOKENS, EngineInfo, EngineLike, RunSettings,
+                            format_bytes, own_shape)
 from spice_core.errors import ConfigError, SpiceError
 from pages.limits import SLIDER_RANGES, Limits, slider_ranges  # noqa: F401 - SLIDER_RANGES: re-exported
 from pages.models import SwitchBook
@@ -522,14 +523,6 @@ def message_limit(info: EngineInfo) -> int:
     return max(500, min(16_000, 4 * info.max_context_tokens))
 
 
-def fmt_bytes(n: float) -> str:
-    """1536 -> '1.5 kB', 17.3e6 -> '17.3 MB' (decimal units, as bandwidths are quoted)."""
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.0f} B"
-
-
 def timed_bytes(shape_bytes: float, native_bytes: float) -> tuple[float, float | None]:
     """Bytes copied per token as the app shows them: (bytes at the shape the times are for, the native bytes
     when they differ, else None).
@@ -569,4 +562,4 @@ def spice_error_text(exc: BaseException) -> str:
                 f"of all experts, so raise GPU cache size to at least {need:g}")
     for flag, control in UI_NAMES.items():
         line = line.replace(flag, control)
-    return _GB.sub(lambda m: fmt_bytes(float(m.group(1)) * 1e9), _CACHE_GB.sub("", line))
+    return _GB.sub(lambda m: format_bytes(float(m.group(1)) * 1e9), _CACHE_GB.sub("", line))

@@ -42,6 +42,7 @@ from spice_core.tuner import (  # noqa: F401 - re-exported: the tuner, its quali
     tune)
 from spice_core.tuner import (  # noqa: F401 - re-exported: what TuneRecord.verdict says of a measured setting
     EXACT, FAILED, HELD, MISSED, RULED_OUT, UNCONFIRMED, WITHIN)
+from spice_core.units import format_bytes  # noqa: F401 - re-exported: how every size a user sees reads
 
 
 class Generation(Protocol):
