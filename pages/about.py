@@ -311,8 +311,9 @@ class AboutPage:
         gr.on(None, self.on_load, outputs=[self.pick, self.bench], queue=False, api_name="benchmarks")
         gr.on(None, lambda: headline_markdown(self.dir / HEADLINE_RESULTS), outputs=[self.headline], queue=False,
               api_name="headline")
-        self.pick.change(self.show, inputs=[self.pick], outputs=[self.bench], queue=False,
-                         api_visibility="private")
+        # The visitor's pick alone (the load shows the newest file itself): a change listener would also run at the
+        # load, whose progress is silent (pages.common.quiet_page_loads), and so show none for a pick either.
+        self.pick.input(self.show, inputs=[self.pick], outputs=[self.bench], queue=False, api_visibility="private")
 
     def _infos(self) -> list[EngineInfo]:
         return [p.info for p in self.ctx.models] or [self.ctx.info]

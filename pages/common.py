@@ -185,9 +185,10 @@ def quiet_page_loads(blocks: gr.Blocks) -> list[int]:
     "Complete"), except an event whose progress is hidden. So every load of every page said both, for work nobody
     asked for. What a load sets off: its listeners, what they chain (``.then``, ``.success``), and the listeners of
     a change of what they fill, in turn. A listener of the latter kind also runs when the visitor changes that
-    component (a quick view, the trace explorer's run or About's benchmark): it is silent then too, as Gradio has
-    one progress setting per listener. What a visitor starts otherwise (a reply, a sweep, a tune) keeps its
-    progress, shown and said."""
+    component, and is silent then too, as Gradio has one progress setting per listener: so a picker whose view
+    should show its progress (the trace explorer's runs, About's benchmark) shows it from an ``.input`` listener
+    (the visitor's change alone) and the load's from a chained one. What a visitor starts otherwise (a reply, a
+    sweep, a tune) keeps its progress, shown and said."""
     fns = list(blocks.fns.values())
     quiet = {fn._id for fn in fns if any(event == "load" for _, event in fn.targets)}
     while True:
