@@ -10,7 +10,7 @@ import pytest
 from app_helpers import SHIPPED
 from pages.chat_text import run_body, stats_html
 from pages.live import LiveRun
-from pages.sweep import _row
+from pages.sweep_table import setting_row
 from pages.trace_explorer import compare_html, per_token_series, summary_html
 from spice_core.api import RunSettings, format_bytes
 
@@ -80,5 +80,5 @@ def test_the_per_token_csv_gives_both_byte_counts_in_named_columns(shipped_run, 
 
 def test_the_sweeps_megabytes_per_token_are_the_timed_shapes(shipped_run):
     _, settings, _, summary, _ = shipped_run
-    row = _row(settings, [(((8, 8), 1.0), summary)], "modeled")
+    row = setting_row(settings, [(((8, 8), 1.0), summary)], "modeled")
     assert row["mb_per_token"] == pytest.approx(summary.shape_bytes_per_token / 1e6)

@@ -17,7 +17,7 @@ from pages.live import LiveRun
 from spice_core.api import identical_prefix_share
 from pages.messages import clean_message, drop_oldest_turn, engine_turns, normalize_history, note, problem_with
 from pages.runner import EngineRunner
-from pages.sweep import grid, parse_values
+from pages.sweep_inputs import grid, parse_values
 from pages.trace_explorer import per_layer_frame, per_token_series
 from spice_core.api import LaneInterval, RunSettings, format_bytes
 from spice_core.errors import ConfigError, SpiceError
