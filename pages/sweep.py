@@ -7,8 +7,9 @@
     page load ──► this visitor's last sweep, drawn again
 
 Its GPU cache size (the tune's too) takes the chat's range for the page's model, from the smallest step that holds
-one layer's top-k experts (below it the engine refuses to run); a number typed beyond it is said under the slider's
-label, and refused at the API. This module lays the page out, wires its events and keeps which of its sessions runs
+one layer's top-k experts (below it the engine refuses to run). A number typed into its box, or Tokens per run's, that
+the box does not take is said under the slider's label with the value the box went to (the one a sweep then uses),
+and refused at the API. This module lays the page out, wires its events and keeps which of its sessions runs
 a sweep (for unload); what a sweep takes, does and shows is in the three modules above.
 """
 from __future__ import annotations
@@ -23,10 +24,10 @@ from spice_core.errors import SpiceError
 from pages import figures_sweep, models
 from pages.common import (ENGINE_GROUP, AppContext, FreeCheckboxGroup, FreeDropdown, FreeSlider, as_plot,
                           default_settings, shape_choices, shape_info, spice_error_text)
-from pages.limits import cache_refusal, slider_ranges
+from pages.limits import box_refusal, cache_refusal, slider_ranges
 from pages.owners import esc, owner_of
 from pages.sweep_inputs import (DEFAULT_POLICIES, DEFAULT_PROMPTS, DEFAULT_TAU_APPROX, DEFAULT_TAU_PREFETCH,
-                                TypedData, plan_sweep)
+                                TOKENS_CONTROL, TypedData, plan_sweep, run_tokens, values_range)
 from pages.sweep_run import SweepSession, run_sweep, sweep_owner
 from pages.sweep_table import TABLE_COLUMNS, sweep_views
 from pages.sweep_tune import TuneSection
@@ -64,27 +65,28 @@ class SweepPage:
                                                  value=[p for p in DEFAULT_POLICIES if p in info.policies],
                                                  label="Policies", elem_id="sweep-policies")
             with gr.Column(scale=2):
-                self.tau_prefetch = gr.Textbox(DEFAULT_TAU_PREFETCH, label="τ_prefetch values",
-                                               info="used by prefetching policies", elem_id="sweep-tp")
-                self.tau_approx = gr.Textbox(DEFAULT_TAU_APPROX, label="τ_approx values",
-                                             info="used by lossy SPICE policies", elem_id="sweep-ta")
+                self.tau_prefetch = gr.Textbox(DEFAULT_TAU_PREFETCH, label="τ_prefetch values", elem_id="sweep-tp",
+                                               info=f"used by prefetching policies; {values_range('tau_prefetch')}")
+                self.tau_approx = gr.Textbox(DEFAULT_TAU_APPROX, label="τ_approx values", elem_id="sweep-ta",
+                                             info=f"used by lossy SPICE policies; {values_range('tau_approx')}")
                 with gr.Row():
                     # From the smallest step this model runs with, as the chat's (pages.limits.slider_ranges).
                     low, high, step = slider_ranges(info, self.limits)["cache_frac"]
                     self.cache_frac = FreeSlider(low, high, value=d.cache_frac, step=step, label="GPU cache size",
                                                  info=self.cache_info, elem_id="sweep-cache")
                     self.max_new_tokens = FreeSlider(self.limits.sweep_min_tokens, self.limits.sweep_max_tokens,
-                                                     value=d.max_new_tokens, step=1,
-                                                     label="Tokens per run", elem_id="sweep-tokens")
+                                                     value=d.max_new_tokens, step=1, label=TOKENS_CONTROL,
+                                                     info=self.tokens_info, elem_id="sweep-tokens")
                 # Each menu gets the column's full width: side by side, a shape's label was cut off.
                 self.profile = FreeDropdown(list(info.profiles), value=d.profile, label="Hardware profile",
                                             elem_id="sweep-profile")
                 self.shape = FreeDropdown(shape_choices(info), value=d.shape, label="Model shape",
                                           info=shape_info(info), elem_id="sweep-shape")
-        # A number typed beyond the slider is said under its label: the browser brings it to the slider's end when
+        # A number typed beyond a slider is said under its label: the browser brings it to the slider's end when
         # the box is left (with no word), after the release event has sent what was typed.
-        self.cache_frac.release(self.on_cache_typed, inputs=None, outputs=[self.cache_frac], queue=False,
-                                api_visibility="private", show_progress="hidden")
+        for slider, said in ((self.cache_frac, self.on_cache_typed), (self.max_new_tokens, self.on_tokens_typed)):
+            slider.release(said, inputs=None, outputs=[slider], queue=False, api_visibility="private",
+                           show_progress="hidden")
         self.tune = TuneSection(self)
         self.tune.build()
         self.tune.wire(self.cache_frac, self.profile, self.shape)
@@ -125,6 +127,20 @@ class SweepPage:
         with the value the box went to (`cache_refusal`); any other brings the slider's own line back."""
         refused = cache_refusal(getattr(typed, "value", None), self.info)
         return gr.update(info=self.cache_info) if refused is None else gr.update(value=refused[0], info=refused[1])
+
+    @property
+    def tokens_info(self) -> str:
+        """The line under Tokens per run's label when no note takes its place."""
+        return f"tokens each run generates; {self.limits.sweep_min_tokens} to {self.limits.sweep_max_tokens} here"
+
+    def on_tokens_typed(self, typed: TypedData = None):
+        """Tokens per run's box was left or its slider let go: a number it does not take (beyond this server's limits,
+        not a whole number, not a number) is said under its label with the value the box went to, the one a sweep then
+        runs with; any other brings the slider's own line back."""
+        lim = self.limits
+        refused = box_refusal(getattr(typed, "value", None), lambda raw: run_tokens(raw, lim), lim.sweep_min_tokens,
+                              lim.sweep_max_tokens, 1)
+        return gr.update(info=self.tokens_info) if refused is None else gr.update(value=refused[0], info=refused[1])
 
     def on_load(self, request: gr.Request = None):
         rows = self.ctx.last_sweep(owner_of(request))

@@ -4,7 +4,9 @@
         (prompts, the grid of RunSettings, the base settings, notes), or a ConfigError naming the box to change
 
 The grid only varies what a policy uses: τ_prefetch for prefetching policies, τ_approx for the lossy ones (an exact
-policy ignores it), nothing for the plain baselines. Its size is capped at the API as at the UI (pages.limits): runs,
+policy ignores it), nothing for the plain baselines. Each threshold takes the engine's range for it
+(spice_core.api.SETTING_RANGES, the one source): a sweep may look past the chat's τ_approx slider, which stops
+where approximation stops being useful. Its size is capped at the API as at the UI (pages.limits): runs,
 prompts, tokens per run and tokens in all. Knows nothing of running the plan or of showing its results.
 """
 from __future__ import annotations
@@ -13,9 +15,9 @@ from dataclasses import dataclass, replace
 
 import gradio as gr
 
-from spice_core.api import EXACT_POLICIES, EngineInfo, RunSettings
+from spice_core.api import EXACT_POLICIES, SETTING_RANGES, EngineInfo, RunSettings
 from spice_core.errors import ConfigError
-from pages.common import check_profile_and_shape
+from pages.common import FIELD_CONTROLS, check_profile_and_shape
 from pages.limits import Limits, bounded_number, cache_share
 
 PREFETCHING = ("gate_prefetch", "spice_prefetch", "oracle_prefetch", "spice", "spice_no_lore", "spice_no_cpu")
@@ -27,6 +29,7 @@ DEFAULT_PROMPTS = ("Once upon a time, there was a little cat who had a red ball.
                    "Once upon a time, a rabbit wanted a new hat.")
 DEFAULT_TAU_PREFETCH = "0.1, 0.4, 0.7"
 DEFAULT_TAU_APPROX = "0, 0.05, 0.1, 0.2"     # values the chat's τ_approx takes ([0, 0.2]; useful below ~0.1)
+TOKENS_CONTROL = "Tokens per run"
 
 
 class TypedData(gr.EventData):
@@ -51,8 +54,17 @@ class SweepPlan:
         return len(self.prompts) * (len(self.settings) + 1)
 
 
-def parse_values(text: str, name: str) -> list[float]:
-    """"0, 0.1, 0.2" -> [0.0, 0.1, 0.2]; ConfigError naming the field otherwise."""
+def values_range(field: str) -> str:
+    """The values a threshold's list takes, in words ("each from 0 to 1"): the engine's range for it
+    (spice_core.api.SETTING_RANGES), wider than the chat's slider offers where the slider stops at the useful part."""
+    low, high = SETTING_RANGES[field]
+    return f"each from {low:g} to {high:g}"
+
+
+def parse_values(text: str, field: str) -> list[float]:
+    """A threshold's list ("0, 0.1, 0.2" -> [0.0, 0.1, 0.2]) within the engine's range for ``field`` (tau_prefetch or
+    tau_approx); ConfigError naming the control otherwise."""
+    name, (low, high) = FIELD_CONTROLS[field], SETTING_RANGES[field]
     items = [t for t in str(text or "").replace(";", ",").replace(" ", ",").split(",") if t.strip()]
     if not items:
         raise ConfigError(f"{name}: give at least one value, e.g. 0.2 or 0, 0.1, 0.3")
@@ -62,10 +74,15 @@ def parse_values(text: str, name: str) -> list[float]:
             v = float(t)
         except ValueError:
             raise ConfigError(f"{name}: {t!r} is not a number; separate values with commas") from None
-        if not 0.0 <= v <= 1.0:
-            raise ConfigError(f"{name}={v:g} is out of range: use values in [0, 1]")
+        if not low <= v <= high:
+            raise ConfigError(f"{name}={v:g} is out of range: use values in [{low:g}, {high:g}]")
         values.append(v)
     return sorted(set(values))
+
+
+def run_tokens(raw, limits: Limits) -> int:
+    """Tokens per run from its box or an API call, within this server's limits; ConfigError naming the control."""
+    return bounded_number(raw, TOKENS_CONTROL, limits.sweep_min_tokens, limits.sweep_max_tokens, integer=True)
 
 
 def grid(policies, tau_prefetch: list[float], tau_approx: list[float], base: RunSettings) -> list[RunSettings]:
@@ -99,15 +116,13 @@ def plan_sweep(info: EngineInfo, limits: Limits, defaults: RunSettings, max_prom
     policies = _policies(info, policies)
     check_profile_and_shape(info, profile, shape)
     base = replace(defaults, cache_frac=cache_share(cache_frac, info),
-                   max_new_tokens=bounded_number(max_new_tokens, "Tokens per run", limits.sweep_min_tokens,
-                                                 limits.sweep_max_tokens, integer=True),
-                   profile=profile, shape=shape)
-    tau_approx = parse_values(tau_approx_text, "τ_approx")
+                   max_new_tokens=run_tokens(max_new_tokens, limits), profile=profile, shape=shape)
+    tau_approx = parse_values(tau_approx_text, "tau_approx")
     notes = []
     if not info.has_lore and tau_approx != [0.0]:
         tau_approx = [0.0]
         notes.append("τ_approx was left at 0: this model has no LoRE factors, so nothing is approximated.")
-    settings = grid(policies, parse_values(tau_prefetch_text, "τ_prefetch"), tau_approx, base)
+    settings = grid(policies, parse_values(tau_prefetch_text, "tau_prefetch"), tau_approx, base)
     plan = SweepPlan(tuple(prompts), tuple(settings), base, tuple(notes))
     _check_size(plan, limits)
     return plan

@@ -158,9 +158,9 @@ def test_sweep_grid_varies_only_the_thresholds_each_policy_uses():
 
 
 def test_parse_values_accepts_commas_and_spaces_and_names_bad_items():
-    assert parse_values("0.3, 0.1 0.3;0", "τ") == [0.0, 0.1, 0.3]
-    with pytest.raises(ConfigError, match="'x' is not a number"):
-        parse_values("0.1, x", "τ")
+    assert parse_values("0.3, 0.1 0.3;0", "tau_prefetch") == [0.0, 0.1, 0.3]
+    with pytest.raises(ConfigError, match="τ_prefetch: 'x' is not a number"):
+        parse_values("0.1, x", "tau_prefetch")
 
 
 # --- runner ---------------------------------------------------------------------------------------------
