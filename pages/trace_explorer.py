@@ -113,13 +113,13 @@ class TraceExplorer:
         listed = self.refresh.click(self.list_runs, inputs=[self.run], outputs=[self.run], api_name="runs",
                                     queue=False)
         picked = self.run.input(self.show, api_name="trace_run", **views)
+        self.other.input(self.compare, api_name="compare", **compared)    # before the chained ones: they take its name
         for event in (loaded.then(self.show, api_visibility="private", **views),
                       listed.then(self.show, api_visibility="private", **views), picked):
             # then the second-run list without this run, and the comparison with the run now shown
             others = event.then(self.list_others, inputs=[self.run, self.other], outputs=[self.other],
                                 api_visibility="private", queue=False)
             others.then(self.compare, api_visibility="private", **compared)
-        self.other.input(self.compare, api_name="compare", **compared)
         gr.on([self.first.submit, self.count.submit, self.first.blur, self.count.blur], self.window,
               inputs=[self.run, self.first, self.count], outputs=[self.timeline, self.first, self.count],
               api_visibility="private", queue=False)
