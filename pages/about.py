@@ -21,8 +21,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from spice_core.api import EngineInfo, own_shape
-from pages.common import AppContext, fmt_bytes
+from spice_core.api import EngineInfo, format_bytes, own_shape
+from pages.common import AppContext
 
 log = logging.getLogger(__name__)
 
@@ -311,8 +311,9 @@ class AboutPage:
         gr.on(None, self.on_load, outputs=[self.pick, self.bench], queue=False, api_name="benchmarks")
         gr.on(None, lambda: headline_markdown(self.dir / HEADLINE_RESULTS), outputs=[self.headline], queue=False,
               api_name="headline")
-        self.pick.change(self.show, inputs=[self.pick], outputs=[self.bench], queue=False,
-                         api_visibility="private")
+        # The visitor's pick alone (the load shows the newest file itself): a change listener would also run at the
+        # load, whose progress is silent (pages.common.quiet_page_loads), and so show none for a pick either.
+        self.pick.input(self.show, inputs=[self.pick], outputs=[self.bench], queue=False, api_visibility="private")
 
     def _infos(self) -> list[EngineInfo]:
         return [p.info for p in self.ctx.models] or [self.ctx.info]
@@ -323,7 +324,7 @@ class AboutPage:
         rows = [("model", lambda i: f"`{i.model_name}` ({i.family})"),
                 ("layers", lambda i: f"{i.n_layers}, MoE: {len(i.moe_layers)}"),
                 ("experts", lambda i: f"{i.n_experts} routed per layer, top-{i.top_k}"),
-                ("expert size", lambda i: fmt_bytes(i.expert_bytes)), ("device", lambda i: i.device),
+                ("expert size", lambda i: format_bytes(i.expert_bytes)), ("device", lambda i: i.device),
                 ("timing", lambda i: i.default_timing),
                 ("draft heads", lambda i: "yes" if i.has_draft else "no (gate predictor)"),
                 ("LoRE factors", lambda i: f"ranks {', '.join(map(str, i.lore_ranks))}" if i.has_lore and i.lore_ranks

@@ -46,9 +46,10 @@ from pages.chat_keep import KeptChat
 from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, ChatHistory, as_plot,
                           default_settings, settings_from_values, spice_error_text)
 from pages.live import LiveRun
-from pages.messages import (TRANSIENT_TAG, clean_message, content_text, cut_at_last_user, drop_oldest_exchanges,
-                            engine_turns, keep_newest, n_exchanges, normalize_history, note, problem_with, reply,
-                            run_note, shown_text, transient_note, typed_text, untag_replies, without_transient)
+from pages.messages import (TRANSIENT_TAG, as_shown, as_typed, clean_message, content_text, cut_at_last_user,
+                            drop_oldest_exchanges, engine_turns, keep_newest, n_exchanges, normalize_history, note,
+                            problem_with, reply, run_note, shown_text, transient_note, typed_text, untag_replies,
+                            without_transient)
 from pages.owners import esc, owner_of
 from pages.runner import CANCEL_REASONS, RunStream
 from pages.tuning import TuneBook
@@ -312,10 +313,12 @@ class ChatPage(chat_settings.SettingsEvents):
                    cpu_lane, profile, shape, max_new_tokens, temperature, live_panels, check_exact, session,
                    request: gr.Request = None):
         """The /chat event: Gradio passes the request only to positional parameters, so they are spelled out
-        here (the visitor's identity comes from it, see pages.owners)."""
-        yield from self.chat(message, history, policy, cache_frac, tau_prefetch, tau_approx, max_lookahead,
-                             lore_rank, cpu_lane, profile, shape, max_new_tokens, temperature, live_panels,
-                             check_exact, session, request=request)
+        here (the visitor's identity comes from it, see pages.owners). An API client sends and gets plain text:
+        the history it gives and gets back holds what was typed and generated, never the chat's escaped copy."""
+        for out in self.chat(message, as_shown(history), policy, cache_frac, tau_prefetch, tau_approx,
+                             max_lookahead, lore_rank, cpu_lane, profile, shape, max_new_tokens, temperature,
+                             live_panels, check_exact, session, request=request):
+            yield (out[0], as_typed(out[1]), *out[2:]) if isinstance(out[1], list) else out
 
     def chat_browser(self, message, history, requests, live_panels, check_exact, session, request: gr.Request = None):
         """Send in the browser: the reply uses the settings applied, after the slider requests this Send carries

@@ -10,8 +10,8 @@ import re
 import time
 
 from spice_core import api
-from spice_core.api import BASELINE_POLICIES, EXACT_POLICIES, EngineInfo, RunSettings, RunSummary
-from pages.common import POLICY_LABELS, SETTING_FIELDS, fmt_bytes, timed_bytes
+from spice_core.api import BASELINE_POLICIES, EXACT_POLICIES, EngineInfo, RunSettings, RunSummary, format_bytes
+from pages.common import POLICY_LABELS, SETTING_FIELDS, timed_bytes
 from pages.live import CATEGORIES, LiveRun
 
 OUTCOME_INDEX = {name: i - 1 for i, name in enumerate(CATEGORIES) if i}     # LiveRun.counts' last axis
@@ -96,8 +96,8 @@ def copied_words(summary: RunSummary) -> str:
     """Bytes copied per token at the shape the run's times are for, the native bytes after them."""
     shown, native = timed_bytes(summary.shape_bytes_per_token, summary.bytes_per_token)
     if native is None:
-        return f"{fmt_bytes(shown)} copied per token"
-    return f"{fmt_bytes(shown)} copied per token at {summary.shape} ({fmt_bytes(native)} at its own sizes)"
+        return f"{format_bytes(shown)} copied per token"
+    return f"{format_bytes(shown)} copied per token at {summary.shape} ({format_bytes(native)} at its own sizes)"
 
 
 def run_body(summary: RunSummary, stream: RunStream) -> str:
@@ -264,7 +264,7 @@ def stats_html(live: LiveRun | None, settings: RunSettings, info: EngineInfo, *,
 
 def _copied_card(live: LiveRun) -> tuple[str, str]:
     shown, native = timed_bytes(live.shape_bytes_per_token, live.bytes_per_token)
-    return fmt_bytes(shown), "own sizes" if native is None else f"native {fmt_bytes(native)}"
+    return format_bytes(shown), "own sizes" if native is None else f"native {format_bytes(native)}"
 
 
 def why_lines(live: LiveRun, settings: RunSettings) -> list[str]:

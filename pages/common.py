@@ -20,7 +20,8 @@ from gradio.components.chatbot import ChatbotDataMessages
 from gradio.components.plot import PlotData
 from pydantic import model_validator
 
-from spice_core.api import DEFAULT_LORE_RANK, DEFAULT_REPLY_TOKENS, EngineInfo, EngineLike, RunSettings, own_shape
+from spice_core.api import (DEFAULT_LORE_RANK, DEFAULT_REPLY_TOKENS, EngineInfo, EngineLike, RunSettings,
+                            format_bytes, own_shape)
 from spice_core.errors import ConfigError, SpiceError
 from pages.limits import SLIDER_RANGES, Limits, slider_ranges  # noqa: F401 - SLIDER_RANGES: re-exported
 from pages.models import SwitchBook
@@ -184,9 +185,10 @@ def quiet_page_loads(blocks: gr.Blocks) -> list[int]:
     "Complete"), except an event whose progress is hidden. So every load of every page said both, for work nobody
     asked for. What a load sets off: its listeners, what they chain (``.then``, ``.success``), and the listeners of
     a change of what they fill, in turn. A listener of the latter kind also runs when the visitor changes that
-    component (a quick view, the trace explorer's run or About's benchmark): it is silent then too, as Gradio has
-    one progress setting per listener. What a visitor starts otherwise (a reply, a sweep, a tune) keeps its
-    progress, shown and said."""
+    component, and is silent then too, as Gradio has one progress setting per listener: so a picker whose view
+    should show its progress (the trace explorer's runs, About's benchmark) shows it from an ``.input`` listener
+    (the visitor's change alone) and the load's from a chained one. What a visitor starts otherwise (a reply, a
+    sweep, a tune) keeps its progress, shown and said."""
     fns = list(blocks.fns.values())
     quiet = {fn._id for fn in fns if any(event == "load" for _, event in fn.targets)}
     while True:
@@ -522,14 +524,6 @@ def message_limit(info: EngineInfo) -> int:
     return max(500, min(16_000, 4 * info.max_context_tokens))
 
 
-def fmt_bytes(n: float) -> str:
-    """1536 -> '1.5 kB', 17.3e6 -> '17.3 MB' (decimal units, as bandwidths are quoted)."""
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.0f} B"
-
-
 def timed_bytes(shape_bytes: float, native_bytes: float) -> tuple[float, float | None]:
     """Bytes copied per token as the app shows them: (bytes at the shape the times are for, the native bytes
     when they differ, else None).
@@ -569,4 +563,4 @@ def spice_error_text(exc: BaseException) -> str:
                 f"of all experts, so raise GPU cache size to at least {need:g}")
     for flag, control in UI_NAMES.items():
         line = line.replace(flag, control)
-    return _GB.sub(lambda m: fmt_bytes(float(m.group(1)) * 1e9), _CACHE_GB.sub("", line))
+    return _GB.sub(lambda m: format_bytes(float(m.group(1)) * 1e9), _CACHE_GB.sub("", line))

@@ -112,27 +112,35 @@ def cache_share(raw, info: EngineInfo, control: str = "GPU cache size") -> float
     return float(raw)
 
 
-def cache_refusal(raw, info: EngineInfo) -> tuple[float, str] | None:
-    """A number left in a GPU cache size box that the page does not take (`cache_share`): (the value the box goes to,
-    the note that says so); None for one it takes. The browser brings a number beyond a slider's ends to the nearest
-    end, and anything else (an empty box) to its low end, without a word: the note gives that value."""
+def box_refusal(raw, take, low: float, high: float, step: float) -> tuple[float, str] | None:
+    """A number left in the box of a slider from ``low`` to ``high`` that the page does not take (``take(raw)`` raises
+    ConfigError): (the value the box goes to, the note that says so); None for one it takes. The browser brings a
+    number beyond a slider's ends to the nearest end, and anything else (an empty box) to its low end, without a word;
+    one between two steps it leaves as typed, so the page puts it on the nearest step. The note gives that value."""
     try:
-        cache_share("" if raw is None else raw, info)
+        take("" if raw is None else raw)
         return None
     except ConfigError as exc:
-        low, high, _step = slider_ranges(info)["cache_frac"]
         try:
             went = float(raw)
         except (TypeError, ValueError, OverflowError):
             went = low
-        went = min(high, max(low, went)) if math.isfinite(went) else low
+        went = on_step(min(high, max(low, went)), low, step) if math.isfinite(went) else low
         return went, f"⚠ {exc}. The box went to {went:g}."
+
+
+def cache_refusal(raw, info: EngineInfo) -> tuple[float, str] | None:
+    """A number left in a GPU cache size box that the page does not take (`cache_share`): `box_refusal`'s."""
+    low, high, step = slider_ranges(info)["cache_frac"]
+    return box_refusal(raw, lambda typed: cache_share(typed, info), low, high, step)
 
 
 def bounded_number(value, control: str, lo: float, hi: float, *, integer: bool = False) -> float | int:
     """A finite number in [lo, hi] from a UI or API value, or ConfigError naming the control."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ConfigError(f"{control}: {value!r} is not a number; use a value from {lo:g} to {hi:g}")
+    if isinstance(value, str) and not value.strip():
+        raise ConfigError(f"{control}: the box is empty; use a value from {lo:g} to {hi:g}")
     try:
         number = float(value)
     except (TypeError, ValueError, OverflowError):

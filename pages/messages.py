@@ -10,7 +10,7 @@ message as Markdown with HTML (sanitised, but an <img> stays an image and loads 
 message (`render_markdown=False` is the whole chat's, and still renders HTML), and the app's own notes need
 Markdown (bold, links). So a message's text is stored in the chat as Markdown that shows it literally, and
 `typed_text` gives back exactly what was typed (or generated) wherever the text leaves the chat: the model's turns,
-a retry's message box, a run's label. In the browser, Gradio's copy button, edit box and message labels read the
+a retry's message box, a run's label, the /chat API (which takes and gives plain text: `as_shown`, `as_typed`). In the browser, Gradio's copy button, edit box and message labels read the
 stored text themselves; the page's script gives them the text as typed through its twin of `typed_text`
 (assets/static/spice_chat_text.js). Only the characters that can start Markdown or HTML are escaped, so an
 ordinary sentence is stored unchanged.
@@ -111,6 +111,24 @@ def typed_text(shown: str) -> str:
     client's own history in plain text loses only a backslash it put before punctuation.)"""
     lines = shown.split("\n")
     return "\n".join(line if code else _UNESCAPE.sub(r"\1", line) for line, code in zip(lines, _code_lines(lines)))
+
+
+def as_typed(history: list[dict]) -> list[dict]:
+    """``history`` (as the chat holds it) with the user's and the model's text as typed or generated (`typed_text`),
+    the app's notes as they are: what the /chat API gives back, so that an API client reads plain text."""
+    return _with_text(history, typed_text)
+
+
+def as_shown(history: list[dict]) -> list[dict]:
+    """An API client's ``history`` of plain text (`as_typed`'s) as the chat holds it (`shown_text`), so that the text
+    it sends back, backslashes and all, reaches the model as it was typed or generated."""
+    return _with_text(history, shown_text)
+
+
+def _with_text(history: list[dict], convert) -> list[dict]:
+    """New messages, ``convert`` applied to the content of each that is not an app note; ``history`` is left as is
+    (the chat goes on writing into it)."""
+    return [m if is_app_note(m) else {**m, "content": convert(m["content"])} for m in normalize_history(history)]
 
 
 def content_text(content) -> str:

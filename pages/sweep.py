@@ -1,113 +1,43 @@
 """Sweep page: run a grid of thresholds and policies over a few prompts; plot speed against quality.
 
-    prompts × {exact reference}  ──► reference tokens per prompt (greedy, exact policy)
-    prompts × settings grid      ──► engine.start_prompt ──► tokens + RunSummary per run
-                                 ──► per setting: greedy agreement (vs reference), mean TPOT, hit rate
-                                 ──► Pareto plot (agreement vs TPOT), policies side by side, table
+    the page's boxes ──► pages.sweep_inputs.plan_sweep ──► SweepPlan (or a note naming the box to change)
+                     ──► pages.sweep_run.run_sweep (engine group, one run at a time) ──► rows
+                     ──► pages.sweep_table.sweep_views ──► status, Pareto plot, policies side by side, table
+    Stop / the page closed ──► the sweep ends between tokens or runs
+    page load ──► this visitor's last sweep, drawn again
 
-The grid only varies what a policy uses: τ_prefetch for prefetching policies, τ_approx for the
-lossy ones (an exact policy ignores it), nothing for the plain baselines. Runs go through the
-same runner and concurrency group as the chat, one at a time. The handler yields while every run
-streams, so Gradio can stop it when the visitor leaves; Stop, closing the page (unload) and a
-vanished reader (the runner's orphan watchdog) all end the sweep between tokens or runs. A sweep
-never pre-empts anyone else's reply (pages.runner), and its size is capped at the API as at the UI
-(pages.limits): runs, prompts, tokens per run and tokens in all. Its GPU cache size (the tune's too) takes the
-chat's range for the page's model, from the smallest step that holds one layer's top-k experts (below it the
-engine refuses to run); a number typed beyond it is said under the slider's label, and refused at the API.
-The agreement shown is the project's one greedy agreement (spice_core.api.greedy_agreement: positions with
-the reference's token over the longer sequence), pooled over the prompts as the benchmarks pool it (matching
-positions summed, then divided); the table also gives the identical prefix (share of the reference reproduced
-before the first different token) under that name. Always at temperature 0.
+Its GPU cache size (the tune's too) takes the chat's range for the page's model, from the smallest step that holds
+one layer's top-k experts (below it the engine refuses to run). A number typed into its box, or Tokens per run's, that
+the box does not take is said under the slider's label with the value the box went to (the one a sweep then uses),
+and refused at the API. This module lays the page out, wires its events and keeps which of its sessions runs
+a sweep (for unload); what a sweep takes, does and shows is in the three modules above.
 """
 from __future__ import annotations
 
 import logging
-import statistics
-import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import gradio as gr
 import pandas as pd
 
-from spice_core.api import EXACT_POLICIES, RunSettings
-from spice_core.errors import ConfigError, SpiceError
+from spice_core.errors import SpiceError
 from pages import figures_sweep, models
 from pages.common import (ENGINE_GROUP, AppContext, FreeCheckboxGroup, FreeDropdown, FreeSlider, as_plot,
-                          check_profile_and_shape, default_settings, shape_choices, shape_info, spice_error_text,
-                          timed_bytes)
-from pages.limits import bounded_number, cache_refusal, cache_share, slider_ranges
-from spice_core.api import identical_prefix_share, matching_tokens
+                          default_settings, shape_choices, shape_info, spice_error_text)
+from pages.limits import box_refusal, cache_refusal, slider_ranges
 from pages.owners import esc, owner_of
-from pages.runner import RunStream
+from pages.sweep_inputs import (DEFAULT_POLICIES, DEFAULT_PROMPTS, DEFAULT_TAU_APPROX, DEFAULT_TAU_PREFETCH,
+                                TOKENS_CONTROL, TypedData, plan_sweep, run_tokens, values_range)
+from pages.sweep_run import SweepSession, run_sweep, sweep_owner
+from pages.sweep_table import TABLE_COLUMNS, sweep_views
 from pages.sweep_tune import TuneSection
 from pages.tuning import TuneBook
 
 log = logging.getLogger(__name__)
 
-STATUS_INTERVAL_S = 1.0       # a progress line at most once a second while a run streams
 # Stop replaces "Run sweep" while a sweep runs (CSS on body.spice-sweeping), as Stop replaces Send in the chat.
 SWEEPING_ON_JS = "() => { document.body.classList.add('spice-sweeping'); return []; }"
 SWEEPING_OFF_JS = "() => { document.body.classList.remove('spice-sweeping'); return []; }"
-PREFETCHING = ("gate_prefetch", "spice_prefetch", "oracle_prefetch", "spice", "spice_no_lore", "spice_no_cpu")
-DEFAULT_POLICIES = ("lru", "spice_prefetch", "spice")
-# The shipped model writes children's stories: prompts of the kind it learned, about the animals and things
-# of the chat's examples (pages.chat.EXAMPLES).
-DEFAULT_PROMPTS = ("Once upon a time, there was a little cat who had a red ball.",
-                   "Once upon a time, a fox found a drum in the woods.",
-                   "Once upon a time, a rabbit wanted a new hat.")
-DEFAULT_TAU_PREFETCH = "0.1, 0.4, 0.7"
-DEFAULT_TAU_APPROX = "0, 0.05, 0.1, 0.2"     # values the chat's τ_approx takes ([0, 0.2]; useful below ~0.1)
-TABLE_COLUMNS = ["policy", "τ_prefetch", "τ_approx", "greedy agreement %", "identical prefix %", "TPOT ms", "tokens/s", "hit rate %",
-                 "MB / token (timed shape)", "stall ms / token", "runs"]
-
-
-@dataclass
-class SweepSession:
-    stop: bool = False
-    running: bool = False
-    reason: str = ""             # why it stopped early ("" = the visitor pressed Stop)
-
-
-def parse_values(text: str, name: str) -> list[float]:
-    """"0, 0.1, 0.2" -> [0.0, 0.1, 0.2]; ConfigError naming the field otherwise."""
-    items = [t for t in str(text or "").replace(";", ",").replace(" ", ",").split(",") if t.strip()]
-    if not items:
-        raise ConfigError(f"{name}: give at least one value, e.g. 0.2 or 0, 0.1, 0.3")
-    values = []
-    for t in items:
-        try:
-            v = float(t)
-        except ValueError:
-            raise ConfigError(f"{name}: {t!r} is not a number; separate values with commas") from None
-        if not 0.0 <= v <= 1.0:
-            raise ConfigError(f"{name}={v:g} is out of range: use values in [0, 1]")
-        values.append(v)
-    return sorted(set(values))
-
-
-def grid(policies, tau_prefetch: list[float], tau_approx: list[float], base: RunSettings) -> list[RunSettings]:
-    """The settings to run: each policy crossed only with the thresholds it uses."""
-    out = []
-    for policy in policies:
-        prefetch_values = tau_prefetch if policy in PREFETCHING else [base.tau_prefetch]
-        approx_values = tau_approx if policy not in EXACT_POLICIES else [0.0]
-        for tp in prefetch_values:
-            for ta in approx_values:
-                out.append(replace(base, policy=policy, tau_prefetch=tp, tau_approx=ta, temperature=0.0))
-    return list(dict.fromkeys(out))
-
-
-def reference_policy(policies) -> str:
-    return "resident" if "resident" in policies else next(p for p in policies if p in EXACT_POLICIES)
-
-
-class TypedData(gr.EventData):
-    """A slider's release event: ``value`` is the number in its box as the browser had it when the box was left,
-    before Gradio brings it to the slider's nearest end (None when the box held none)."""
-
-    def __init__(self, target, data) -> None:
-        super().__init__(target, data)
-        self.value = data
 
 
 class SweepPage:
@@ -135,27 +65,28 @@ class SweepPage:
                                                  value=[p for p in DEFAULT_POLICIES if p in info.policies],
                                                  label="Policies", elem_id="sweep-policies")
             with gr.Column(scale=2):
-                self.tau_prefetch = gr.Textbox(DEFAULT_TAU_PREFETCH, label="τ_prefetch values",
-                                               info="used by prefetching policies", elem_id="sweep-tp")
-                self.tau_approx = gr.Textbox(DEFAULT_TAU_APPROX, label="τ_approx values",
-                                             info="used by lossy SPICE policies", elem_id="sweep-ta")
+                self.tau_prefetch = gr.Textbox(DEFAULT_TAU_PREFETCH, label="τ_prefetch values", elem_id="sweep-tp",
+                                               info=f"used by prefetching policies; {values_range('tau_prefetch')}")
+                self.tau_approx = gr.Textbox(DEFAULT_TAU_APPROX, label="τ_approx values", elem_id="sweep-ta",
+                                             info=f"used by lossy SPICE policies; {values_range('tau_approx')}")
                 with gr.Row():
                     # From the smallest step this model runs with, as the chat's (pages.limits.slider_ranges).
                     low, high, step = slider_ranges(info, self.limits)["cache_frac"]
                     self.cache_frac = FreeSlider(low, high, value=d.cache_frac, step=step, label="GPU cache size",
                                                  info=self.cache_info, elem_id="sweep-cache")
                     self.max_new_tokens = FreeSlider(self.limits.sweep_min_tokens, self.limits.sweep_max_tokens,
-                                                     value=d.max_new_tokens, step=1,
-                                                     label="Tokens per run", elem_id="sweep-tokens")
+                                                     value=d.max_new_tokens, step=1, label=TOKENS_CONTROL,
+                                                     info=self.tokens_info, elem_id="sweep-tokens")
                 # Each menu gets the column's full width: side by side, a shape's label was cut off.
                 self.profile = FreeDropdown(list(info.profiles), value=d.profile, label="Hardware profile",
                                             elem_id="sweep-profile")
                 self.shape = FreeDropdown(shape_choices(info), value=d.shape, label="Model shape",
                                           info=shape_info(info), elem_id="sweep-shape")
-        # A number typed beyond the slider is said under its label: the browser brings it to the slider's end when
+        # A number typed beyond a slider is said under its label: the browser brings it to the slider's end when
         # the box is left (with no word), after the release event has sent what was typed.
-        self.cache_frac.release(self.on_cache_typed, inputs=None, outputs=[self.cache_frac], queue=False,
-                                api_visibility="private", show_progress="hidden")
+        for slider, said in ((self.cache_frac, self.on_cache_typed), (self.max_new_tokens, self.on_tokens_typed)):
+            slider.release(said, inputs=None, outputs=[slider], queue=False, api_visibility="private",
+                           show_progress="hidden")
         self.tune = TuneSection(self)
         self.tune.build()
         self.tune.wire(self.cache_frac, self.profile, self.shape)
@@ -197,20 +128,32 @@ class SweepPage:
         refused = cache_refusal(getattr(typed, "value", None), self.info)
         return gr.update(info=self.cache_info) if refused is None else gr.update(value=refused[0], info=refused[1])
 
+    @property
+    def tokens_info(self) -> str:
+        """The line under Tokens per run's label when no note takes its place."""
+        return f"tokens each run generates; {self.limits.sweep_min_tokens} to {self.limits.sweep_max_tokens} here"
+
+    def on_tokens_typed(self, typed: TypedData = None):
+        """Tokens per run's box was left or its slider let go: a number it does not take (beyond this server's limits,
+        not a whole number, not a number) is said under its label with the value the box went to, the one a sweep then
+        runs with; any other brings the slider's own line back."""
+        lim = self.limits
+        refused = box_refusal(getattr(typed, "value", None), lambda raw: run_tokens(raw, lim), lim.sweep_min_tokens,
+                              lim.sweep_max_tokens, 1)
+        return gr.update(info=self.tokens_info) if refused is None else gr.update(value=refused[0], info=refused[1])
+
     def on_load(self, request: gr.Request = None):
         rows = self.ctx.last_sweep(owner_of(request))
         if not rows:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        timing = rows[0].get("timing", "")
-        return ("Showing your last sweep.", as_plot(figures_sweep.pareto_plot(rows, timing)),
-                as_plot(figures_sweep.policy_bars(rows, timing)), _table(rows))
+        return sweep_views("Showing your last sweep.", rows, rows[0].get("timing", ""))
 
     def on_unload(self, request: gr.Request) -> None:
         """The sweep's page closed: end its sweep between tokens (the chat's unload frees the engine)."""
         session = self._running.pop(getattr(request, "session_hash", None) or "", None)
         if session is not None:
             session.stop, session.reason = True, "the page was closed"
-            self.ctx.runner.cancel_owner(f"sweep-{id(session)}", "closed")
+            self.ctx.runner.cancel_owner(sweep_owner(session), "closed")
 
     def stop(self, session: SweepSession) -> str:
         if session.running:
@@ -221,170 +164,23 @@ class SweepPage:
     def run(self, prompts_text, policies, tau_prefetch_text, tau_approx_text, cache_frac, max_new_tokens, profile,
             shape, session: SweepSession, progress=gr.Progress(), request: gr.Request = None):
         skip = gr.skip()
-        lim = self.limits
         if not isinstance(session, SweepSession):          # API callers cannot break the state
             session = SweepSession()
         try:
-            prompts = [p.strip() for p in str(prompts_text or "").splitlines() if p.strip()]
-            if not prompts:
-                raise ConfigError("Prompts: write at least one prompt, one per line")
-            if len(prompts) > lim.sweep_max_prompts:
-                raise ConfigError(f"Prompts: {len(prompts)} given; the limit is {lim.sweep_max_prompts}")
-            too_long = next((p for p in prompts if len(p) > self.ctx.max_message_chars), None)
-            if too_long is not None:
-                raise ConfigError(f"Prompts: one is {len(too_long):,} characters; the limit is "
-                                  f"{self.ctx.max_message_chars:,}")
-            if isinstance(policies, str):
-                policies = [policies]
-            if not isinstance(policies, (list, tuple)) or not all(isinstance(p, str) for p in policies):
-                raise ConfigError("Policies: tick at least one policy")
-            policies = [p for p in (policies or [])]
-            if not policies:
-                raise ConfigError("Policies: tick at least one policy")
-            unknown = [p for p in policies if p not in self.info.policies]
-            if unknown:
-                raise ConfigError(f"Policies: {unknown[0][:40]!r} is unknown; choose from {', '.join(self.info.policies)}")
-            check_profile_and_shape(self.info, profile, shape)
-            base = replace(self.defaults, cache_frac=cache_share(cache_frac, self.info),
-                           max_new_tokens=bounded_number(max_new_tokens, "Tokens per run", lim.sweep_min_tokens,
-                                                         lim.sweep_max_tokens, integer=True),
-                           profile=profile, shape=shape)
-            tau_approx = parse_values(tau_approx_text, "τ_approx")
-            notes = []
-            if not self.info.has_lore and tau_approx != [0.0]:
-                tau_approx = [0.0]
-                notes.append("τ_approx was left at 0: this model has no LoRE factors, so nothing is approximated.")
-            settings = grid(policies, parse_values(tau_prefetch_text, "τ_prefetch"), tau_approx, base)
+            plan = plan_sweep(self.info, self.limits, self.defaults, self.ctx.max_message_chars, prompts_text,
+                              policies, tau_prefetch_text, tau_approx_text, cache_frac, max_new_tokens, profile, shape)
         except (SpiceError, TypeError, ValueError) as exc:
             yield f"⚠ Sweep not started: {esc(spice_error_text(exc))}", skip, skip, skip
             return
-        total = len(prompts) * (len(settings) + 1)
-        if total > lim.sweep_max_runs:
-            yield (f"⚠ Sweep not started: it would make {total} runs ({len(settings)} settings × {len(prompts)} "
-                   f"prompts, plus references); the limit is {lim.sweep_max_runs}. Use fewer values, policies or "
-                   f"prompts."), skip, skip, skip
-            return
-        if total * base.max_new_tokens > lim.sweep_token_budget:
-            yield (f"⚠ Sweep not started: it would generate up to {total * base.max_new_tokens:,} tokens ({total} "
-                   f"runs × {base.max_new_tokens} tokens per run); this shared server allows {lim.sweep_token_budget:,} "
-                   f"per sweep. Lower Tokens per run, or use fewer values, policies or prompts."), skip, skip, skip
-            return
-        session.stop, session.running, session.reason = False, True, ""
-        owner = f"sweep-{id(session)}"
-        visitor = owner_of(request)
+        session.start()
         page_session = getattr(request, "session_hash", None) or ""
         if page_session:
             self._running[page_session] = session
-        started = time.perf_counter()
-        rows: list[dict] = []
         try:
-            ref_settings = replace(base, policy=reference_policy(self.info.policies), tau_approx=0.0)
-            references = []
-            done = 0
-            for i, prompt in enumerate(prompts):
-                progress((done, total), desc=f"reference {i + 1}/{len(prompts)}")
-                ids, ref_summary, error = yield from self._one(owner, visitor, session, prompt, ref_settings,
-                                                               f"sweep reference {i + 1}", (done, total))
-                done += 1
-                if session.stop:
-                    break
-                if error:
-                    yield f"⚠ Reference run failed: {esc(error)}", skip, skip, skip
-                    return
-                references.append(ids)
-            timing = ref_summary.timing if references and ref_summary else self.info.default_timing
-            for s in settings:
-                if session.stop:
-                    break
-                per_prompt = []
-                for prompt, ref in zip(prompts, references):
-                    if session.stop:
-                        break
-                    progress((done, total), desc=f"{s.policy} τp={s.tau_prefetch:g} τa={s.tau_approx:g}")
-                    ids, summary, error = yield from self._one(owner, visitor, session, prompt, s,
-                                                               f"sweep {s.policy}", (done, total))
-                    done += 1
-                    if session.stop:
-                        break
-                    if error:
-                        yield f"⚠ {s.policy} failed: {esc(error)}", skip, skip, skip
-                        continue
-                    per_prompt.append(((matching_tokens(ref, ids), identical_prefix_share(ref, ids)), summary))
-                if per_prompt:
-                    rows.append(_row(s, per_prompt, timing))
-                    self.ctx.remember_sweep(visitor, rows)
-                    yield (f"{len(rows)} of {len(settings)} settings done · {done}/{total} runs · "
-                           f"{time.perf_counter() - started:.0f} s", as_plot(figures_sweep.pareto_plot(rows, timing)),
-                           as_plot(figures_sweep.policy_bars(rows, timing)), _table(rows))
-            verb = (f"Stopped ({session.reason})" if session.reason else "Stopped") if session.stop else "Done"
-            yield (f"{verb}: {len(rows)} settings, {done} runs in {time.perf_counter() - started:.0f} s "
-                   f"({timing} timing, {base.profile}, {base.shape}). {' '.join(notes)}".strip(),
-                   as_plot(figures_sweep.pareto_plot(rows, timing)),
-                   as_plot(figures_sweep.policy_bars(rows, timing)), _table(rows))
+            yield from run_sweep(self.ctx, plan, session, owner_of(request), progress)
         finally:
-            session.running = False
             if page_session and self._running.get(page_session) is session:
                 del self._running[page_session]
-            self.ctx.runner.cancel_owner(owner, "closed")
-
-    def _one(self, owner: str, visitor: str, session: SweepSession, prompt: str, settings: RunSettings,
-             label: str, done_total: tuple[int, int]):
-        """One greedy run (a generator: yields a progress line about once a second, so Gradio can stop
-        the sweep while it streams); returns (token ids, summary, error text)."""
-        skip = gr.skip()
-        try:
-            stream: RunStream = self.ctx.runner.start(owner, settings,
-                                                      lambda: self.ctx.engine.start_prompt(prompt, settings),
-                                                      kind="sweep run")
-        except SpiceError as exc:
-            return [], None, spice_error_text(exc)
-        self.ctx.label_run(stream.run_id, label, visitor)
-        ids: list[int] = []
-        due = time.monotonic() + STATUS_INTERVAL_S
-        while True:
-            if session.stop:
-                stream.cancel("stop")
-            steps, ended = stream.take(0.25)
-            ids += [s.token_id for s in steps]
-            if ended:
-                break
-            if time.monotonic() >= due:
-                due = time.monotonic() + STATUS_INTERVAL_S
-                yield (f"Running {done_total[0] + 1} of {done_total[1]}: {esc(label)} · {len(ids)} tokens",
-                       skip, skip, skip)
-        return ids, stream.summary(), stream.error
-
-
-def _row(s: RunSettings, per_prompt: list, timing: str) -> dict:
-    summaries = [sm for _, sm in per_prompt if sm is not None]
-    mean = lambda xs: statistics.fmean(xs) if xs else 0.0   # noqa: E731
-    same = sum(m[0][0] for m, _ in per_prompt)
-    total = sum(m[0][1] for m, _ in per_prompt)
-    return {"policy": s.policy, "tau_prefetch": s.tau_prefetch, "tau_approx": s.tau_approx, "timing": timing,
-            "label": point_label(s),
-            "agreement": same / total if total else 1.0, "identical_prefix": mean([m[1] for m, _ in per_prompt]),
-            "tpot_ms": mean([x.tpot_ms_median for x in summaries]),
-            "tokens_per_s": mean([x.tokens_per_s for x in summaries]), "hit_rate": mean([x.hit_rate for x in summaries]),
-            "mb_per_token": mean([timed_bytes(x.shape_bytes_per_token, x.bytes_per_token)[0] / 1e6
-                                  for x in summaries]),      # at the shape the TPOT is for
-            "stall_ms": mean([x.stall_ms_per_token for x in summaries]), "runs": len(per_prompt)}
-
-
-def point_label(s: RunSettings) -> str:
-    """The Pareto plot's text beside a point: the thresholds this policy uses (none for the plain baselines)."""
-    parts = ([f"τp {s.tau_prefetch:g}"] if s.policy in PREFETCHING else []) + \
-        ([f"τa {s.tau_approx:g}"] if s.policy not in EXACT_POLICIES else [])
-    return " · ".join(parts) or s.policy
-
-
-def _table(rows: list[dict]) -> pd.DataFrame:
-    """Fastest first."""
-    rows = sorted(rows, key=lambda r: (r["tpot_ms"], -r["agreement"]))
-    return pd.DataFrame([[r["policy"], r["tau_prefetch"], r["tau_approx"], round(100 * r["agreement"], 1),
-                          round(100 * r.get("identical_prefix", 0.0), 1),
-                          round(r["tpot_ms"], 3), round(r["tokens_per_s"], 1), round(100 * r["hit_rate"], 1),
-                          round(r["mb_per_token"], 2), round(r["stall_ms"], 3), r["runs"]] for r in rows],
-                        columns=TABLE_COLUMNS)
 
 
 def build(ctx: AppContext, tunes: TuneBook | None = None) -> SweepPage:

@@ -10,7 +10,8 @@ checks that before it calls these).
 """
 from __future__ import annotations
 
-from pages.common import fmt_bytes, timed_bytes
+from spice_core.api import format_bytes
+from pages.common import timed_bytes
 from pages.owners import esc
 
 
@@ -26,7 +27,7 @@ def _hit_rate_note(s) -> str:
 
 
 def _timed_bytes_text(s) -> str:
-    return fmt_bytes(timed_bytes(s.shape_bytes_per_token, s.bytes_per_token)[0])
+    return format_bytes(timed_bytes(s.shape_bytes_per_token, s.bytes_per_token)[0])
 
 
 def compare_html(a, b) -> str:
@@ -45,7 +46,7 @@ def compare_html(a, b) -> str:
             ("hit rate (in time)", f"{100 * a.hit_rate:.0f}%", f"{100 * b.hit_rate:.0f}%", ""),
             ("late prefetches (stalled)", _late_text(a), _late_text(b), ""),
             ("copied / token (timed shape)", _timed_bytes_text(a), _timed_bytes_text(b), ""),
-            ("copied / token (native)", fmt_bytes(a.bytes_per_token), fmt_bytes(b.bytes_per_token), ""),
+            ("copied / token (native)", format_bytes(a.bytes_per_token), format_bytes(b.bytes_per_token), ""),
             ("stall / token", f"{a.stall_ms_per_token:.2f} ms", f"{b.stall_ms_per_token:.2f} ms", ""),
             ("tokens", f"{a.n_tokens}", f"{b.n_tokens}", "")]
     head = "<tr><th></th><th>first run</th><th>second run</th><th>second vs first</th></tr>"
@@ -75,8 +76,8 @@ def baseline_cards(s, baselines: dict) -> list[tuple[str, str, str]]:
 def _copied_card(s) -> tuple[str, str]:
     """Bytes per token at the shape the run's times are for (as the per-layer table and the chart), native under."""
     shown, native = timed_bytes(s.shape_bytes_per_token, s.bytes_per_token)
-    return fmt_bytes(shown), "per token (own sizes)" if native is None else \
-        f"per token at {s.shape} · native {fmt_bytes(native)}"
+    return format_bytes(shown), "per token (own sizes)" if native is None else \
+        f"per token at {s.shape} · native {format_bytes(native)}"
 
 
 def summary_html(s, label: str = "", baselines: dict | None = None) -> str:

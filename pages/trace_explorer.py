@@ -101,16 +101,25 @@ class TraceExplorer:
         buttons = [self.dl_chrome, self.dl_chrome_gz, self.dl_tb, self.dl_csv]
         shown = [self.message, self.summary, self.overview, self.timeline, self.table, self.file, self.share,
                  *buttons, self.first, self.count]
-        gr.on(None, self.on_load, inputs=None, outputs=[self.run], api_visibility="private", queue=False)
-        self.refresh.click(self.list_runs, inputs=[self.run], outputs=[self.run], api_name="runs", queue=False)
-        self.run.change(self.list_others, inputs=[self.run, self.other], outputs=[self.other],
-                        api_visibility="private", queue=False)
-        compare_out = [self.cmp_summary, self.cmp_timeline, self.cmp_table]
         # Read-only views never queue: a queue full of other visitors' work must not keep anyone from their traces.
-        gr.on([self.other.change], self.compare, inputs=[self.run, self.other, self.first, self.count],
-              outputs=compare_out, api_name="compare", queue=False)
-        self.run.change(self.show, inputs=[self.run, self.first, self.count], outputs=shown, api_name="trace_run",
-                        queue=False)
+        views = dict(inputs=[self.run, self.first, self.count], outputs=shown, queue=False)
+        compared = dict(inputs=[self.run, self.other, self.first, self.count],
+                        outputs=[self.cmp_summary, self.cmp_timeline, self.cmp_table], queue=False)
+        # The run picker's value comes from the page load, Refresh, or the visitor's own pick. The views follow each,
+        # chained rather than on the picker's change: a change listener also runs at the load, whose progress is
+        # silent (pages.common.quiet_page_loads), so a visitor's pick showed none. `.input` is the visitor's pick
+        # alone: its views show their progress.
+        loaded = gr.on(None, self.on_load, inputs=None, outputs=[self.run], api_visibility="private", queue=False)
+        listed = self.refresh.click(self.list_runs, inputs=[self.run], outputs=[self.run], api_name="runs",
+                                    queue=False)
+        picked = self.run.input(self.show, api_name="trace_run", **views)
+        self.other.input(self.compare, api_name="compare", **compared)    # before the chained ones: they take its name
+        for event in (loaded.then(self.show, api_visibility="private", **views),
+                      listed.then(self.show, api_visibility="private", **views), picked):
+            # then the second-run list without this run, and the comparison with the run now shown
+            others = event.then(self.list_others, inputs=[self.run, self.other], outputs=[self.other],
+                                api_visibility="private", queue=False)
+            others.then(self.compare, api_visibility="private", **compared)
         gr.on([self.first.submit, self.count.submit, self.first.blur, self.count.blur], self.window,
               inputs=[self.run, self.first, self.count], outputs=[self.timeline, self.first, self.count],
               api_visibility="private", queue=False)

@@ -40,7 +40,14 @@ def check_copy_issue(value: str) -> str:
     return value
 
 
-def _check_range(name: str, value: float, lo: float, hi: float) -> None:
+# The range each share, threshold and sampling knob of a run takes, ends included: RunSettings refuses anything else,
+# and front ends take their bounds from here (a control may offer less, as the app's τ_approx slider does, never more).
+SETTING_RANGES = {"cache_frac": (0.0, 1.0), "tau_prefetch": (0.0, 1.0), "tau_approx": (0.0, 1.0),
+                  "tau_int8": (0.0, 1.0), "temperature": (0.0, 10.0), "top_p": (1e-6, 1.0)}
+
+
+def _check_range(name: str, value: float) -> None:
+    lo, hi = SETTING_RANGES[name]
     if not (lo <= value <= hi):
         raise ConfigError(f"{name}={value!r} is out of range: use a value in [{lo}, {hi}]")
 
@@ -80,13 +87,13 @@ class RunSettings:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ConfigError(f"policy={self.policy!r} is unknown: choose one of {', '.join(POLICIES)}")
-        _check_range("cache_frac", self.cache_frac, 0.0, 1.0)
-        _check_range("tau_prefetch", self.tau_prefetch, 0.0, 1.0)
-        _check_range("tau_approx", self.tau_approx, 0.0, 1.0)
+        for name in ("cache_frac", "tau_prefetch", "tau_approx"):
+            _check_range(name, getattr(self, name))
+        low, high = SETTING_RANGES["tau_int8"]
         if not (isinstance(self.tau_int8, (int, float)) and not isinstance(self.tau_int8, bool)
-                and 0.0 <= self.tau_int8 <= 1.0):
-            raise ConfigError(f"tau_int8={self.tau_int8!r} is out of range: use a value in [0, 1] (--tau-int8; "
-                              "0 = no int8 CPU runs)")
+                and low <= self.tau_int8 <= high):
+            raise ConfigError(f"tau_int8={self.tau_int8!r} is out of range: use a value in [{low:g}, {high:g}] "
+                              "(--tau-int8; 0 = no int8 CPU runs)")
         if not isinstance(self.max_lookahead, int) or not 1 <= self.max_lookahead <= 64:
             raise ConfigError(f"max_lookahead={self.max_lookahead!r} is out of range: use an integer in [1, 64]")
         if not isinstance(self.lore_rank, int) or self.lore_rank < 1:
@@ -94,8 +101,8 @@ class RunSettings:
         if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
             raise ConfigError(
                 f"max_new_tokens={self.max_new_tokens!r} is out of range: use an integer in [1, {MAX_NEW_TOKENS_LIMIT}]")
-        _check_range("temperature", self.temperature, 0.0, 10.0)
-        _check_range("top_p", self.top_p, 1e-6, 1.0)
+        _check_range("temperature", self.temperature)
+        _check_range("top_p", self.top_p)
 
     @property
     def exact(self) -> bool:

@@ -6,7 +6,9 @@
   // all. Here each gets the text as typed (or generated) instead, through `typed`, the twin of
   // pages/messages.py `typed_text` (tests/app/test_app_browser_copy.py checks the two agree):
   // - copy: a click on a message's buttons marks the copy Gradio makes in that click (the clipboard write, or the
-  //   `copy` event of its fallback without the Clipboard API), which then gets the typed text;
+  //   `copy` event of its fallback without the Clipboard API), which then gets the typed text of the group's own
+  //   messages only: Gradio copies a bubble whole, and a reply's bubble also holds the app's notes (its run note, a
+  //   note about the message), which are not the reply. A bubble of notes alone is copied as Gradio copies it;
   // - edit: the edit box, once Gradio has filled it with the stored text, holds the typed text. At Submit (or
   //   Cancel), before Gradio reads it, the box is escaped again (`escaped`): Gradio puts the edit into the chat
   //   itself until the server answers, where unescaped HTML would be drawn (an <img> loads its src); the server
@@ -65,34 +67,51 @@
     Object.getOwnPropertyDescriptor(Object.getPrototypeOf(box), "value").set.call(box, value);
     box.dispatchEvent(new Event("input", { bubbles: true }));
   };
+  // The elements of the visitor's and the model's messages in `root`, not the app's notes (Markdown of the app's,
+  // drawn as a collapsible "thought" with their title). Gradio's own `thought` class only marks every message of a
+  // bubble after its first, so a note that comes first (a control character removed) passed for a message, and a
+  // reply after it for a note.
+  const MESSAGES = ["user", "bot"].map((role) => `.message > [data-testid="${role}"][aria-label]`).join(", ");
+  const ownMessages = (root) => [...root.querySelectorAll(MESSAGES)]
+    .filter((el) => !el.querySelector(":scope > .thought-group"));
+  const labelled = new WeakMap();                // element -> the aria-label set here
+  const labelText = (el) => {                    // the text after "user's message: " (Gradio's label: stored text)
+    const label = el.getAttribute("aria-label"), at = label.indexOf(": ") + 2;
+    return labelled.get(el) === label ? label.slice(at) : typed(label.slice(at));
+  };
+  // What a copy of the bubble in `row` gives: its own messages as typed, one a line as Gradio joins them (Gradio
+  // copies the app's notes in the bubble too); null for a bubble of notes alone.
+  const ownText = (row) => {
+    const own = row ? ownMessages(row) : [];
+    return own.length ? own.map(labelText).join("\n") : null;
+  };
+
   // A click on a message's buttons: Gradio's copy button writes the clipboard within it; an edit's buttons (Submit,
   // Cancel) follow the edited message's row.
-  let copying = false;
+  let copying = false, copied = null;
   document.addEventListener("click", (e) => {
     const buttons = e.target && e.target.closest && e.target.closest("#spice-chat .message-buttons");
     if (!buttons) return;
-    copying = true;
-    setTimeout(() => { copying = false; }, 0);
     const row = buttons.previousElementSibling;
+    copying = true;
+    copied = ownText(row);
+    setTimeout(() => { copying = false; copied = null; }, 0);
     for (const box of row ? row.querySelectorAll("textarea.edit-textarea[data-spice-typed]") : []) {
       setValue(box, escaped(box.value));
     }
   }, true);
   if (navigator.clipboard && navigator.clipboard.writeText) {
     const write = navigator.clipboard.writeText.bind(navigator.clipboard);
-    navigator.clipboard.writeText = (text) => write(copying ? typed(text) : text);
+    navigator.clipboard.writeText = (text) => write(copying && copied !== null ? copied : text);
   }
   document.addEventListener("copy", (e) => {     // the fallback: a selected textarea and execCommand("copy")
     const box = e.target;
-    if (!copying || !box || box.tagName !== "TEXTAREA" || !e.clipboardData) return;
-    e.clipboardData.setData("text/plain", typed(box.value));
+    if (!copying || copied === null || !box || box.tagName !== "TEXTAREA" || !e.clipboardData) return;
+    e.clipboardData.setData("text/plain", copied);
     e.preventDefault();
   }, true);
 
   // Edit boxes and aria-labels, as Gradio (re)draws them.
-  const labelled = new WeakMap();                // element -> the aria-label set here
-  const LABELLED = ["user", "bot"]             // a message's own element (not an app note's: Markdown as it is)
-    .map((role) => `.message:not(.thought) > [data-testid="${role}"][aria-label]`).join(", ");
   const fix = (chat) => {
     for (const box of chat.querySelectorAll("textarea.edit-textarea:not([data-spice-typed])")) {
       if (!box.value) {                          // not filled yet (a message is never empty): look again
@@ -102,7 +121,7 @@
       box.dataset.spiceTyped = "1";
       setValue(box, typed(box.value));
     }
-    for (const el of chat.querySelectorAll(LABELLED)) {
+    for (const el of ownMessages(chat)) {
       const label = el.getAttribute("aria-label");
       if (labelled.get(el) === label) continue;
       const at = label.indexOf(": ") + 2;        // "user's message: " + the stored text

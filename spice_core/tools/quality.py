@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from spice_core.config import DEFAULT_LORE_RANK, RunSettings
+from spice_core.config import DEFAULT_LORE_RANK, SETTING_RANGES, RunSettings
 from spice_core.trace.metrics import first_divergence, matching_tokens
 from spice_core.exec.experts import installed
 from spice_core.errors import ConfigError
@@ -306,8 +306,10 @@ def add_cli(sub) -> None:
 
 
 def _check_args(args) -> None:
-    if not 0.0 <= args.tau_approx <= 1.0:
-        raise ConfigError(f"--tau-approx {args.tau_approx} is out of range: use a value in [0, 1] (0 = exact)")
+    low, high = SETTING_RANGES["tau_approx"]
+    if not low <= args.tau_approx <= high:
+        raise ConfigError(f"--tau-approx {args.tau_approx} is out of range: use a value in [{low:g}, {high:g}] "
+                          "(0 = exact)")
     if args.lore_rank < 1:
         raise ConfigError(f"--lore-rank {args.lore_rank} is out of range: use an integer >= 1")
     if args.new_tokens < 0 or args.n_prompts < 1:

@@ -14,6 +14,7 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
+import fake_engine
 from app_helpers import CHAT_DEFAULTS, chat_inputs, content, last_notes, serve, settings_inputs, wait_for
 from fake_engine import FakeEngine
 
@@ -80,6 +81,25 @@ def test_panels_send_each_figure_once_then_only_changes(served, client):
     assert set(deltas[0][1]["panels"]) == {"heatmap", "prefetch", "gantt"}
     gaps = [b[0] - a[0] for a, b in zip(deltas, deltas[1:-1])]
     assert not gaps or min(gaps) > 0.5, gaps
+
+
+def test_the_api_gives_and_takes_the_chat_as_typed_and_generated(served, client, monkeypatch):
+    """Regression: /chat gave the conversation back as the chat stores it for display, escaped as Markdown ("\\*x\\*"
+    for "*x*"), and read a history sent back as such (a backslash of the client's own was lost). An API client now
+    gets its message as typed and the model's reply as generated, the app's notes as they are (Markdown), and a
+    history it sends back reaches the model exactly."""
+    monkeypatch.setattr(fake_engine, "WORDS", fake_engine.WORDS + ("*tea*", "<b>cat</b>", "a_b", "\\*", "[x](y)"))
+    monkeypatch.setattr(served.engine, "eos_after", 30)           # the reply ends by itself: nothing trimmed
+    typed = "*x* <b>y</b> a_b \\* [l](u) www.example.com\n1. `c`"
+    out = client.predict(*chat_inputs(typed, max_new_tokens=40), api_name="/chat")
+    reply = served.engine.get_summary(served.engine.generations[-1].run_id).text
+    assert any(mark in reply for mark in ("*", "<", "_", "[")), f"the reply must hold markup to test this: {reply}"
+    assert [content(m) for m in out[1] if m["role"] == "user"] == [typed]
+    assert _assistant_text(out[1]) == reply
+    run_note = next(n for n in last_notes(out[1]) if n.startswith("Run run-"))
+    assert "Policy **" in run_note, run_note       # the app's own note keeps its Markdown
+    client.predict(*chat_inputs("And then?", out[1], max_new_tokens=4), api_name="/chat")
+    assert served.engine.generations[-1]._prompt == f"user: {typed}\nassistant: {reply}\nuser: And then?\nassistant:"
 
 
 def test_conversation_history_reaches_the_engine_without_app_notes(served, client):

@@ -1,6 +1,7 @@
 """What the chat gives back as text is what was typed, in a real browser (the fake engine). Regression (defect 1): the
 chat holds the visitor's text escaped so that it shows literally (`*x*` as `*x*`, not in italics), and its copy
-button, its edit box and each message's aria-label gave that stored text, backslashes and all.
+button, its edit box and each message's aria-label gave that stored text, backslashes and all. A reply's copy gives
+the reply alone, not the app's notes beside it in its bubble.
 
 The page's script (assets/static/spice_chat_text.js) gives them the text as typed through its own `typed`, the twin
 of pages.messages.typed_text, and hands an edit back to Gradio escaped again (`escaped`), so that the chat never
@@ -12,6 +13,7 @@ import random
 
 import pytest
 
+import fake_engine
 from chat_browser import ask_and_keep, open_chat
 from page_js import value_js
 from pages.messages import shown_text, typed_text
@@ -74,6 +76,44 @@ def test_copy_without_the_clipboard_api_gives_the_message_as_typed(browser, serv
         page.locator("#spice-chat").get_by_role("button", name="Copy message").first.click()   # the user's, first
         page.wait_for_function("() => window.spiceCopied !== undefined", polling=50)
         assert page.evaluate("() => window.spiceCopied") == TEXT
+    finally:
+        context.close()
+
+
+@pytest.mark.parametrize("init_js, copied_js", [("", None), (NO_CLIPBOARD_JS, "() => window.spiceCopied")],
+                         ids=["clipboard-api", "no-clipboard-api"])
+def test_copy_of_a_reply_gives_the_reply_as_generated_without_the_apps_notes(browser, served, monkeypatch, init_js,
+                                                                            copied_js):
+    """Regression: a reply's copy button copied its whole bubble, the app's notes in it too (the run note with its
+    numbers and link; a note about the message before the reply). It gives the reply alone, as generated (here with
+    markup of its own, which the chat holds escaped). And the reply's aria-label is the reply as generated: a note
+    first in its bubble made the page take the note for the message and the reply for a note."""
+    monkeypatch.setattr(fake_engine, "WORDS", fake_engine.WORDS + ("*tea*", "<b>cat</b>", "a_b", "[x](y)"))
+    monkeypatch.setattr(served.engine, "eos_after", 30)      # the reply ends by itself: no note that trims it
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.set_default_timeout(30_000)
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=served.url.rstrip("/"))
+    if init_js:
+        context.add_init_script(init_js)
+    try:
+        page = context.new_page()
+        open_chat(page, served.url)
+        ask_and_keep(page, "Tell me a story\x07")        # a control character: a note before the reply says so
+        reply = served.engine.get_summary(served.engine.generations[-1].run_id).text
+        assert any(mark in reply for mark in "*<_["), f"the reply must hold markup to test this: {reply}"
+        bubble = page.locator("#spice-chat .bot-row").last
+        assert bubble.locator(".thought-group").count() == 2, "the note about the message and the run note"
+        labels = [el.get_attribute("aria-label") for el in bubble.locator('[data-testid="bot"]').all()]
+        assert f"bot's message: {reply}" in labels, labels
+        if copied_js is None:
+            page.evaluate("() => navigator.clipboard.writeText('')")
+        page.locator("#spice-chat").get_by_role("button", name="Copy message").last.click()      # the reply's
+        if copied_js is None:
+            page.wait_for_function(CLIPBOARD_JS, polling=50)
+            copied_js = "() => window.spiceClipboard"
+        else:
+            page.wait_for_function("() => window.spiceCopied !== undefined", polling=50)
+        assert page.evaluate(copied_js) == reply
     finally:
         context.close()
 

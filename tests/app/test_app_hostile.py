@@ -143,7 +143,8 @@ def test_a_reply_someone_is_reading_is_never_pre_empted_by_another_visitor():
 
 def test_an_abandoned_sweep_stops_between_tokens_and_starts_no_further_run():
     from pages.common import AppContext
-    from pages.sweep import SweepPage, SweepSession
+    from pages.sweep import SweepPage
+    from pages.sweep_run import SweepSession
     engine = FakeEngine(token_delay_s=0.03)
     ctx = AppContext.create(engine)
     page = SweepPage(ctx)

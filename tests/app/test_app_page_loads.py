@@ -1,6 +1,6 @@
 """A page load says nothing to screen readers, on every page (regression: Gradio's status tracker read "Loading",
 then "Complete" out at every load of the trace explorer, the sweep and About), while what a visitor starts (a reply,
-Auto, a sweep, a tune) still shows and says its progress. Checked on the app's Blocks config, as the browser gets
+Auto, a sweep, a tune, a pick of a run or a benchmark) still shows and says its progress. Checked on the app's Blocks config, as the browser gets
 it: Gradio announces an event unless its progress is hidden."""
 from __future__ import annotations
 
@@ -15,6 +15,14 @@ def config():
     demo, ctx = app.build_app(FakeEngine())
     yield demo.get_config_file(), demo
     ctx.exports.cleanup()
+
+
+def _chained(deps: list[dict], started: list[dict]) -> list[dict]:
+    """``started`` and every dependency chained after them (``.then``, ``.success``), in turn."""
+    out = list(started)
+    while more := [d for d in deps if d not in out and d["trigger_after"] in {o["id"] for o in out}]:
+        out += more
+    return out
 
 
 def _set_off_by_loads(deps: list[dict]) -> list[dict]:
@@ -47,3 +55,24 @@ def test_what_a_visitor_starts_still_shows_and_says_its_progress(config):
     assert {"chat_browser", "auto", "run"} <= shown, shown      # a reply, Auto, the sweep's and the tune's run
     runs = [d for d in cfg["dependencies"] if demo.fns[d["id"]].name == "run"]
     assert len(runs) == 2 and all(d["show_progress"] != "hidden" for d in runs)
+
+
+# The pickers whose views a visitor's pick draws: the trace explorer's run and second run, About's benchmark file.
+PICKERS = ("trace-run", "trace-compare-run", "about-bench-pick")
+
+
+@pytest.mark.parametrize("picker", PICKERS)
+def test_a_visitors_pick_shows_and_says_its_progress(config, picker):
+    """Regression: the trace explorer's run pick and About's benchmark pick showed no progress while their views
+    were drawn. The views hung on the picker's change, which a page load sets off too, so `quiet_page_loads`
+    silenced them for a visitor's pick as well. Whatever a pick sets off (its change and input listeners, and what
+    they chain) now shows its progress, and draws the views."""
+    cfg, demo = config
+    elem = {c["id"]: c["props"].get("elem_id") for c in cfg["components"]}
+    deps = cfg["dependencies"]
+    started = [d for d in deps if any(elem.get(t) == picker and e in ("change", "input", "select")
+                                      for t, e in d["targets"])]
+    chain = _chained(deps, started)
+    assert {demo.fns[d["id"]].name for d in chain} & {"show", "compare"}, [demo.fns[d["id"]].name for d in chain]
+    silent = [demo.fns[d["id"]].name for d in chain if d["show_progress"] == "hidden"]
+    assert not silent, f"a pick on {picker} sets off these without progress: {silent}"

@@ -25,17 +25,17 @@ def test_the_chat_card_is_greedy_agreement_not_the_identical_prefix():
 
 
 def test_the_sweep_pools_matching_positions_and_names_the_prefix_apart():
-    from pages.sweep import TABLE_COLUMNS, _row, _table
+    from pages.sweep_table import TABLE_COLUMNS, setting_row, settings_table
     from spice_core.api import matching_tokens
 
     summary = SimpleNamespace(tpot_ms_median=5.0, tokens_per_s=200.0, hit_rate=0.5, bytes_per_token=1e6,
                               shape_bytes_per_token=0.0, stall_ms_per_token=0.1)
     pairs = [([1, 2, 3, 4], [1, 2, 3, 4]), ([1, 2, 3, 4, 5, 6, 7, 8], [9, 2, 3, 4, 5, 6, 7, 8])]
     per_prompt = [((matching_tokens(r, t), identical_prefix_share(r, t)), summary) for r, t in pairs]
-    row = _row(RunSettings(policy="spice", tau_approx=0.05), per_prompt, "modeled")
+    row = setting_row(RunSettings(policy="spice", tau_approx=0.05), per_prompt, "modeled")
     assert row["agreement"] == pytest.approx(11 / 12)                 # pooled: (4 + 7) / (4 + 8)
     assert row["identical_prefix"] == pytest.approx(0.5)              # (1.0 + 0.0) / 2
-    table = _table([row])
+    table = settings_table([row])
     assert "greedy agreement %" in TABLE_COLUMNS and "identical prefix %" in TABLE_COLUMNS
     assert table["greedy agreement %"][0] == pytest.approx(91.7) and table["identical prefix %"][0] == 50.0
 

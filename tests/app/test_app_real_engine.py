@@ -76,7 +76,8 @@ def test_a_sweep_below_the_models_smallest_cache_is_refused_and_one_at_it_runs(r
     import gradio as gr
 
     from pages.limits import slider_ranges
-    from pages.sweep import SweepPage, SweepSession
+    from pages.sweep import SweepPage
+    from pages.sweep_run import SweepSession
 
     page = SweepPage(real.ctx)
     with gr.Blocks():

@@ -9,11 +9,10 @@ import pytest
 
 from app_helpers import SHIPPED
 from pages.chat_text import run_body, stats_html
-from pages.common import fmt_bytes
 from pages.live import LiveRun
-from pages.sweep import _row
+from pages.sweep_table import setting_row
 from pages.trace_explorer import compare_html, per_token_series, summary_html
-from spice_core.api import RunSettings
+from spice_core.api import RunSettings, format_bytes
 
 SHAPE = "deepseek-v2-lite"
 
@@ -45,28 +44,28 @@ def _card(html: str, key: str) -> tuple[str, str]:
 def test_the_copied_card_shows_the_timed_shapes_bytes_and_the_native_ones_under_them(shipped_run):
     engine, settings, live, summary, _ = shipped_run
     value, sub = _card(stats_html(live, settings, engine.info(), summary=summary), "copied per token")
-    assert value == fmt_bytes(summary.shape_bytes_per_token)
-    assert f"native {fmt_bytes(summary.bytes_per_token)}" in sub
+    assert value == format_bytes(summary.shape_bytes_per_token)
+    assert f"native {format_bytes(summary.bytes_per_token)}" in sub
     assert live.shape_bytes_per_token == pytest.approx(summary.shape_bytes_per_token)
 
 
 def test_the_run_note_puts_the_timed_shapes_bytes_first(shipped_run):
     _, _, _, summary, _ = shipped_run
     body = run_body(summary, SimpleNamespace(cancel_reason=""))
-    assert (f"{fmt_bytes(summary.shape_bytes_per_token)} copied per token at {SHAPE} "
-            f"({fmt_bytes(summary.bytes_per_token)} at its own sizes)") in body
+    assert (f"{format_bytes(summary.shape_bytes_per_token)} copied per token at {SHAPE} "
+            f"({format_bytes(summary.bytes_per_token)} at its own sizes)") in body
 
 
 def test_the_trace_explorer_cards_and_comparison_agree_with_its_per_token_chart(shipped_run):
     _, _, _, summary, events = shipped_run
     value, sub = _card(summary_html(summary), "copied")
-    assert value == fmt_bytes(summary.shape_bytes_per_token) and fmt_bytes(summary.bytes_per_token) in sub
+    assert value == format_bytes(summary.shape_bytes_per_token) and format_bytes(summary.bytes_per_token) in sub
     # The explorer's per-token chart (trace events, timed shape): its decode tokens' mean is the card's value.
     tokens, _, _, mb = per_token_series(events)
     assert sum(mb[1:]) / (len(tokens) - 1) == pytest.approx(summary.shape_bytes_per_token / 1e6)
     rows = re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td>", compare_html(summary, summary))
-    assert ("copied / token (timed shape)", fmt_bytes(summary.shape_bytes_per_token)) in rows
-    assert ("copied / token (native)", fmt_bytes(summary.bytes_per_token)) in rows
+    assert ("copied / token (timed shape)", format_bytes(summary.shape_bytes_per_token)) in rows
+    assert ("copied / token (native)", format_bytes(summary.bytes_per_token)) in rows
 
 
 def test_the_per_token_csv_gives_both_byte_counts_in_named_columns(shipped_run, tmp_path):
@@ -81,5 +80,5 @@ def test_the_per_token_csv_gives_both_byte_counts_in_named_columns(shipped_run, 
 
 def test_the_sweeps_megabytes_per_token_are_the_timed_shapes(shipped_run):
     _, settings, _, summary, _ = shipped_run
-    row = _row(settings, [(((8, 8), 1.0), summary)], "modeled")
+    row = setting_row(settings, [(((8, 8), 1.0), summary)], "modeled")
     assert row["mb_per_token"] == pytest.approx(summary.shape_bytes_per_token / 1e6)

@@ -12,14 +12,14 @@ from app_helpers import CHAT_DEFAULTS
 from fake_engine import FakeEngine, settings
 from pages import figures, figures_sweep
 from pages.about import benchmark_tables, first_table
-from pages.common import ExportStore, fmt_bytes, settings_from_values
+from pages.common import AppContext, ExportStore, settings_from_values, spice_error_text
 from pages.live import LiveRun
 from spice_core.api import identical_prefix_share
 from pages.messages import clean_message, drop_oldest_turn, engine_turns, normalize_history, note, problem_with
 from pages.runner import EngineRunner
-from pages.sweep import grid, parse_values
+from pages.sweep_inputs import grid, parse_values
 from pages.trace_explorer import per_layer_frame, per_token_series
-from spice_core.api import LaneInterval, RunSettings
+from spice_core.api import LaneInterval, RunSettings, format_bytes
 from spice_core.errors import ConfigError, SpiceError
 
 
@@ -158,9 +158,9 @@ def test_sweep_grid_varies_only_the_thresholds_each_policy_uses():
 
 
 def test_parse_values_accepts_commas_and_spaces_and_names_bad_items():
-    assert parse_values("0.3, 0.1 0.3;0", "τ") == [0.0, 0.1, 0.3]
-    with pytest.raises(ConfigError, match="'x' is not a number"):
-        parse_values("0.1, x", "τ")
+    assert parse_values("0.3, 0.1 0.3;0", "tau_prefetch") == [0.0, 0.1, 0.3]
+    with pytest.raises(ConfigError, match="τ_prefetch: 'x' is not a number"):
+        parse_values("0.1, x", "tau_prefetch")
 
 
 # --- runner ---------------------------------------------------------------------------------------------
@@ -246,8 +246,20 @@ def test_about_finds_the_newest_benchmark_table(tmp_path):
     assert first_table(rounds) == ("Round 2 — Results", "| new |\n|---|\n| 2 |")
 
 
-def test_fmt_bytes_uses_decimal_units():
-    assert [fmt_bytes(n) for n in (12, 1536, 17.3e6, 2.7e9)] == ["12 B", "1.5 kB", "17.3 MB", "2.7 GB"]
+def test_the_app_writes_sizes_with_the_engines_one_helper(tmp_path):
+    """Regression: pages.common.fmt_bytes copied spice_core.units.format_bytes at one figure fewer, so a page said
+    "196.6 kB" of a size the engine's own messages wrote "197 kB". The pages now use the engine's helper."""
+    import pages.common
+    from pages.about import AboutPage
+
+    assert not hasattr(pages.common, "fmt_bytes")
+    assert [format_bytes(n) for n in (12, 1536, 17.3e6, 2.7e9)] == ["12 B", "1.54 kB", "17.3 MB", "2.70 GB"]
+    engine = FakeEngine()
+    ctx = AppContext.create(engine, export_root=tmp_path / "exports")
+    expert = format_bytes(engine.expert_bytes)
+    assert expert == "197 kB" and f"| expert size | {expert} |" in AboutPage(ctx, tmp_path, tmp_path)._engine_table()
+    said = spice_error_text(ConfigError("cache budget 0.0015 GB leaves room for 3 experts: raise --cache-frac"))
+    assert "1.50 MB" in said, said
 
 
 def test_about_headline_quotes_the_headline_results_file(tmp_path):

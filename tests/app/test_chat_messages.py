@@ -49,10 +49,15 @@ def test_an_ordinary_sentence_is_stored_unchanged():
 
 def test_a_hostile_message_reaches_the_model_as_typed_and_is_shown_as_text(served, client):
     """Regression (QA, defect 1): a message was rendered as HTML (a real <img> that requested /x on every reload,
-    real bold). The chat holds it escaped, the model reads it as typed, also from the history the next time."""
+    real bold). The chat holds it escaped, the model reads it as typed, also from the history the next time (the API
+    gives and takes it as typed: test_app_api)."""
+    shown = next(gen := ChatPage(served.ctx).chat_browser(HOSTILE, [], "", False, False, ChatSession()))[1]
+    gen.close()
+    users = [m for m in shown if m["role"] == "user"]
+    assert users[0]["content"] == shown_text(HOSTILE) and "<img" not in users[0]["content"].replace("\\<img", "")
+    assert served.wait_idle(10)
     out = client.predict(*chat_inputs(HOSTILE, max_new_tokens=4), api_name="/chat")
-    users = [m for m in out[1] if m["role"] == "user"]
-    assert content(users[0]) == shown_text(HOSTILE) and "<img" not in content(users[0]).replace("\\<img", "")
+    assert [content(m) for m in out[1] if m["role"] == "user"] == [HOSTILE]
     assert served.engine.generations[-1]._prompt.startswith(f"user: {HOSTILE}\nassistant:")
     client.predict(*chat_inputs("And another one.", out[1], max_new_tokens=4), api_name="/chat")
     assert f"user: {HOSTILE}\n" in served.engine.generations[-1]._prompt

@@ -121,7 +121,7 @@ def test_the_engines_cache_refusal_reads_in_the_sliders_terms(engines):
     assert "B" not in said and f"{need:.2%} of all experts" in said and f"at least {need:g}" in said, said
     other = spice_error_text(ConfigError("cache budget 0.0012 GB leaves room for 3 experts after 0.0400 GB of "
                                          "draft/LoRE memory, fewer than top-6: raise --cache-frac"))
-    assert "1.2 MB" in other and "40.0 MB" in other and "GPU cache size" in other, other
+    assert "1.20 MB" in other and "40.0 MB" in other and "GPU cache size" in other, other
 
 
 def test_malformed_boxes_and_unknown_fields_are_left_out():

@@ -14,7 +14,9 @@ import app
 from fake_engine import FakeEngine
 from pages.common import AppContext
 from pages.limits import slider_ranges
-from pages.sweep import SweepPage, SweepSession, TypedData
+from pages.sweep import SweepPage
+from pages.sweep_inputs import TypedData
+from pages.sweep_run import SweepSession
 from pages.sweep_tune import TuneSession
 
 PROFILE, SHAPE = "rtx4090-pcie4x16", "deepseek-v2-lite"
