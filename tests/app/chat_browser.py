@@ -33,6 +33,34 @@ def ask_and_keep(page, text: str) -> None:
     page.wait_for_function(f"() => ({KEPT_RUNS_JS})() > {kept_before}", timeout=20_000, polling=100)
 
 
+class ServerCalls:
+    """The page's calls to the server still in flight (Gradio's POSTs: a queued event's join, a direct event's run),
+    as the browser reports them. A reply's end sets off more than the keep `ask_and_keep` waits for: the settings in
+    use come back from the server and are kept again when they differ from what the page holds. A test that writes
+    what the page keeps waits until those calls have ended (`wait_idle`), or a late one overwrites its write."""
+
+    def __init__(self, page) -> None:
+        self.page, self.pending = page, set()
+        page.on("request", self._started)
+        page.on("requestfinished", self._ended)
+        page.on("requestfailed", self._ended)
+
+    def _started(self, request) -> None:
+        if request.method == "POST" and "/gradio_api/" in request.url:
+            self.pending.add(request)
+
+    def _ended(self, request) -> None:
+        self.pending.discard(request)
+
+    def wait_idle(self, timeout_s: float = 20.0) -> None:
+        """Until no call is in flight (the browser's events are handled while waiting; no fixed sleep decides)."""
+        waited_ms = 0
+        while self.pending:
+            assert waited_ms < timeout_s * 1000, f"server calls still in flight: {[r.url for r in self.pending]}"
+            self.page.wait_for_timeout(50)
+            waited_ms += 50
+
+
 def reload_chat(page, text: str) -> None:
     """Reload and wait until the kept conversation holding ``text`` is back on screen."""
     page.reload(wait_until="load")

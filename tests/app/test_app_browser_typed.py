@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from chat_browser import ask_and_keep, open_chat, reload_chat
+from chat_browser import ServerCalls, ask_and_keep, open_chat, reload_chat
 from page_js import text_js, value_js
 
 pytestmark = pytest.mark.browser
@@ -112,8 +112,10 @@ def test_settings_kept_by_a_page_of_before_or_out_of_range_never_apply(browser, 
     note, and the page still loads; the rest of what was kept applies."""
     context = browser.new_context(viewport={"width": 1440, "height": 900})
     page = context.new_page()
+    calls = ServerCalls(page)
     open_chat(page, served.url)
     ask_and_keep(page, "Tell me a story about a fox and a drum.")
+    calls.wait_idle()       # the reply's settings come back from the server and are kept: not over the write below
     # What the page keeps goes through the same path as what it restores: write a kept entry as a tampered store
     # would hold it, through the page's own keep (the hidden settings box the keep reads).
     tampered = {"policy": "lru", "cache_frac": 5, "tau_prefetch": 0.6, "max_lookahead": "many", "profile": "<b>x</b>"}
@@ -125,6 +127,7 @@ def test_settings_kept_by_a_page_of_before_or_out_of_range_never_apply(browser, 
     }}""")
     _until(page, "() => { const s = JSON.parse(document.body.dataset.spiceKeptSettings || 'null');"
                  " return !!s && s.cache_frac === 5; }")
+    calls.wait_idle()
     reload_chat(page, "Tell me a story about a fox and a drum.")
     _picked(page, "LRU cache", "0.25", "0.6")
     _until(page, f"() => {text_js('#spice-settings-note')}.includes('Not restored')")
