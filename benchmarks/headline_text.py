@@ -40,8 +40,10 @@ modeled with host costs refitted per link from their own records (in-sample: 18 
 the miss on both), the x8 50% cell with the x8 10% refit (out of sample: 9 of 10, `resident` the miss), `resident`'s
 step modeled as one graph run ahead of the host (within 4% of measured on every cell measured since that step runs
 ahead, Qwen2's included), the Qwen2 cell with the native refit (another shape: 9 of 10, `cpu_compute` the miss; 10 of
-10 once the CPU lane's rate and fixed cost per job are fitted on both models' expert sizes, 63.0 GB/s + 349 µs), and
-the cells of engine `fa4cbd20a9b7570c` with the shipped profile, before any refit (23 of 30).
+10 once the CPU lane's rate and fixed cost per job are fitted on both models' expert sizes, 63.0 GB/s + 349 µs), the
+Qwen2 x8 cell with the x8 refit and that lane (another shape, engine and machine: 7 of 9; `cpu_compute` +44%, the H100
+host's lane being faster than the H200 host's the line was fitted on, and `spice_no_lore` −17%), and the cells of
+engine `fa4cbd20a9b7570c` with the shipped profile, before any refit (23 of 30).
 `c8ca37be7f5d7c89` is the engine of 3e9dc52, on which the Qwen2 x8 cell runs **on one H100** (the `GPU` column; the
 report merges only shards of one GPU): no H200 could be had for three sessions, and an H100 holds every policy's slots
 but `resident`'s (~92 GiB). That cell has no `resident` row: its greedy agreement is with `on_demand`, which the fast
