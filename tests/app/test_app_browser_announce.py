@@ -36,25 +36,29 @@ def _loaded(page, url: str, shown_js: str) -> list[str]:
     return page.evaluate(SAID_JS)
 
 
-def test_page_loads_say_nothing_and_a_reply_still_says_its_progress(browser, served):
+@pytest.fixture
+def recorded(browser):
+    """A browser context whose pages record what their live regions say (``window.spiceSaid``)."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     context.set_default_timeout(30_000)
     context.add_init_script(RECORD_JS)
-    try:
-        page = context.new_page()
-        base = served.url.rstrip("/")
-        assert _loaded(page, base + "/about", f"() => {text_js('#about-bench')}.trim() !== ''") == []
-        assert _loaded(page, base + "/trace", "() => document.body.innerText.includes('No finished runs yet')") == []
-        open_chat(page, served.url)
-        ask_and_keep(page, ASK)
-        page.wait_for_function("() => window.spiceSaid.includes('Complete')", timeout=30_000, polling=100)
-        assert page.evaluate(SAID_JS)[0] == "Loading", page.evaluate(SAID_JS)
-        # A reload brings the conversation, then its last reply's numbers back: all without a word.
-        reload_chat(page, ASK)
-        page.wait_for_function(f"() => {text_js('#spice-stats')}.includes('TPOT')", timeout=30_000, polling=100)
-        assert page.evaluate(SAID_JS) == []
-    finally:
-        context.close()
+    yield context
+    context.close()
+
+
+def test_page_loads_say_nothing_and_a_reply_still_says_its_progress(recorded, served):
+    page = recorded.new_page()
+    base = served.url.rstrip("/")
+    assert _loaded(page, base + "/about", f"() => {text_js('#about-bench')}.trim() !== ''") == []
+    assert _loaded(page, base + "/trace", "() => document.body.innerText.includes('No finished runs yet')") == []
+    open_chat(page, served.url)
+    ask_and_keep(page, ASK)
+    page.wait_for_function("() => window.spiceSaid.includes('Complete')", timeout=30_000, polling=100)
+    assert page.evaluate(SAID_JS)[0] == "Loading", page.evaluate(SAID_JS)
+    # A reload brings the conversation, then its last reply's numbers back: all without a word.
+    reload_chat(page, ASK)
+    page.wait_for_function(f"() => {text_js('#spice-stats')}.includes('TPOT')", timeout=30_000, polling=100)
+    assert page.evaluate(SAID_JS) == []
 
 
 def _pick(page, picker: str, index: int) -> str:
@@ -76,23 +80,17 @@ def _said_on_pick(page, picker: str, index: int, shown_js: str) -> list[str]:
     return page.evaluate(SAID_JS)
 
 
-def test_a_pick_of_a_run_or_a_benchmark_says_its_progress_and_the_load_still_says_nothing(browser, served):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    context.set_default_timeout(30_000)
-    context.add_init_script(RECORD_JS)
-    try:
-        page = context.new_page()
-        base = served.url.rstrip("/")
-        open_chat(page, served.url)
-        for ask in (ASK, "Tell me a story about a fox and a drum."):       # two runs of this browser's to pick from
-            ask_and_keep(page, ask)
-        assert _loaded(page, base + "/trace", f"() => {text_js('#trace-summary')}.trim() !== ''") == []
-        said = _said_on_pick(page, "#trace-run", 1,
-                             f"(option) => {text_js('#trace-summary')}.includes(option.split(' · ')[0])")
-        assert said[0] == "Loading", said
-        assert _loaded(page, base + "/about", f"() => {text_js('#about-bench')}.trim() !== ''") == []
-        said = _said_on_pick(page, "#about-bench-pick", 1,
-                             f"(option) => {text_js('#about-bench')}.includes('Source: ' + option.split(' (')[0])")
-        assert said[0] == "Loading", said
-    finally:
-        context.close()
+def test_a_pick_of_a_run_or_a_benchmark_says_its_progress_and_the_load_still_says_nothing(recorded, served):
+    page = recorded.new_page()
+    base = served.url.rstrip("/")
+    open_chat(page, served.url)
+    for ask in (ASK, "Tell me a story about a fox and a drum."):       # two runs of this browser's to pick from
+        ask_and_keep(page, ask)
+    assert _loaded(page, base + "/trace", f"() => {text_js('#trace-summary')}.trim() !== ''") == []
+    said = _said_on_pick(page, "#trace-run", 1,
+                         f"(option) => {text_js('#trace-summary')}.includes(option.split(' · ')[0])")
+    assert said[0] == "Loading", said
+    assert _loaded(page, base + "/about", f"() => {text_js('#about-bench')}.trim() !== ''") == []
+    said = _said_on_pick(page, "#about-bench-pick", 1,
+                         f"(option) => {text_js('#about-bench')}.includes('Source: ' + option.split(' (')[0])")
+    assert said[0] == "Loading", said
