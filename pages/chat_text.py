@@ -11,7 +11,7 @@ import time
 
 from spice_core import api
 from spice_core.api import BASELINE_POLICIES, EXACT_POLICIES, EngineInfo, RunSettings, RunSummary, format_bytes
-from pages.common import POLICY_LABELS, SETTING_FIELDS, timed_bytes
+from pages.common import POLICY_LABELS, timed_bytes
 from pages.live import CATEGORIES, LiveRun
 
 OUTCOME_INDEX = {name: i - 1 for i, name in enumerate(CATEGORIES) if i}     # LiveRun.counts' last axis

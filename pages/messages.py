@@ -10,9 +10,9 @@ message as Markdown with HTML (sanitised, but an <img> stays an image and loads 
 message (`render_markdown=False` is the whole chat's, and still renders HTML), and the app's own notes need
 Markdown (bold, links). So a message's text is stored in the chat as Markdown that shows it literally, and
 `typed_text` gives back exactly what was typed (or generated) wherever the text leaves the chat: the model's turns,
-a retry's message box, a run's label, the /chat API (which takes and gives plain text: `as_shown`, `as_typed`). In the browser, Gradio's copy button, edit box and message labels read the
-stored text themselves; the page's script gives them the text as typed through its twin of `typed_text`
-(assets/static/spice_chat_text.js). Only the characters that can start Markdown or HTML are escaped, so an
+a retry's message box, a run's label, the /chat API (which takes and gives plain text: `as_shown`, `as_typed`).
+In the browser, Gradio's copy button, edit box and message labels read the stored text themselves; the page's
+script gives them the text as typed through its twin of `typed_text` (assets/static/spice_chat_text.js). Only the characters that can start Markdown or HTML are escaped, so an
 ordinary sentence is stored unchanged.
 """
 from __future__ import annotations
@@ -107,8 +107,7 @@ def shown_text(text: str) -> str:
 
 
 def typed_text(shown: str) -> str:
-    """The text `shown_text` was given: every backslash before punctuation dropped, outside code lines. (An API
-    client's own history in plain text loses only a backslash it put before punctuation.)"""
+    """The text `shown_text` was given: every backslash before punctuation dropped, outside code lines."""
     lines = shown.split("\n")
     return "\n".join(line if code else _UNESCAPE.sub(r"\1", line) for line, code in zip(lines, _code_lines(lines)))
 

@@ -40,6 +40,15 @@ SWEEPING_ON_JS = "() => { document.body.classList.add('spice-sweeping'); return 
 SWEEPING_OFF_JS = "() => { document.body.classList.remove('spice-sweeping'); return []; }"
 
 
+def whole_tokens_js(index: int) -> str:
+    """The page's Run, in the browser: Tokens per run (input ``index``) on its nearest whole number, halves up, as
+    `on_tokens_typed` puts the box. A click on Run straight from a box holding 7.5 leaves the box and sends 7.5 before
+    the box's update to 8 lands; the note says 8, so the sweep runs at 8. The browser alone brings a number beyond
+    the slider's ends to the nearest end. An API call runs no script: it is refused such a number, by name."""
+    return (f"(...args) => {{ const v = args[{index}]; "
+            f"if (typeof v === 'number' && Number.isFinite(v)) args[{index}] = Math.floor(v + 0.5); return args; }}")
+
+
 class SweepPage:
     def __init__(self, ctx: AppContext, tunes: TuneBook | None = None) -> None:
         self.ctx = ctx
@@ -105,10 +114,10 @@ class SweepPage:
         outputs = [self.status, self.pareto, self.bars, self.table]
         # Listed first and browser-only: Stop shows at once, before the queue starts the sweep.
         self.run_btn.click(None, js=SWEEPING_ON_JS, queue=False, api_visibility="private", show_progress="hidden")
-        ran = self.run_btn.click(self.run, inputs=[self.prompts, self.policies, self.tau_prefetch, self.tau_approx,
-                                                   self.cache_frac, self.max_new_tokens, self.profile, self.shape,
-                                                   self.session],
-                                 outputs=outputs, api_name="sweep" + self.ctx.key, concurrency_id=ENGINE_GROUP,
+        inputs = [self.prompts, self.policies, self.tau_prefetch, self.tau_approx, self.cache_frac, self.max_new_tokens,
+                  self.profile, self.shape, self.session]
+        ran = self.run_btn.click(self.run, inputs=inputs, outputs=outputs, api_name="sweep" + self.ctx.key,
+                                 js=whole_tokens_js(inputs.index(self.max_new_tokens)), concurrency_id=ENGINE_GROUP,
                                  concurrency_limit=1)
         ran.then(None, js=SWEEPING_OFF_JS, queue=False, api_visibility="private", show_progress="hidden")
         self.stop_btn.click(self.stop, inputs=[self.session], outputs=[self.status], queue=False,

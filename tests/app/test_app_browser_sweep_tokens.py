@@ -23,7 +23,21 @@ def test_a_tokens_count_the_box_does_not_take_is_said_under_the_slider_and_swept
         tokens.says_it_went(expect, "7.5", "Tokens per run=7.5 must be a whole number from 4 to 128", "8")
         tokens.leave("12")       # a number it takes: the slider's own line comes back
         expect(tokens.slider).to_contain_text("4 to 128 here", timeout=WAIT_MS)
-        runs = tokens.sweep_typed(expect, served.engine, "2", "Tokens per run=2 is out of range")
-        assert runs and {g.settings_log[0][1].max_new_tokens for g in runs} == {4}
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize("typed, said, runs_at", [("2", "Tokens per run=2 is out of range", 4),
+                                                  ("7.5", "Tokens per run=7.5 must be a whole number", 8)])
+def test_a_sweep_started_straight_from_the_tokens_box_runs_at_the_value_its_note_gives(browser, served, typed, said,
+                                                                                      runs_at):
+    """Typed, then a click on Run: the click leaves the box, and the sweep runs at the value the note says the box
+    went to. Regression: 7.5 was said to go to 8, and the sweep refused 7.5 (the click sent it before the box's
+    update landed)."""
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    try:
+        tokens = SweepBox(page, served.url, "sweep-tokens")
+        runs = tokens.sweep_typed(expect, served.engine, typed, said)
+        assert runs and {g.settings_log[0][1].max_new_tokens for g in runs} == {runs_at}
     finally:
         page.close()

@@ -1,7 +1,7 @@
 """A page load says nothing to screen readers, on every page (regression: Gradio's status tracker read "Loading",
 then "Complete" out at every load of the trace explorer, the sweep and About), while what a visitor starts (a reply,
-Auto, a sweep, a tune, a pick of a run or a benchmark) still shows and says its progress. Checked on the app's Blocks config, as the browser gets
-it: Gradio announces an event unless its progress is hidden."""
+Auto, a sweep, a tune, a pick of a run or a benchmark) still shows and says its progress. Checked on the app's
+Blocks config, as the browser gets it: Gradio announces an event unless its progress is hidden."""
 from __future__ import annotations
 
 import pytest
