@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from spice_core.tools import args as ca
-from spice_core.config import MAX_NEW_TOKENS_LIMIT, POLICIES, RunSettings, own_shape
+from spice_core.config import MAX_NEW_TOKENS_LIMIT, POLICIES, SETTING_RANGES, RunSettings, own_shape
 from spice_core.errors import ConfigError, SpiceError
 from spice_core.model.shipped import NAMES, model_argument
 from spice_core.units import format_bytes
@@ -113,8 +113,8 @@ def add_cli(sub) -> None:
                       help="wrap the prompt with the tokenizer's chat template (the default when it has one)")
     form.add_argument("--raw", action="store_true", help="continue the prompt as plain text, without the chat template")
     p.add_argument("--max-new-tokens", type=ca.int_in(1, MAX_NEW_TOKENS_LIMIT), default=64)
-    p.add_argument("--temperature", type=ca.float_in(0.0, 10.0), default=0.0)
-    p.add_argument("--top-p", type=ca.float_in(0.0, 1.0, lo_open=True), default=1.0)
+    p.add_argument("--temperature", type=ca.float_in(*SETTING_RANGES["temperature"]), default=0.0)
+    p.add_argument("--top-p", type=ca.float_in(*SETTING_RANGES["top_p"]), default=1.0)
     p.add_argument("--seed", type=ca.seed, default=0)
     p.add_argument("--stop", type=ca.nonempty_text, action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
