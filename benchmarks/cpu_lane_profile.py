@@ -8,8 +8,9 @@ arithmetic), weights from a pinned slab larger than the caches, rotating so ever
 Three parts, every number *measured* (wall clock, `time.perf_counter`):
 
 1. kernel: ms per expert and GB/s of weights read, bf16 `F.linear` at 1..cores-1 threads;
-2. lane shapes: `CpuLane(workers=W, threads_per_worker=T)` (whole experts in parallel) with n jobs of one layer submitted at once
-   (n = 1..4, what one layer sends), median wall from the first submit to the last result, split into
+2. lane shapes: `CpuLane(workers=W, threads_per_worker=T)` (whole experts in parallel) and the "auto" lane (its shape
+   picked per layer, `batch_shape`) with n jobs of one layer submitted at once (n = 1..6, what one layer sends:
+   `cpu_compute` sends 4-6 at DeepSeek-V2-Lite's top-6), median wall from the first submit to the last result, split into
    queueing + wake-up (submit -> the job starts), compute (in the worker) and hand-back (the job ends ->
    the driver holds the result);
 3. the same with the driver thread busy in Python while the jobs run (as the decode loop's host step
@@ -73,11 +74,12 @@ def lane_rows(gu, dn, x, reps: int, cores: int, busy_s: float) -> list[dict]:
         t = (cores - 1) // w
         if t >= 1 and (w, t) not in shapes:
             shapes.append((w, t))
+    shapes.append(("auto", None))
     rows, k = [], [0]
     for w, t in shapes:
-        lane = CpuLane(workers=w, threads_per_worker=t)
+        lane = CpuLane(adaptive=True) if w == "auto" else CpuLane(workers=w, threads_per_worker=t)
         try:
-            for n in (1, 2, 3, 4):
+            for n in (1, 2, 3, 4, 5, 6):
                 for busy in (False, True):
                     walls, queue, compute, back = [], [], [], []
                     for rep in range(reps + 3):
@@ -85,7 +87,7 @@ def lane_rows(gu, dn, x, reps: int, cores: int, busy_s: float) -> list[dict]:
                         t_sub = time.perf_counter()
                         for _ in range(n):
                             k[0] = (k[0] + 7) % gu.shape[0]
-                            jobs.append((time.perf_counter(), lane.submit(x, gu[k[0]], dn[k[0]], F.silu, "cpu")))
+                            jobs.append((time.perf_counter(), lane.submit(x, gu[k[0]], dn[k[0]], F.silu, "cpu", batch=n)))
                         if busy:
                             busy_python(threading.Event(), busy_s)
                         res = []
@@ -99,7 +101,8 @@ def lane_rows(gu, dn, x, reps: int, cores: int, busy_s: float) -> list[dict]:
                         compute.append(statistics.mean(t1 - t0 for _, t0, t1, _ in res))
                         back.append(statistics.mean(r - t1 for _, _, t1, r in res))
                     ms = statistics.median(walls) * 1e3
-                    rows.append({"workers": w, "threads_per_worker": t, "experts": n, "driver_busy_ms": busy_s * 1e3 if busy else 0.0,
+                    rows.append({"workers": w, "threads_per_worker": t, "lane": lane.shape,
+                                 "experts": n, "driver_busy_ms": busy_s * 1e3 if busy else 0.0,
                                  "wall_ms": round(ms, 4), "gbps": round(n * nbytes / ms / 1e6, 1),
                                  "queue_wakeup_us": round(statistics.median(queue) * 1e6, 1),
                                  "compute_us": round(statistics.median(compute) * 1e6, 1),

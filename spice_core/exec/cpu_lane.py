@@ -11,16 +11,22 @@ device's legacy default stream and wait behind every kernel the GPU has queued; 
 driver on its own stream, the small [n,H] copy simply queues before the combine that needs it.
 
 Shape: ``workers`` run whole experts in parallel, each with ``threads_per_worker`` intra-op threads
-(`lane_from_shape`: "WxT", from ``$SPICE_CPU_LANE`` or `DEFAULT_SHAPE`). Measured on the H200 host
+(`lane_from_shape`: "WxT" or "auto", from ``$SPICE_CPU_LANE`` or `DEFAULT_SHAPE`). Measured on the H200 host
 (`benchmarks/cpu_lane_profile.py`, docs/benchmarks/cpu-lane/): one expert takes 0.49 ms in bf16 `F.linear`
-at 15 threads (35 GB/s, the best of 1-15 threads) and ~0.65 ms through the lane; 2x7 is faster only from 3
-experts a layer, and splitting one expert's rows across single-threaded workers was 2-7x slower (tried
-and removed). So the default is one worker with every core left.
+at 15 threads (35 GB/s, the best of 1-15 threads) and ~0.65 ms through the lane; several workers beat one
+only from 3 experts a layer (3: 1.47 ms at 3x5 against 1.83 at 1x15; 4: 1.83 at 4x3 against 2.47), and
+splitting one expert's rows across single-threaded workers was 2-7x slower (tried and removed). So the
+default, "auto", picks per layer (`batch_shape`): the layer's experts one after another on every core left
+when it sends one or two, side by side (whole experts, the cores split between them) from three. The
+executors say how many experts a layer sends (``batch``); each job sets its worker's intra-op thread count
+(an OpenMP setting of the calling thread) before it runs.
 
 Threads: ``workers`` x ``threads_per_worker`` never exceeds the cores this process may use minus
-one (left to the driver thread). torch's intra-op thread count is process-wide, so creating a
-lane sets it for the whole process: the lane exists only on CUDA machines, where the driver
-thread does little CPU math. A machine with one core gets no lane (ConfigError naming
+one (left to the driver thread); an auto lane's jobs of one layer never use more than those either (a
+layer's jobs are joined before the next layer's are submitted). torch's intra-op thread count is set
+per thread, but a thread that has not run a parallel op yet starts from the last count set anywhere,
+so creating a lane may change the count of threads started later: the lane exists only on CUDA
+machines, where the driver thread does little CPU math. A machine with one core gets no lane (ConfigError naming
 --no-cpu-lane).
 
 Failures: `submit` never raises; a failed or overdue task raises from `result()` (after
@@ -47,7 +53,11 @@ from spice_core.exec.int8 import Int8Expert, int8_expert_forward
 
 DEFAULT_TIMEOUT_S = 10.0
 SHAPE_ENV = "SPICE_CPU_LANE"     # e.g. "2x7": workers x intra-op threads; overrides the default below
-DEFAULT_SHAPE = "1x0"            # 1 worker, every core left after the driver thread (T 0: the cores left)
+AUTO_SHAPE = "auto"              # per layer: `batch_shape`
+DEFAULT_SHAPE = AUTO_SHAPE       # "1x0" was the default before: 1 worker, every core left after the driver thread
+AUTO_PARALLEL_FROM = 3           # experts a layer from which an auto lane runs whole experts side by side
+AUTO_MIN_THREADS = 3             # ... each with at least this many intra-op threads (4x3 measured best at 4 experts)
+_worker_threads = threading.local()     # the intra-op thread count each worker thread last set
 
 
 def available_cores() -> int:
@@ -56,6 +66,17 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # non-Linux
         return os.cpu_count() or 1
+
+
+def batch_shape(batch: int, cores_left: int, parallel_from: int = AUTO_PARALLEL_FROM,
+                min_threads: int = AUTO_MIN_THREADS) -> tuple[int, int]:
+    """(experts run side by side, intra-op threads each) for a layer that sends ``batch`` experts to an auto lane
+    of ``cores_left`` cores: one at a time on every core below ``parallel_from``, else as many side by side as
+    the batch has, at most one per ``min_threads`` cores, the cores shared out between them."""
+    if cores_left < 1:
+        raise ValueError(f"cores_left={cores_left} must be >= 1")
+    side = 1 if batch < parallel_from else max(1, min(batch, cores_left // max(1, min_threads)))
+    return side, cores_left // side
 
 
 class LaneResult:
@@ -89,11 +110,15 @@ class LaneResult:
 
 class CpuLane:
     def __init__(self, workers: int = 1, threads_per_worker: int | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S, *, adaptive: bool = False) -> None:
+        """``adaptive``: the "auto" shape (`batch_shape` per layer); ``workers`` and ``threads_per_worker`` are then
+        what one expert at a time gets (1 and every core left), and up to `side_workers` run side by side."""
         cores = available_cores()
         if cores < 2:
             raise ConfigError(f"the CPU lane needs at least 2 cores (one drives the GPU) but this process may use "
                               f"{cores}: run with --no-cpu-lane (or policy spice_no_cpu / lru), or give it more cores")
+        if adaptive and (workers, threads_per_worker) != (1, None):
+            raise ConfigError("an auto CPU lane picks its workers and threads per layer: give no workers or threads")
         if not isinstance(workers, int) or workers < 1:
             raise ConfigError(f"cpu workers={workers!r} is out of range: use an integer in [1, {cores - 1}]")
         if workers > cores - 1:
@@ -106,8 +131,13 @@ class CpuLane:
         if not timeout_s > 0:
             raise ConfigError(f"cpu lane timeout_s={timeout_s!r} must be > 0")
         self.workers, self.threads_per_worker, self.timeout_s = workers, tpw, float(timeout_s)
+        self.adaptive = adaptive
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="spice-cpu",
-                                        initializer=torch.set_num_threads, initargs=(tpw,))
+                                        initializer=_set_threads, initargs=(tpw,))
+        # auto: the pool for experts side by side (each job sets its threads), when the cores allow two at once
+        self.side_workers = batch_shape(1 << 30, tpw)[0] if adaptive else 1
+        self._side_pool = ThreadPoolExecutor(max_workers=self.side_workers, thread_name_prefix="spice-cpu-side") \
+            if self.side_workers > 1 else None
         self._ids: dict[int, int] = {}
         self._lock = threading.Lock()
         self.failures = 0
@@ -115,8 +145,21 @@ class CpuLane:
 
     @property
     def shape(self) -> str:
-        """e.g. "1x15": workers x intra-op threads each."""
-        return f"{self.workers}x{self.threads_per_worker}"
+        """e.g. "1x15": workers x intra-op threads each; an auto lane says what it runs at each batch size."""
+        if not self.adaptive:
+            return f"{self.workers}x{self.threads_per_worker}"
+        if self._side_pool is None:
+            return f"auto (1x{self.threads_per_worker}: too few cores to run experts side by side)"
+        side, threads = batch_shape(1 << 30, self.threads_per_worker)
+        return (f"auto (1x{self.threads_per_worker} below {AUTO_PARALLEL_FROM} experts a layer, "
+                f"up to {side}x{threads} from {AUTO_PARALLEL_FROM})")
+
+    def pool_for(self, batch: int) -> tuple[ThreadPoolExecutor, int | None]:
+        """The pool a job of a ``batch``-expert layer runs on, and the intra-op threads it sets (None: the pool's)."""
+        if not self.adaptive or self._side_pool is None:
+            return self._pool, None
+        side, threads = batch_shape(batch, self.threads_per_worker)
+        return (self._pool, None) if side == 1 else (self._side_pool, threads)
 
     def _worker_index(self) -> int:
         tid = threading.get_ident()
@@ -130,25 +173,27 @@ class CpuLane:
             self.failures += 1
 
     def submit(self, x_dev: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, act: Callable,
-               out_device: torch.device, stream=None) -> LaneResult:
+               out_device: torch.device, stream=None, batch: int = 1) -> LaneResult:
         """Start copying x [n,H] to the host now and run the expert (gate_up [2I,H], down [H,I],
         host tensors) on a worker; the output comes back on ``out_device``. Never raises.
-        ``stream``: the CUDA stream x is produced on (default: the current one, looked up)."""
+        ``stream``: the CUDA stream x is produced on (default: the current one, looked up).
+        ``batch``: how many experts the layer sends the lane together (an auto lane's shape follows it)."""
         return self._submit(x_dev, lambda x: expert_forward(x.to(gate_up.dtype), gate_up, down, act), out_device,
-                            stream)
+                            stream, batch)
 
     def submit_int8(self, x_dev: torch.Tensor, weights: Int8Expert, act: Callable, out_device: torch.device,
-                    stream=None) -> LaneResult:
+                    stream=None, batch: int = 1) -> LaneResult:
         """`submit` for the lossy int8 kernel (exec/int8.py): the expert from its int8 copy ``weights``. The
         worker, the round trip and the failure handling are the exact task's; only the arithmetic differs."""
-        return self._submit(x_dev, lambda x: int8_expert_forward(x, weights, act), out_device, stream)
+        return self._submit(x_dev, lambda x: int8_expert_forward(x, weights, act), out_device, stream, batch)
 
     def _submit(self, x_dev: torch.Tensor, compute: Callable[[torch.Tensor], torch.Tensor], out_device,
-                stream) -> LaneResult:
+                stream, batch: int = 1) -> LaneResult:
         """``compute``: host x [n,H] -> host y [n,H], run on a worker once x has landed."""
         out_device = torch.device(out_device)
         self.tasks += 1
         try:
+            pool, threads = self.pool_for(batch)
             cuda_in = x_dev.device.type == "cuda"
             x_host = x_dev.to("cpu", non_blocking=cuda_in)     # pinned destination when non-blocking
             ready = None
@@ -159,6 +204,8 @@ class CpuLane:
 
             def job():
                 w = self._worker_index()
+                if threads is not None:
+                    _set_threads(threads)
                 if ready is not None:
                     ready.synchronize()
                 t0 = time.perf_counter()
@@ -167,7 +214,7 @@ class CpuLane:
                     y = y.pin_memory()
                 return y, w, t0, time.perf_counter()
 
-            fut = self._pool.submit(job)
+            fut = pool.submit(job)
         except Exception as e:  # noqa: BLE001 - any failure here becomes the task's error
             fut = Future()
             fut.set_exception(e)
@@ -175,6 +222,8 @@ class CpuLane:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._side_pool is not None:
+            self._side_pool.shutdown(wait=True, cancel_futures=True)
 
     def __enter__(self) -> "CpuLane":
         return self
@@ -183,14 +232,24 @@ class CpuLane:
         self.close()
 
 
+def _set_threads(threads: int) -> None:
+    """This worker thread's intra-op thread count, set only when it changes."""
+    if getattr(_worker_threads, "n", None) != threads:
+        torch.set_num_threads(threads)
+        _worker_threads.n = threads
+
+
 def lane_from_shape(shape: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> CpuLane:
     """A lane of shape "WxT" (W workers x T intra-op threads each; T 0: the cores left after the driver,
-    shared out). None: ``$SPICE_CPU_LANE``, else `DEFAULT_SHAPE`. A malformed shape is a ConfigError."""
+    shared out) or "auto" (`batch_shape` per layer). None: ``$SPICE_CPU_LANE``, else `DEFAULT_SHAPE`. A malformed
+    shape is a ConfigError."""
     text = (shape if shape is not None else os.environ.get(SHAPE_ENV, "") or DEFAULT_SHAPE).strip().lower()
+    if text == AUTO_SHAPE:
+        return CpuLane(timeout_s=timeout_s, adaptive=True)
     try:
         w_text, t_text = text.split("x")
         workers, threads = int(w_text), int(t_text)
     except ValueError:
-        raise ConfigError(f"CPU lane shape {text!r} is not WxT (workers x threads, e.g. 1x0 or 2x7): "
+        raise ConfigError(f"CPU lane shape {text!r} is not WxT (workers x threads, e.g. 1x0 or 2x7) or auto: "
                           f"fix {SHAPE_ENV} or the shape given") from None
     return CpuLane(workers=workers, threads_per_worker=threads or None, timeout_s=timeout_s)

@@ -28,26 +28,31 @@ class CpuJobs:
         # per kernel ("exact", "int8"): [one-token jobs collected, their compute s on the worker, the host's wait s]
         self._cost = {"exact": [0, 0.0, 0.0], "int8": [0, 0.0, 0.0]}
 
-    def submit(self, key: ExpertKey, xs: torch.Tensor, n: int, act, out_device, stream=None, decode: bool = False):
+    def submit(self, key: ExpertKey, xs: torch.Tensor, n: int, act, out_device, stream=None, decode: bool = False,
+               batch: int = 1):
         """Start expert ``key`` on the ``n`` token rows ``xs``; its output lands on ``out_device``. ``stream``: the
         CUDA stream ``xs`` was written on (the lane waits for it). ``decode``: a decode step's job (one token), whose
         cost `lane_totals` counts; a prompt's jobs are not counted, even one of a single routed row (they queue
-        behind the layer's other prompt jobs). Returns the job's handle for `collect`."""
+        behind the layer's other prompt jobs). ``batch``: how many jobs the layer submits together (the lane's
+        shape may follow it). Returns the job's handle for `collect`."""
         gate_up, down = self.lm.host.weights(key)
         if self.lane is None:   # modeled on this machine: compute here, time it as the CPU lane
             out = expert_forward(xs.to(gate_up.dtype), gate_up, down, act)
             return self.clock.cpu_expert(key, n), out, None
-        return (self.clock.cpu_expert(key, n), self.lane.submit(xs, gate_up, down, act, out_device, stream=stream),
+        return (self.clock.cpu_expert(key, n),
+                self.lane.submit(xs, gate_up, down, act, out_device, stream=stream, batch=batch),
                 "exact" if decode else None)
 
-    def submit_int8(self, key: ExpertKey, xs: torch.Tensor, n: int, act, out_device, stream=None, decode: bool = False):
+    def submit_int8(self, key: ExpertKey, xs: torch.Tensor, n: int, act, out_device, stream=None, decode: bool = False,
+                    batch: int = 1):
         """`submit` with the lossy int8 kernel, from the experts' int8 copy (a cpu_int8 miss)."""
         weights = self.int8.weights(key)
         if self.lane is None:   # modeled on this machine: compute here, time it as the CPU lane
             out = int8_expert_forward(xs.to("cpu"), weights, act).to(xs.device)
             return self.clock.cpu_expert(key, n, int8=True), out, None
         return (self.clock.cpu_expert(key, n, int8=True),
-                self.lane.submit_int8(xs, weights, act, out_device, stream=stream), "int8" if decode else None)
+                self.lane.submit_int8(xs, weights, act, out_device, stream=stream, batch=batch),
+                "int8" if decode else None)
 
     def collect(self, key: ExpertKey, handle) -> torch.Tensor | None:
         """A job's output, timed for the clock; None (counted as a fallback) when the job failed."""

@@ -167,7 +167,7 @@ class EagerExecutor:
         jobs, stream = self.cpu, self.compute_stream if x.device.type == "cuda" else None
         cpu = {e: (jobs.submit_int8 if e in int8 else jobs.submit)(
                    ExpertKey(plan.layer, e), rows(x, e), len(plan.routes[e][0]), act, self.device, stream=stream,
-                   decode=x.shape[0] == 1)
+                   decode=x.shape[0] == 1, batch=len(plan.cpu))
                for e in plan.cpu}
         for order in plan.copies:
             self.copies.issue(order)

@@ -107,8 +107,9 @@ class GraphExecutor:
         which says which of them run the int8 kernel. Returns expert -> job."""
         x = self.decoder.x_host[self._moe_pos[layer]].view(1, -1)
         act = self.lm.experts_modules[layer].act_fn
-        int8, jobs = int8_tasks(experts), self.cpu
-        return {e: (jobs.submit_int8 if e in int8 else jobs.submit)(ExpertKey(layer, e), x, 1, act, "cpu", decode=True)
+        int8, jobs, n = int8_tasks(experts), self.cpu, len(experts)
+        return {e: (jobs.submit_int8 if e in int8 else jobs.submit)(ExpertKey(layer, e), x, 1, act, "cpu", decode=True,
+                                                                    batch=n)
                 for e in experts}
 
     def join_cpu(self, layer: int, jobs: dict, expert_ids: list[int], fallback) -> dict:

@@ -140,3 +140,54 @@ def test_a_malformed_lane_shape_says_what_to_write(monkeypatch, shape):
     monkeypatch.setenv(cpu_lane_mod.SHAPE_ENV, shape)
     with pytest.raises(ConfigError, match=r"is not WxT .* fix SPICE_CPU_LANE"):
         cpu_lane_mod.lane_from_shape()
+
+
+@pytest.mark.parametrize("batch,cores_left,want", [(1, 15, (1, 15)), (2, 15, (1, 15)), (3, 15, (3, 5)),
+                                                    (4, 15, (4, 3)), (6, 15, (5, 3)), (3, 2, (1, 2)), (0, 15, (1, 15))])
+def test_an_auto_lane_runs_a_layers_experts_side_by_side_only_from_three(batch, cores_left, want):
+    assert cpu_lane_mod.batch_shape(batch, cores_left) == want
+
+
+def test_an_auto_lane_gives_each_job_its_batchs_threads_and_exact_results(monkeypatch):
+    """On 16 cores: a layer's 4 experts run side by side, 3 intra-op threads each, on 4 workers; a layer's 2 run one
+    after another with all 15 threads on one worker; every output is the exact expert's."""
+    monkeypatch.setattr(cpu_lane_mod, "available_cores", lambda: 16)
+    x, gate_up, down = _expert()
+    seen, lock = [], threading.Lock()
+
+    def act(t):
+        with lock:
+            seen.append((threading.get_ident(), torch.get_num_threads()))
+        return F.silu(t)
+
+    try:
+        with cpu_lane_mod.lane_from_shape("auto") as lane:
+            assert lane.adaptive and lane.side_workers == 5
+            assert lane.shape == "auto (1x15 below 3 experts a layer, up to 5x3 from 3)"
+            side = [lane.submit(x, gate_up, down, act, torch.device("cpu"), batch=4) for _ in range(4)]
+            ys = [r.result() for r in side]
+            four = list(seen)
+            seen.clear()
+            ys += [lane.submit(x, gate_up, down, act, torch.device("cpu"), batch=2).result() for _ in range(2)]
+            two = list(seen)
+    finally:
+        torch.set_num_threads(1)
+    ref = expert_forward(x, gate_up, down, F.silu)
+    assert all(torch.equal(y, ref) for y, *_ in ys)
+    assert {n for _, n in four} == {3} and {n for _, n in two} == {15}
+    assert len({w for _, w, *_ in ys[4:]}) == 1 and {w for _, w, *_ in ys[4:]}.isdisjoint({w for _, w, *_ in ys[:4]})
+
+
+def test_the_default_lane_is_auto_and_an_auto_lane_takes_no_fixed_shape(monkeypatch):
+    monkeypatch.setattr(cpu_lane_mod, "available_cores", lambda: 2)
+    monkeypatch.delenv(cpu_lane_mod.SHAPE_ENV, raising=False)
+    try:
+        with cpu_lane_mod.lane_from_shape() as lane:
+            assert lane.adaptive and lane.shape == "auto (1x1: too few cores to run experts side by side)"
+            x, gate_up, down = _expert()
+            y = lane.submit(x, gate_up, down, F.silu, torch.device("cpu"), batch=4).result()[0]
+        assert torch.equal(y, expert_forward(x, gate_up, down, F.silu))
+        with pytest.raises(ConfigError, match="picks its workers and threads per layer"):
+            CpuLane(workers=2, adaptive=True)
+    finally:
+        torch.set_num_threads(1)

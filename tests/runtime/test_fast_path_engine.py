@@ -204,10 +204,10 @@ def test_a_failed_or_stalled_cpu_job_falls_back_to_a_copy_mid_token_and_the_toke
     real_submit, calls = CpuJobs.submit, [0]
     stalled = lane_mod.CpuLane(workers=1, threads_per_worker=1, timeout_s=0.05) if how == "stall" else None
 
-    def submit(self, key, xs, n, act, out_device, stream=None, decode=False):
+    def submit(self, key, xs, n, act, out_device, stream=None, decode=False, batch=1):
         calls[0] += 1
         if calls[0] % 3:                      # every job but one in three fails
-            return real_submit(self, key, xs, n, act, out_device, stream=stream, decode=decode)
+            return real_submit(self, key, xs, n, act, out_device, stream=stream, decode=decode, batch=batch)
         op = self.clock.cpu_expert(key, n)
         if stalled is None:
             return op, _Failed(RuntimeError("CPU-lane worker died")), "exact"   # (op, job, kernel) as CpuJobs makes
