@@ -68,14 +68,24 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def most_side_by_side(cores_left: int, min_threads: int = AUTO_MIN_THREADS) -> int:
+    """How many experts an auto lane of ``cores_left`` cores runs side by side at most (``min_threads`` each)."""
+    return max(1, cores_left // max(1, min_threads))
+
+
 def batch_shape(batch: int, cores_left: int, parallel_from: int = AUTO_PARALLEL_FROM,
                 min_threads: int = AUTO_MIN_THREADS) -> tuple[int, int]:
     """(experts run side by side, intra-op threads each) for a layer that sends ``batch`` experts to an auto lane
-    of ``cores_left`` cores: one at a time on every core below ``parallel_from``, else as many side by side as
-    the batch has, at most one per ``min_threads`` cores, the cores shared out between them."""
+    of ``cores_left`` cores: one at a time on every core below ``parallel_from``; else at most one per
+    ``min_threads`` cores side by side, in as few rounds as that allows, the batch split evenly between the rounds
+    (6 experts on 15 cores: two rounds of 3x5, measured faster than 5x3 and a sixth alone), the cores shared out."""
     if cores_left < 1:
         raise ValueError(f"cores_left={cores_left} must be >= 1")
-    side = 1 if batch < parallel_from else max(1, min(batch, cores_left // max(1, min_threads)))
+    most = most_side_by_side(cores_left, min_threads)
+    if batch < parallel_from or most == 1:
+        return 1, cores_left
+    rounds = -(-batch // most)
+    side = -(-batch // rounds)
     return side, cores_left // side
 
 
@@ -135,7 +145,7 @@ class CpuLane:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="spice-cpu",
                                         initializer=_set_threads, initargs=(tpw,))
         # auto: the pool for experts side by side (each job sets its threads), when the cores allow two at once
-        self.side_workers = batch_shape(1 << 30, tpw)[0] if adaptive else 1
+        self.side_workers = most_side_by_side(tpw) if adaptive else 1
         self._side_pool = ThreadPoolExecutor(max_workers=self.side_workers, thread_name_prefix="spice-cpu-side") \
             if self.side_workers > 1 else None
         self._ids: dict[int, int] = {}
@@ -150,9 +160,9 @@ class CpuLane:
             return f"{self.workers}x{self.threads_per_worker}"
         if self._side_pool is None:
             return f"auto (1x{self.threads_per_worker}: too few cores to run experts side by side)"
-        side, threads = batch_shape(1 << 30, self.threads_per_worker)
+        side = self.side_workers
         return (f"auto (1x{self.threads_per_worker} below {AUTO_PARALLEL_FROM} experts a layer, "
-                f"up to {side}x{threads} from {AUTO_PARALLEL_FROM})")
+                f"up to {side}x{self.threads_per_worker // side} from {AUTO_PARALLEL_FROM})")
 
     def pool_for(self, batch: int) -> tuple[ThreadPoolExecutor, int | None]:
         """The pool a job of a ``batch``-expert layer runs on, and the intra-op threads it sets (None: the pool's)."""

@@ -143,7 +143,8 @@ def test_a_malformed_lane_shape_says_what_to_write(monkeypatch, shape):
 
 
 @pytest.mark.parametrize("batch,cores_left,want", [(1, 15, (1, 15)), (2, 15, (1, 15)), (3, 15, (3, 5)),
-                                                    (4, 15, (4, 3)), (6, 15, (5, 3)), (3, 2, (1, 2)), (0, 15, (1, 15))])
+                                                    (4, 15, (4, 3)), (5, 15, (5, 3)), (6, 15, (3, 5)), (7, 15, (4, 3)),
+                                                    (11, 15, (4, 3)), (3, 2, (1, 2)), (0, 15, (1, 15))])
 def test_an_auto_lane_runs_a_layers_experts_side_by_side_only_from_three(batch, cores_left, want):
     assert cpu_lane_mod.batch_shape(batch, cores_left) == want
 
