@@ -1,0 +1,71 @@
+"""Tables for an A/B of two CPU-lane shapes (docs/benchmarks/cpu-lane/auto-lane/): per run folder, each lane policy's
+TPOT in both arms and the lane profile's wall per layer batch, read from the files (nothing typed in).
+
+    python benchmarks/lane_ab_report.py docs/benchmarks/cpu-lane/auto-lane/run1-h100 docs/benchmarks/cpu-lane/auto-lane/run2-h100
+
+A run folder holds ``auto/results.json`` and ``fixed-1x0/results.json`` (bench's records, one arm each, the same config
+on the same machine one after the other) and ``lane-profile.json`` (benchmarks/cpu_lane_profile.py).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ARMS = ("auto", "fixed-1x0")
+LANE_POLICIES = ("cpu_compute", "spice_no_lore", "spice")
+
+
+def _records(path: Path) -> dict[str, dict]:
+    data = json.loads(path.read_text())
+    recs = data if isinstance(data, list) else data["records"]
+    return {r["policy"]: r for r in recs}
+
+
+def tpot_table(run: Path) -> str:
+    arms = {arm: _records(run / arm / "results.json") for arm in ARMS}
+    lines = ["| policy | workload | auto: TPOT median ms [95% CI] | 1x0: TPOT median ms [95% CI] | auto / 1x0 | "
+             "host µs per MoE layer, auto / 1x0 | lane experts, auto / 1x0 | greedy agreement, auto / 1x0 |",
+             "|---|---|---|---|---|---|---|---|"]
+    for pol in LANE_POLICIES:
+        a, b = arms["auto"].get(pol), arms["fixed-1x0"].get(pol)
+        if a is None or b is None:
+            continue
+        ci = lambda r: "[{:.2f}, {:.2f}]".format(*r["tpot_ms_median_ci95"])   # noqa: E731
+        cpu = lambda r: r["miss_split"]["cpu"]   # noqa: E731
+        lines.append(f"| {pol} | {a['n_runs']} prompts, {a['n_decode_tokens']} decode steps | "
+                     f"{a['tpot_ms_median']:.2f} {ci(a)} | {b['tpot_ms_median']:.2f} {ci(b)} | "
+                     f"{a['tpot_ms_median'] / b['tpot_ms_median']:.2f} | {a['host_us_per_layer']:.0f} / "
+                     f"{b['host_us_per_layer']:.0f} | {cpu(a)} / {cpu(b)} | {a['greedy_agreement']:.3f} / "
+                     f"{b['greedy_agreement']:.3f} |")
+    return "\n".join(lines)
+
+
+def profile_table(run: Path) -> str:
+    d = json.loads((run / "lane-profile.json").read_text())
+    rows = [r for r in d["lane"] if r["driver_busy_ms"] == 0]
+    one = {r["experts"]: r for r in rows if r["workers"] == 1}
+    auto = {r["experts"]: r for r in rows if r["workers"] == "auto"}
+    k15 = max(d["kernel"], key=lambda k: k["threads"])
+    lines = [f"Kernel alone at {k15['threads']} threads: {k15['ms_per_expert']:.3f} ms an expert "
+             f"({k15['gbps']:.1f} GB/s of {d['expert_mb']:.1f} MB).", "",
+             "| experts a layer | 1x15: wall ms (GB/s) | auto: wall ms (GB/s) | auto / 1x15 |", "|---|---|---|---|"]
+    for n in sorted(set(one) & set(auto)):
+        a, b = auto[n], one[n]
+        lines.append(f"| {n} | {b['wall_ms']:.2f} ({b['gbps']:.1f}) | {a['wall_ms']:.2f} ({a['gbps']:.1f}) | "
+                     f"{a['wall_ms'] / b['wall_ms']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    runs = [Path(p) for p in (argv if argv is not None else sys.argv[1:])]
+    if not runs:
+        print(__doc__, file=sys.stderr)
+        return 2
+    for run in runs:
+        print(f"### {run.name}\n\n{tpot_table(run)}\n\n{profile_table(run)}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
