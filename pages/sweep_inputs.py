@@ -11,6 +11,7 @@ prompts, tokens per run and tokens in all. Knows nothing of running the plan or 
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import gradio as gr
@@ -54,17 +55,18 @@ class SweepPlan:
         return len(self.prompts) * (len(self.settings) + 1)
 
 
-def values_range(field: str) -> str:
+def values_range(field: str, ranges: Mapping[str, tuple] = SETTING_RANGES) -> str:
     """The values a threshold's list takes, in words ("each from 0 to 1"): the engine's range for it
-    (spice_core.api.SETTING_RANGES), wider than the chat's slider offers where the slider stops at the useful part."""
-    low, high = SETTING_RANGES[field]
+    (spice_core.api.SETTING_RANGES), wider than the chat's slider offers where the slider stops at the useful part.
+    ``ranges``: the table to read (a test passes another; the engine's is read-only)."""
+    low, high = ranges[field]
     return f"each from {low:g} to {high:g}"
 
 
-def parse_values(text: str, field: str) -> list[float]:
+def parse_values(text: str, field: str, ranges: Mapping[str, tuple] = SETTING_RANGES) -> list[float]:
     """A threshold's list ("0, 0.1, 0.2" -> [0.0, 0.1, 0.2]) within the engine's range for ``field`` (tau_prefetch or
-    tau_approx); ConfigError naming the control otherwise."""
-    name, (low, high) = FIELD_CONTROLS[field], SETTING_RANGES[field]
+    tau_approx; ``ranges`` as for `values_range`); ConfigError naming the control otherwise."""
+    name, (low, high) = FIELD_CONTROLS[field], ranges[field]
     items = [t for t in str(text or "").replace(";", ",").replace(" ", ",").split(",") if t.strip()]
     if not items:
         raise ConfigError(f"{name}: give at least one value, e.g. 0.2 or 0, 0.1, 0.3")

@@ -4,6 +4,9 @@
                             (newest first; ?run=<id> preselects one of theirs, or one shared with them)
     pick a run ──► engine.get_summary + get_events ──► summary cards, per-token chart, lane timeline,
                                                        per-layer table
+    Refresh ──► the views above redrawn only where the run shown, or what it is drawn from, changed
+                (drawn_signature, kept in a gr.State): a download link just made survives a Refresh that
+                changes nothing
     a second run ──► the two side by side: numbers with ratios, its timeline, per-layer table of both
     a download button ──► ExportStore writes that one export ──► a file link
     Share ──► the owner makes the run's link open for anyone who has it (never listed to others); the note
@@ -74,6 +77,7 @@ class TraceExplorer:
             self.share = gr.Checkbox(False, label="Share: anyone with this run's link may open it", interactive=False,
                                      elem_id="trace-share")
         self.file = gr.File(None, label="Download", interactive=False, elem_id="trace-file", height=60)
+        self.drawn = gr.State(None)     # drawn_signature of the run the views show (None: nothing drawn yet)
         self.share_note = gr.Markdown("", elem_classes=["spice-note"], elem_id="trace-share-note")
         self.overview = gr.Plot(as_plot(figures.empty_figure("pick a run")), label="Per token: time, stall, copies",
                                 elem_id="trace-overview")
@@ -102,7 +106,7 @@ class TraceExplorer:
         shown = [self.message, self.summary, self.overview, self.timeline, self.table, self.file, self.share,
                  *buttons, self.first, self.count]
         # Read-only views never queue: a queue full of other visitors' work must not keep anyone from their traces.
-        views = dict(inputs=[self.run, self.first, self.count], outputs=shown, queue=False)
+        views = dict(inputs=[self.run, self.first, self.count], outputs=[*shown, self.drawn], queue=False)
         compared = dict(inputs=[self.run, self.other, self.first, self.count],
                         outputs=[self.cmp_summary, self.cmp_timeline, self.cmp_table], queue=False)
         # The run picker's value comes from the page load, Refresh, or the visitor's own pick. The views follow each,
@@ -112,10 +116,11 @@ class TraceExplorer:
         loaded = gr.on(None, self.on_load, inputs=None, outputs=[self.run], api_visibility="private", queue=False)
         listed = self.refresh.click(self.list_runs, inputs=[self.run], outputs=[self.run], api_name="runs",
                                     queue=False)
-        picked = self.run.input(self.show, api_name="trace_run", **views)
+        picked = self.run.input(self.show_drawn, api_name="trace_run", **views)
         self.other.input(self.compare, api_name="compare", **compared)    # before the chained ones: they take its name
-        for event in (loaded.then(self.show, api_visibility="private", **views),
-                      listed.then(self.show, api_visibility="private", **views), picked):
+        redrawn = listed.then(self.refresh_view, inputs=[self.run, self.first, self.count, self.drawn],
+                              outputs=views["outputs"], api_visibility="private", queue=False)
+        for event in (loaded.then(self.show_drawn, api_visibility="private", **views), redrawn, picked):
             # then the second-run list without this run, and the comparison with the run now shown
             others = event.then(self.list_others, inputs=[self.run, self.other], outputs=[self.other],
                                 api_visibility="private", queue=False)
@@ -246,6 +251,41 @@ class TraceExplorer:
                 as_plot(self._timeline(events, first, count)), per_layer_frame(events, summary.n_tokens), None,
                 gr.update(value=bool(entry and entry.shared), interactive=mine), on, on, on, on,
                 window_update(first, note, last), count)
+
+    def drawn_signature(self, run_id, request: gr.Request = None) -> tuple:
+        """What `show` draws ``run_id`` from, read cheaply (no events): the run's summary (a finished run's numbers:
+        the engine never rewrites them, and a run's events end before its summary is made) and its label, or the
+        words saying why it cannot be shown. Equal signatures, equal views. Sharing is left out: `refresh_view`
+        sets the Share box on its own, as that redraws nothing."""
+        if not run_id:
+            return ("none",)
+        try:
+            clean = self._allowed(run_id, request)
+            summary = self.ctx.engine.get_summary(clean)
+        except SpiceError as exc:
+            return ("refused", str(run_id), spice_error_text(exc))
+        entry = self.ctx.runs.get(clean)
+        return ("run", clean, repr(summary), entry.label if entry else "")   # repr: a NaN in it equals itself
+
+    def show_drawn(self, run_id, first, count, request: gr.Request = None):
+        """`show`, and the signature of what it drew (for the page's gr.State; API clients do not see it). The
+        signature is read first: should the run change in between, the next Refresh redraws rather than keeps."""
+        signature = self.drawn_signature(run_id, request)
+        return (*self.show(run_id, first, count, request), signature)
+
+    def refresh_view(self, run_id, first, count, drawn, request: gr.Request = None):
+        """After Refresh: the views redrawn only when the run shown or its data changed since they were drawn
+        (``drawn``: its signature then). Regression: every Refresh redrew them, which cleared a download link the
+        visitor had just made though nothing had changed. Unchanged, only the Share box is set (another tab of
+        the owner's may have shared the run); the link, the window and the rest stay as they are."""
+        now = self.drawn_signature(run_id, request)
+        if now != drawn:
+            return (*self.show(run_id, first, count, request), now)
+        entry = self.ctx.runs.get(now[1]) if now[0] == "run" else None
+        share = gr.update(value=bool(entry and entry.shared)) if entry else gr.skip()
+        keep = gr.skip()
+        # message, summary, overview, timeline, table, file | share | 4 download buttons, first, count | signature
+        return (keep,) * 6 + (share,) + (keep,) * 6 + (drawn,)
 
     def window(self, run_id, first, count, request: gr.Request = None):
         """The timeline for the tokens asked for; the boxes show the window drawn (an out-of-range or

@@ -8,6 +8,7 @@ import cycle. Knows nothing of how a run is executed, timed or shown.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from spice_core.errors import ConfigError
 from spice_core.policy.spec import POLICY_SPECS
@@ -40,16 +41,25 @@ def check_copy_issue(value: str) -> str:
     return value
 
 
-# The range each share, threshold and sampling knob of a run takes, ends included: RunSettings refuses anything else,
-# and front ends take their bounds from here (a control may offer less, as the app's τ_approx slider does, never more).
-SETTING_RANGES = {"cache_frac": (0.0, 1.0), "tau_prefetch": (0.0, 1.0), "tau_approx": (0.0, 1.0),
-                  "tau_int8": (0.0, 1.0), "temperature": (0.0, 10.0), "top_p": (1e-6, 1.0)}
+# The range each share, threshold, sampling knob and lookahead of a run takes, ends included: RunSettings refuses
+# anything else, and every front end and check takes its bounds from here (a control may offer less, as the app's
+# τ_approx and lookahead sliders do, never more). Read-only: one table for the whole process, so nothing may widen a
+# range behind RunSettings' back. max_lookahead's ends are integers (MoE layers ahead).
+SETTING_RANGES = MappingProxyType({
+    "cache_frac": (0.0, 1.0), "tau_prefetch": (0.0, 1.0), "tau_approx": (0.0, 1.0), "tau_int8": (0.0, 1.0),
+    "temperature": (0.0, 10.0), "top_p": (1e-6, 1.0), "max_lookahead": (1, 64)})
 
 
 def _check_range(name: str, value: float) -> None:
     lo, hi = SETTING_RANGES[name]
     if not (lo <= value <= hi):
         raise ConfigError(f"{name}={value!r} is out of range: use a value in [{lo}, {hi}]")
+
+
+def _check_int_range(name: str, value: int) -> None:
+    lo, hi = SETTING_RANGES[name]
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise ConfigError(f"{name}={value!r} is out of range: use an integer in [{lo}, {hi}]")
 
 
 DEFAULT_LORE_RANK = 16
@@ -94,8 +104,7 @@ class RunSettings:
                 and low <= self.tau_int8 <= high):
             raise ConfigError(f"tau_int8={self.tau_int8!r} is out of range: use a value in [{low:g}, {high:g}] "
                               "(--tau-int8; 0 = no int8 CPU runs)")
-        if not isinstance(self.max_lookahead, int) or not 1 <= self.max_lookahead <= 64:
-            raise ConfigError(f"max_lookahead={self.max_lookahead!r} is out of range: use an integer in [1, 64]")
+        _check_int_range("max_lookahead", self.max_lookahead)
         if not isinstance(self.lore_rank, int) or self.lore_rank < 1:
             raise ConfigError(f"lore_rank={self.lore_rank!r} is out of range: use an integer >= 1")
         if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:

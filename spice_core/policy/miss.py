@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple
 
+from spice_core.config import SETTING_RANGES
+
 
 class MissAction(str, Enum):
     WAIT_PREFETCH = "prefetch_hit"
@@ -71,10 +73,12 @@ class MissOptions:
     can_int8: bool = False
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.tau_approx <= 1.0:
-            raise ValueError(f"tau_approx={self.tau_approx} must be in [0, 1]")
-        if not 0.0 <= self.tau_int8 <= 1.0:
-            raise ValueError(f"tau_int8={self.tau_int8} must be in [0, 1]")
+        # The run's own thresholds (RunSettings' tau_approx and tau_int8, passed down by the planner): their ranges.
+        for name in ("tau_approx", "tau_int8"):
+            low, high = SETTING_RANGES[name]
+            value = getattr(self, name)
+            if not low <= value <= high:
+                raise ValueError(f"{name}={value} must be in [{low:g}, {high:g}]")
 
 
 def decide_miss(router_weight: float, costs: MissCosts, opts: MissOptions) -> MissAction:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from spice_core.api import COPY_ISSUES, LANE_OFFERS, MAX_NEW_TOKENS_LIMIT, POLICIES
+from spice_core.api import COPY_ISSUES, LANE_OFFERS, MAX_NEW_TOKENS_LIMIT, POLICIES, SETTING_RANGES
 from spice_core.errors import ConfigError
 from spice_core.policy.planner import PREFETCH_ADMISSIONS
 from spice_core.user_files import is_number, json_type, read_json
@@ -45,9 +45,9 @@ def _str(where: str, key: str, v, choices=None) -> None:
         raise ConfigError(f"{where} \"{key}\" is {_show(v)}{extra}")
 
 
-def _fraction(where: str, key: str, v, lo_open: bool = False) -> None:
-    if not is_number(v) or not ((0 < v) if lo_open else (0 <= v)) or v > 1:
-        raise ConfigError(f"{where} \"{key}\" is {_show(v)}: use a number in {'(0' if lo_open else '[0'}, 1]")
+def _number(where: str, key: str, v, lo: float, hi: float) -> None:
+    if not is_number(v) or not lo <= v <= hi:
+        raise ConfigError(f"{where} \"{key}\" is {_show(v)}: use a number in [{lo:g}, {hi:g}]")
 
 
 def _list_of(where: str, key: str, v, item_check) -> None:
@@ -231,12 +231,12 @@ def check_config(cfg, where: str = "config") -> None:
 
 
 def _check_thresholds(where: str, d: dict) -> None:
-    """The spice thresholds a config or one of its blocks may set."""
+    """The spice thresholds a config or one of its blocks may set, within the ranges RunSettings takes."""
     for key in ("tau_prefetch", "tau_approx"):
         if key in d:
-            _fraction(where, key, d[key])
+            _number(where, key, d[key], *SETTING_RANGES[key])
     if "max_lookahead" in d:
-        _int(where, "max_lookahead", d["max_lookahead"], 1, 64)
+        _int(where, "max_lookahead", d["max_lookahead"], *SETTING_RANGES["max_lookahead"])
     if "lore_rank" in d:
         _int(where, "lore_rank", d["lore_rank"], 1, 1_000_000)
 

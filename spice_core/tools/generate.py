@@ -28,7 +28,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", type=ca.device, default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--policy", default=DEFAULTS.policy, help=f"one of: {', '.join(POLICIES)}")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--cache-frac", type=ca.fraction, default=None,
+    g.add_argument("--cache-frac", type=ca.float_in(*SETTING_RANGES["cache_frac"]), default=None,
                    help="GPU budget as a fraction of all routed experts' bytes")
     g.add_argument("--cache-gb", type=ca.positive_float, default=None, help="GPU budget for routed experts in GB")
     p.add_argument("--profile", default=DEFAULTS.profile, help="hardware profile for modeled timing")
@@ -41,13 +41,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "per-expert PyTorch calls and per-expert trace detail (and the CPU lane)")
     p.add_argument("--timing", choices=("measured", "modeled"), default=None,
                    help="default: measured on CUDA, modeled elsewhere")
-    p.add_argument("--tau-prefetch", type=ca.fraction, default=DEFAULTS.tau_prefetch)
-    p.add_argument("--tau-approx", type=ca.fraction, default=DEFAULTS.tau_approx)
-    p.add_argument("--tau-int8", type=ca.fraction, default=DEFAULTS.tau_int8,
+    p.add_argument("--tau-prefetch", type=ca.float_in(*SETTING_RANGES["tau_prefetch"]), default=DEFAULTS.tau_prefetch)
+    p.add_argument("--tau-approx", type=ca.float_in(*SETTING_RANGES["tau_approx"]), default=DEFAULTS.tau_approx)
+    p.add_argument("--tau-int8", type=ca.float_in(*SETTING_RANGES["tau_int8"]), default=DEFAULTS.tau_int8,
                    help="spice only, lossy: a miss below this router weight (and not below --tau-approx) may run on "
                         "the CPU lane from an int8 weight-only copy of the experts when that finishes first "
                         "(0 = off; the copy takes about half the experts' bytes of host memory)")
-    p.add_argument("--max-lookahead", type=ca.int_in(1, 64), default=DEFAULTS.max_lookahead)
+    p.add_argument("--max-lookahead", type=ca.int_in(*SETTING_RANGES["max_lookahead"]), default=DEFAULTS.max_lookahead)
     p.add_argument("--lore-rank", type=ca.positive_int, default=DEFAULTS.lore_rank)
     p.add_argument("--cpu-lane", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--hw-profile", type=Path, default=None,

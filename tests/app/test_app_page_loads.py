@@ -44,7 +44,7 @@ def test_every_event_a_page_load_runs_hides_its_progress(config):
     loaded = _set_off_by_loads(cfg["dependencies"])
     names = {demo.fns[d["id"]].name for d in loaded}
     # The loads of the trace explorer, the sweep and About, and the views the trace explorer's load fills in turn.
-    assert {"on_load", "list_others", "compare", "show", "restore"} <= names, names
+    assert {"on_load", "list_others", "compare", "show_drawn", "restore"} <= names, names
     loud = [(d["id"], demo.fns[d["id"]].name, d["show_progress"]) for d in loaded if d["show_progress"] != "hidden"]
     assert not loud, f"these run at a page load and announce their progress: {loud}"
 
@@ -73,6 +73,7 @@ def test_a_visitors_pick_shows_and_says_its_progress(config, picker):
     started = [d for d in deps if any(elem.get(t) == picker and e in ("change", "input", "select")
                                       for t, e in d["targets"])]
     chain = _chained(deps, started)
-    assert {demo.fns[d["id"]].name for d in chain} & {"show", "compare"}, [demo.fns[d["id"]].name for d in chain]
+    names = [demo.fns[d["id"]].name for d in chain]
+    assert set(names) & {"show", "show_drawn", "compare"}, names       # About's view; the trace explorer's two
     silent = [demo.fns[d["id"]].name for d in chain if d["show_progress"] == "hidden"]
     assert not silent, f"a pick on {picker} sets off these without progress: {silent}"

@@ -6,6 +6,9 @@ Regressions: the lists' range was a literal [0, 1] of the page's own, beside the
 RunSettings; Tokens per run's box was brought into range by the browser without a word."""
 from __future__ import annotations
 
+import inspect
+from types import MappingProxyType
+
 import gradio as gr
 import pytest
 
@@ -13,8 +16,9 @@ from fake_engine import FakeEngine
 from pages.common import AppContext
 from pages.limits import SLIDER_RANGES, slider_ranges
 from pages.sweep import SweepPage
-from pages.sweep_inputs import TypedData, parse_values
+from pages.sweep_inputs import TypedData, parse_values, values_range
 from pages.sweep_run import SweepSession
+from spice_core import config
 from spice_core.api import SETTING_RANGES, RunSettings
 from spice_core.errors import ConfigError
 
@@ -43,16 +47,23 @@ def test_a_threshold_list_takes_the_engines_range_and_says_it(field):
 
 
 def test_the_threshold_lists_read_the_engines_range_where_they_check_it(monkeypatch):
-    """One source: the engine's range changed is the sweep's range changed (and RunSettings')."""
-    monkeypatch.setitem(SETTING_RANGES, "tau_approx", (0.0, 0.5))
+    """One source: the range table changed is the sweep's range changed (and RunSettings'). The engine's table is
+    read-only and shared by every test, so a narrowed copy is handed to the lists (their table defaults to the
+    engine's) and put in place of config's module attribute for RunSettings; the shared table is never written."""
+    narrowed = MappingProxyType({**SETTING_RANGES, "tau_approx": (0.0, 0.5)})
+    assert inspect.signature(parse_values).parameters["ranges"].default is SETTING_RANGES
+    assert inspect.signature(values_range).parameters["ranges"].default is SETTING_RANGES
     with pytest.raises(ConfigError, match=r"τ_approx=0.6 is out of range: use values in \[0, 0.5\]"):
-        parse_values("0.1, 0.6", "tau_approx")
+        parse_values("0.1, 0.6", "tau_approx", narrowed)
+    assert values_range("tau_approx", narrowed) == "each from 0 to 0.5"
+    monkeypatch.setattr(config, "SETTING_RANGES", narrowed)
     with pytest.raises(ConfigError, match=r"tau_approx=0.6 is out of range: use a value in \[0.0, 0.5\]"):
         RunSettings(tau_approx=0.6)
+    assert SETTING_RANGES["tau_approx"] == (0.0, 1.0)
 
 
 def test_the_chats_sliders_offer_no_more_than_the_engine_takes():
-    assert set(SLIDER_RANGES) - {"max_lookahead"} <= set(SETTING_RANGES)
+    assert set(SLIDER_RANGES) <= set(SETTING_RANGES)
     for name, (low, high, _step) in slider_ranges(FakeEngine().info()).items():
         if name in SETTING_RANGES:
             assert SETTING_RANGES[name][0] <= low <= high <= SETTING_RANGES[name][1], name

@@ -6,7 +6,7 @@ import shutil
 import pytest
 from safetensors.torch import load_file, save_file
 
-from spice_core.api import RunSettings
+from spice_core.api import SETTING_RANGES, RunSettings
 from spice_core.tools.cli import main
 from spice_core.errors import ConfigError, ModelLoadError, PromptError, UnsupportedModelError
 from spice_core.model.loader import load_model
@@ -153,6 +153,30 @@ def test_prompt_longer_than_context(engines):
 def test_run_settings_validate_with_the_field_name(field, value):
     with pytest.raises(ConfigError, match=field):
         RunSettings(**{field: value})
+
+
+@pytest.mark.parametrize("field", sorted(SETTING_RANGES))
+def test_run_settings_take_each_range_from_the_one_table(field):
+    """Both ends of every range in SETTING_RANGES are taken, and a value past either end is refused in words
+    that give the table's ends. Regression: max_lookahead's 1-64 was written out by hand in RunSettings."""
+    low, high = SETTING_RANGES[field]
+    RunSettings(**{field: low})
+    RunSettings(**{field: high})
+    past = (low - 1, high + 1) if isinstance(low, int) and not isinstance(low, float) else (low - 1e-3, high + 1e-3)
+    for value in past:
+        with pytest.raises(ConfigError, match=rf"{field}={value!r} is out of range: use .*\[{low:g}(\.0)?, "
+                                              rf"{high:g}(\.0)?\]"):
+            RunSettings(**{field: value})
+
+
+def test_the_settings_range_table_cannot_be_changed_in_place():
+    """Regression: SETTING_RANGES was a plain dict that any module (or a test's setitem) could widen behind
+    RunSettings' back."""
+    with pytest.raises(TypeError):
+        SETTING_RANGES["tau_approx"] = (0.0, 2.0)
+    with pytest.raises(AttributeError):
+        SETTING_RANGES.pop("tau_approx")
+    assert SETTING_RANGES["max_lookahead"] == (1, 64)
 
 
 def test_hw_profile_missing_or_broken_is_one_clear_line(capsys, tiny_dirs, tmp_path):
