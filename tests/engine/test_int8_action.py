@@ -72,7 +72,7 @@ def test_a_failed_int8_job_on_the_fast_path_falls_back_to_an_exact_copy(shipped_
         def result(self, timeout=None):
             raise RuntimeError("CPU-lane worker died")
 
-    def failing(self, key, xs, n, act, out_device, stream=None, decode=False):
+    def failing(self, key, xs, n, act, out_device, stream=None, decode=False, batch=1):
         return self.clock.cpu_expert(key, n, int8=True), Failed(), "int8"   # (op, job, kernel) as CpuJobs makes
 
     prompt = "Tell me a story about a cat and a ball"
