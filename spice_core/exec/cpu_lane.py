@@ -243,8 +243,11 @@ class CpuLane:
 
 
 def _set_threads(threads: int) -> None:
-    """This worker thread's intra-op thread count, set only when it changes."""
+    """This worker thread's intra-op thread count, set only when it changes. A thread's first parallel op sets its
+    count from the last one set in the process (another worker's, maybe): `torch.get_num_threads` runs that one-time
+    set-up first, so the count set after it is the one that stays."""
     if getattr(_worker_threads, "n", None) != threads:
+        torch.get_num_threads()
         torch.set_num_threads(threads)
         _worker_threads.n = threads
 

@@ -192,3 +192,34 @@ def test_the_default_lane_is_auto_and_an_auto_lane_takes_no_fixed_shape(monkeypa
             CpuLane(workers=2, adaptive=True)
     finally:
         torch.set_num_threads(1)
+
+
+def test_a_workers_thread_count_survives_a_count_set_later_by_another_thread():
+    """A thread's first parallel op takes the process's last count: a worker that set its own before that op must
+    keep it, whatever another worker set meanwhile (`_set_threads` runs the thread's one-time set-up first)."""
+    got, set_done, other_done = {}, threading.Event(), threading.Event()
+
+    def worker():
+        cpu_lane_mod._set_threads(3)
+        set_done.set()
+        other_done.wait(5.0)
+        x = torch.randn(64, 64)
+        (x @ x).sum()
+        got["threads"] = torch.get_num_threads()
+
+    def other():
+        torch.get_num_threads()
+        torch.set_num_threads(2)
+
+    try:
+        t = threading.Thread(target=worker)
+        t.start()
+        set_done.wait(5.0)
+        o = threading.Thread(target=other)
+        o.start()
+        o.join()
+        other_done.set()
+        t.join()
+    finally:
+        torch.set_num_threads(1)
+    assert got["threads"] == 3
