@@ -2,6 +2,7 @@
 TPOT in both arms and the lane profile's wall per layer batch, read from the files (nothing typed in).
 
     python benchmarks/lane_ab_report.py docs/benchmarks/cpu-lane/auto-lane/run1-h100 docs/benchmarks/cpu-lane/auto-lane/run2-h100
+    python benchmarks/lane_ab_report.py --ratios docs/benchmarks/cpu-lane/auto-lane/ratios-h100/results.partial.json
 
 A run folder holds ``auto/results.json`` and ``fixed-1x0/results.json`` (bench's records, one arm each, the same config
 on the same machine one after the other) and ``lane-profile.json`` (benchmarks/cpu_lane_profile.py).
@@ -57,8 +58,30 @@ def profile_table(run: Path) -> str:
     return "\n".join(lines)
 
 
+def ratio_table(path: Path) -> str:
+    """Every policy of one bench run beside `on_demand` and `lru` of the same run (issue 22's x8 ratios)."""
+    recs = _records(path)
+    base = {b: recs[b]["tpot_ms_median"] for b in ("on_demand", "lru") if b in recs}
+    lines = ["| policy | prompts, decode steps | TPOT median ms [95% CI] | × on_demand | × lru | miss split approx/cpu/copy "
+             "| lane ms per job (GB/s) | host µs per MoE layer | greedy agreement with resident |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for pol, r in recs.items():
+        t, ms = r["tpot_ms_median"], r["miss_split"]
+        ratio = lambda b: f"{base[b] / t:.2f}" if b in base else "–"   # noqa: E731
+        lane = f"{r['cpu_lane_ms_per_expert']:.3f} ({r['cpu_lane_gbps']:.1f})" if r.get("cpu_lane_ms_per_expert") else "–"
+        lines.append(f"| {pol} | {r['n_runs']}, {r['n_decode_tokens']} | {t:.2f} "
+                     "[{:.2f}, {:.2f}] | ".format(*r["tpot_ms_median_ci95"]) +
+                     f"{ratio('on_demand')} | {ratio('lru')} | {ms['approx']}/{ms['cpu']}/{ms['copy']} | {lane} | "
+                     f"{r.get('host_us_per_layer') or 0:.0f} | {r['greedy_agreement']:.3f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
-    runs = [Path(p) for p in (argv if argv is not None else sys.argv[1:])]
+    args = list(argv if argv is not None else sys.argv[1:])
+    if args[:1] == ["--ratios"] and len(args) == 2:
+        print(ratio_table(Path(args[1])))
+        return 0
+    runs = [Path(p) for p in args]
     if not runs:
         print(__doc__, file=sys.stderr)
         return 2
