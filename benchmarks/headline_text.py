@@ -155,6 +155,9 @@ python3 -m spice_core bench --config docs/benchmarks/headline/config-qwen2-x8-25
     --out qwen2-x8-25-h100-shardK
 bash docs/benchmarks/peers/run.sh peers                              # raw/peers
 bash docs/benchmarks/peers/run.sh peers-qwen2 docs/benchmarks/peers/config-qwen2.json   # raw/peers-qwen2: not run yet
+# the x8 cell's resident row, alone on one H200 (its ~92 GiB of slots): raw/qwen2-x8-25-resident, not run yet
+python3 -m spice_core bench --config docs/benchmarks/headline/config-qwen2-x8-25-resident.json --device cuda \\
+    --out qwen2-x8-25-resident
 ```
 
 On the CPU:
