@@ -7,7 +7,10 @@
 
 Mechanism only: which misses go to the CPU is the planner's decision. It also keeps what the lane's jobs cost
 (`lane_totals`): for each real lane job of one token (a decode step's), its compute time on the worker and the host's
-wait for it, so a run reports the lane's ms and GB/s per expert as measured, not as the profile believes.
+wait for it, so a run reports the lane's ms and GB/s per expert as measured, not as the profile believes; and for
+each layer's jobs together (the executors submit a layer's jobs in one burst and say how many: ``batch``), the
+lane's busy wall, from the first job's start to the last one's end. A lane that runs a layer's experts side by side
+(the auto shape, exec/cpu_lane.py) takes longer per job and less per layer: the busy wall is what it delivers.
 """
 from __future__ import annotations
 
@@ -27,6 +30,37 @@ class CpuJobs:
         self.lane, self.int8 = cpu_lane, int8
         # per kernel ("exact", "int8"): [one-token jobs collected, their compute s on the worker, the host's wait s]
         self._cost = {"exact": [0, 0.0, 0.0], "int8": [0, 0.0, 0.0]}
+        # one layer's one-token jobs together: [first start s, last end s, jobs not collected yet] per burst
+        self._bursts: dict[int, list] = {}
+        self._burst, self._burst_left = 0, 0
+        self._job_burst: dict[int, int] = {}     # id(job) -> its burst, until collected
+        self._busy = [0, 0.0]                    # bursts with a collected job, their busy wall s summed
+
+    def _in_burst(self, job, batch: int) -> None:
+        """Count a one-token job into its layer's burst: the first of ``batch`` jobs opens one."""
+        if self._burst_left <= 0:
+            self._burst += 1
+            self._burst_left = max(1, batch)
+            self._bursts[self._burst] = [float("inf"), float("-inf"), 0]
+        self._burst_left -= 1
+        self._bursts[self._burst][2] += 1
+        self._job_burst[id(job)] = self._burst
+
+    def _out_of_burst(self, job, t0: float | None = None, t1: float | None = None) -> None:
+        """A counted job was collected (``t0``/``t1``: its run, None when it failed); a burst whose jobs are all in
+        adds its busy wall."""
+        b = self._job_burst.pop(id(job), None)
+        span = self._bursts.get(b)
+        if span is None:
+            return
+        if t0 is not None:
+            span[0], span[1] = min(span[0], t0), max(span[1], t1)
+        span[2] -= 1
+        if span[2] <= 0:
+            del self._bursts[b]
+            if span[1] >= span[0]:
+                self._busy[0] += 1
+                self._busy[1] += span[1] - span[0]
 
     def submit(self, key: ExpertKey, xs: torch.Tensor, n: int, act, out_device, stream=None, decode: bool = False,
                batch: int = 1):
@@ -39,9 +73,10 @@ class CpuJobs:
         if self.lane is None:   # modeled on this machine: compute here, time it as the CPU lane
             out = expert_forward(xs.to(gate_up.dtype), gate_up, down, act)
             return self.clock.cpu_expert(key, n), out, None
-        return (self.clock.cpu_expert(key, n),
-                self.lane.submit(xs, gate_up, down, act, out_device, stream=stream, batch=batch),
-                "exact" if decode else None)
+        job = self.lane.submit(xs, gate_up, down, act, out_device, stream=stream, batch=batch)
+        if decode:
+            self._in_burst(job, batch)
+        return self.clock.cpu_expert(key, n), job, "exact" if decode else None
 
     def submit_int8(self, key: ExpertKey, xs: torch.Tensor, n: int, act, out_device, stream=None, decode: bool = False,
                     batch: int = 1):
@@ -50,9 +85,10 @@ class CpuJobs:
         if self.lane is None:   # modeled on this machine: compute here, time it as the CPU lane
             out = int8_expert_forward(xs.to("cpu"), weights, act).to(xs.device)
             return self.clock.cpu_expert(key, n, int8=True), out, None
-        return (self.clock.cpu_expert(key, n, int8=True),
-                self.lane.submit_int8(xs, weights, act, out_device, stream=stream, batch=batch),
-                "int8" if decode else None)
+        job = self.lane.submit_int8(xs, weights, act, out_device, stream=stream, batch=batch)
+        if decode:
+            self._in_burst(job, batch)
+        return self.clock.cpu_expert(key, n, int8=True), job, "int8" if decode else None
 
     def collect(self, key: ExpertKey, handle) -> torch.Tensor | None:
         """A job's output, timed for the clock; None (counted as a fallback) when the job failed."""
@@ -70,18 +106,22 @@ class CpuJobs:
                 cost[0] += 1
                 cost[1] += t1 - t0
                 cost[2] += w1 - w0
+            self._out_of_burst(native, t0, t1)
             return out
         except Exception as err:  # noqa: BLE001 - any worker failure falls back to an exact copy
+            self._out_of_burst(native)
             self.recorder.cpu_fallback(key, err)
             return None
 
     def lane_totals(self) -> dict:
         """What the lane's one-token jobs cost in this run, as sums (so runs and shards add up exactly): per kernel,
         the jobs, their compute µs on the worker and the host's µs waiting for them; the bytes an exact job reads
-        (one expert's weights). Empty when no real lane job ran (no lane, or modeled on this machine)."""
+        (one expert's weights); the layers' bursts of jobs and the lane's busy µs over them (each burst from its first
+        job's start to its last one's end). Empty when no real lane job ran (no lane, or modeled on this machine)."""
         (n, compute_s, wait_s), (n8, compute8_s, wait8_s) = self._cost["exact"], self._cost["int8"]
         if not n and not n8:
             return {}
         return {"lane_experts": n, "lane_compute_us_sum": compute_s * 1e6, "lane_wait_us_sum": wait_s * 1e6,
                 "lane_int8_experts": n8, "lane_int8_compute_us_sum": compute8_s * 1e6,
-                "lane_int8_wait_us_sum": wait8_s * 1e6, "lane_expert_bytes": self.lm.expert_bytes}
+                "lane_int8_wait_us_sum": wait8_s * 1e6, "lane_expert_bytes": self.lm.expert_bytes,
+                "lane_bursts": self._busy[0], "lane_busy_us_sum": self._busy[1] * 1e6}

@@ -69,20 +69,26 @@ def divergence_totals(reference, tokens) -> dict:
 
 
 LANE_SUMS = ("lane_experts", "lane_compute_us_sum", "lane_wait_us_sum", "lane_int8_experts",
-             "lane_int8_compute_us_sum", "lane_int8_wait_us_sum")
+             "lane_int8_compute_us_sum", "lane_int8_wait_us_sum", "lane_bursts", "lane_busy_us_sum")
 
 
 def lane_metrics(raw: dict) -> dict:
     """The CPU lane's measured cost per one-token job (BENCHMARK.md: its ms and GB/s per expert): compute on the
     worker, the host's wait for it, the bf16 weights read per second of compute; int8 jobs apart. None where no
-    real lane job ran (older records have no lane sums)."""
+    real lane job ran (older records have no lane sums). And what the lane delivers: its busy wall over the layers'
+    bursts of jobs per expert and the weights it read per second of it (exact jobs only; None where a run had int8
+    jobs, or its records predate the bursts). With experts side by side (the auto lane) a job's own time grows while
+    the busy wall per expert falls: the busy wall is the lane's rate."""
     n, n8 = raw.get("lane_experts", 0), raw.get("lane_int8_experts", 0)
-    compute_us = raw.get("lane_compute_us_sum", 0.0)
+    compute_us, busy_us = raw.get("lane_compute_us_sum", 0.0), raw.get("lane_busy_us_sum", 0.0)
+    busy = busy_us > 0 and raw.get("lane_bursts", 0) > 0 and n and not n8
     return {
         "cpu_lane_ms_per_expert": compute_us / n / 1e3 if n else None,
         "cpu_lane_wait_ms_per_expert": raw.get("lane_wait_us_sum", 0.0) / n / 1e3 if n else None,
         "cpu_lane_gbps": raw.get("lane_bytes_sum", 0) / (compute_us * 1e3) if n and compute_us > 0 else None,
         "cpu_lane_int8_ms_per_expert": raw.get("lane_int8_compute_us_sum", 0.0) / n8 / 1e3 if n8 else None,
+        "cpu_lane_busy_ms_per_expert": busy_us / n / 1e3 if busy else None,
+        "cpu_lane_busy_gbps": raw.get("lane_bytes_sum", 0) / (busy_us * 1e3) if busy else None,
     }
 
 
@@ -348,14 +354,16 @@ def three_lane_floor_one(records: list[dict], lane_ms: float | None, dram_gbps: 
 def add_three_lane_floor(records: list[dict], expert_bytes: float, profile_lane_ms: float | None,
                          dram_gbps: float | None) -> None:
     """`three_lane_floor` for one bench run's records, with the CPU lane's time per expert as this run measured it
-    (the median of its records' `cpu_lane_ms_per_expert`: compute on the worker, a floor's view) where any record ran
-    the lane, else ``profile_lane_ms`` (the profile's lane rate). Each floored record keeps the inputs
+    (the median over its records of the lane's busy wall per expert where recorded, which is what a lane running
+    experts side by side delivers, else `cpu_lane_ms_per_expert`: compute on the worker, a floor's view) where any
+    record ran the lane, else ``profile_lane_ms`` (the profile's lane rate). Each floored record keeps the inputs
     (``floor3_inputs``: the lane's ms and where it came from, DRAM, the expert's bytes), so `merge_records` floors the
     merged records again from them."""
     for r in records:
         for field in FLOOR3_FIELDS:
             r.pop(field, None)
-    measured = [r["cpu_lane_ms_per_expert"] for r in records if r.get("cpu_lane_ms_per_expert")]
+    measured = [r.get("cpu_lane_busy_ms_per_expert") or r["cpu_lane_ms_per_expert"] for r in records
+                if r.get("cpu_lane_ms_per_expert")]
     lane_ms, source = (statistics.median(measured), "measured") if measured else (profile_lane_ms, "profile")
     three_lane_floor(records, lane_ms, dram_gbps, expert_bytes=expert_bytes)
     inputs = {"lane_ms": lane_ms, "lane_source": source, "profile_lane_ms": profile_lane_ms, "dram_gbps": dram_gbps,
@@ -377,7 +385,7 @@ def markdown_table(records: list[dict], cfg: dict) -> str:
             "host_overlap_us_per_layer", "greedy_agreement", "identical_prefix_tokens_median", "divergences",
             "divergences_at_tie", "tf_top1_agreement", "tf_top1_agreement_ties", "tf_kl_mean", "tf_ppl_delta_pct",
             "text_ppl", "text_ppl_delta_pct", "text_kl_mean", "floor_ms", "floor3_ms", "cpu_lane_ms_per_expert",
-            "cpu_lane_gbps"]
+            "cpu_lane_gbps", "cpu_lane_busy_ms_per_expert", "cpu_lane_busy_gbps"]
     head = "| " + " | ".join(cols) + " | miss split (approx/cpu/copy) |\n|" + "---|" * (len(cols) + 1) + "\n"
     rows = []
     for r in sorted(records, key=lambda r: (r.get("workload", "prompts") != "prompts", r["link"], r["budget_frac"],

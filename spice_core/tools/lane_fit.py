@@ -1,7 +1,9 @@
 """The CPU lane's cost per expert, fitted from measured `bench` records of two or more expert sizes.
 
-A lane job's measured compute time (the worker's, `lane_compute_us_sum` / `lane_experts` in a record's raw sums)
-is a fixed part (thread wake-up, the matmuls' set-up) plus the expert's bytes read at the lane's rate. One
+A lane job's measured time per expert (the worker's compute, `lane_compute_us_sum` / `lane_experts` in a record's raw
+sums; where the record has them, the lane's busy wall over its layers' bursts of jobs, `lane_busy_us_sum`, per
+expert instead: a lane that runs a layer's experts side by side takes longer per job and less per expert) is a
+fixed part (thread wake-up, the matmuls' set-up) plus the expert's bytes read at the lane's rate. One
 expert size cannot tell the two apart: fitted on DeepSeek-V2-Lite's 17.3 MB experts alone, the rate came out
 at 29.1 GB/s with the whole time charged to bytes, and Qwen2-57B-A14B's 55 MB experts, measured at 45 GB/s,
 were modeled 54% too slow (docs/benchmarks/headline/model-check/qwen2-native-25-refit.md). This fits the
@@ -44,9 +46,12 @@ def lane_points(records: list[dict]) -> list[dict]:
         n = raw.get("lane_experts") or 0
         if r.get("timing") != "measured" or n <= 0 or not raw.get("lane_bytes_sum"):
             continue
+        busy = raw.get("lane_busy_us_sum") if raw.get("lane_bursts") and not raw.get("lane_int8_experts") else None
         points.append({"model": r.get("model"), "policy": r.get("policy"), "link": r.get("link"),
                        "budget_frac": r.get("budget_frac"), "experts": n,
-                       "expert_mb": raw["lane_bytes_sum"] / n / 1e6, "us_per_expert": raw["lane_compute_us_sum"] / n})
+                       "expert_mb": raw["lane_bytes_sum"] / n / 1e6,
+                       "us_per_expert": (busy or raw["lane_compute_us_sum"]) / n,
+                       "basis": "busy wall" if busy else "job compute"})
     return points
 
 

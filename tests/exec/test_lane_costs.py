@@ -72,6 +72,29 @@ def test_one_token_jobs_are_costed_and_prompt_jobs_and_failures_are_not(tmp_path
     assert t["lane_compute_us_sum"] == pytest.approx(sum(r[2] - r[1] for r in runs) * 1e6)
     assert t["lane_wait_us_sum"] == pytest.approx(sum(r[4] - r[3] for r in runs) * 1e6)
     assert t["lane_expert_bytes"] == lm.expert_bytes
+    # Submitted one by one (batch 1 each), the three jobs are three bursts: the lane was busy for their runs alone
+    # (the failed fourth job closes its burst with nothing to add).
+    assert t["lane_bursts"] == 3 and t["lane_busy_us_sum"] == pytest.approx(t["lane_compute_us_sum"])
+
+
+def test_a_layers_jobs_are_one_burst_whose_busy_wall_spans_them(tmp_path, two_cores):
+    """A layer's jobs submitted together (``batch``) count as one burst: the lane was busy from the first one's start
+    to the last one's end, which for jobs one after another on one worker is at least their compute, summed."""
+    from spice_core.model.loader import load_model
+    from spice_core.runtime.cpu_jobs import CpuJobs
+
+    lm = load_model(build_tiny("qwen2_moe", tmp_path / "m"), "cpu")
+    keys, h = lm.host.keys(), lm.layout.hidden
+    with CpuLane(workers=1) as lane:
+        jobs = CpuJobs(lm, _Clock(), _Recorder(), cpu_lane=lane)
+        for layer_keys in (keys[:3], keys[3:5]):                # two layers: 3 jobs, then 2
+            handles = [jobs.submit(k, torch.randn(1, h), 1, F.silu, torch.device("cpu"), decode=True,
+                                   batch=len(layer_keys)) for k in layer_keys]
+            assert all(jobs.collect(k, j) is not None for k, j in zip(layer_keys, handles))
+    t, runs = jobs.lane_totals(), jobs.clock.runs
+    spans = [max(r[2] for r in rs) - min(r[1] for r in rs) for rs in (runs[:3], runs[3:5])]
+    assert t["lane_bursts"] == 2 and t["lane_busy_us_sum"] == pytest.approx(sum(spans) * 1e6)
+    assert t["lane_busy_us_sum"] >= t["lane_compute_us_sum"] * (1 - 1e-9)
 
 
 def _raw(**lane) -> dict:
@@ -94,6 +117,27 @@ def test_the_lane_metrics_are_its_ms_and_gb_per_s_per_expert_and_shards_add_up()
     assert both["cpu_lane_ms_per_expert"] == pytest.approx(3000.0 / 5 / 1e3)
     assert both["cpu_lane_int8_ms_per_expert"] == pytest.approx(0.25)
     assert lane_metrics(_raw())["cpu_lane_ms_per_expert"] is None           # no lane job: nothing claimed
+
+
+def test_the_lanes_busy_wall_is_its_rate_where_recorded_and_the_floor_takes_it():
+    """A lane running a layer's experts side by side: 4 jobs of 0.9 ms each in a busy wall of 1.2 ms. The record says
+    both, and the three-lane floor takes the busy wall per expert (0.3 ms), not a job's 0.9."""
+    from spice_core.tools.bench_records import add_three_lane_floor
+
+    raw = _raw(lane_experts=4, lane_compute_us_sum=3600.0, lane_bursts=1, lane_busy_us_sum=1200.0,
+               lane_bytes_sum=4 * 17_301_504)
+    m = lane_metrics(raw)
+    assert m["cpu_lane_ms_per_expert"] == pytest.approx(0.9) and m["cpu_lane_busy_ms_per_expert"] == pytest.approx(0.3)
+    assert m["cpu_lane_busy_gbps"] == pytest.approx(17_301_504 / 0.3e6)
+    assert lane_metrics(_raw(lane_experts=4, lane_compute_us_sum=3600.0))["cpu_lane_busy_ms_per_expert"] is None
+    with_int8 = dict(raw, lane_int8_experts=1, lane_int8_compute_us_sum=100.0)
+    assert lane_metrics(with_int8)["cpu_lane_busy_ms_per_expert"] is None    # two kernels in one wall: not one rate
+    rec = {"policy": "cpu_compute", "tpot_ms_median": 50.0, "miss_split": {"approx": 0, "cpu": 40, "copy": 0},
+           "n_decode_tokens": 10, "link_gbps": 13.0, **m}
+    resident = {"policy": "resident", "tpot_ms_median": 5.0, "miss_split": {"approx": 0, "cpu": 0, "copy": 0},
+                "n_decode_tokens": 10, "link_gbps": 13.0}
+    add_three_lane_floor([resident, rec], 17_301_504, profile_lane_ms=0.7, dram_gbps=81.0)
+    assert rec["floor3_inputs"]["lane_ms"] == pytest.approx(0.3) and rec["floor3_inputs"]["lane_source"] == "measured"
 
 
 @pytest.mark.cuda

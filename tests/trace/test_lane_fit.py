@@ -66,3 +66,19 @@ def test_recalibrate_fits_the_lane_alone_and_names_it(tmp_path, capsys):
     assert new.host_layer_us == base.host_layer_us and new.name.endswith("+lane")
     assert main(["recalibrate", "--profile", str(prof), "--out", str(out)]) != 0
     assert "--lane-records" in capsys.readouterr().err
+
+
+def test_a_record_with_the_lanes_busy_wall_is_fitted_on_it_not_on_a_jobs_time():
+    """Side by side (the auto lane) a job takes 3x as long as alone while the layer's busy wall per expert is the
+    lane's rate: records that carry the busy wall are fitted on it."""
+    from spice_core.tools.lane_fit import lane_points
+
+    recs = []
+    for mb in (17.3, 55.05):
+        r = _rec("cpu_compute", mb)
+        n, us = r["raw"]["lane_experts"], r["raw"]["lane_compute_us_sum"]
+        r["raw"].update(lane_compute_us_sum=3 * us, lane_bursts=n // 4, lane_busy_us_sum=us)
+        recs.append(r)
+    assert [p["basis"] for p in lane_points(recs)] == ["busy wall", "busy wall"]
+    fit = fit_lane_costs(recs)
+    assert fit["cpu_mem_gbps"] == pytest.approx(GBPS) and fit["cpu_job_compute_us"] == pytest.approx(FIXED_US)
