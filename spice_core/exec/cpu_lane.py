@@ -22,8 +22,10 @@ executors say how many experts a layer sends (``batch``); each job sets its work
 (an OpenMP setting of the calling thread) before it runs.
 
 Threads: ``workers`` x ``threads_per_worker`` never exceeds the cores this process may use minus
-one (left to the driver thread); an auto lane's jobs of one layer never use more than those either (a
-layer's jobs are joined before the next layer's are submitted). torch's intra-op thread count is set
+one (left to the driver thread); an auto lane's jobs of one layer never use more than those either: at
+most ``side`` of them compute at once (a gate per side count; the side pool may hold more workers, which
+wait at the gate), and a layer's jobs are joined before the next layer's are submitted, unless a job ran
+past its timeout (it keeps its worker and its threads while the next layer's jobs run). torch's intra-op thread count is set
 per thread, but a thread that has not run a parallel op yet starts from the last count set anywhere,
 so creating a lane may change the count of threads started later: the lane exists only on CUDA
 machines, where the driver thread does little CPU math. A machine with one core gets no lane (ConfigError naming
@@ -148,6 +150,7 @@ class CpuLane:
         self.side_workers = most_side_by_side(tpw) if adaptive else 1
         self._side_pool = ThreadPoolExecutor(max_workers=self.side_workers, thread_name_prefix="spice-cpu-side") \
             if self.side_workers > 1 else None
+        self._side_gates: dict[int, threading.BoundedSemaphore] = {}   # side count -> at most that many compute
         self._ids: dict[int, int] = {}
         self._lock = threading.Lock()
         self.failures = 0
@@ -164,12 +167,18 @@ class CpuLane:
         return (f"auto (1x{self.threads_per_worker} below {AUTO_PARALLEL_FROM} experts a layer, "
                 f"up to {side}x{self.threads_per_worker // side} from {AUTO_PARALLEL_FROM})")
 
-    def pool_for(self, batch: int) -> tuple[ThreadPoolExecutor, int | None]:
-        """The pool a job of a ``batch``-expert layer runs on, and the intra-op threads it sets (None: the pool's)."""
+    def pool_for(self, batch: int) -> tuple[ThreadPoolExecutor, int | None, threading.BoundedSemaphore | None]:
+        """The pool a job of a ``batch``-expert layer runs on, the intra-op threads it sets (None: the pool's) and the
+        gate it computes behind (None: none; side by side, at most `batch_shape`'s side count compute at once, so a
+        layer of 6 experts on 15 cores runs two rounds of 3 x 5 threads, not 5 jobs x 5 threads)."""
         if not self.adaptive or self._side_pool is None:
-            return self._pool, None
+            return self._pool, None, None
         side, threads = batch_shape(batch, self.threads_per_worker)
-        return (self._pool, None) if side == 1 else (self._side_pool, threads)
+        if side == 1:
+            return self._pool, None, None
+        with self._lock:
+            gate = self._side_gates.setdefault(side, threading.BoundedSemaphore(side))
+        return self._side_pool, threads, gate
 
     def _worker_index(self) -> int:
         tid = threading.get_ident()
@@ -203,7 +212,7 @@ class CpuLane:
         out_device = torch.device(out_device)
         self.tasks += 1
         try:
-            pool, threads = self.pool_for(batch)
+            pool, threads, gate = self.pool_for(batch)
             cuda_in = x_dev.device.type == "cuda"
             x_host = x_dev.to("cpu", non_blocking=cuda_in)     # pinned destination when non-blocking
             ready = None
@@ -212,17 +221,25 @@ class CpuLane:
                 ready.record(stream if stream is not None else torch.cuda.current_stream(x_dev.device))
             pin = out_device.type == "cuda"
 
+            def run():
+                t0 = time.perf_counter()
+                y = compute(x_host)
+                if pin:
+                    y = y.pin_memory()
+                return y, t0, time.perf_counter()
+
             def job():
                 w = self._worker_index()
                 if threads is not None:
                     _set_threads(threads)
                 if ready is not None:
                     ready.synchronize()
-                t0 = time.perf_counter()
-                y = compute(x_host)
-                if pin:
-                    y = y.pin_memory()
-                return y, w, t0, time.perf_counter()
+                if gate is None:
+                    y, t0, t1 = run()
+                else:
+                    with gate:          # its round: the start is when it computes, not when it queued at the gate
+                        y, t0, t1 = run()
+                return y, w, t0, t1
 
             fut = pool.submit(job)
         except Exception as e:  # noqa: BLE001 - any failure here becomes the task's error

@@ -30,34 +30,41 @@ class CpuJobs:
         self.lane, self.int8 = cpu_lane, int8
         # per kernel ("exact", "int8"): [one-token jobs collected, their compute s on the worker, the host's wait s]
         self._cost = {"exact": [0, 0.0, 0.0], "int8": [0, 0.0, 0.0]}
-        # one layer's one-token jobs together: [first start s, last end s, jobs not collected yet] per burst
+        # one layer's one-token jobs together: burst id -> [first start s, last end s, jobs not collected yet]
         self._bursts: dict[int, list] = {}
         self._burst, self._burst_left = 0, 0
-        self._job_burst: dict[int, int] = {}     # id(job) -> its burst, until collected
-        self._busy = [0, 0.0]                    # bursts with a collected job, their busy wall s summed
+        self._busy = [0, 0.0]                    # bursts whose jobs all came in, their busy wall s summed
+
+    # A burst whose jobs never all come in (a job not collected: a test's stand-in, a run stopped mid-layer) is
+    # dropped this many bursts later, adding nothing.
+    _STALE_BURSTS = 64
 
     def _in_burst(self, job, batch: int) -> None:
-        """Count a one-token job into its layer's burst: the first of ``batch`` jobs opens one."""
-        if self._burst_left <= 0:
+        """Count a one-token job into its layer's burst (the first of ``batch`` jobs submitted together opens one) and
+        tag the job with it. Bookkeeping only: it never raises."""
+        if self._burst_left <= 0 or self._burst not in self._bursts:
             self._burst += 1
             self._burst_left = max(1, batch)
             self._bursts[self._burst] = [float("inf"), float("-inf"), 0]
+            self._bursts.pop(self._burst - self._STALE_BURSTS, None)
         self._burst_left -= 1
         self._bursts[self._burst][2] += 1
-        self._job_burst[id(job)] = self._burst
+        try:
+            job.burst = self._burst
+        except AttributeError:                  # a job that takes no attribute is not counted
+            self._bursts[self._burst][2] -= 1
 
     def _out_of_burst(self, job, t0: float | None = None, t1: float | None = None) -> None:
-        """A counted job was collected (``t0``/``t1``: its run, None when it failed); a burst whose jobs are all in
-        adds its busy wall."""
-        b = self._job_burst.pop(id(job), None)
-        span = self._bursts.get(b)
+        """A job was collected (``t0``/``t1``: its run, None when it failed); a burst whose jobs are all in adds its
+        busy wall. A job without a burst (a prompt's, or one made elsewhere) changes nothing."""
+        span = self._bursts.get(getattr(job, "burst", None))
         if span is None:
             return
         if t0 is not None:
             span[0], span[1] = min(span[0], t0), max(span[1], t1)
         span[2] -= 1
         if span[2] <= 0:
-            del self._bursts[b]
+            del self._bursts[job.burst]
             if span[1] >= span[0]:
                 self._busy[0] += 1
                 self._busy[1] += span[1] - span[0]

@@ -354,19 +354,22 @@ def three_lane_floor_one(records: list[dict], lane_ms: float | None, dram_gbps: 
 def add_three_lane_floor(records: list[dict], expert_bytes: float, profile_lane_ms: float | None,
                          dram_gbps: float | None) -> None:
     """`three_lane_floor` for one bench run's records, with the CPU lane's time per expert as this run measured it
-    (the median over its records of the lane's busy wall per expert where recorded, which is what a lane running
-    experts side by side delivers, else `cpu_lane_ms_per_expert`: compute on the worker, a floor's view) where any
-    record ran the lane, else ``profile_lane_ms`` (the profile's lane rate). Each floored record keeps the inputs
+    (the median over its records of the lane's busy wall per expert where any record has it, which is what a lane
+    running experts side by side delivers, else of `cpu_lane_ms_per_expert`: compute on the worker, a floor's view;
+    never a median of the two kinds, ``lane_basis`` says which) where any record ran the lane, else
+    ``profile_lane_ms`` (the profile's lane rate). Each floored record keeps the inputs
     (``floor3_inputs``: the lane's ms and where it came from, DRAM, the expert's bytes), so `merge_records` floors the
     merged records again from them."""
     for r in records:
         for field in FLOOR3_FIELDS:
             r.pop(field, None)
-    measured = [r.get("cpu_lane_busy_ms_per_expert") or r["cpu_lane_ms_per_expert"] for r in records
-                if r.get("cpu_lane_ms_per_expert")]
+    busy = [r["cpu_lane_busy_ms_per_expert"] for r in records if r.get("cpu_lane_busy_ms_per_expert")]
+    measured = busy or [r["cpu_lane_ms_per_expert"] for r in records if r.get("cpu_lane_ms_per_expert")]
     lane_ms, source = (statistics.median(measured), "measured") if measured else (profile_lane_ms, "profile")
     three_lane_floor(records, lane_ms, dram_gbps, expert_bytes=expert_bytes)
-    inputs = {"lane_ms": lane_ms, "lane_source": source, "profile_lane_ms": profile_lane_ms, "dram_gbps": dram_gbps,
+    inputs = {"lane_ms": lane_ms, "lane_source": source,
+              "lane_basis": ("busy wall per expert" if busy else "compute per job") if measured else None,
+              "profile_lane_ms": profile_lane_ms, "dram_gbps": dram_gbps,
               "expert_bytes": expert_bytes}
     for r in records:
         if "floor3_ms" in r:

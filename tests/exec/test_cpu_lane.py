@@ -223,3 +223,33 @@ def test_a_workers_thread_count_survives_a_count_set_later_by_another_thread():
     finally:
         torch.set_num_threads(1)
     assert got["threads"] == 3
+
+
+@pytest.mark.parametrize("cores,batches", [(16, range(1, 13)), (12, (4, 6, 8)), (24, (7, 8, 12))])
+def test_an_auto_lanes_jobs_never_run_more_threads_than_the_cores_left(monkeypatch, cores, batches):
+    """Every job of a layer holds its intra-op threads while it computes (a short sleep makes them overlap): at no
+    moment do the layer's running jobs hold more threads than the cores left after the driver thread."""
+    import time as _time
+
+    monkeypatch.setattr(cpu_lane_mod, "available_cores", lambda: cores)
+    x, gate_up, down = _expert()
+    lock, state = threading.Lock(), {"now": 0, "most": 0}
+
+    def act(t):
+        n = torch.get_num_threads()
+        with lock:
+            state["now"] += n
+            state["most"] = max(state["most"], state["now"])
+        _time.sleep(0.02)
+        with lock:
+            state["now"] -= n
+        return F.silu(t)
+
+    try:
+        with cpu_lane_mod.lane_from_shape("auto") as lane:
+            for batch in batches:
+                jobs = [lane.submit(x, gate_up, down, act, torch.device("cpu"), batch=batch) for _ in range(batch)]
+                assert all(j.result()[0] is not None for j in jobs)
+    finally:
+        torch.set_num_threads(1)
+    assert 0 < state["most"] <= cores - 1
