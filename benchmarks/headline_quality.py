@@ -77,13 +77,16 @@ def main(argv=None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    for name, v, ok in (("--tau-approx", args.tau_approx, 0.0 <= args.tau_approx <= 1.0),
-                        ("--tau-prefetch", args.tau_prefetch, 0.0 <= args.tau_prefetch <= 1.0),
+    from spice_core.config import SETTING_RANGES       # the engine's ranges (RunSettings takes the same)
+    (ta_lo, ta_hi), (tp_lo, tp_hi), (la_lo, la_hi) = (SETTING_RANGES[k] for k in ("tau_approx", "tau_prefetch",
+                                                                                   "max_lookahead"))
+    for name, v, ok in (("--tau-approx", args.tau_approx, ta_lo <= args.tau_approx <= ta_hi),
+                        ("--tau-prefetch", args.tau_prefetch, tp_lo <= args.tau_prefetch <= tp_hi),
                         ("--lore-rank", args.lore_rank, args.lore_rank >= 1),
-                        ("--max-lookahead", args.max_lookahead, 1 <= args.max_lookahead <= 64)):
+                        ("--max-lookahead", args.max_lookahead, la_lo <= args.max_lookahead <= la_hi)):
         if not ok:
-            print(f"error: {name} {v} is out of range (thresholds in [0, 1], rank >= 1, lookahead 1..64)",
-                  file=sys.stderr)
+            print(f"error: {name} {v} is out of range (τ_approx in [{ta_lo:g}, {ta_hi:g}], τ_prefetch in "
+                  f"[{tp_lo:g}, {tp_hi:g}], rank >= 1, lookahead {la_lo}..{la_hi})", file=sys.stderr)
             return 2
     from spice_core.timing.profiles import shape_names
     if args.shape not in shape_names():

@@ -387,8 +387,10 @@ def main(argv=None) -> int:
         return _report(saved["results"], args, saved["argv"], args["out"])
     args["ranks"] = sorted(set(args["ranks"]))
     args["extra_ranks"] = sorted(set(args["extra_ranks"]))
-    if not all(0.0 <= t <= 1.0 for t in args["taus"]):
-        ap.error("--taus: every tau_approx must be in [0, 1]")
+    from spice_core.config import SETTING_RANGES       # the engine's range for tau_approx
+    lo, hi = SETTING_RANGES["tau_approx"]
+    if not all(lo <= t <= hi for t in args["taus"]):
+        ap.error(f"--taus: every tau_approx must be in [{lo:g}, {hi:g}]")
     if args["jobs"] > 1 and len(args["profiles"]) > 1:
         import multiprocessing as mp
         with ProcessPoolExecutor(max_workers=min(args["jobs"], len(args["profiles"])),
