@@ -78,15 +78,20 @@ def ratio_table(path: Path) -> str:
 
 def main(argv=None) -> int:
     args = list(argv if argv is not None else sys.argv[1:])
-    if args[:1] == ["--ratios"] and len(args) == 2:
-        print(ratio_table(Path(args[1])))
-        return 0
-    runs = [Path(p) for p in args]
-    if not runs:
-        print(__doc__, file=sys.stderr)
+    try:
+        if args[:1] == ["--ratios"] and len(args) == 2:
+            print(ratio_table(Path(args[1])))
+            return 0
+        runs = [Path(p) for p in args]
+        if not runs:
+            print(__doc__, file=sys.stderr)
+            return 2
+        for run in runs:
+            print(f"### {run.name}\n\n{tpot_table(run)}\n\n{profile_table(run)}\n")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        print(f"error: {err!r} reading {' '.join(args)}: give run folders holding auto/results.json, "
+              "fixed-1x0/results.json and lane-profile.json, or --ratios and one bench results file", file=sys.stderr)
         return 2
-    for run in runs:
-        print(f"### {run.name}\n\n{tpot_table(run)}\n\n{profile_table(run)}\n")
     return 0
 
 

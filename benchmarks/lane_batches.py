@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import sys
 import tempfile
@@ -29,7 +30,12 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=None, help="held-out prompts (default: the config's)")
     ap.add_argument("--policies", nargs="+", default=None)
     a = ap.parse_args(argv)
-    cfg = json.loads(a.config.read_text())
+    try:
+        cfg = json.loads(a.config.read_text())
+    except (OSError, ValueError) as err:
+        ap.error(f"--config {a.config}: {err}")
+    if not isinstance(cfg, dict):
+        ap.error(f"--config {a.config}: not a bench config (a JSON object)")
     if a.budget is not None:
         cfg["budgets"] = [a.budget]
     if a.prompts is not None:
@@ -51,7 +57,9 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.json"
         path.write_text(json.dumps(cfg))
-        rc = cli(["bench", "--config", str(path), "--out", str(Path(tmp) / "out")])
+        with contextlib.redirect_stdout(sys.stderr):     # bench's own table: this script prints the counts alone
+            rc = cli(["bench", "--config", str(path), "--out", str(Path(tmp) / "out")])
+    print("The planner's own decisions over a modeled bench run (timing modeled; the counts are decisions, not times).\n")
     print("| policy | decode-step MoE layers | lane experts a layer | share of layers sending 0 / 1 / 2 / 3 / 4 / 5 / 6+ "
           "| share of lane experts in layers of 3+ |")
     print("|---|---|---|---|---|")

@@ -177,8 +177,10 @@ class CpuLane:
         side, threads = batch_shape(batch, self.threads_per_worker)
         if side == 1:
             return self._pool, None, None
-        with self._lock:
-            gate = self._side_gates.setdefault(side, threading.BoundedSemaphore(side))
+        gate = self._side_gates.get(side)
+        if gate is None:                        # made once per side count, not per job
+            with self._lock:
+                gate = self._side_gates.setdefault(side, threading.BoundedSemaphore(side))
         return self._side_pool, threads, gate
 
     def _worker_index(self) -> int:
