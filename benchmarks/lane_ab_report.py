@@ -3,9 +3,11 @@ TPOT in both arms and the lane profile's wall per layer batch, read from the fil
 
     python benchmarks/lane_ab_report.py docs/benchmarks/cpu-lane/auto-lane/run1-h100 docs/benchmarks/cpu-lane/auto-lane/run2-h100
     python benchmarks/lane_ab_report.py --ratios docs/benchmarks/cpu-lane/auto-lane/ratios-h100/results.partial.json
+    python benchmarks/lane_ab_report.py docs/benchmarks/cpu-lane/auto-lane/gate-h100      # a lane profile alone
 
 A run folder holds ``auto/results.json`` and ``fixed-1x0/results.json`` (bench's records, one arm each, the same config
-on the same machine one after the other) and ``lane-profile.json`` (benchmarks/cpu_lane_profile.py).
+on the same machine one after the other) and ``lane-profile.json`` (benchmarks/cpu_lane_profile.py); a folder
+without the arms gets the profile's table alone.
 """
 from __future__ import annotations
 
@@ -63,15 +65,18 @@ def ratio_table(path: Path) -> str:
     recs = _records(path)
     base = {b: recs[b]["tpot_ms_median"] for b in ("on_demand", "lru") if b in recs}
     lines = ["| policy | prompts, decode steps | TPOT median ms [95% CI] | × on_demand | × lru | miss split approx/cpu/copy "
-             "| lane ms per job (GB/s) | host µs per MoE layer | greedy agreement with resident |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| lane ms per job (GB/s) | lane busy ms per expert (GB/s) | host µs per MoE layer "
+             "| greedy agreement with resident |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for pol, r in recs.items():
         t, ms = r["tpot_ms_median"], r["miss_split"]
         ratio = lambda b: f"{base[b] / t:.2f}" if b in base else "–"   # noqa: E731
         lane = f"{r['cpu_lane_ms_per_expert']:.3f} ({r['cpu_lane_gbps']:.1f})" if r.get("cpu_lane_ms_per_expert") else "–"
+        busy = f"{r['cpu_lane_busy_ms_per_expert']:.3f} ({r['cpu_lane_busy_gbps']:.1f})" \
+            if r.get("cpu_lane_busy_ms_per_expert") else "–"       # runs before the busy wall was recorded: none
         lines.append(f"| {pol} | {r['n_runs']}, {r['n_decode_tokens']} | {t:.2f} "
                      "[{:.2f}, {:.2f}] | ".format(*r["tpot_ms_median_ci95"]) +
-                     f"{ratio('on_demand')} | {ratio('lru')} | {ms['approx']}/{ms['cpu']}/{ms['copy']} | {lane} | "
+                     f"{ratio('on_demand')} | {ratio('lru')} | {ms['approx']}/{ms['cpu']}/{ms['copy']} | {lane} | {busy} | "
                      f"{r.get('host_us_per_layer') or 0:.0f} | {r['greedy_agreement']:.3f} |")
     return "\n".join(lines)
 
@@ -87,7 +92,9 @@ def main(argv=None) -> int:
             print(__doc__, file=sys.stderr)
             return 2
         for run in runs:
-            print(f"### {run.name}\n\n{tpot_table(run)}\n\n{profile_table(run)}\n")
+            # a folder with a lane profile and no A/B arms (a profile run of its own): the profile table alone
+            tpot = f"{tpot_table(run)}\n\n" if (run / ARMS[0]).is_dir() else ""
+            print(f"### {run.name}\n\n{tpot}{profile_table(run)}\n")
     except (OSError, ValueError, KeyError, TypeError) as err:
         print(f"error: {err!r} reading {' '.join(args)}: give run folders holding auto/results.json, "
               "fixed-1x0/results.json and lane-profile.json, or --ratios and one bench results file", file=sys.stderr)
