@@ -16,7 +16,9 @@ Three parts, every number *measured* (wall clock, `time.perf_counter`):
 3. the same with the driver thread busy in Python while the jobs run (as the decode loop's host step
    is): whether the GIL serialises the lane behind it;
 4. agreement: whether the lane's expert gives the same bits on every repeat, and the share of its outputs
-   bit-equal to the same expert computed on the GPU (with CUDA).
+   bit-equal to the same expert computed on the GPU (with CUDA);
+5. side_speedup (`side_speedup`): how much faster the auto lane ends a layer of 3-6 experts than one after another,
+   the timing profiles' ``cpu_side_speedup``. ``--speedup-of FILE...`` prints it for saved profiles.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.cpu_kernel_variants import expert_slab_args, measure  # noqa: E402
-from spice_core.exec.cpu_lane import CpuLane, available_cores  # noqa: E402
+from spice_core.exec.cpu_lane import AUTO_PARALLEL_FROM, CpuLane, available_cores, batch_shape  # noqa: E402
 from spice_core.exec.experts import expert_forward  # noqa: E402
 
 
@@ -131,6 +133,30 @@ def agreement(gu, dn, x, cores: int, repeats: int = 20) -> dict:
     return res
 
 
+def side_speedup(profile: dict) -> float | None:
+    """The profile's "side_speedup" (the timing profiles' ``cpu_side_speedup``): the median, over the layer sizes
+    from which an auto lane runs experts side by side (3 to 6 experts), of the lane's wall one after another on every
+    core left (the 1xT rows) over its wall as the auto lane runs them: its "auto" rows, or (profiles from before the
+    auto lane) the fixed WxT row `batch_shape` picks for a batch it runs in one round. None: no such pairs."""
+    rows = [r for r in profile["lane"] if r.get("driver_busy_ms", 0) == 0 and "experts" in r]
+    one = {r["experts"]: r["wall_ms"] for r in rows if r["workers"] == 1}
+    auto = {r["experts"]: r["wall_ms"] for r in rows if r["workers"] == "auto"}
+    fixed = {(r["workers"], r["threads_per_worker"], r["experts"]): r["wall_ms"] for r in rows if r["workers"] != "auto"}
+    cores_left = max((r["threads_per_worker"] for r in rows if r["workers"] == 1), default=0)
+    ratios = []
+    for n in sorted(one):
+        if n < AUTO_PARALLEL_FROM:
+            continue
+        if auto:
+            side_ms = auto.get(n)
+        else:
+            side, threads = batch_shape(n, cores_left)
+            side_ms = fixed.get((side, threads, n)) if side == n else None
+        if side_ms:
+            ratios.append(one[n] / side_ms)
+    return round(statistics.median(ratios), 3) if ratios else None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     expert_slab_args(ap)
@@ -138,7 +164,16 @@ def main() -> None:
     ap.add_argument("--switch-interval-us", type=float, default=0.0,
                     help="sys.setswitchinterval for the run (0: Python's default, 5000 us)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--speedup-of", type=Path, nargs="+", metavar="PROFILE_JSON",
+                    help="measure nothing: print each saved profile's side_speedup")
     a = ap.parse_args()
+    if a.speedup_of:
+        for path in a.speedup_of:
+            try:
+                print(f"{path}: side_speedup {side_speedup(json.loads(path.read_text()))}")
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                raise SystemExit(f"error: {err!r} reading {path}: give a JSON file this script wrote with --out")
+        return
     cores = available_cores()
     if a.switch_interval_us > 0:
         sys.setswitchinterval(a.switch_interval_us / 1e6)
@@ -153,6 +188,7 @@ def main() -> None:
     res["kernel"] = kernel_rows(gu, dn, x, a.reps, cores)
     res["agreement"] = agreement(gu, dn, x, cores)
     res["lane"] = lane_rows(gu, dn, x, a.reps, cores, a.busy_ms / 1e3)
+    res["side_speedup"] = side_speedup(res)
     text = json.dumps(res, indent=1)
     if a.out:
         a.out.write_text(text + "\n")

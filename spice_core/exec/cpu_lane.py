@@ -158,6 +158,11 @@ class CpuLane:
         self.tasks = 0
 
     @property
+    def side_from(self) -> int:
+        """From how many experts a layer this lane runs them side by side (0: never, one after another)."""
+        return AUTO_PARALLEL_FROM if self.adaptive and self._side_pool is not None else 0
+
+    @property
     def shape(self) -> str:
         """e.g. "1x15": workers x intra-op threads each; an auto lane says what it runs at each batch size."""
         if not self.adaptive:
@@ -272,11 +277,21 @@ def _set_threads(threads: int) -> None:
         _worker_threads.n = threads
 
 
+def _shape_text(shape: str | None) -> str:
+    return (shape if shape is not None else os.environ.get(SHAPE_ENV, "") or DEFAULT_SHAPE).strip().lower()
+
+
+def shape_side_from(shape: str | None = None) -> int:
+    """`CpuLane.side_from` of the lane ``shape`` names (None: ``$SPICE_CPU_LANE``, else `DEFAULT_SHAPE`), without
+    making it: what a modeled run prices, on a machine that may have no lane."""
+    return AUTO_PARALLEL_FROM if _shape_text(shape) == AUTO_SHAPE else 0
+
+
 def lane_from_shape(shape: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> CpuLane:
     """A lane of shape "WxT" (W workers x T intra-op threads each; T 0: the cores left after the driver,
     shared out) or "auto" (`batch_shape` per layer). None: ``$SPICE_CPU_LANE``, else `DEFAULT_SHAPE`. A malformed
     shape is a ConfigError."""
-    text = (shape if shape is not None else os.environ.get(SHAPE_ENV, "") or DEFAULT_SHAPE).strip().lower()
+    text = _shape_text(shape)
     if text == AUTO_SHAPE:
         return CpuLane(timeout_s=timeout_s, adaptive=True)
     try:

@@ -134,11 +134,15 @@ class MissRequest(NamedTuple):
 
 @dataclass
 class QueueState:
-    """When the copy queue and each CPU worker drain (ms); `plan_misses` advances it."""
+    """When the copy queue and each CPU worker drain (ms); `plan_misses` advances it. ``side_from`` > 0: the CPU
+    lane (one queue) runs a layer's experts side by side from that many on, their wall then their one-after-another
+    sum over ``side_speedup`` (the auto lane, `CostModel.lane_batch_factor`); 0: one after another."""
 
     now_ms: float
     copy_free_at_ms: float
     cpu_free_at_ms: list[float] = field(default_factory=list)
+    side_from: int = 0
+    side_speedup: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.cpu_free_at_ms:
@@ -154,6 +158,10 @@ def plan_misses(requests: list[MissRequest], queues: QueueState, opts: MissOptio
     lanes = range(len(free))
     can_approx, tau, can_cpu = opts.can_approx, opts.tau_approx, opts.can_cpu
     tau_int8 = opts.tau_int8 if opts.can_int8 else 0.0
+    # A lane that runs the layer's experts side by side ends them together: a lane expert is priced at when the
+    # layer's lane jobs, it included, would end (their one-after-another sum, over side_speedup from side_from).
+    side = queues.side_from > 0 and queues.side_speedup != 1.0 and len(free) == 1
+    lane_start, lane_sum, lane_n = max(queues.now_ms, free[0]), 0.0, 0
     for req in requests:
         w = min(lanes, key=free.__getitem__) if len(free) > 1 else 0
         now = queues.now_ms
@@ -165,14 +173,22 @@ def plan_misses(requests: list[MissRequest], queues: QueueState, opts: MissOptio
         if req.router_weight < tau_int8 and req.cpu_int8_ms is not None:
             int8_ms = req.cpu_int8_ms_link_busy if req.cpu_int8_ms_link_busy is not None and link_busy \
                 else req.cpu_int8_ms
-        action = _decide(req.router_weight, now, queues.copy_free_at_ms, req.copy_ms, free[w], cpu_ms, inflight,
+        lane_free, lane_cpu_ms, lane_int8_ms, f = free[w], cpu_ms, int8_ms, 1.0
+        if side:
+            f = 1.0 / queues.side_speedup if lane_n + 1 >= queues.side_from else 1.0
+            lane_free, lane_cpu_ms = lane_start, (lane_sum + cpu_ms) * f
+            lane_int8_ms = (lane_sum + int8_ms) * f if int8_ms is not None else None
+        action = _decide(req.router_weight, now, queues.copy_free_at_ms, req.copy_ms, lane_free, lane_cpu_ms, inflight,
                          req.gpu_ms, req.copy_value_ms, can_approx, tau, opts.can_copy and inflight is None, can_cpu,
-                         int8_ms)
+                         lane_int8_ms)
         if action == MissAction.COPY:
             queues.copy_free_at_ms = max(now, queues.copy_free_at_ms) + req.copy_ms
-        elif action == MissAction.CPU:
-            free[w] = max(now, free[w]) + cpu_ms
-        elif action == MissAction.CPU_INT8:
-            free[w] = max(now, free[w]) + int8_ms
+        elif action in (MissAction.CPU, MissAction.CPU_INT8):
+            ms = cpu_ms if action == MissAction.CPU else int8_ms
+            if side:
+                lane_sum, lane_n = lane_sum + ms, lane_n + 1
+                free[0] = lane_start + lane_sum * f
+            else:
+                free[w] = max(now, free[w]) + ms
         actions.append(action)
     return actions

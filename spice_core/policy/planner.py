@@ -263,7 +263,8 @@ class LayerPlanner:
             reqs.append(MissRequest(weight, self._copy_ms, ms[0], ms[1],
                                     inf.arrival_ms if inf is not None else None, copy_value, *ms[2:]))
         # CPU-lane tasks are collected within their layer, so the lane is idle when a layer starts.
-        q = QueueState(now_ms=queues.now_ms, copy_free_at_ms=queues.copy_free_at_ms)
+        q = QueueState(now_ms=queues.now_ms, copy_free_at_ms=queues.copy_free_at_ms, side_from=c.lane_side_from,
+                       side_speedup=c.profile.cpu_side_speedup)
         for (i, _), action in zip(rest, plan_misses(reqs, q, opts)):
             actions[i] = action
         return actions

@@ -31,7 +31,8 @@ class PlanCosts(Protocol):
     """What the planner believes things cost, in ms (timing/costs.py:CostModel implements it)."""
 
     expert_bytes: int                      # of the modeled shape (for H_min)
-    profile: object                        # h2d_pinned_gbps, host_plan_us, host_copy_us
+    profile: object                        # h2d_pinned_gbps, host_plan_us, host_copy_us, cpu_side_speedup
+    lane_side_from: int                    # from how many experts a layer the CPU lane runs them side by side (0: never)
 
     def copy_ms(self) -> float: ...
     def gpu_layer_ms(self) -> float: ...

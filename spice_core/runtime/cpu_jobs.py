@@ -30,10 +30,12 @@ class CpuJobs:
         self.lane, self.int8 = cpu_lane, int8
         # per kernel ("exact", "int8"): [one-token jobs collected, their compute s on the worker, the host's wait s]
         self._cost = {"exact": [0, 0.0, 0.0], "int8": [0, 0.0, 0.0]}
-        # one layer's one-token jobs together: burst id -> [first start s, last end s, jobs not collected yet]
+        # one layer's one-token jobs together: burst id -> [first start s, last end s, jobs not collected yet,
+        # jobs, whether the lane ran them side by side]
         self._bursts: dict[int, list] = {}
         self._burst, self._burst_left = 0, 0
         self._busy = [0, 0.0]                    # bursts whose jobs all came in, their busy wall s summed
+        self._side = [0, 0.0, 0]                 # ... of them run side by side: bursts, busy wall s, jobs
 
     # A burst whose jobs never all come in (a job not collected: a test's stand-in, a run stopped mid-layer) is
     # dropped this many bursts later, adding nothing.
@@ -45,14 +47,17 @@ class CpuJobs:
         if self._burst_left <= 0 or self._burst not in self._bursts:
             self._burst += 1
             self._burst_left = max(1, batch)
-            self._bursts[self._burst] = [float("inf"), float("-inf"), 0]
+            side_from = getattr(self.lane, "side_from", 0)
+            self._bursts[self._burst] = [float("inf"), float("-inf"), 0, 0, 0 < side_from <= batch]
             self._bursts.pop(self._burst - self._STALE_BURSTS, None)
         self._burst_left -= 1
-        self._bursts[self._burst][2] += 1
+        span = self._bursts[self._burst]
         try:
             job.burst = self._burst
         except AttributeError:                  # a job that takes no attribute is not counted
-            self._bursts[self._burst][2] -= 1
+            return
+        span[2] += 1
+        span[3] += 1
 
     def _out_of_burst(self, job, t0: float | None = None, t1: float | None = None) -> None:
         """A job was collected (``t0``/``t1``: its run, None when it failed); a burst whose jobs are all in adds its
@@ -68,6 +73,10 @@ class CpuJobs:
             if span[1] >= span[0]:
                 self._busy[0] += 1
                 self._busy[1] += span[1] - span[0]
+                if span[4]:
+                    self._side[0] += 1
+                    self._side[1] += span[1] - span[0]
+                    self._side[2] += span[3]
 
     def submit(self, key: ExpertKey, xs: torch.Tensor, n: int, act, out_device, stream=None, decode: bool = False,
                batch: int = 1):
@@ -79,11 +88,11 @@ class CpuJobs:
         gate_up, down = self.lm.host.weights(key)
         if self.lane is None:   # modeled on this machine: compute here, time it as the CPU lane
             out = expert_forward(xs.to(gate_up.dtype), gate_up, down, act)
-            return self.clock.cpu_expert(key, n), out, None
+            return self.clock.cpu_expert(key, n, batch=batch), out, None
         job = self.lane.submit(xs, gate_up, down, act, out_device, stream=stream, batch=batch)
         if decode:
             self._in_burst(job, batch)
-        return self.clock.cpu_expert(key, n), job, "exact" if decode else None
+        return self.clock.cpu_expert(key, n, batch=batch), job, "exact" if decode else None
 
     def submit_int8(self, key: ExpertKey, xs: torch.Tensor, n: int, act, out_device, stream=None, decode: bool = False,
                     batch: int = 1):
@@ -91,11 +100,11 @@ class CpuJobs:
         weights = self.int8.weights(key)
         if self.lane is None:   # modeled on this machine: compute here, time it as the CPU lane
             out = int8_expert_forward(xs.to("cpu"), weights, act).to(xs.device)
-            return self.clock.cpu_expert(key, n, int8=True), out, None
+            return self.clock.cpu_expert(key, n, int8=True, batch=batch), out, None
         job = self.lane.submit_int8(xs, weights, act, out_device, stream=stream, batch=batch)
         if decode:
             self._in_burst(job, batch)
-        return self.clock.cpu_expert(key, n, int8=True), job, "int8" if decode else None
+        return self.clock.cpu_expert(key, n, int8=True, batch=batch), job, "int8" if decode else None
 
     def collect(self, key: ExpertKey, handle) -> torch.Tensor | None:
         """A job's output, timed for the clock; None (counted as a fallback) when the job failed."""
@@ -124,11 +133,14 @@ class CpuJobs:
         """What the lane's one-token jobs cost in this run, as sums (so runs and shards add up exactly): per kernel,
         the jobs, their compute µs on the worker and the host's µs waiting for them; the bytes an exact job reads
         (one expert's weights); the layers' bursts of jobs and the lane's busy µs over them (each burst from its first
-        job's start to its last one's end). Empty when no real lane job ran (no lane, or modeled on this machine)."""
+        job's start to its last one's end), and of those the bursts the lane ran side by side, their jobs and busy µs (the
+        rest ran one after another). Empty when no real lane job ran (no lane, or modeled on this machine)."""
         (n, compute_s, wait_s), (n8, compute8_s, wait8_s) = self._cost["exact"], self._cost["int8"]
         if not n and not n8:
             return {}
         return {"lane_experts": n, "lane_compute_us_sum": compute_s * 1e6, "lane_wait_us_sum": wait_s * 1e6,
                 "lane_int8_experts": n8, "lane_int8_compute_us_sum": compute8_s * 1e6,
                 "lane_int8_wait_us_sum": wait8_s * 1e6, "lane_expert_bytes": self.lm.expert_bytes,
-                "lane_bursts": self._busy[0], "lane_busy_us_sum": self._busy[1] * 1e6}
+                "lane_bursts": self._busy[0], "lane_busy_us_sum": self._busy[1] * 1e6,
+                "lane_side_bursts": self._side[0], "lane_side_experts": self._side[2],
+                "lane_side_busy_us_sum": self._side[1] * 1e6}

@@ -21,6 +21,9 @@ def _ms(nbytes: float, gbps: float) -> float:
 class CostModel:
     profile: HardwareProfile
     shape: ModelShape
+    # From how many experts a layer the run's CPU lane runs them side by side (the auto lane: 3; 0: never, a fixed
+    # shape). The lane's shape is the machine's, so the engine sets it beside the profile.
+    lane_side_from: int = 0
 
     @property
     def expert_bytes(self) -> int:
@@ -70,6 +73,14 @@ class CostModel:
         own. Conservative: measured, the int8 kernel ran 2.5x faster than bf16 on the H200 host (0.19 against
         0.48 ms, issue 22) and 3x on the dev CPU (docs/benchmarks/cpu-lane/int8/)."""
         return self._cpu_lane_ms(self.int8_expert_bytes, n_tokens, link_busy)
+
+    def lane_batch_factor(self, n_experts: int) -> float:
+        """The CPU lane's wall for a layer's ``n_experts`` jobs as a fraction of their one-after-another times: 1
+        below ``lane_side_from`` (one at a time on every core), 1 / the profile's ``cpu_side_speedup`` from it (whole
+        experts side by side; measured 1.24-1.52 at 3-6 experts on the H200 and H100 hosts)."""
+        if self.lane_side_from <= 0 or n_experts < self.lane_side_from:
+            return 1.0
+        return 1.0 / self.profile.cpu_side_speedup
 
     def _cpu_lane_ms(self, weight_bytes: int, n_tokens: int, link_busy: bool) -> float:
         flops = 2.0 * self.expert_bytes / self.shape.dtype_bytes * n_tokens

@@ -146,7 +146,7 @@ class MeasuredTimeline:
     def plan(self, layer: int) -> None:
         """Host planning is real time here: nothing to add."""
 
-    def cpu_expert(self, key: ExpertKey, n_tokens: int, int8: bool = False) -> OpHandle:
+    def cpu_expert(self, key: ExpertKey, n_tokens: int, int8: bool = False, batch: int = 1) -> OpHandle:
         return OpHandle(key, "cpu", CPU_INT8_RUN if int8 else "cpu_run")
 
     def cpu_collected(self, handle: OpHandle, lane_run: tuple | None = None) -> None:

@@ -58,6 +58,10 @@ class HardwareProfile:
     # and the task's dispatch in cpu_task_us (0: every µs of compute charged to bytes); `recalibrate --lane-records`
     # fits it with cpu_mem_gbps from two expert sizes (tools/lane_fit.py).
     cpu_job_compute_us: float = 0.0
+    # A CPU lane that runs a layer's experts side by side from a few of them on (the auto lane, exec/cpu_lane.py):
+    # their wall one after another on every core over their wall side by side, measured by
+    # benchmarks/cpu_lane_profile.py (its "side_speedup"); 1: side by side is priced as one after another.
+    cpu_side_speedup: float = 1.0
 
     def one_graph_step(self) -> "HardwareProfile":
         """This profile as a one-graph step runs: kernels at ``graph_step_kernel_us``, no host launch costs (the
@@ -90,6 +94,9 @@ class HardwareProfile:
             raise ConfigError(f"profile {self.name}: bandwidths must be > 0")
         if self.cpu_threads < 1:
             raise ConfigError(f"profile {self.name}: cpu_threads must be >= 1")
+        if self.cpu_side_speedup <= 0:
+            raise ConfigError(f"profile {self.name}: cpu_side_speedup={self.cpu_side_speedup} must be > 0 "
+                              "(1: experts side by side cost what they cost one after another)")
 
     def as_dict(self) -> dict:
         return asdict(self)

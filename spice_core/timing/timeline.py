@@ -22,7 +22,7 @@ Neither knows about policies: they only time what they are told.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from spice_core.timing.costs import CostModel
@@ -62,7 +62,7 @@ class Timeline(Protocol):
     def approx(self, key: ExpertKey, n_tokens: int, rank: int, start: object = None) -> None: ...
     def draft(self, layer: int, n_heads: int, start: object = None) -> None: ...
     def plan(self, layer: int) -> None: ...
-    def cpu_expert(self, key: ExpertKey, n_tokens: int, int8: bool = False) -> OpHandle: ...
+    def cpu_expert(self, key: ExpertKey, n_tokens: int, int8: bool = False, batch: int = 1) -> OpHandle: ...
     def cpu_collected(self, handle: OpHandle, lane_run: tuple | None = None) -> None: ...
     def mark(self, kind: str, key: ExpertKey | None, nbytes: int = 0, detail: str = "", lane: str = "gpu") -> None: ...
     def end_token(self) -> float: ...
@@ -113,7 +113,7 @@ class ModeledTimeline:
         profile = self.costs.profile
         if profile.graph_step_kernel_us <= 0:
             return False
-        self.costs = CostModel(profile.one_graph_step(), self.costs.shape)
+        self.costs = replace(self.costs, profile=profile.one_graph_step())
         self._host_on, self._run_ahead, self._host_expert_us = False, True, 0.0
         self._routed_ms = self.costs.gpu_routed_read_ms(top_k)
         self._expert_ms.clear()
@@ -211,12 +211,15 @@ class ModeledTimeline:
         if self._host_on:
             self._host += self.costs.profile.host_plan_us / 1e3
 
-    def cpu_expert(self, key: ExpertKey, n_tokens: int, int8: bool = False) -> OpHandle:
+    def cpu_expert(self, key: ExpertKey, n_tokens: int, int8: bool = False, batch: int = 1) -> OpHandle:
         """A CPU-lane task submitted now (modeled: the executor computed it inline). ``int8``: the lossy int8
-        kernel (its own cost and event kind, ``cpu_int8_run``)."""
+        kernel (its own cost and event kind, ``cpu_int8_run``). ``batch``: the layer's lane jobs, this one
+        included; a lane that runs them side by side charges each its share (`CostModel.lane_batch_factor`), so
+        the layer's jobs, booked one after another, end when they would together."""
         w = min(range(len(self._cpu_free)), key=lambda i: self._cpu_free[i])
         start = max(self._cpu_free[w], self._host if self._host_on else self._gpu_free)
-        end = start + (self.costs.cpu_int8_expert_ms(n_tokens) if int8 else self.costs.cpu_expert_ms(n_tokens))
+        ms = self.costs.cpu_int8_expert_ms(n_tokens) if int8 else self.costs.cpu_expert_ms(n_tokens)
+        end = start + ms * self.costs.lane_batch_factor(batch)
         self._cpu_free[w] = end
         kind = CPU_INT8_RUN if int8 else "cpu_run"
         self._emit(f"cpu{w}", kind, start, end, key)

@@ -69,7 +69,8 @@ def divergence_totals(reference, tokens) -> dict:
 
 
 LANE_SUMS = ("lane_experts", "lane_compute_us_sum", "lane_wait_us_sum", "lane_int8_experts",
-             "lane_int8_compute_us_sum", "lane_int8_wait_us_sum", "lane_bursts", "lane_busy_us_sum")
+             "lane_int8_compute_us_sum", "lane_int8_wait_us_sum", "lane_bursts", "lane_busy_us_sum",
+             "lane_side_bursts", "lane_side_experts", "lane_side_busy_us_sum")
 
 
 def lane_metrics(raw: dict) -> dict:
@@ -78,7 +79,8 @@ def lane_metrics(raw: dict) -> dict:
     real lane job ran (older records have no lane sums). And what the lane delivers: its busy wall over the layers'
     bursts of jobs per expert and the weights it read per second of it (exact jobs only; None where a run had int8
     jobs, or its records predate the bursts). With experts side by side (the auto lane) a job's own time grows while
-    the busy wall per expert falls: the busy wall is the lane's rate."""
+    the busy wall per expert falls: the busy wall is the lane's rate. Where the run had layers of both kinds, the
+    lane's side-by-side speedup as measured (`side_speedup`): the profiles' ``cpu_side_speedup``."""
     n, n8 = raw.get("lane_experts", 0), raw.get("lane_int8_experts", 0)
     compute_us, busy_us = raw.get("lane_compute_us_sum", 0.0), raw.get("lane_busy_us_sum", 0.0)
     busy = busy_us > 0 and raw.get("lane_bursts", 0) > 0 and n and not n8
@@ -89,7 +91,24 @@ def lane_metrics(raw: dict) -> dict:
         "cpu_lane_int8_ms_per_expert": raw.get("lane_int8_compute_us_sum", 0.0) / n8 / 1e3 if n8 else None,
         "cpu_lane_busy_ms_per_expert": busy_us / n / 1e3 if busy else None,
         "cpu_lane_busy_gbps": raw.get("lane_bytes_sum", 0) / (busy_us * 1e3) if busy else None,
+        "cpu_lane_side_speedup": side_speedup(raw) if busy else None,
     }
+
+
+def serial_busy_us_per_expert(raw: dict) -> float | None:
+    """The lane's busy wall per expert over the layers it ran one after another (None: no such layer recorded)."""
+    n = raw.get("lane_experts", 0) - raw.get("lane_side_experts", 0)
+    busy_us = raw.get("lane_busy_us_sum", 0.0) - raw.get("lane_side_busy_us_sum", 0.0)
+    return busy_us / n if n > 0 and busy_us > 0 and raw.get("lane_bursts", 0) > raw.get("lane_side_bursts", 0) \
+        else None
+
+
+def side_speedup(raw: dict) -> float | None:
+    """Busy wall per expert one after another over side by side, from one run's sums (None: the run lacks either
+    kind of layer, or predates the side-by-side sums)."""
+    side_n, side_us = raw.get("lane_side_experts", 0), raw.get("lane_side_busy_us_sum", 0.0)
+    serial = serial_busy_us_per_expert(raw)
+    return serial / (side_us / side_n) if serial and side_n > 0 and side_us > 0 else None
 
 
 # The per-generation sums of bench's quality passes (bench_quality.quality_totals), merged by addition.
@@ -388,7 +407,7 @@ def markdown_table(records: list[dict], cfg: dict) -> str:
             "host_overlap_us_per_layer", "greedy_agreement", "identical_prefix_tokens_median", "divergences",
             "divergences_at_tie", "tf_top1_agreement", "tf_top1_agreement_ties", "tf_kl_mean", "tf_ppl_delta_pct",
             "text_ppl", "text_ppl_delta_pct", "text_kl_mean", "floor_ms", "floor3_ms", "cpu_lane_ms_per_expert",
-            "cpu_lane_gbps", "cpu_lane_busy_ms_per_expert", "cpu_lane_busy_gbps"]
+            "cpu_lane_gbps", "cpu_lane_busy_ms_per_expert", "cpu_lane_busy_gbps", "cpu_lane_side_speedup"]
     head = "| " + " | ".join(cols) + " | miss split (approx/cpu/copy) |\n|" + "---|" * (len(cols) + 1) + "\n"
     rows = []
     for r in sorted(records, key=lambda r: (r.get("workload", "prompts") != "prompts", r["link"], r["budget_frac"],

@@ -13,6 +13,12 @@ line through the sizes instead:
 - ``cpu_job_compute_us``: the intercept, the fixed compute of one job (CostModel charges it once per CPU expert,
   beside the bytes, the task's dispatch in ``cpu_task_us`` and the activations' round trip over the link).
 
+A lane that runs a layer's experts side by side (the auto lane, from three a layer) ends them sooner than one after
+another: where a record says which layers ran so (`lane_side_experts`, `lane_side_busy_us_sum`), the points are the
+busy wall of the layers run one after another, which is what the two costs above model, and the fit adds
+``cpu_side_speedup``: the median over the records of that busy wall per expert over the side-by-side layers' (the
+cost model divides by it from three a layer).
+
 Only `cpu_compute` records are fitted (every miss on the lane, no copies: the lane has host DRAM to itself);
 the other policies' lane jobs, which share DRAM with the copy engine, are reported beside the fit as evidence
 of the contention. Pure: records in, numbers out.
@@ -22,9 +28,10 @@ from __future__ import annotations
 import statistics
 
 from spice_core.errors import ConfigError
+from spice_core.tools.bench_records import serial_busy_us_per_expert, side_speedup
 
 FIT_POLICY = "cpu_compute"
-LANE_KEYS = ("cpu_mem_gbps", "cpu_job_compute_us")     # what `fit_lane_costs` fits
+LANE_KEYS = ("cpu_mem_gbps", "cpu_job_compute_us", "cpu_side_speedup")     # what `fit_lane_costs` may fit
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -46,12 +53,17 @@ def lane_points(records: list[dict]) -> list[dict]:
         n = raw.get("lane_experts") or 0
         if r.get("timing") != "measured" or n <= 0 or not raw.get("lane_bytes_sum"):
             continue
-        busy = raw.get("lane_busy_us_sum") if raw.get("lane_bursts") and not raw.get("lane_int8_experts") else None
+        exact = raw.get("lane_bursts") and not raw.get("lane_int8_experts")
+        busy = raw.get("lane_busy_us_sum") if exact else None
+        serial = serial_busy_us_per_expert(raw) if exact and "lane_side_experts" in raw else None
+        if serial is not None:      # the layers run one after another: what cpu_mem_gbps and the job's µs model
+            us, basis = serial, "busy wall, one after another"
+        else:
+            us, basis = (busy or raw["lane_compute_us_sum"]) / n, "busy wall" if busy else "job compute"
         points.append({"model": r.get("model"), "policy": r.get("policy"), "link": r.get("link"),
                        "budget_frac": r.get("budget_frac"), "experts": n,
-                       "expert_mb": raw["lane_bytes_sum"] / n / 1e6,
-                       "us_per_expert": (busy or raw["lane_compute_us_sum"]) / n,
-                       "basis": "busy wall" if busy else "job compute"})
+                       "expert_mb": raw["lane_bytes_sum"] / n / 1e6, "us_per_expert": us, "basis": basis,
+                       "side_speedup": side_speedup(raw) if exact else None})
     return points
 
 
@@ -82,7 +94,12 @@ def fit_lane_costs(records: list[dict]) -> dict:
             key = f"{p['model']} {p['link']} {p['budget_frac']:g} {p['policy']}"
             shared[key] = {"us_per_expert": round(p["us_per_expert"], 1),
                            "over_fit_pct": round(100 * (p["us_per_expert"] / modeled - 1), 1)}
-    return {"cpu_mem_gbps": gbps, "cpu_job_compute_us": max(0.0, intercept_us),
-            "evidence": {"fitted_policy": FIT_POLICY,
+    fit = {"cpu_mem_gbps": gbps, "cpu_job_compute_us": max(0.0, intercept_us)}
+    speedups = [p["side_speedup"] for p in fitted if p["side_speedup"]]
+    if speedups:                # the lane ran layers both ways: how much sooner side by side ends them, measured
+        fit["cpu_side_speedup"] = statistics.median(speedups)
+    return {**fit,
+            "evidence": {"fitted_policy": FIT_POLICY, "bases": sorted({p["basis"] for p in fitted}),
+                         "side_speedups": [round(s, 3) for s in speedups],
                          "median_us_per_expert": {f"{x:g} MB": round(y, 1) for x, y in zip(xs, ys)},
                          "records": len(fitted), "residual_us": residual, "dram_shared_with_copies": shared}}

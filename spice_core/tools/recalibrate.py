@@ -295,7 +295,7 @@ def recalibrated_profile(profile: HardwareProfile, fit: dict, note: str = "", sh
     """``shape``: the measured model's shape, to turn a measured CPU task into ``cpu_task_us``."""
     host_keys = ("host_layer_us", "host_copy_us", "host_expert_us", "host_plan_us", "host_step_us",
                  "graph_step_kernel_us")
-    new = {k: round(float(fit[k]), 1) for k in (*host_keys, *LANE_KEYS) if k in fit}
+    new = {k: round(float(fit[k]), 3 if k == "cpu_side_speedup" else 1) for k in (*host_keys, *LANE_KEYS) if k in fit}
     if "cpu_task_ms_median" in fit and shape is not None:
         from spice_core.timing.costs import CostModel
         modeled = CostModel(profile, shape).cpu_expert_ms()
@@ -365,7 +365,7 @@ def run(args) -> int:
         names = ", ".join(p.name for p in [*args.trace, *(args.prefetch_trace or [])])
     if args.lane_records:
         lane = fit_lane_costs(read_records(args.lane_records, "--lane-records"))
-        fit.update({k: lane[k] for k in LANE_KEYS})
+        fit.update({k: lane[k] for k in LANE_KEYS if k in lane})   # cpu_side_speedup: where records measured it
         fit["lane_evidence"] = lane["evidence"]
         names += ("; " if names else "") + "CPU lane from " + ", ".join(p.name for p in args.lane_records)
     new = recalibrated_profile(prof, fit, note=names, shape=shape)

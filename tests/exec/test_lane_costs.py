@@ -19,7 +19,7 @@ class _Clock:
     def __init__(self) -> None:
         self.runs = []
 
-    def cpu_expert(self, key, n, int8=False):
+    def cpu_expert(self, key, n, int8=False, batch=1):
         return OpHandle(key, "cpu", "cpu_int8" if int8 else "cpu_run")
 
     def cpu_collected(self, handle, lane_run=None):
@@ -189,3 +189,41 @@ def test_a_run_says_how_many_leading_tokens_it_reproduced_and_shards_pool_them()
     a, b = _raw(identical_prefixes=[2, 6]), _raw(identical_prefixes=[64])
     assert derive(_combine(a, b))["identical_prefix_tokens_median"] == 6
     assert derive(_raw())["identical_prefix_tokens_median"] is None
+
+
+def test_the_layers_an_auto_lane_ran_side_by_side_are_summed_apart(tmp_path, monkeypatch):
+    """An auto lane runs a 3-job layer side by side and a 2-job layer one after another: the record's side sums hold
+    the first alone, and the metrics give their busy walls per expert as the lane's measured speedup."""
+    from spice_core.model.loader import load_model
+    from spice_core.runtime.cpu_jobs import CpuJobs
+    from spice_core.tools.bench_records import side_speedup
+
+    monkeypatch.setattr(cpu_lane_mod, "available_cores", lambda: 7)     # 6 cores left: 3 side by side x 2 threads
+    lm = load_model(build_tiny("qwen2_moe", tmp_path / "m"), "cpu")
+    keys, h = lm.host.keys(), lm.layout.hidden
+    try:
+        with CpuLane(adaptive=True) as lane:
+            assert lane.side_from == 3
+            jobs = CpuJobs(lm, _Clock(), _Recorder(), cpu_lane=lane)
+            for layer_keys in (keys[:3], keys[3:5]):
+                handles = [jobs.submit(k, torch.randn(1, h), 1, F.silu, torch.device("cpu"), decode=True,
+                                       batch=len(layer_keys)) for k in layer_keys]
+                assert all(jobs.collect(k, j) is not None for k, j in zip(layer_keys, handles))
+    finally:
+        torch.set_num_threads(1)
+    t, runs = jobs.lane_totals(), jobs.clock.runs
+    first = max(r[2] for r in runs[:3]) - min(r[1] for r in runs[:3])
+    assert t["lane_bursts"] == 2 and t["lane_side_bursts"] == 1 and t["lane_side_experts"] == 3
+    assert t["lane_side_busy_us_sum"] == pytest.approx(first * 1e6)
+    serial = (t["lane_busy_us_sum"] - t["lane_side_busy_us_sum"]) / 2
+    assert side_speedup(t) == pytest.approx(serial / (t["lane_side_busy_us_sum"] / 3))
+
+
+def test_the_measured_side_speedup_needs_layers_of_both_kinds():
+    both = _raw(lane_experts=10, lane_compute_us_sum=9000.0, lane_bursts=4, lane_busy_us_sum=5000.0,
+                lane_side_bursts=2, lane_side_experts=8, lane_side_busy_us_sum=3200.0, lane_bytes_sum=10 * 17_301_504)
+    assert lane_metrics(both)["cpu_lane_side_speedup"] == pytest.approx((1800.0 / 2) / (3200.0 / 8))
+    only_side = dict(both, lane_bursts=2, lane_experts=8, lane_busy_us_sum=3200.0)
+    assert lane_metrics(only_side)["cpu_lane_side_speedup"] is None
+    assert lane_metrics(_raw(lane_experts=4, lane_compute_us_sum=3600.0, lane_bursts=1,
+                             lane_busy_us_sum=1200.0))["cpu_lane_side_speedup"] is None    # older records

@@ -259,3 +259,45 @@ def test_approximated_misses_charge_no_queue_so_the_others_are_decided_as_if_the
         assert [every[i] for i in rest] == alone
         assert all(every[i] == MissAction.APPROX for i in range(len(reqs)) if reqs[i].router_weight < 0.05
                    and not (reqs[i].inflight_arrival_ms is not None and reqs[i].inflight_arrival_ms <= 0.0))
+
+
+def test_a_lane_that_runs_experts_side_by_side_prices_a_layers_third_expert_at_its_share():
+    # copies 1.0 ms each, one CPU expert 0.9 ms: one after another, the lane and the link take turns
+    reqs = [MissRequest(0.3, copy_ms=1.0, cpu_ms=0.9)] * 6
+    serial = plan_misses(reqs, QueueState(now_ms=0.0, copy_free_at_ms=0.0), EXACT)
+    assert serial == [MissAction.CPU, MissAction.COPY] * 3
+    # side by side from 3 at 1.5x: a third lane expert ends the layer's three at 3 x 0.9 / 1.5 = 1.8 ms, before a
+    # second copy lands (2.0): the lane takes the 4th miss too, and the planner books the lane's wall, not its sum
+    q = QueueState(now_ms=0.0, copy_free_at_ms=0.0, side_from=3, side_speedup=1.5)
+    side = plan_misses(reqs, q, EXACT)
+    assert side == [MissAction.CPU, MissAction.COPY, MissAction.CPU, MissAction.CPU, MissAction.COPY, MissAction.CPU]
+    assert q.cpu_free_at_ms == [pytest.approx(4 * 0.9 / 1.5)] and q.copy_free_at_ms == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("profile", ["rtx5090-pcie4x8", "h200-pcie5x16", "rtx4060-pcie4x8"])
+def test_side_by_side_at_speedup_one_or_never_is_the_one_after_another_plan(profile):
+    reqs = _requests(profile, [0.3, 0.2, 0.5, 0.4, 0.3, 0.6])
+    base_q = QueueState(now_ms=1.0, copy_free_at_ms=2.0, cpu_free_at_ms=[0.5])
+    base = plan_misses(reqs, base_q, EXACT)
+    for side_from, speedup in ((3, 1.0), (0, 1.5)):
+        q = QueueState(now_ms=1.0, copy_free_at_ms=2.0, cpu_free_at_ms=[0.5], side_from=side_from,
+                       side_speedup=speedup)
+        assert plan_misses(reqs, q, EXACT) == base
+        assert q.cpu_free_at_ms == base_q.cpu_free_at_ms and q.copy_free_at_ms == base_q.copy_free_at_ms
+
+
+def test_the_cost_models_lane_batch_factor_follows_the_lanes_shape():
+    profile = get_profile("h200-pcie5x16-graphed")
+    assert profile.cpu_side_speedup > 1.0                        # measured (profiles.json says where)
+    fixed = CostModel(profile, get_shape("deepseek-v2-lite"))
+    auto = CostModel(profile, get_shape("deepseek-v2-lite"), lane_side_from=3)
+    assert [fixed.lane_batch_factor(n) for n in (1, 3, 6)] == [1.0, 1.0, 1.0]
+    assert [auto.lane_batch_factor(n) for n in (1, 2)] == [1.0, 1.0]
+    assert auto.lane_batch_factor(3) == auto.lane_batch_factor(6) == pytest.approx(1.0 / profile.cpu_side_speedup)
+    assert get_profile("rtx4060-pcie4x8").cpu_side_speedup == 1.0   # not measured: no gain assumed
+
+
+def test_a_profile_refuses_a_side_speedup_of_zero():
+    from dataclasses import replace
+    with pytest.raises(ConfigError, match="cpu_side_speedup"):
+        replace(get_profile("h200-pcie5x16"), cpu_side_speedup=0.0)

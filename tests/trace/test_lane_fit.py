@@ -82,3 +82,28 @@ def test_a_record_with_the_lanes_busy_wall_is_fitted_on_it_not_on_a_jobs_time():
     assert [p["basis"] for p in lane_points(recs)] == ["busy wall", "busy wall"]
     fit = fit_lane_costs(recs)
     assert fit["cpu_mem_gbps"] == pytest.approx(GBPS) and fit["cpu_job_compute_us"] == pytest.approx(FIXED_US)
+
+
+def test_records_that_say_which_layers_ran_side_by_side_are_fitted_on_the_others_and_give_the_speedup():
+    """A layer's experts side by side end 1.4x sooner than one after another: the fit takes the layers run one after
+    another for the rate and fixed cost (what the cost model charges a job), and the ratio as cpu_side_speedup."""
+    from spice_core.tools.lane_fit import lane_points
+
+    recs = []
+    for mb in (17.3, 55.05):
+        r = _rec("cpu_compute", mb)
+        n, us = r["raw"]["lane_experts"], r["raw"]["lane_compute_us_sum"] / r["raw"]["lane_experts"]
+        side_n = 900                                      # 900 experts in layers of 3+, 100 in layers of 1-2
+        r["raw"].update(lane_bursts=350, lane_busy_us_sum=(n - side_n) * us + side_n * us / 1.4,
+                        lane_side_bursts=250, lane_side_experts=side_n, lane_side_busy_us_sum=side_n * us / 1.4)
+        recs.append(r)
+    assert {p["basis"] for p in lane_points(recs)} == {"busy wall, one after another"}
+    fit = fit_lane_costs(recs)
+    assert fit["cpu_mem_gbps"] == pytest.approx(GBPS) and fit["cpu_job_compute_us"] == pytest.approx(FIXED_US)
+    assert fit["cpu_side_speedup"] == pytest.approx(1.4)
+    # the same records without the side sums: the whole busy wall, a faster lane than one job alone is
+    for r in recs:
+        for k in ("lane_side_bursts", "lane_side_experts", "lane_side_busy_us_sum"):
+            del r["raw"][k]
+    old = fit_lane_costs(recs)
+    assert "cpu_side_speedup" not in old and old["cpu_mem_gbps"] > GBPS
