@@ -456,7 +456,8 @@ class SpiceEngine:
                          f"ms there against a {costs.copy_ms():.2f} ms copy")
         int8 = self._offer_int8(s, spec, costs, cpu_lane, modeled_cpu, notes) if s.tau_int8 > 0 else None
         if can_cpu or int8 is not None:     # the planner (and a modeled clock) price the lane's shape
-            costs = replace(costs, lane_side_from=self._lane_side_from(cpu_lane))
+            from spice_core.exec.cpu_lane import lane_side_from
+            costs = replace(costs, lane_side_from=lane_side_from(cpu_lane))
         planner = LayerPlanner(spec, n_slots=n_slots, n_experts=lm.n_experts, top_k=lm.top_k, moe_layers=lm.moe_layers,
                                costs=costs, tau_prefetch=s.tau_prefetch, tau_approx=s.tau_approx if lore else 0.0,
                                max_lookahead=s.max_lookahead, can_approx=lore is not None,
@@ -533,15 +534,6 @@ class SpiceEngine:
             log.info("int8 copy of %d routed experts: %.1f MB, made in %.2f s", len(self._int8_store),
                      self._int8_store.total_bytes / 1e6, self._int8_store.build_s)
         return self._int8_store
-
-    @staticmethod
-    def _lane_side_from(cpu_lane) -> int:
-        """`CostModel.lane_side_from` for this run: the real lane's, or (modeled) the lane this machine's shape
-        setting names, whether or not the machine could run it."""
-        if cpu_lane is not None:
-            return cpu_lane.side_from
-        from spice_core.exec.cpu_lane import shape_side_from
-        return shape_side_from()
 
     def _get_cpu_lane(self):
         if self._cpu_lane is None:

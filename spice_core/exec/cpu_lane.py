@@ -287,6 +287,12 @@ def shape_side_from(shape: str | None = None) -> int:
     return AUTO_PARALLEL_FROM if _shape_text(shape) == AUTO_SHAPE else 0
 
 
+def lane_side_from(lane: CpuLane | None) -> int:
+    """`CostModel.lane_side_from` for a run: ``lane``'s, or (None: modeled, no lane made) that of the lane this
+    machine's shape setting names, whether or not the machine could run it."""
+    return lane.side_from if lane is not None else shape_side_from()
+
+
 def lane_from_shape(shape: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> CpuLane:
     """A lane of shape "WxT" (W workers x T intra-op threads each; T 0: the cores left after the driver,
     shared out) or "auto" (`batch_shape` per layer). None: ``$SPICE_CPU_LANE``, else `DEFAULT_SHAPE`. A malformed

@@ -259,9 +259,12 @@ def test_the_lane_says_from_how_many_experts_it_runs_them_side_by_side(monkeypat
     monkeypatch.setattr(cpu_lane_mod, "available_cores", lambda: 16)
     with CpuLane(adaptive=True) as auto, CpuLane(workers=3, threads_per_worker=5) as fixed:
         assert auto.side_from == cpu_lane_mod.AUTO_PARALLEL_FROM and fixed.side_from == 0
+        assert cpu_lane_mod.lane_side_from(auto) == auto.side_from and cpu_lane_mod.lane_side_from(fixed) == 0
     monkeypatch.setattr(cpu_lane_mod, "available_cores", lambda: 3)     # 2 cores left: nothing side by side
     with CpuLane(adaptive=True) as small:
         assert small.side_from == 0
     assert cpu_lane_mod.shape_side_from("auto") == cpu_lane_mod.AUTO_PARALLEL_FROM
     assert cpu_lane_mod.shape_side_from(" AUTO ") == cpu_lane_mod.AUTO_PARALLEL_FROM
     assert cpu_lane_mod.shape_side_from("1x0") == cpu_lane_mod.shape_side_from("3x5") == 0
+    monkeypatch.setenv(cpu_lane_mod.SHAPE_ENV, "1x0")          # no lane made (a modeled run): the shape setting's
+    assert cpu_lane_mod.lane_side_from(None) == 0
