@@ -17,7 +17,8 @@ A lane that runs a layer's experts side by side (the auto lane, from three a lay
 another: where a record says which layers ran so (`lane_side_experts`, `lane_side_busy_us_sum`), the points are the
 busy wall of the layers run one after another, which is what the two costs above model, and the fit adds
 ``cpu_side_speedup``: the median over the records of that busy wall per expert over the side-by-side layers' (the
-cost model divides by it from three a layer).
+cost model divides by it from three a layer). A record whose every layer ran side by side is left out: its busy wall
+is the faster side-by-side lane's, and nothing in it says what one after another costs.
 
 Only `cpu_compute` records are fitted (every miss on the lane, no copies: the lane has host DRAM to itself);
 the other policies' lane jobs, which share DRAM with the copy engine, are reported beside the fit as evidence
@@ -45,13 +46,20 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return my - slope * mx, slope
 
 
+def all_side_by_side(raw: dict) -> bool:
+    """Whether a record's lane ran every layer's exact jobs side by side (its sums say which ran so)."""
+    bursts = raw.get("lane_bursts") or 0
+    return bool(bursts) and not raw.get("lane_int8_experts") and raw.get("lane_side_bursts", 0) >= bursts
+
+
 def lane_points(records: list[dict]) -> list[dict]:
-    """One point per measured record with real lane jobs: its policy, link, bytes and µs per expert."""
+    """One point per measured record with real lane jobs (but those `all_side_by_side`): its policy, link, bytes and
+    µs per expert."""
     points = []
     for r in records:
         raw = r.get("raw") or {}
         n = raw.get("lane_experts") or 0
-        if r.get("timing") != "measured" or n <= 0 or not raw.get("lane_bytes_sum"):
+        if r.get("timing") != "measured" or n <= 0 or not raw.get("lane_bytes_sum") or all_side_by_side(raw):
             continue
         exact = raw.get("lane_bursts") and not raw.get("lane_int8_experts")
         busy = raw.get("lane_busy_us_sum") if exact else None
@@ -68,7 +76,8 @@ def lane_points(records: list[dict]) -> list[dict]:
 
 
 def fit_lane_costs(records: list[dict]) -> dict:
-    """``cpu_mem_gbps`` and ``cpu_job_compute_us`` from the `cpu_compute` records, with the points they rest on."""
+    """``cpu_mem_gbps`` and ``cpu_job_compute_us`` from the `cpu_compute` records, and ``cpu_side_speedup`` where
+    they ran layers both ways, with the points they rest on."""
     points = lane_points(records)
     fitted = [p for p in points if p["policy"] == FIT_POLICY]
     by_size: dict[float, list[float]] = {}
@@ -76,9 +85,12 @@ def fit_lane_costs(records: list[dict]) -> dict:
         by_size.setdefault(round(p["expert_mb"], 2), []).append(p["us_per_expert"])
     if len(by_size) < 2:
         sizes = ", ".join(f"{mb:g} MB" for mb in sorted(by_size)) or "none"
+        side = sum(r.get("policy") == FIT_POLICY and all_side_by_side(r.get("raw") or {}) for r in records)
+        why = f"; {side} record(s) left out whose lane ran every layer side by side: run them on a fixed lane " \
+              "shape (SPICE_CPU_LANE=1x0)" if side else ""
         raise ConfigError(f"fitting the CPU lane needs measured {FIT_POLICY} records of two expert sizes (found: "
                           f"{sizes}): pass the results.json of both models' runs, e.g. DeepSeek-V2-Lite's and "
-                          "Qwen2-57B-A14B's lifts")
+                          f"Qwen2-57B-A14B's lifts{why}")
     xs = sorted(by_size)
     ys = [statistics.median(by_size[x]) for x in xs]
     intercept_us, slope_us_per_mb = fit_line(xs, ys)

@@ -107,3 +107,31 @@ def test_records_that_say_which_layers_ran_side_by_side_are_fitted_on_the_others
             del r["raw"][k]
     old = fit_lane_costs(recs)
     assert "cpu_side_speedup" not in old and old["cpu_mem_gbps"] > GBPS
+
+
+def _side_only(r, speedup=1.4):
+    """``r`` as a run whose every layer sent the lane 3+ experts: all its bursts ran side by side."""
+    n, us = r["raw"]["lane_experts"], r["raw"]["lane_compute_us_sum"] / r["raw"]["lane_experts"]
+    r["raw"].update(lane_bursts=250, lane_busy_us_sum=n * us / speedup, lane_side_bursts=250, lane_side_experts=n,
+                    lane_side_busy_us_sum=n * us / speedup)
+    return r
+
+
+def test_a_record_whose_layers_all_ran_side_by_side_is_not_fitted_as_one_after_another():
+    """Regression: such a record has no layer run one after another, and its whole busy wall (the side-by-side
+    lane's, 1.4x faster) was fitted as the rate the cost model then divides by cpu_side_speedup again."""
+    from spice_core.tools.lane_fit import lane_points
+
+    recs = []
+    for mb in (17.3, 55.05):
+        r = _rec("cpu_compute", mb)
+        n, us = r["raw"]["lane_experts"], r["raw"]["lane_compute_us_sum"] / r["raw"]["lane_experts"]
+        r["raw"].update(lane_bursts=350, lane_busy_us_sum=100 * us + 900 * us / 1.4, lane_side_bursts=250,
+                        lane_side_experts=900, lane_side_busy_us_sum=900 * us / 1.4)
+        recs += [r, _side_only(_rec("cpu_compute", mb))]
+    assert [p["basis"] for p in lane_points(recs)] == ["busy wall, one after another"] * 2
+    fit = fit_lane_costs(recs)
+    assert fit["cpu_mem_gbps"] == pytest.approx(GBPS) and fit["cpu_job_compute_us"] == pytest.approx(FIXED_US)
+    assert fit["cpu_side_speedup"] == pytest.approx(1.4) and fit["evidence"]["records"] == 2
+    with pytest.raises(ConfigError, match="side by side"):
+        fit_lane_costs([_side_only(_rec("cpu_compute", mb)) for mb in (17.3, 55.05)])
