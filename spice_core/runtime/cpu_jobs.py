@@ -31,7 +31,7 @@ class CpuJobs:
         # per kernel ("exact", "int8"): [one-token jobs collected, their compute s on the worker, the host's wait s]
         self._cost = {"exact": [0, 0.0, 0.0], "int8": [0, 0.0, 0.0]}
         # one layer's one-token jobs together: burst id -> [first start s, last end s, jobs not collected yet,
-        # jobs, whether the lane ran them side by side]
+        # jobs that ran (a failed one is no expert of lane_experts either), whether the lane ran them side by side]
         self._bursts: dict[int, list] = {}
         self._burst, self._burst_left = 0, 0
         self._busy = [0, 0.0]                    # bursts whose jobs all came in, their busy wall s summed
@@ -57,7 +57,6 @@ class CpuJobs:
         except AttributeError:                  # a job that takes no attribute is not counted
             return
         span[2] += 1
-        span[3] += 1
 
     def _out_of_burst(self, job, t0: float | None = None, t1: float | None = None) -> None:
         """A job was collected (``t0``/``t1``: its run, None when it failed); a burst whose jobs are all in adds its
@@ -67,6 +66,7 @@ class CpuJobs:
             return
         if t0 is not None:
             span[0], span[1] = min(span[0], t0), max(span[1], t1)
+            span[3] += 1
         span[2] -= 1
         if span[2] <= 0:
             del self._bursts[job.burst]

@@ -227,3 +227,29 @@ def test_the_measured_side_speedup_needs_layers_of_both_kinds():
     assert lane_metrics(only_side)["cpu_lane_side_speedup"] is None
     assert lane_metrics(_raw(lane_experts=4, lane_compute_us_sum=3600.0, lane_bursts=1,
                              lane_busy_us_sum=1200.0))["cpu_lane_side_speedup"] is None    # older records
+
+
+def test_a_failed_job_of_a_side_by_side_layer_is_not_one_of_its_experts(tmp_path, monkeypatch):
+    """Regression: the side sums counted a layer's jobs as submitted, a failed one too, while ``lane_experts`` and the
+    busy wall count the jobs that ran; the one-after-another layers' experts (the difference) came out one short."""
+    from spice_core.model.loader import load_model
+    from spice_core.runtime.cpu_jobs import CpuJobs
+
+    monkeypatch.setattr(cpu_lane_mod, "available_cores", lambda: 7)     # 6 cores left: 3 side by side x 2 threads
+    lm = load_model(build_tiny("qwen2_moe", tmp_path / "m"), "cpu")
+    keys, h = lm.host.keys(), lm.layout.hidden
+    try:
+        with CpuLane(adaptive=True) as lane:
+            jobs = CpuJobs(lm, _Clock(), _Recorder(), cpu_lane=lane)
+            xs = [torch.randn(1, h), torch.randn(1, h + 1), torch.randn(1, h)]     # the second one's rows are wrong
+            handles = [jobs.submit(k, x, 1, F.silu, torch.device("cpu"), decode=True, batch=3)
+                       for k, x in zip(keys[:3], xs)]
+            assert [jobs.collect(k, j) is not None for k, j in zip(keys[:3], handles)] == [True, False, True]
+            for k in keys[3:5]:
+                assert jobs.collect(k, jobs.submit(k, torch.randn(1, h), 1, F.silu, torch.device("cpu"),
+                                                   decode=True, batch=1)) is not None
+    finally:
+        torch.set_num_threads(1)
+    t = jobs.lane_totals()
+    assert t["lane_experts"] == 4 and t["lane_side_bursts"] == 1 and t["lane_side_experts"] == 2
+    assert jobs.recorder.fallbacks == [keys[1]]
