@@ -77,7 +77,8 @@ class CostModel:
     def lane_batch_factor(self, n_experts: int) -> float:
         """The CPU lane's wall for a layer's ``n_experts`` jobs as a fraction of their one-after-another times: 1
         below ``lane_side_from`` (one at a time on every core), 1 / the profile's ``cpu_side_speedup`` from it (whole
-        experts side by side; measured 1.24-1.52 at 3-6 experts on the H200 and H100 hosts)."""
+        experts side by side; its median over 3-6 experts measured 1.30-1.38 on the H200 and H100 hosts, one size
+        alone anywhere from 0.95 to 1.58)."""
         if self.lane_side_from <= 0 or n_experts < self.lane_side_from:
             return 1.0
         return 1.0 / self.profile.cpu_side_speedup

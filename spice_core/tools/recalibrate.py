@@ -21,7 +21,8 @@ profile's host fields (profiles.py) from the engine's own measured Chrome traces
 - ``host_step_us``: the median time per token outside the layers (sampling, the readback of
   the token, Python between tokens);
 - ``cpu_mem_gbps`` and ``cpu_job_compute_us`` (``--lane-records``): the CPU lane's rate and fixed compute per job,
-  from measured `cpu_compute` records of two expert sizes (`lane_fit.py`);
+  from measured `cpu_compute` records of two expert sizes (`lane_fit.py`), and ``cpu_side_speedup`` where the
+  records' lane ran layers both one after another and side by side;
 - ``cpu_task_us`` (when the traces hold CPU-lane tasks): raised so one modeled CPU expert takes
   the median measured task. During decoding the lane shares the cores with the driver thread,
   so a task takes longer than `calibrate-hw` measures on an idle machine.
@@ -331,7 +332,8 @@ def add_cli(sub) -> None:
                    help="measured trace(s) of a prefetching policy")
     p.add_argument("--lane-records", type=Path, nargs="+", default=None,
                    help="results.json of measured runs with cpu_compute on two expert sizes (both models' lifts, "
-                        "any link): fits the CPU lane's cpu_mem_gbps and cpu_job_compute_us (tools/lane_fit.py)")
+                        "any link): fits the CPU lane's cpu_mem_gbps and cpu_job_compute_us, and "
+                        "cpu_side_speedup where they measured it (tools/lane_fit.py)")
     p.add_argument("--shape", default="deepseek-v2-lite", help="the measured model's shape (for CPU-lane tasks)")
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=run)
@@ -372,6 +374,6 @@ def run(args) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(new.as_dict(), indent=2))
     for k, v in fit.items():
-        print(f"{k}: {json.dumps(v) if isinstance(v, dict) else f'{v:.1f}'}")
+        print(f"{k}: {json.dumps(v) if isinstance(v, dict) else f'{v:.3f}' if k == 'cpu_side_speedup' else f'{v:.1f}'}")
     print(f"wrote {args.out}")
     return 0
