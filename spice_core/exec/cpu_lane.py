@@ -159,7 +159,9 @@ class CpuLane:
 
     @property
     def side_from(self) -> int:
-        """From how many experts a layer this lane runs them side by side (0: never, one after another)."""
+        """From how many experts a layer this auto lane runs them side by side; 0 for any other lane, which the
+        planner prices one expert after another (a fixed shape of W >= 2 workers does run up to W side by side, but
+        its jobs queue on the workers as they come, priced as one queue as before)."""
         return AUTO_PARALLEL_FROM if self.adaptive and self._side_pool is not None else 0
 
     @property

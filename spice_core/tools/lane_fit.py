@@ -17,7 +17,8 @@ A lane that runs a layer's experts side by side (the auto lane, from three a lay
 another: where a record says which layers ran so (`lane_side_experts`, `lane_side_busy_us_sum`), the points are the
 busy wall of the layers run one after another, which is what the two costs above model, and the fit adds
 ``cpu_side_speedup``: the median over the records of that busy wall per expert over the side-by-side layers' (the
-cost model divides by it from three a layer). A record whose every layer ran side by side is left out: its busy wall
+cost model divides by it from three a layer). Records from before those sums, fitted on their whole busy wall, hold
+whatever side-by-side gain their lane had in the fitted rate already: the fit then sets ``cpu_side_speedup`` to 1. A record whose every layer ran side by side is left out: its busy wall
 is the faster side-by-side lane's, and nothing in it says what one after another costs.
 
 Only `cpu_compute` records are fitted (every miss on the lane, no copies: the lane has host DRAM to itself);
@@ -110,6 +111,10 @@ def fit_lane_costs(records: list[dict]) -> dict:
     speedups = [p["side_speedup"] for p in fitted if p["side_speedup"]]
     if speedups:                # the lane ran layers both ways: how much sooner side by side ends them, measured
         fit["cpu_side_speedup"] = statistics.median(speedups)
+    elif any(p["basis"] == "busy wall" for p in fitted):
+        # Records from before the side sums, fitted on their whole busy wall: whatever side-by-side gain their lane
+        # had is already in the fitted rate, so the cost model must not divide by a speedup again.
+        fit["cpu_side_speedup"] = 1.0
     return {**fit,
             "evidence": {"fitted_policy": FIT_POLICY, "bases": sorted({p["basis"] for p in fitted}),
                          "side_speedups": [round(s, 3) for s in speedups],

@@ -106,7 +106,8 @@ def test_records_that_say_which_layers_ran_side_by_side_are_fitted_on_the_others
         for k in ("lane_side_bursts", "lane_side_experts", "lane_side_busy_us_sum"):
             del r["raw"][k]
     old = fit_lane_costs(recs)
-    assert "cpu_side_speedup" not in old and old["cpu_mem_gbps"] > GBPS
+    # ... in which the side-by-side gain already is: the fit resets the speedup so it is not applied twice
+    assert old["cpu_side_speedup"] == 1.0 and old["cpu_mem_gbps"] > GBPS
 
 
 def _side_only(r, speedup=1.4):
