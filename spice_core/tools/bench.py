@@ -15,11 +15,13 @@ Config (JSON):
      "export_traces": ["spice"], "export_trace_prompts": "first" | "all",
      "cpu_lane": true, "lane_offer": "auto" | "always", "prefetch_admission": "exact" | "all",
      "copy_issue": "direct" | "torch", "teacher_forced": true | [policy, ...], "heldout_text_tokens": 512,
-     "heldout_text_window": 128, "runs": [{...}, ...]}
+     "heldout_text_window": 128, "runs": [{...}, ...], "interleave_runs": false}
 ("lane_offer": "always" offers the CPU lane to spice-like policies where a CPU expert is slower than a copy, an A/B;
 "copy_issue": "torch" issues slot copies by Tensor.copy_, not cudaMemcpyAsync directly, an A/B of that path;
 "teacher_forced" adds quality passes on the run's own device and code, "heldout_text_tokens" held-out text to them,
-bench_quality.py.)
+bench_quality.py; "interleave_runs": true runs every "runs" block on a prompt before any block takes the next one, so
+an A/B of two blocks' settings meets the same machine drift, as the policies of one block do; false runs the blocks one
+after the other.)
 Everything is validated before any model is built (bench_config.py): unknown keys, wrong types and
 out-of-range values are refused with the key's name; "comment" may hold any note.
 Held-out prompts ({"heldout": N}, the long prompt) come from the spice-heldout.json.gz beside the model
@@ -41,11 +43,11 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 
 from spice_core.api import EXACT_POLICIES, POLICIES, RunSettings, greedy_agreement
+from spice_core.tools.bench_blocks import SETTING_DEFAULTS, block_units, resolve_blocks
 from spice_core.tools.bench_config import LINKS_GBPS, load_config_file, load_results
 from spice_core.tools.bench_quality import QualityPasses, heldout_windows
 from spice_core.tools.bench_records import (add_floors, add_three_lane_floor, divergence_totals, markdown_table,
@@ -248,31 +250,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
 
     # Blocks: the config, or its "runs", each of which may set any of bench_config.RUN_KEYS ("variant" labels its
     # records), all on the one model built above.
-    blocks: list[Block] = []
-    for i_block, b in enumerate(cfg.get("runs") or [{}]):
-        pols = b.get("policies", policies)
-        n_p = int(b.get("n_prompts", len(prompts)))
-        wl = [w for w in workloads if w[0] == "prompts"][:n_p]
-        if "prompt_indices" in b:
-            wanted = set(b["prompt_indices"])
-            missing = sorted(wanted - {w[1] for w in wl})
-            if missing:
-                raise ConfigError(f"runs[{i_block}] \"prompt_indices\" {missing} are beyond the {len(wl)} prompts this "
-                                  "block has: raise \"prompts\" or \"n_prompts\"")
-            wl = [w for w in wl if w[1] in wanted]
-        if b.get("long_prompt", True):
-            wl += [w for w in workloads if w[0] == "long"]
-        wl = [w for w in wl if w[1] % shard[1] == shard[0]]
-        blocks.append(Block(
-            links=b.get("links", links), budgets=[float(x) for x in b.get("budgets", budgets)], policies=pols,
-            workloads=wl, max_new=int(b.get("max_new_tokens", max_new)), reps=int(b.get("repetitions", reps)),
-            host_aware=bool(b.get("host_aware", cfg.get("host_aware", True))), variant=str(b.get("variant", "")),
-            executor=str(b.get("executor", cfg.get("executor", "auto"))),
-            cpu_lane=bool(b.get("cpu_lane", cfg.get("cpu_lane", True))),
-            settings={k: b.get(k, cfg.get(k, d)) for k, d in SETTING_DEFAULTS.items()},
-            lane_offer=str(b.get("lane_offer", cfg.get("lane_offer", "auto"))),
-            prefetch_admission=str(b.get("prefetch_admission", cfg.get("prefetch_admission", "exact"))),
-            teacher_forced=b.get("teacher_forced", cfg.get("teacher_forced", False))))
+    blocks = resolve_blocks(cfg, policies, budgets, links, workloads, len(prompts), max_new, reps, shard)
     settings_of: dict[str, dict] = {}        # variant -> its thresholds (a record says what it ran with)
     for b in blocks:
         if settings_of.setdefault(b.variant, b.settings) != b.settings:
@@ -311,58 +289,55 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         text_windows, text_source = heldout_windows(lm, folder if lifted else None, int(cfg["heldout_text_tokens"]),
                                                     int(cfg.get("heldout_text_window", 128)))
         print(f"held-out text for the quality passes: {sum(len(w) for w in text_windows)} tokens of {text_source}")
-    for blk in blocks:
-        b_links, b_budgets, b_policies, b_workloads = blk.links, blk.budgets, blk.policies, blk.workloads
-        b_max_new, b_reps, b_host_aware, b_variant = blk.max_new, blk.reps, blk.host_aware, blk.variant
-        b_executor, b_cpu_lane, b_set = blk.executor, blk.cpu_lane, blk.settings
+    qualities = {i: QualityPasses(b.teacher_forced, text_windows) for i, b in enumerate(blocks) if b.teacher_forced}
+    for i_blk, link, rep, budget, (workload, pi, ids) in block_units(blocks, bool(cfg.get("interleave_runs"))):
+        blk = blocks[i_blk]
+        b_policies, b_max_new, b_variant = blk.policies, blk.max_new, blk.variant
+        b_cpu_lane, b_set = blk.cpu_lane, blk.settings
         ref_policy = next((p for p in b_policies if p in EXACT_POLICIES), None)
-        quality = QualityPasses(blk.teacher_forced, text_windows) if blk.teacher_forced else None
-        for link in b_links:
-            eng = engine_for(link, b_host_aware, b_executor, blk.lane_offer, blk.prefetch_admission)
-            for rep in range(b_reps):
-                for budget in b_budgets:
-                    for workload, pi, ids in b_workloads:
-                        ref_key = (link, budget, workload, pi, b_max_new)
-                        # until the block's own exact policy has run: an earlier block's exact tokens, if any
-                        ref_tokens = exact_tokens.get(ref_key)
-                        for pol in b_policies:
-                            s = RunSettings(policy=pol, cache_frac=budget, max_new_tokens=b_max_new,
-                                            profile=cfg.get("profile", RunSettings().profile),
-                                            shape=cfg.get("shape", "deepseek-v2-lite"),
-                                            tau_prefetch=float(b_set["tau_prefetch"]),
-                                            tau_approx=float(b_set["tau_approx"]),
-                                            max_lookahead=int(b_set["max_lookahead"]),
-                                            lore_rank=int(b_set["lore_rank"]), cpu_lane=b_cpu_lane)
-                            if device == "cuda":
-                                torch.cuda.reset_peak_memory_stats()
-                            run = eng.start_ids(ids, s)
-                            steps = list(run)
-                            toks = [st.token_id for st in steps]
-                            if pol == ref_policy:
-                                ref_tokens = toks
-                                exact_tokens.setdefault(ref_key, toks)
-                            agree = greedy_agreement(ref_tokens, toks) if ref_tokens is not None else None
-                            rec = eng.get_record(run.run_id)
-                            every = cfg.get("export_trace_prompts") == "all"     # default: the first prompt's
-                            trace = out / (f"trace-{link}-{budget:.2f}-{pol}" + (f"-p{pi}" if every else "") + ".json")
-                            if (pi == 0 or every) and pol in cfg.get("export_traces", []) and not trace.exists():
-                                from spice_core.trace.export import write_chrome_trace
-                                write_chrome_trace(rec.events, trace,
-                                                   metadata={"policy": pol, "link": link, "budget_frac": budget,
-                                                             "model": desc, "timing": cfg["timing"]})
-                            totals = dict(rec.totals, **divergence_totals(ref_tokens, toks))
-                            if quality is not None and ref_tokens is not None:
-                                totals.update(quality.totals(eng, (link, rep, ref_key), ids, s, ref_policy or
-                                                             "resident", ref_tokens, toks))
-                                if workload == "prompts" and pi == 0:      # once per cell, however it is sharded
-                                    totals.update(quality.text(eng, (link, rep, budget), s, ref_policy or "resident"))
-                            if device == "cuda":
-                                totals["gpu_peak_bytes"] = torch.cuda.max_memory_allocated()
-                            per.setdefault((link, budget, pol, workload, b_variant), []).append(
-                                (steps, agree, totals, run.summary()))
-                            done += 1
-                            _progress(done, total, t0, f"{link} {budget:.2f} {pol} {workload}")
-                        _write_partial(out, cfg, desc, lm, per, hw, prov, settings_of)   # a run cut short keeps what finished
+        quality = qualities.get(i_blk)
+        eng = engine_for(link, blk.host_aware, blk.executor, blk.lane_offer, blk.prefetch_admission)
+        ref_key = (link, budget, workload, pi, b_max_new)
+        # until the block's own exact policy has run: an earlier block's exact tokens, if any
+        ref_tokens = exact_tokens.get(ref_key)
+        for pol in b_policies:
+            s = RunSettings(policy=pol, cache_frac=budget, max_new_tokens=b_max_new,
+                            profile=cfg.get("profile", RunSettings().profile),
+                            shape=cfg.get("shape", "deepseek-v2-lite"),
+                            tau_prefetch=float(b_set["tau_prefetch"]),
+                            tau_approx=float(b_set["tau_approx"]),
+                            max_lookahead=int(b_set["max_lookahead"]),
+                            lore_rank=int(b_set["lore_rank"]), cpu_lane=b_cpu_lane)
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            run = eng.start_ids(ids, s)
+            steps = list(run)
+            toks = [st.token_id for st in steps]
+            if pol == ref_policy:
+                ref_tokens = toks
+                exact_tokens.setdefault(ref_key, toks)
+            agree = greedy_agreement(ref_tokens, toks) if ref_tokens is not None else None
+            rec = eng.get_record(run.run_id)
+            every = cfg.get("export_trace_prompts") == "all"     # default: the first prompt's
+            trace = out / (f"trace-{link}-{budget:.2f}-{pol}" + (f"-p{pi}" if every else "") + ".json")
+            if (pi == 0 or every) and pol in cfg.get("export_traces", []) and not trace.exists():
+                from spice_core.trace.export import write_chrome_trace
+                write_chrome_trace(rec.events, trace,
+                                   metadata={"policy": pol, "link": link, "budget_frac": budget,
+                                             "model": desc, "timing": cfg["timing"]})
+            totals = dict(rec.totals, **divergence_totals(ref_tokens, toks))
+            if quality is not None and ref_tokens is not None:
+                totals.update(quality.totals(eng, (link, rep, ref_key), ids, s, ref_policy or
+                                             "resident", ref_tokens, toks))
+                if workload == "prompts" and pi == 0:      # once per cell, however it is sharded
+                    totals.update(quality.text(eng, (link, rep, budget), s, ref_policy or "resident"))
+            if device == "cuda":
+                totals["gpu_peak_bytes"] = torch.cuda.max_memory_allocated()
+            per.setdefault((link, budget, pol, workload, b_variant), []).append(
+                (steps, agree, totals, run.summary()))
+            done += 1
+            _progress(done, total, t0, f"{link} {budget:.2f} {pol} {workload}")
+        _write_partial(out, cfg, desc, lm, per, hw, prov, settings_of)   # a run cut short keeps what finished
     sys.stderr.write("\n")
     for (link, budget, pol, workload, variant), runs in per.items():
         records.append(dict(_aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload, variant,
@@ -409,28 +384,6 @@ def _progress(done: int, total: int, t0: float, label: str) -> None:
     eta = (time.time() - t0) / max(1, done) * (total - done)
     sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<32} eta {eta:5.0f}s")
     sys.stderr.flush()
-
-
-class Block(NamedTuple):
-    """One "runs" block of a bench config, resolved against the config's own values."""
-
-    links: list
-    budgets: list
-    policies: list
-    workloads: list          # (workload, prompt index, token ids)
-    max_new: int
-    reps: int
-    host_aware: bool
-    variant: str
-    executor: str
-    cpu_lane: bool
-    settings: dict           # the thresholds of SETTING_DEFAULTS
-    lane_offer: str = "auto"     # SpiceEngine's: "auto" or "always"
-    prefetch_admission: str = "exact"   # SpiceEngine's: "exact" or "all"
-    teacher_forced: bool | list = False   # quality passes (bench_quality.py): all policies, a list of them, or none
-
-
-SETTING_DEFAULTS = {"tau_prefetch": 0.2, "tau_approx": 0.0, "max_lookahead": 4, "lore_rank": 16}   # config or block
 
 
 def _aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload: str = "prompts", variant: str = "",

@@ -158,7 +158,7 @@ CONFIG_KEYS = ("model", "policies", "budgets", "links", "timing", "profile", "sh
                "tau_prefetch", "tau_approx", "max_lookahead", "lore_rank", "verify_lift", "prefetch_after_experts",
                "long_prompt_tokens", "host_aware", "artifacts", "lift_overrides", "executor", "lane_offer", "cpu_lane",
                "prefetch_admission", "copy_issue", "teacher_forced", "heldout_text_tokens", "heldout_text_window",
-               "comment")
+               "interleave_runs", "comment")
 
 
 def check_config(cfg, where: str = "config") -> None:
@@ -183,7 +183,7 @@ def check_config(cfg, where: str = "config") -> None:
         _str(where, "shape", cfg["shape"], shape_names())
     if "prompts" in cfg:
         _prompts(where, cfg["prompts"])
-    for key in ("reference_generate", "verify_lift", "artifacts"):
+    for key in ("reference_generate", "verify_lift", "artifacts", "interleave_runs"):
         if key in cfg:
             _bool(where, key, cfg[key])
     if "prefetch_after_experts" in cfg:

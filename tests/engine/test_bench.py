@@ -263,3 +263,36 @@ def test_a_block_may_run_its_own_thresholds_and_its_records_say_which(tmp_path):
     path.write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match="variant 'exact'"):
         run_bench(_load_config(path), tmp_path / "out2", "cpu")
+
+
+def test_interleaved_blocks_run_every_block_on_a_prompt_before_the_next(tmp_path, monkeypatch):
+    """An A/B of two blocks' settings: with "interleave_runs" each prompt runs both blocks (their policies back to
+    back) before the next prompt, so machine drift hits both arms alike; the records are the blocks' either way."""
+    from spice_core.engine import SpiceEngine
+
+    calls = []
+    start = SpiceEngine.start_ids
+
+    def logged(self, ids, s):
+        calls.append((tuple(ids), s.tau_approx))
+        return start(self, ids, s)
+
+    monkeypatch.setattr(SpiceEngine, "start_ids", logged)
+    cfg = {"model": "assets/spice-mini", "timing": "modeled", "prompts": {"heldout": 2}, "max_new_tokens": 2,
+           "policies": ["spice"], "runs": [{"variant": "a", "long_prompt": False},
+                                           {"variant": "b", "long_prompt": False, "tau_approx": 0.2}]}
+    path = tmp_path / "cfg.json"
+    for interleave in (False, True):
+        calls.clear()
+        path.write_text(json.dumps(dict(cfg, interleave_runs=interleave)))
+        recs = run_bench(_load_config(path), tmp_path / f"out{interleave}", "cpu")
+        prompts = list(dict.fromkeys(ids for ids, _ in calls))
+        order = [(prompts.index(ids), tau) for ids, tau in calls]
+        if interleave:
+            assert order == [(0, 0.0), (0, 0.2), (1, 0.0), (1, 0.2)]
+        else:
+            assert order == [(0, 0.0), (1, 0.0), (0, 0.2), (1, 0.2)]
+        assert {(r["variant"], r["n_runs"]) for r in recs} == {("a", 2), ("b", 2)}
+    path.write_text(json.dumps(dict(cfg, interleave_runs="yes")))
+    with pytest.raises(ConfigError, match="interleave_runs"):
+        _load_config(path)
