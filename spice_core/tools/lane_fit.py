@@ -18,8 +18,9 @@ another: where a record says which layers ran so (`lane_side_experts`, `lane_sid
 busy wall of the layers run one after another, which is what the two costs above model, and the fit adds
 ``cpu_side_speedup``: the median over the records of that busy wall per expert over the side-by-side layers' (the
 cost model divides by it from three a layer). Records from before those sums, fitted on their whole busy wall, hold
-whatever side-by-side gain their lane had in the fitted rate already: the fit then sets ``cpu_side_speedup`` to 1. A record whose every layer ran side by side is left out: its busy wall
-is the faster side-by-side lane's, and nothing in it says what one after another costs.
+whatever side-by-side gain their lane had in the fitted rate already: the fit then sets ``cpu_side_speedup`` to 1.
+A record whose every layer ran side by side is left out: its busy wall is the faster side-by-side lane's, and
+nothing in it says what one after another costs.
 
 Only `cpu_compute` records are fitted (every miss on the lane, no copies: the lane has host DRAM to itself);
 the other policies' lane jobs, which share DRAM with the copy engine, are reported beside the fit as evidence
