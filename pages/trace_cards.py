@@ -1,8 +1,9 @@
 """The trace explorer's HTML: a run's summary cards (beside its baselines) and two runs' headline numbers side by
 side. Every interpolated value is escaped: a run's label is a visitor's prompt.
 
-    RunSummary (+ label, baselines) ──► summary_html ──► cards: tokens, TTFT, TPOT, tokens/s, hit rate, copied,
-                                                         stall, then one card per baseline (baseline_cards)
+    RunSummary (+ label, baselines, time split) ──► summary_html ──► cards: tokens, TTFT, TPOT, tokens/s, hit rate,
+                                                         copied, stall, where a token's time went (time_split_card),
+                                                         then one card per baseline (baseline_cards)
     two RunSummary ──► compare_html ──► a table of both runs and how the second compares
 
 Plain strings from a RunSummary's fields: no components, no events, and nothing of who may open a run (the page
@@ -10,7 +11,7 @@ checks that before it calls these).
 """
 from __future__ import annotations
 
-from spice_core.api import format_bytes
+from spice_core.api import TIME_STATES, format_bytes
 from pages.common import timed_bytes
 from pages.owners import esc
 
@@ -80,8 +81,20 @@ def _copied_card(s) -> tuple[str, str]:
         f"per token at {s.shape} · native {format_bytes(native)}"
 
 
-def summary_html(s, label: str = "", baselines: dict | None = None) -> str:
-    """The summary cards; every interpolated value is escaped (labels are visitors' prompts)."""
+def time_split_card(split) -> list[tuple[str, str, str]]:
+    """Where a decode token's time went (spice_core.api.time_split of the run's events): what bounds it, and each
+    state's share of the token; none for a run without decode tokens."""
+    if split is None or not split.tokens or split.wall_ms <= 0:
+        return []
+    shares = " · ".join(f"{state} {100 * split.share(state):.0f}%" for state in TIME_STATES
+                        if split.share(state) >= 0.005)
+    return [("time per token", split.bound(), f"{shares} (GPU computing; GPU waiting on the link, the CPU lane; "
+                                              "host: nothing busy)")]
+
+
+def summary_html(s, label: str = "", baselines: dict | None = None, split=None) -> str:
+    """The summary cards; every interpolated value is escaped (labels are visitors' prompts). ``split``: the run's
+    `time_split`, for the card saying where a token's time went."""
     cards = [
         ("tokens", f"{s.n_tokens}", s.finish_reason or "—"),
         ("TTFT", f"{s.ttft_ms:.1f} ms", "incl. prefill"),
@@ -90,6 +103,7 @@ def summary_html(s, label: str = "", baselines: dict | None = None) -> str:
         ("hit rate", f"{100 * s.hit_rate:.0f}%", _hit_rate_note(s)),
         ("copied", *_copied_card(s)),
         ("stall", f"{s.stall_ms_per_token:.2f} ms", "per token"),
+        *time_split_card(split),
         *baseline_cards(s, baselines or {}),
     ]
     body = "".join(f"<div class='card'><div class='k'>{esc(k)}</div><div class='v'>{esc(v)}</div>"

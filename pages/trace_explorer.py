@@ -28,6 +28,7 @@ import logging
 import gradio as gr
 import pandas as pd
 
+from spice_core.api import time_split
 from spice_core.errors import SpiceError
 from pages import figures
 from pages.common import AppContext, FreeDropdown, FreeNumber, as_plot, spice_error_text
@@ -247,7 +248,8 @@ class TraceExplorer:
         except (SpiceError, ValueError, AttributeError) as exc:     # a fake or older engine without them
             log.info("no baselines for %s: %s", run_id, exc)
             baselines = {}
-        return ("", summary_html(summary, entry.label if entry else "", baselines), as_plot(overview),
+        split = time_split(events)
+        return ("", summary_html(summary, entry.label if entry else "", baselines, split), as_plot(overview),
                 as_plot(self._timeline(events, first, count)), per_layer_frame(events, summary.n_tokens), None,
                 gr.update(value=bool(entry and entry.shared), interactive=mine), on, on, on, on,
                 window_update(first, note, last), count)

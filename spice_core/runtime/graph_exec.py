@@ -97,7 +97,10 @@ class GraphExecutor:
             self.copies.compute_stream = self.decoder.stream
 
     def on_layer(self, layer: int, expert_ids: list[int], weights: list[float]) -> list[int]:
-        readback_row = self.decoder.draft_np[self._moe_pos[layer]] if self.readback_predictor is not None else None
+        dec = self.decoder
+        if dec.segment_end is not None:       # a replayed segment produced this routing: the clock times it
+            self.clock.segment(dec.segment_launch_s, dec.segment_end)
+        readback_row = dec.draft_np[self._moe_pos[layer]] if self.readback_predictor is not None else None
         return self.runtime.decide_layer(layer, expert_ids, weights, readback_row)
 
     # ------------------------------------------------------------------ the CPU lane, inside the step
@@ -166,4 +169,6 @@ class GraphStepper:
             dec.prefill(ids, own_experts=False)
             return dec.prefill_logits
         dec.step(ids[-1], self.ex.on_layer, self.ex.runtime.run_deferred, run_ahead=run_ahead)
+        if dec.segment_end is not None and dec.static is None:
+            self.ex.clock.segment(dec.segment_launch_s, dec.segment_end)   # the last segment: the layers after it
         return dec.last_logits

@@ -144,6 +144,8 @@ class GraphedDecoder:
         self.host_s, self.host_layers = 0.0, 0   # host time between segments (after the wait, to the replay): GPU idle
         self.overlap_s = 0.0                     # host time after a replay, while its segment runs (after_replay)
         self._after_replay: AfterReplay | None = None
+        self.segment_launch_s, self.segment_end = 0.0, None   # the last segment replayed: its launch (perf_counter)
+                                                               # and the event after it (None: not a replayed one)
         self.capture_s = 0.0
         self.captured_host_io = False    # the D2H readback and H2D plan upload are graph nodes (else the host
                                               # issues them between replays; `probe_captured`)
@@ -151,7 +153,9 @@ class GraphedDecoder:
         self._stream = None
         if dev.type == "cuda":
             self._stream = torch.cuda.Stream(dev)
-            self._events = [torch.cuda.Event() for _ in range(M + 1)]
+            # Recorded right after each segment: the host waits on them, and a measured clock times the segment by
+            # them (`segment_launch_s`, `segment_end`), so they time.
+            self._events = [torch.cuda.Event(enable_timing=True) for _ in range(M + 1)]
             self._copies_done = torch.cuda.Event()
         self.static = StaticStep(self, static_slots) if static_slots is not None else None
         if self.use_graphs:
@@ -247,6 +251,7 @@ class GraphedDecoder:
             if token != self._next_token:
                 self.ids.fill_(token)
             for i, layer in enumerate(self.lm.moe_layers):
+                self.segment_launch_s = clock()
                 self._graphs[i].replay()
                 if i > 0:
                     self._run_after_replay()
@@ -254,7 +259,7 @@ class GraphedDecoder:
                     self.io.readback(i, *self._route_src[i], self._x_src[i])
                     if self._draft_src[i] is not None:
                         self.io.read_draft(i, self._draft_src[i])
-                ev = self._events[i]
+                ev = self.segment_end = self._events[i]
                 ev.record(s)
                 ev.synchronize()
                 t0 = clock()
@@ -265,10 +270,12 @@ class GraphedDecoder:
                     self._copies_done.record(self.copy_stream)
                     s.wait_event(self._copies_done)
                 self.host_s += clock() - t0
+            self.segment_launch_s = clock()
             self._graphs[-1].replay()
             self._run_after_replay()
             if not self.captured_host_io:
                 self.io.read_token(self._token_dev)
+            self.segment_end = self._events[-1]
             self._events[-1].record(s)
             self._events[-1].synchronize()
         self.host_layers += len(self.lm.moe_layers)

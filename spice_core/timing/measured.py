@@ -19,6 +19,12 @@ host ~6 µs on the H200 host, recording a pooled one ~3: `benchmarks/host_primit
 event is also the handle the executor waits on, so it is recycled only once it is resolved *and* the
 executor has said it holds the handle no more (`copy_done`).
 
+A graph segment's GPU work (the fast path, runtime/graphed.py) is told by `segment`: the host time it was launched at
+and the event recorded right after it. Its `layer` interval then runs from the later of that launch and the GPU's
+last mark to that event: the GPU idling while the host steps between segments (planning, issuing, joining the CPU
+lane) is left out of it, as is the host's wake-up after the segment ends. Without a segment (the eager executor) a
+layer spans from the last mark to now, which is the GPU's work there.
+
 Host cost: every stream is passed explicitly. `torch.cuda.current_stream()` and the
 `torch.cuda.stream()` context look the device up through `torch.cuda.is_available()`,
 which cost ~25 µs per call on the H200 host: with ~1,200 events and stream switches per
@@ -50,6 +56,13 @@ class _Pending:
     t0_ms: float = 0.0
 
 
+@dataclass(slots=True)
+class _Launched:
+    """A segment's start: its host launch time (ms on the run's axis) or the GPU's last mark, whichever is later."""
+    host_ms: float
+    after: object
+
+
 @dataclass
 class MeasuredTimeline:
     """See the module docstring."""
@@ -71,6 +84,9 @@ class MeasuredTimeline:
     _copy_free_ms: float = 0.0
     est_copy_ms: float = 0.3              # cost-model estimate, for the predicted copy-queue end
     _copy_pred_ms: float = 0.0
+    _segment: tuple | None = None         # (launch perf_counter s, end event) of a segment not yet booked (`segment`)
+    _segment_booked: bool = False         # the layers after a booked segment's first, up to the next GPU mark: empty
+    _foreign: set = field(default_factory=set)   # ids of events the graphed decoder owns: never pooled here
 
     def _host_ms(self) -> float:
         return (time.perf_counter() - self._run_t0) * 1e3
@@ -95,15 +111,29 @@ class MeasuredTimeline:
         self._token_start_ms = self._t0_host_ms
         self._e0 = self._event()
         self._last_mark = self._e0
+        self._segment, self._segment_booked = None, False
+
+    def segment(self, launched_perf_s: float, end_event) -> None:
+        """The graphed decoder launched a segment at ``launched_perf_s`` (time.perf_counter) and recorded
+        ``end_event`` (a timing event it owns and records again next token) right after it: the next `layer`
+        interval is that segment's GPU work (see the module docstring)."""
+        self._segment = (launched_perf_s, end_event)
+        self._foreign.add(id(end_event))
 
     def stamp(self, stream=None):
         """Where an operation starts: an event on ``stream`` (default: the compute stream)."""
         return self._event(stream)
 
     def layer(self, layer: int, n_tokens: int, dense: bool) -> None:
-        # The non-expert work already ran inside transformers; it spans from the last mark to now.
-        end = self._event()
-        self._add(_Pending("gpu", "layer", ExpertKey(layer, -1), self._last_mark, end))
+        seg = self._segment
+        if seg is not None:           # a graph segment: from its launch (or the last mark) to the event after it
+            self._segment, self._segment_booked = None, True
+            start, end = _Launched((seg[0] - self._run_t0) * 1e3, self._last_mark), seg[1]
+        elif self._segment_booked:    # another layer of the segment just booked: its work is in that interval
+            start = end = self._last_mark
+        else:                         # the eager executor: the layer's work ran from the last mark to now
+            start, end = self._last_mark, self._event()
+        self._add(_Pending("gpu", "layer", ExpertKey(layer, -1), start, end))
         self._last_mark = end
 
     def copy(self, key: ExpertKey, nbytes: int, kind: str, start: object = None, stream=None) -> OpHandle:
@@ -119,7 +149,7 @@ class MeasuredTimeline:
         """The executor made the compute stream wait for ``handle`` after ``start``: a stall interval."""
         after = self._event()
         self._add(_Pending("gpu", "stall", handle.key, start, after, detail=f"waits for {handle.kind}"))
-        self._last_mark = after
+        self._last_mark, self._segment_booked = after, False
 
     def copy_done(self, handle: OpHandle) -> None:
         """The executor holds ``handle`` (a `copy`'s) no more: its end event may be recorded again once resolved."""
@@ -132,7 +162,7 @@ class MeasuredTimeline:
     def _gpu_op(self, key: ExpertKey, kind: str, start, detail: str = "") -> None:
         end = self._event()
         self._add(_Pending("gpu", kind, key, start, end, detail=detail))
-        self._last_mark = end
+        self._last_mark, self._segment_booked = end, False
 
     def gpu_expert(self, key: ExpertKey, n_tokens: int, start: object = None) -> None:
         self._gpu_op(key, "expert", start)
@@ -172,6 +202,8 @@ class MeasuredTimeline:
     def _resolve(p: _Pending, x) -> float:
         if isinstance(x, torch.cuda.Event):
             return p.t0_ms + p.e0.elapsed_time(x)
+        if isinstance(x, _Launched):
+            return max(x.host_ms, MeasuredTimeline._resolve(p, x.after))
         return float(x)
 
     @staticmethod
@@ -179,6 +211,10 @@ class MeasuredTimeline:
         return not isinstance(x, torch.cuda.Event) or x.query()
 
     def end_token(self) -> float:
+        seg, self._segment = self._segment, None
+        if seg is not None:    # the step's last segment, when no layer after the last MoE layer booked it
+            self._add(_Pending("gpu", "layer", None, _Launched((seg[0] - self._run_t0) * 1e3, self._last_mark), seg[1],
+                               detail="the step's last segment"))
         # Sync the compute stream only; copies still in flight are resolved at a later token.
         self.compute_stream.synchronize()
         end_ms = self._host_ms()
@@ -212,8 +248,9 @@ class MeasuredTimeline:
         """Return the resolved intervals' events to the pool, except those still referred to: by a pending
         interval (its start, end or token reference), the current token's reference and last mark, and a copy's
         end event while the executor holds its handle (it goes back at `copy_done`)."""
-        busy = {id(x) for p in self._pending for x in (p.start, p.end, p.e0)}
+        busy = {id(x.after if isinstance(x, _Launched) else x) for p in self._pending for x in (p.start, p.end, p.e0)}
         busy.update((id(self._e0), id(self._last_mark)))
+        busy.update(self._foreign)
         busy.update(id(p.e0) for p in done)
         seen, held = set(), self._held_copies
         for p in done:
@@ -226,6 +263,8 @@ class MeasuredTimeline:
                         self._free_events.append(ev)
                 continue
             for x in (p.start, p.end):
+                if isinstance(x, _Launched):
+                    x = x.after
                 if isinstance(x, torch.cuda.Event) and id(x) not in busy and id(x) not in seen:
                     seen.add(id(x))
                     self._free_events.append(x)

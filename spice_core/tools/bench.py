@@ -51,7 +51,7 @@ from spice_core.tools.bench_blocks import SETTING_DEFAULTS, block_units, resolve
 from spice_core.tools.bench_config import LINKS_GBPS, load_config_file, load_results
 from spice_core.tools.bench_quality import QualityPasses, heldout_windows
 from spice_core.tools.bench_records import (add_floors, add_three_lane_floor, divergence_totals, markdown_table,
-                                           provenance)
+                                           provenance, split_totals)
 from spice_core.tools.bench_models import (check_host_memory, cpu_float32_offload_dtype, load_safetensors_model,
                                           model_folder)
 from spice_core import heldout
@@ -325,7 +325,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
                 write_chrome_trace(rec.events, trace,
                                    metadata={"policy": pol, "link": link, "budget_frac": budget,
                                              "model": desc, "timing": cfg["timing"]})
-            totals = dict(rec.totals, **divergence_totals(ref_tokens, toks))
+            totals = dict(rec.totals, **divergence_totals(ref_tokens, toks), **split_totals(rec.events))
             if quality is not None and ref_tokens is not None:
                 totals.update(quality.totals(eng, (link, rep, ref_key), ids, s, ref_policy or
                                              "resident", ref_tokens, toks))

@@ -52,6 +52,7 @@ def raw_from_runs(runs) -> dict:
         "prefetch_skipped_approx": sum(t.get("prefetch_skipped_approx", 0) for _, _, t, _ in runs),
         # the CPU lane's one-token jobs as measured (CpuJobs.lane_totals): sums, so shards merge exactly
         **{f: sum(t.get(f, 0) for _, _, t, _ in runs) for f in LANE_SUMS},
+        **{f: sum(t.get(f, 0) for _, _, t, _ in runs) for f in SPLIT_SUMS},
         "lane_bytes_sum": sum(t.get("lane_experts", 0) * t.get("lane_expert_bytes", 0) for _, _, t, _ in runs),
         # bench's quality passes (bench_quality.py), where they ran
         **{f: sum(t.get(f, 0) for _, _, t, _ in runs) for f in QUALITY_SUMS if any(f in t for _, _, t, _ in runs)},
@@ -66,6 +67,40 @@ def divergence_totals(reference, tokens) -> dict:
         return {}
     first = first_divergence(reference, tokens)
     return {"identical_prefix_tokens": max(len(reference), len(tokens)) if first is None else first}
+
+
+# Where the decode tokens' time went (trace.occupancy), as sums over them so shards merge exactly: the clock's token
+# windows, each exclusive state's ms, and the link's and the CPU lane's busy ms (the link's also where it hid under
+# GPU work). Records from before these sums carry none.
+SPLIT_FIELDS = {"gpu": "split_gpu_ms_sum", "link": "split_link_ms_sum", "link + lane": "split_link_lane_ms_sum",
+                "lane": "split_lane_ms_sum", "host": "split_host_ms_sum"}
+SPLIT_SUMS = ("split_tokens", "split_wall_ms_sum", *SPLIT_FIELDS.values(), "split_link_busy_ms_sum",
+              "split_link_hidden_ms_sum", "split_lane_busy_ms_sum")
+
+
+def split_totals(events) -> dict:
+    """A run's trace events -> its time split (trace.occupancy.time_split) as SPLIT_SUMS."""
+    from spice_core.trace.occupancy import time_split
+
+    s = time_split(events)
+    n = s.tokens
+    return {"split_tokens": n, "split_wall_ms_sum": s.wall_ms * n,
+            **{field: s.ms[state] * n for state, field in SPLIT_FIELDS.items()},
+            "split_link_busy_ms_sum": s.link_busy_ms * n, "split_link_hidden_ms_sum": s.link_hidden_ms * n,
+            "split_lane_busy_ms_sum": s.lane_busy_ms * n}
+
+
+def split_metrics(raw: dict) -> dict:
+    """Per decode token: ms in each exclusive state (trace.occupancy.STATES; they add up to the clock's token, which
+    TPOT exceeds by the bookkeeping after it) and the link's and lane's busy ms; None where no split was recorded."""
+    n = raw.get("split_tokens", 0)
+    if not n:
+        return {"time_split_ms_per_token": None, "busy_ms_per_token": None}
+    return {"time_split_ms_per_token": {state: raw[field] / n for state, field in SPLIT_FIELDS.items()},
+            "busy_ms_per_token": {"token window": raw["split_wall_ms_sum"] / n,
+                                  "link": raw["split_link_busy_ms_sum"] / n,
+                                  "link hidden under GPU work": raw["split_link_hidden_ms_sum"] / n,
+                                  "CPU lane": raw["split_lane_busy_ms_sum"] / n}}
 
 
 LANE_SUMS = ("lane_experts", "lane_compute_us_sum", "lane_wait_us_sum", "lane_int8_experts",
@@ -181,6 +216,7 @@ def derive(raw: dict) -> dict:
         "prefetch_skipped_approx_per_token": raw["prefetch_skipped_approx"] / max(1, n)
         if "prefetch_skipped_approx" in raw else None,
         **lane_metrics(raw),
+        **split_metrics(raw),
         **quality_metrics(raw),
     }
 
@@ -206,7 +242,7 @@ def _combine(a: dict, b: dict) -> dict:
         "device_ms": a.get("device_ms", []) + b.get("device_ms", []),
         **({"prefetch_skipped_approx": a["prefetch_skipped_approx"] + b["prefetch_skipped_approx"]}
            if "prefetch_skipped_approx" in a and "prefetch_skipped_approx" in b else {}),
-        **{f: a.get(f, 0) + b.get(f, 0) for f in (*LANE_SUMS, "lane_bytes_sum")},
+        **{f: a.get(f, 0) + b.get(f, 0) for f in (*LANE_SUMS, "lane_bytes_sum", *SPLIT_SUMS)},
         **{f: a.get(f, 0) + b.get(f, 0) for f in QUALITY_SUMS if f in a or f in b},
     }
 

@@ -24,6 +24,12 @@ def test_bench_writes_records_with_the_documented_keys(tmp_path):
     on_demand = next(r for r in recs if r["policy"] == "on_demand")
     resident = next(r for r in recs if r["policy"] == "resident")
     assert on_demand["hit_rate"] == 0.0 and on_demand["tpot_ms_median"] > resident["tpot_ms_median"]
+    # where each decode token's time went (trace.occupancy): the states add up to the clock's token window
+    for r in recs:
+        split, busy = r["time_split_ms_per_token"], r["busy_ms_per_token"]
+        assert sum(split.values()) == pytest.approx(busy["token window"])
+        assert busy["link hidden under GPU work"] <= busy["link"] + 1e-9
+    assert resident["busy_ms_per_token"]["link"] == 0.0 and on_demand["time_split_ms_per_token"]["link"] > 0
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
     assert len(saved) == 3 and (tmp_path / "out" / "results.md").exists()
 
@@ -158,6 +164,8 @@ def test_shards_merge_into_the_records_of_one_run(tmp_path):
     for pol in whole:
         for key in ("tpot_ms_median", "tpot_ms_p90", "hit_rate", "bytes_per_token", "stall_ms_per_token",
                     "n_decode_tokens", "floor_ms", "greedy_agreement"):
+            assert merged[pol][key] == pytest.approx(whole[pol][key]), (pol, key)
+        for key in ("time_split_ms_per_token", "busy_ms_per_token"):
             assert merged[pol][key] == pytest.approx(whole[pol][key]), (pol, key)
 
 

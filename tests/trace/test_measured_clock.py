@@ -52,3 +52,37 @@ def test_resolved_gpu_events_are_recycled_and_intervals_stay_ordered():
     # token's reference and what the pool cannot yet give back.
     assert per_token[-1] < per_token[0]
     assert clock._free_events
+
+
+def test_a_graph_segment_is_timed_from_its_launch_to_its_end_not_through_the_host_step():
+    """The fast path tells the clock each segment's launch and end (`segment`): its layer interval leaves out the
+    host step that kept the GPU idle before the launch and the host's wake-up after the end; the layers the segment
+    also covers are empty; the decoder's own event is never taken into the clock's pool."""
+    import time
+
+    from spice_core.timing.measured import MeasuredTimeline
+
+    dev = torch.device("cuda")
+    clock = MeasuredTimeline(dev, torch.cuda.Stream(dev))
+    a = torch.randn(2048, 2048, device=dev)
+    seg_end = torch.cuda.Event(enable_timing=True)       # the decoder's: recorded again every token
+    for token in range(3):
+        clock.start_token(token)
+        time.sleep(0.005)                                 # a host step with the GPU idle, before the launch
+        launched = time.perf_counter()
+        for _ in range(4):
+            a = a @ a / 2048
+        seg_end.record(clock.compute_stream)
+        seg_end.synchronize()
+        time.sleep(0.003)                                 # the host's bookkeeping after the segment ended
+        clock.segment(launched, seg_end)
+        clock.layer(0, 1, dense=True)
+        clock.layer(1, 1, dense=False)                   # in the same segment: empty
+        clock.end_token()
+        layers = [e for e in clock.drain_events() if e.kind == "layer"]
+        assert [e.layer for e in layers] == [0, 1]
+        first, second = layers
+        gpu_ms = first.end_ms - first.start_ms
+        assert 0.0 < gpu_ms < 4.0, gpu_ms                  # four 2048² matmuls, not the 5 + 3 ms of host around them
+        assert second.end_ms - second.start_ms == 0.0 and second.start_ms == first.end_ms
+        assert all(ev is not seg_end for ev in clock._free_events)
