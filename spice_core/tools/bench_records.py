@@ -444,7 +444,9 @@ def markdown_table(records: list[dict], cfg: dict) -> str:
             "divergences_at_tie", "tf_top1_agreement", "tf_top1_agreement_ties", "tf_kl_mean", "tf_ppl_delta_pct",
             "text_ppl", "text_ppl_delta_pct", "text_kl_mean", "floor_ms", "floor3_ms", "cpu_lane_ms_per_expert",
             "cpu_lane_gbps", "cpu_lane_busy_ms_per_expert", "cpu_lane_busy_gbps", "cpu_lane_side_speedup"]
-    head = "| " + " | ".join(cols) + " | miss split (approx/cpu/copy) |\n|" + "---|" * (len(cols) + 1) + "\n"
+    split_head = "time split ms/token (" + " / ".join(SPLIT_FIELDS) + ")"
+    head = "| " + " | ".join(cols) + f" | miss split (approx/cpu/copy) | {split_head} |\n|" + "---|" * (len(cols) + 2) \
+        + "\n"
     rows = []
     for r in sorted(records, key=lambda r: (r.get("workload", "prompts") != "prompts", r["link"], r["budget_frac"],
                                             POLICIES.index(r["policy"])
@@ -455,6 +457,9 @@ def markdown_table(records: list[dict], cfg: dict) -> str:
             cells.append("" if v is None else (f"{v:.3f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int)
                                                else str(v)))
         ms = r.get("miss_split") or {}
-        rows.append("| " + " | ".join(cells) + f" | {ms.get('approx', '')}/{ms.get('cpu', '')}/{ms.get('copy', '')} |")
+        split = r.get("time_split_ms_per_token")
+        split_cell = " / ".join(f"{split[k]:.2f}" for k in SPLIT_FIELDS) if split else ""
+        rows.append("| " + " | ".join(cells) + f" | {ms.get('approx', '')}/{ms.get('cpu', '')}/{ms.get('copy', '')} | "
+                    f"{split_cell} |")
     return (f"timing: **{cfg['timing']}**; model: {records[0]['model'] if records else ''}\n\n" + head
             + "\n".join(rows) + "\n")
