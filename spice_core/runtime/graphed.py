@@ -153,9 +153,10 @@ class GraphedDecoder:
         self._stream = None
         if dev.type == "cuda":
             self._stream = torch.cuda.Stream(dev)
-            # Recorded right after each segment: the host waits on them, and a measured clock times the segment by
-            # them (`segment_launch_s`, `segment_end`), so they time.
-            self._events = [torch.cuda.Event(enable_timing=True) for _ in range(M + 1)]
+            self._events = [torch.cuda.Event() for _ in range(M + 1)]
+            # Recorded right after each replay, before the host's work beside the segment: a measured clock times
+            # the segment from its launch to them (`segment_launch_s`, `segment_end`).
+            self._segment_done = [torch.cuda.Event(enable_timing=True) for _ in range(M + 1)]
             self._copies_done = torch.cuda.Event()
         self.static = StaticStep(self, static_slots) if static_slots is not None else None
         if self.use_graphs:
@@ -214,6 +215,7 @@ class GraphedDecoder:
         if self._pos_host + 1 > self.max_cache_len:
             raise ConfigError(f"the sequence reached max_cache_len {self.max_cache_len}: raise it")
         self._on_layer, self._after_replay = on_layer, after_replay
+        self.segment_end = None          # until this step replays one
         if self.static is not None:
             return self.static.step(token, run_ahead and self._pos_host + 2 <= self.max_cache_len)
         if not self.use_graphs:
@@ -253,13 +255,15 @@ class GraphedDecoder:
             for i, layer in enumerate(self.lm.moe_layers):
                 self.segment_launch_s = clock()
                 self._graphs[i].replay()
+                self.segment_end = self._segment_done[i]
+                self.segment_end.record(s)
                 if i > 0:
                     self._run_after_replay()
                 if not self.captured_host_io:
                     self.io.readback(i, *self._route_src[i], self._x_src[i])
                     if self._draft_src[i] is not None:
                         self.io.read_draft(i, self._draft_src[i])
-                ev = self.segment_end = self._events[i]
+                ev = self._events[i]
                 ev.record(s)
                 ev.synchronize()
                 t0 = clock()
@@ -272,10 +276,11 @@ class GraphedDecoder:
                 self.host_s += clock() - t0
             self.segment_launch_s = clock()
             self._graphs[-1].replay()
+            self.segment_end = self._segment_done[-1]
+            self.segment_end.record(s)
             self._run_after_replay()
             if not self.captured_host_io:
                 self.io.read_token(self._token_dev)
-            self.segment_end = self._events[-1]
             self._events[-1].record(s)
             self._events[-1].synchronize()
         self.host_layers += len(self.lm.moe_layers)

@@ -20,10 +20,12 @@ event is also the handle the executor waits on, so it is recycled only once it i
 executor has said it holds the handle no more (`copy_done`).
 
 A graph segment's GPU work (the fast path, runtime/graphed.py) is told by `segment`: the host time it was launched at
-and the event recorded right after it. Its `layer` interval then runs from the later of that launch and the GPU's
-last mark to that event: the GPU idling while the host steps between segments (planning, issuing, joining the CPU
-lane) is left out of it, as is the host's wake-up after the segment ends. Without a segment (the eager executor) a
-layer spans from the last mark to now, which is the GPU's work there.
+and the event recorded right after its replay. Its `layer` interval then runs from the later of that launch and the
+GPU's last mark to that event: the GPU idling while the host steps between segments (planning, issuing, joining the
+CPU lane) is left out of it, as is the host's wake-up after the segment ends. Without a segment (the eager executor,
+and the static-slots step that runs ahead of the host) a layer spans from the last mark to now: the GPU's work and,
+where the host launches more slowly than the GPU runs (the eager path at batch 1), the GPU's idle gaps between
+launches.
 
 Host cost: every stream is passed explicitly. `torch.cuda.current_stream()` and the
 `torch.cuda.stream()` context look the device up through `torch.cuda.is_available()`,
@@ -115,8 +117,8 @@ class MeasuredTimeline:
 
     def segment(self, launched_perf_s: float, end_event) -> None:
         """The graphed decoder launched a segment at ``launched_perf_s`` (time.perf_counter) and recorded
-        ``end_event`` (a timing event it owns and records again next token) right after it: the next `layer`
-        interval is that segment's GPU work (see the module docstring)."""
+        ``end_event`` (a timing event it owns and records again next token) right after its replay: the next
+        `layer` interval is that segment's GPU work (see the module docstring)."""
         self._segment = (launched_perf_s, end_event)
         self._foreign.add(id(end_event))
 

@@ -91,8 +91,9 @@ def split_totals(events) -> dict:
 
 
 def split_metrics(raw: dict) -> dict:
-    """Per decode token: ms in each exclusive state (trace.occupancy.STATES; they add up to the clock's token, which
-    TPOT exceeds by the bookkeeping after it) and the link's and lane's busy ms; None where no split was recorded."""
+    """Per decode token: ms in each exclusive state (trace.occupancy.STATES; they add up to the clock's token window,
+    which a measured TPOT exceeds by the bookkeeping after it) and the link's and lane's busy ms; None where no split
+    was recorded."""
     n = raw.get("split_tokens", 0)
     if not n:
         return {"time_split_ms_per_token": None, "busy_ms_per_token": None}

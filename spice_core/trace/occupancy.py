@@ -1,21 +1,25 @@
-"""Where a decode token's wall time goes: every instant of a token classified by which lanes were working then.
+"""Where a decode token's wall time goes: every instant of a token classified by what the decode was doing or waiting
+on then.
 
-    trace events ──► busy intervals per resource (the GPU's work, the copy stream's copies, the CPU lane's jobs;
-                     a GPU stall is the GPU idle, not working)
-                 ──► each decode token's window (its ``token`` interval on the host lane) cut into pieces by who
-                     was busy ──► TimeSplit: ms per token in each of the exclusive STATES, and the link's time
-                     hidden under GPU work
+    trace events ──► intervals per cause: the GPU's work; the decode waiting on a copy (a GPU stall for a copy);
+                     waiting on the CPU lane (a GPU stall for a lane job, or the host waiting to join the lane's jobs,
+                     the GPU idle meanwhile: the fast path)
+                 ──► each decode token's window (its ``token`` interval on the host lane) cut into pieces by cause
+                     ──► TimeSplit: ms per token in each of the exclusive STATES, and the link's and the lane's busy
+                     time (in the background or not; the link's also where it hid under GPU work)
 
 The STATES, in the order a reader asks "what is the GPU waiting for?":
 - ``gpu``: the GPU computes (whatever else runs beside it);
-- ``link``: the GPU idles while the copy stream copies and the CPU lane is idle (link-bound);
-- ``link + lane``: the GPU idles while both copy and the CPU lane computes;
-- ``lane``: the GPU idles while only the CPU lane computes (lane-bound);
-- ``host``: nothing is busy: the host is deciding, issuing or recording (host-bound), or waiting on a wake-up.
+- ``link``: the decode waits for a copy (link-bound);
+- ``link + lane``: it waits for a copy and for the CPU lane at once;
+- ``lane``: it waits for the CPU lane (lane-bound);
+- ``host``: the GPU idles and nothing is waited for: the host is deciding, issuing, recording or launching
+  (host-bound), while copies and lane jobs may run in the background.
 
-The pieces add up to the token's wall time exactly (the windows are the tokens' own intervals), for measured and
-modeled runs alike: one schema. Token 0 (its prefill) is left out, as TPOT leaves it out (trace.metrics).
-Pure: knows nothing of CUDA, policies or how it is displayed.
+A busy link is not a wait: a prefetch running while the host plans does not make the token link-bound; the stalls
+say what held the decode. The pieces add up to the token's wall time exactly (the windows are the tokens' own
+intervals), for measured and modeled runs alike: one schema. Token 0 (its prefill) is left out, as TPOT leaves it
+out (trace.metrics). Pure: knows nothing of CUDA, policies or how it is displayed.
 """
 from __future__ import annotations
 
@@ -28,11 +32,12 @@ from spice_core.trace.events import CPU_INT8_RUN, TraceEvent
 GPU_WORK = ("layer", "expert", "approx", "draft")
 COPY_WORK = ("copy", "prefetch")
 LANE_WORK = ("cpu_run", CPU_INT8_RUN)
+LANE_WAIT = "waits for cpu"          # a stall's detail begins so when it waits for the CPU lane (both clocks)
 STATES = ("gpu", "link", "link + lane", "lane", "host")
-STATE_MEANING = {"gpu": "the GPU computes", "link": "the GPU waits while the link copies",
-                 "link + lane": "the GPU waits while the link copies and the CPU lane computes",
-                 "lane": "the GPU waits while the CPU lane computes",
-                 "host": "nothing busy: the host decides, issues or records"}
+STATE_MEANING = {"gpu": "the GPU computes", "link": "the decode waits for a copy",
+                 "link + lane": "the decode waits for a copy and the CPU lane",
+                 "lane": "the decode waits for the CPU lane",
+                 "host": "the GPU idles and nothing is waited for: the host decides, issues, records or launches"}
 
 
 @dataclass(frozen=True)
@@ -42,9 +47,9 @@ class TimeSplit:
     tokens: int
     wall_ms: float
     ms: dict
-    link_busy_ms: float          # the copy stream's busy time per token, hidden or not
+    link_busy_ms: float          # the copy stream's busy time per token, waited for or not
     link_hidden_ms: float        # of it, under GPU work
-    lane_busy_ms: float          # the CPU lane's busy time per token (any of its workers)
+    lane_busy_ms: float          # the CPU lane's busy time per token (any of its workers), waited for or not
 
     def share(self, state: str) -> float:
         return self.ms[state] / self.wall_ms if self.wall_ms > 0 else 0.0
@@ -68,14 +73,28 @@ def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]
     return [(s, e) for s, e in out]
 
 
-def _busy(events: Sequence[TraceEvent]) -> tuple[list, list, list]:
-    gpu = _union((e.start_ms, e.end_ms) for e in events if e.lane == "gpu" and e.kind in GPU_WORK)
+def _causes(events: Sequence[TraceEvent]) -> tuple[list, list, list]:
+    """The GPU's work, the waits for a copy and the waits for the CPU lane, each as sorted, disjoint intervals."""
+    gpu, link, lane = [], [], []
+    for e in events:
+        if e.lane == "gpu" and e.kind in GPU_WORK:
+            gpu.append((e.start_ms, e.end_ms))
+        elif e.kind == "stall" and e.lane in ("gpu", "host"):
+            if e.detail.startswith(LANE_WAIT):
+                lane.append((e.start_ms, e.end_ms))
+            elif e.lane == "gpu":
+                link.append((e.start_ms, e.end_ms))
+    return _union(gpu), _union(link), _union(lane)
+
+
+def _background(events: Sequence[TraceEvent]) -> tuple[list, list]:
+    """When the copy stream copied and when any CPU lane worker computed, waited for or not."""
     link = _union((e.start_ms, e.end_ms) for e in events if e.lane == "copy" and e.kind in COPY_WORK)
     lane = _union((e.start_ms, e.end_ms) for e in events if e.lane.startswith("cpu") and e.kind in LANE_WORK)
-    return gpu, link, lane
+    return link, lane
 
 
-def _state(g: bool, c: bool, l: bool) -> str:    # noqa: E741 - l: the lane
+def _state(g: bool, c: bool, l: bool) -> str:    # noqa: E741 - g: GPU work, c: a copy waited for, l: the lane
     if g:
         return "gpu"
     if c:
@@ -84,8 +103,8 @@ def _state(g: bool, c: bool, l: bool) -> str:    # noqa: E741 - l: the lane
 
 
 def _split_window(lo: float, hi: float, busy: list) -> dict:
-    """ms in each state within [lo, hi]: a sweep over the edges of the three resources' busy intervals, each
-    already cut to the window (``busy``: [gpu, link, lane], each sorted and disjoint)."""
+    """ms in each state within [lo, hi]: a sweep over the edges of the three causes' intervals, each already cut to
+    the window (``busy``: [GPU work, waits for a copy, waits for the lane], each sorted and disjoint)."""
     edges = {lo, hi}
     for inside in busy:
         for s, e in inside:
@@ -122,7 +141,8 @@ def _overlap(a, b) -> float:
 def _clip(ivs, ends: list, lo: float, hi: float) -> list:
     """The sorted, disjoint intervals ``ivs`` (``ends``: their ends) cut to [lo, hi]."""
     out = []
-    for s, e in ivs[bisect_right(ends, lo):]:
+    for i in range(bisect_right(ends, lo), len(ivs)):
+        s, e = ivs[i]
         if s >= hi:
             break
         out.append((max(s, lo), min(e, hi)))
@@ -131,19 +151,21 @@ def _clip(ivs, ends: list, lo: float, hi: float) -> list:
 
 def time_split(events: Sequence[TraceEvent]) -> TimeSplit:
     """The decode tokens' time split (see the module docstring); zeros for a trace without decode tokens."""
-    windows = sorted((e.start_ms, e.end_ms) for e in events if e.kind == "token" and e.token >= 1
-                     and e.end_ms > e.start_ms)
-    resources = [(ivs, [e for _, e in ivs]) for ivs in _busy(events)]
+    windows = sorted((e.start_ms, e.end_ms) for e in events if e.kind == "token" and e.lane == "host"
+                     and e.token >= 1 and e.end_ms > e.start_ms)
+    causes = [(ivs, [e for _, e in ivs]) for ivs in _causes(events)]
+    link_bg, lane_bg = ((ivs, [e for _, e in ivs]) for ivs in _background(events))
     totals = dict.fromkeys(STATES, 0.0)
     wall = link_busy = link_hidden = lane_busy = 0.0
     for lo, hi in windows:
-        g, c, l = (_clip(ivs, ends, lo, hi) for ivs, ends in resources)   # noqa: E741
-        for k, v in _split_window(lo, hi, [g, c, l]).items():
+        cut = [_clip(ivs, ends, lo, hi) for ivs, ends in causes]
+        for k, v in _split_window(lo, hi, cut).items():
             totals[k] += v
         wall += hi - lo
-        link_busy += sum(e - s for s, e in c)
-        link_hidden += _overlap(g, c)
-        lane_busy += sum(e - s for s, e in l)
+        copying, computing = _clip(*link_bg, lo, hi), _clip(*lane_bg, lo, hi)
+        link_busy += sum(e - s for s, e in copying)
+        link_hidden += _overlap(cut[0], copying)
+        lane_busy += sum(e - s for s, e in computing)
     n = len(windows)
     if not n:
         return TimeSplit(0, 0.0, dict.fromkeys(STATES, 0.0), 0.0, 0.0, 0.0)

@@ -6,8 +6,8 @@ from spice_core.trace.events import TraceEvent
 from spice_core.trace.occupancy import STATES, time_split
 
 
-def ev(lane, kind, start, end, token=1, layer=0):
-    return TraceEvent(token, layer, -1, lane, kind, start, end, timing="measured")
+def ev(lane, kind, start, end, token=1, layer=0, detail=""):
+    return TraceEvent(token, layer, -1, lane, kind, start, end, timing="measured", detail=detail)
 
 
 def test_each_state_gets_the_time_only_it_covers():
@@ -15,33 +15,36 @@ def test_each_state_gets_the_time_only_it_covers():
         ev("host", "token", 0.0, 10.0, token=0),           # the prefill: left out
         ev("gpu", "layer", 1.0, 9.0, token=0),
         ev("host", "token", 10.0, 30.0),
-        ev("gpu", "layer", 10.0, 13.0),                     # gpu 10-13
-        ev("copy", "copy", 12.0, 17.0),                     # 12-13 hidden under the GPU, 13-17 the GPU waits on it
-        ev("gpu", "stall", 13.0, 17.0),                     # a stall is the GPU idle, not working
-        ev("cpu0", "cpu_run", 16.0, 20.0),                  # 16-17 beside the copy, 17-20 alone
+        ev("gpu", "layer", 10.0, 13.0),                     # GPU work 10-13
+        ev("copy", "copy", 12.0, 17.0),                     # 12-13 hidden under the GPU's work
+        ev("gpu", "stall", 13.0, 17.0, detail="waits for copy"),       # the decode waits for it: 13-17
+        ev("cpu0", "cpu_run", 16.0, 20.0),
         ev("cpu1", "cpu_run", 18.0, 19.0),                  # inside cpu0's: the lane counts once
-        ev("gpu", "expert", 22.0, 26.0),                    # 20-22 nothing: the host
-        ev("copy", "prefetch", 24.0, 32.0),                 # 24-26 hidden, 26-30 link, 30-32 outside the token
+        ev("host", "stall", 16.0, 20.0, detail="waits for cpu"),       # 16-17 with the copy, 17-20 alone
+        ev("gpu", "expert", 22.0, 26.0),                    # 20-22 nothing waited for: the host
+        ev("copy", "prefetch", 24.0, 32.0),                 # in the background: 26-30 is the host's, not the link's
         ev("gpu", "miss", 27.0, 27.0),                      # instants take no time
+        ev("gpu", "expert", 28.0, 28.0),                    # nor does zero-length work
     ]
     s = time_split(events)
     assert s.tokens == 1 and s.wall_ms == pytest.approx(20.0)
-    assert s.ms == pytest.approx({"gpu": 7.0, "link": 3.0 + 4.0, "link + lane": 1.0, "lane": 3.0, "host": 2.0})
+    assert s.ms == pytest.approx({"gpu": 7.0, "link": 3.0, "link + lane": 1.0, "lane": 3.0, "host": 2.0 + 4.0})
     assert sum(s.ms.values()) == pytest.approx(s.wall_ms)
     assert s.link_busy_ms == pytest.approx(5.0 + 6.0)        # clipped to the token: 12-17 and 24-30
     assert s.link_hidden_ms == pytest.approx(1.0 + 2.0)
     assert s.lane_busy_ms == pytest.approx(4.0)
-    assert s.bound() == "GPU-bound"          # 7 ms against the link's 7: the first of STATES wins a tie
-    assert s.share("host") == pytest.approx(0.1)
+    assert s.bound() == "GPU-bound" and s.share("host") == pytest.approx(0.3)
 
 
-def test_means_over_tokens_and_an_empty_trace():
+def test_a_modeled_runs_stall_for_the_lane_is_the_lanes_and_means_go_over_tokens():
     events = [ev("host", "token", 0.0, 4.0, token=1), ev("copy", "copy", 0.0, 4.0, token=1),
-              ev("host", "token", 4.0, 10.0, token=2), ev("gpu", "layer", 4.0, 5.0, token=2)]
+              ev("gpu", "stall", 1.0, 3.0, token=1, detail="waits for copy"),
+              ev("host", "token", 4.0, 10.0, token=2), ev("gpu", "layer", 4.0, 5.0, token=2),
+              ev("gpu", "stall", 5.0, 6.0, token=2, detail="waits for cpu_run")]
     s = time_split(events)
     assert s.tokens == 2 and s.wall_ms == pytest.approx(5.0)
-    assert s.ms["link"] == pytest.approx(2.0) and s.ms["gpu"] == pytest.approx(0.5)
-    assert s.ms["host"] == pytest.approx(2.5) and s.bound() == "host-bound"
+    assert s.ms == pytest.approx({"gpu": 0.5, "link": 1.0, "link + lane": 0.0, "lane": 0.5, "host": 3.0})
+    assert s.bound() == "host-bound"
     empty = time_split([ev("host", "token", 0.0, 4.0, token=0)])
     assert empty.tokens == 0 and empty.bound() == "" and set(empty.ms) == set(STATES)
     assert all(v == 0.0 for v in empty.ms.values()) and empty.share("gpu") == 0.0
@@ -55,7 +58,7 @@ def test_a_real_runs_split_adds_up_to_its_tokens(tiny_engine_run):
     assert s.tokens == len(walls) > 0
     assert sum(s.ms.values()) == pytest.approx(s.wall_ms, rel=1e-9)
     assert s.wall_ms == pytest.approx(sum(walls) / len(walls))
-    assert s.ms["gpu"] > 0 and s.link_busy_ms > 0         # lru at a small budget: it computes and copies
+    assert s.ms["gpu"] > 0 and s.link_busy_ms > 0 and s.ms["link"] > 0    # lru at a small budget waits for copies
 
 
 def test_the_trace_explorer_card_says_what_bounds_a_token(tiny_engine_run):
@@ -93,7 +96,7 @@ def test_the_trace_split_script_reads_measured_chrome_traces(tmp_path, capsys):
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     events = [ev("host", "token", 0.0, 4.0, token=1), ev("copy", "copy", 0.0, 3.0, token=1),
-              ev("gpu", "layer", 3.0, 4.0, token=1)]
+              ev("gpu", "stall", 0.0, 3.0, token=1, detail="waits for copy"), ev("gpu", "layer", 3.0, 4.0, token=1)]
     path = write_chrome_trace(events, tmp_path / "t.json", metadata={"policy": "lru"})
     assert script.main([str(path), "--markdown"]) == 0
     out = capsys.readouterr().out.splitlines()
