@@ -28,7 +28,7 @@ from headline_repeats import repeats_table, shard_records
 from headline_runs import (GPU_BEFORE_ENV_FILES, join_output_variants, note_configs, refuse_mixed_gpus, run_digests,
                            shard_gpu)
 from headline_text import (CODE_NOTE, COMMANDS, FLOOR_NOTE, HEADER, HISTORY_NOTE, PEERS_MISSING, PEERS_NOTE,
-                           QUALITY_NOTE, ROUTING_NOTE)
+                           QUALITY_NOTE, ROUTING_NOTE, TIME_SPLIT_NOTE)
 
 from spice_core.api import POLICIES
 from spice_core.tools.bench_config import LINKS_GBPS
@@ -487,6 +487,28 @@ def load_quality(d: Path) -> dict | None:
     return {"rows": rows} if rows else None
 
 
+def time_split_table(records: list[dict]) -> str:
+    """Where each row's decode tokens' time went (bench's ``time_split_ms_per_token``, trace.occupancy), for the rows
+    that carry it (records from before it carry none: then ""). ms per token; the states add up to the clock's token
+    window, which the row's TPOT exceeds by the bookkeeping after it."""
+    rows = [r for r in records if r.get("time_split_ms_per_token")]
+    if not rows:
+        return ""
+    states = list(rows[0]["time_split_ms_per_token"])
+    head = ("| link | budget | workload | policy | token window ms | " + " | ".join(f"{s} ms" for s in states)
+            + " | bound | link busy ms (hidden under GPU) | CPU lane busy ms |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in sorted(rows, key=lambda r: (PROTOCOL_LINKS.index(r["link"]), r["budget_frac"], r["workload"] != "prompts",
+                                         _order(r))):
+        split, busy = r["time_split_ms_per_token"], r["busy_ms_per_token"]
+        top = max(states, key=lambda s: split[s])
+        lines.append(f"| {r['link']} | {r['budget_frac']:.0%} | {r['workload']} | {r['policy']} | "
+                     f"{_f(busy['token window'], '.2f')} | " + " | ".join(_f(split[s], '.2f') for s in states)
+                     + f" | {top} | {_f(busy['link'], '.2f')} ({_f(busy['link hidden under GPU work'], '.2f')}) | "
+                     f"{_f(busy['CPU lane'], '.2f')} |")
+    return "\n".join(lines)
+
+
 def render_readme(records, target_table, figs, quality, history, lane_ms, repeats=None) -> str:
     q_rows = (quality or {}).get("rows", [])
     q_table = "\n".join(
@@ -503,6 +525,9 @@ def render_readme(records, target_table, figs, quality, history, lane_ms, repeat
         per_model.append(f"## {name}: every policy, 8 held-out prompts × 64 tokens\n\n" + policy_table(mine, "prompts"))
         if any(r["workload"] == "long" for r in mine):
             per_model.append(f"## {name}: the 448-token prompt, 25% budget\n\n" + policy_table(mine, "long"))
+        split = time_split_table(mine)
+        if split:
+            per_model.append(f"## {name}: where a decode token's time goes\n\n" + split + "\n\n" + TIME_SPLIT_NOTE)
     per_model[0] += "\n\n" + FLOOR_NOTE.format(lane=f"{lane_ms:.3f} ms" if lane_ms else "not measured", dram=HOST_DRAM_GBPS)
     parts = [HEADER,
              "## Coverage: what ran, against the protocol\n\n" + cov + "\n\n" + coverage_note(gaps),

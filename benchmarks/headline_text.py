@@ -77,6 +77,14 @@ lifted model's greedy decoding (other kernels sum in another order, a near-tie f
 differs). The engine's exact policies agree with `resident` bit for bit on the fast path (`pytest -m cuda`);
 a lossy row's GPU agreement is read against this floor, its perplexity change against 0."""
 
+TIME_SPLIT_NOTE = """Each decode token's wall time (the clock's token window) cut into exclusive states by what the decode was
+doing or waiting on (`spice_core/trace/occupancy.py`): `gpu` the GPU computing; `link` a GPU stall for a copy;
+`lane` the decode waiting for the CPU lane (the host joining its jobs with the GPU idle, or a stall for one);
+`link + lane` both at once; `host` the GPU idle with nothing waited for (the host stepping: planning, issuing,
+recording, launching). `bound` is the largest state. The link's and the lane's busy time include what ran in the
+background; the link's time under GPU work is in brackets. Only rows whose records carry the split (bench from
+2026-12-06 on) are listed."""
+
 QUALITY_NOTE = """Quality is measured on each shipped miniature itself (`benchmarks/headline_quality.py`, CPU): the same
 budget, thresholds, LoRE rank and fast-path decision profile, the lifted model's expert sizes in every cost
 (DeepSeek-V2-Lite's, or Qwen2-57B-A14B's with `--shape qwen2-57b-a14b`), the link's rate and the CPU lane offered

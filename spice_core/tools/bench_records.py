@@ -243,7 +243,8 @@ def _combine(a: dict, b: dict) -> dict:
         "device_ms": a.get("device_ms", []) + b.get("device_ms", []),
         **({"prefetch_skipped_approx": a["prefetch_skipped_approx"] + b["prefetch_skipped_approx"]}
            if "prefetch_skipped_approx" in a and "prefetch_skipped_approx" in b else {}),
-        **{f: a.get(f, 0) + b.get(f, 0) for f in (*LANE_SUMS, "lane_bytes_sum", *SPLIT_SUMS)},
+        # sums neither part recorded (records from before them) stay absent rather than made up as zeros
+        **{f: a.get(f, 0) + b.get(f, 0) for f in (*LANE_SUMS, "lane_bytes_sum", *SPLIT_SUMS) if f in a or f in b},
         **{f: a.get(f, 0) + b.get(f, 0) for f in QUALITY_SUMS if f in a or f in b},
     }
 

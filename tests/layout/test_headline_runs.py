@@ -78,3 +78,18 @@ def test_the_committed_headline_names_each_cells_gpu():
     assert "| Qwen2-57B-A14B | pcie4x8 | 25% | prompts |" in readme
     row = next(ln for ln in readme.splitlines() if ln.startswith("| Qwen2-57B-A14B | pcie4x8 | 25% | prompts |"))
     assert "| H100 |" in row
+
+
+def test_the_time_split_table_lists_the_rows_that_carry_a_split():
+    """headline_report.time_split_table: one row per record with bench's time split (none: no table)."""
+    from headline_report import time_split_table
+
+    split = {"gpu": 5.0, "link": 12.0, "link + lane": 0.0, "lane": 1.0, "host": 2.0}
+    busy = {"token window": 20.0, "link": 15.0, "link hidden under GPU work": 3.0, "CPU lane": 1.5}
+    recs = [{"link": "native", "budget_frac": 0.25, "workload": "prompts", "policy": "spice",
+             "time_split_ms_per_token": split, "busy_ms_per_token": busy},
+            {"link": "native", "budget_frac": 0.25, "workload": "prompts", "policy": "lru"}]
+    table = time_split_table(recs).splitlines()
+    assert len(table) == 3 and "| spice |" in table[2] and "lru" not in "\n".join(table)
+    assert "| 20.00 | 5.00 | 12.00 | 0.00 | 1.00 | 2.00 | link | 15.00 (3.00) | 1.50 |" in table[2]
+    assert time_split_table(recs[1:]) == ""
