@@ -1,11 +1,12 @@
-"""Where each decode token's time goes, read off measured Chrome traces this engine wrote (spice_core.trace.occupancy).
+"""Where each decode token's time goes, read off Chrome traces this engine wrote (spice_core.trace.occupancy).
 
     python benchmarks/trace_split.py TRACE.json[.gz] [TRACE ...] [--markdown]
 
 One row per trace: its decode tokens, the mean wall ms per token, and the ms per token in each exclusive state (the
 GPU computing; the GPU waiting while only the link copies, while the link and the CPU lane work, while only the lane
 computes; nothing busy: the host), then the link's busy time per token and how much of it hid under GPU work. The
-states add up to the token's wall time. Timing: measured (the traces' own CUDA events and wall clock).
+states add up to the token's wall time. Timing: each trace's own, printed in its row: measured (a GPU run's CUDA
+events and wall clock) or modeled (the timing model's, e.g. a trace downloaded from the app on a CPU).
 """
 from __future__ import annotations
 
@@ -22,13 +23,13 @@ from spice_core.trace.occupancy import STATES, time_split  # noqa: E402
 
 
 def trace_events(path: Path) -> list[TraceEvent]:
-    """The measured interval events of one Chrome trace as the engine's TraceEvents."""
+    """The interval events of one Chrome trace as the engine's TraceEvents (measured or modeled)."""
     out = []
-    for e in read_trace_events(path, "TRACE"):
+    for e in read_trace_events(path, "TRACE", ("measured", "modeled")):
         a = e["args"]
         start = float(a["start_ms"])
         out.append(TraceEvent(int(a["token"]), int(a["layer"]), int(a.get("expert", -1)), a["lane"], a["kind"],
-                              start, start + float(a["dur_ms"]), int(a.get("bytes", 0)), "measured",
+                              start, start + float(a["dur_ms"]), int(a.get("bytes", 0)), str(a["timing"]),
                               str(a.get("detail", ""))))
     return out
 
@@ -36,19 +37,21 @@ def trace_events(path: Path) -> list[TraceEvent]:
 def rows(paths: list[Path]) -> list[list[str]]:
     out = []
     for path in paths:
-        s = time_split(trace_events(path))
-        out.append([path.name, str(s.tokens), f"{s.wall_ms:.2f}", *(f"{s.ms[k]:.2f}" for k in STATES),
+        events = trace_events(path)
+        s = time_split(events)
+        timing = "/".join(sorted({e.timing for e in events}))
+        out.append([path.name, timing, str(s.tokens), f"{s.wall_ms:.2f}", *(f"{s.ms[k]:.2f}" for k in STATES),
                     f"{s.link_busy_ms:.2f}", f"{s.link_hidden_ms:.2f}", s.bound()])
     return out
 
 
-HEADER = ["trace", "decode tokens", "wall ms/token", *(f"{k} ms" for k in STATES), "link busy ms",
+HEADER = ["trace", "timing", "decode tokens", "wall ms/token", *(f"{k} ms" for k in STATES), "link busy ms",
           "link hidden under GPU ms", "bound"]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("traces", nargs="+", type=Path, help="Chrome traces (.json or .json.gz) of measured runs")
+    ap.add_argument("traces", nargs="+", type=Path, help="Chrome traces (.json or .json.gz) this engine wrote")
     ap.add_argument("--markdown", action="store_true", help="a Markdown table (default: aligned text)")
     args = ap.parse_args(argv)
     try:

@@ -62,9 +62,9 @@ _EVENT_ARGS = {"token": int, "layer": int, "lane": str, "kind": str, "start_ms":
 MAX_TRACE_BYTES = 256 * 1024 * 1024     # decompressed; a long measured run is tens of MB
 
 
-def read_trace_events(path: Path, flag: str = "--trace") -> list[dict]:
-    """The complete ('X') events of a Chrome trace written by this engine (.json or .json.gz),
-    each checked to carry the fields the fit reads."""
+def read_trace_events(path: Path, flag: str = "--trace", timings: tuple[str, ...] = ("measured",)) -> list[dict]:
+    """The complete ('X') events of a Chrome trace written by this engine (.json or .json.gz) whose timing is one
+    of ``timings`` (the fit reads measured ones only), each checked to carry the fields the fit reads."""
     from spice_core.user_files import is_number, read_json
 
     path = Path(path)
@@ -77,7 +77,7 @@ def read_trace_events(path: Path, flag: str = "--trace") -> list[dict]:
     out = []
     for i, e in enumerate(events):
         if not (isinstance(e, dict) and e.get("ph") == "X" and isinstance(e.get("args"), dict)
-                and e["args"].get("timing") == "measured"):
+                and e["args"].get("timing") in timings):
             continue
         a = e["args"]
         for key, typ in _EVENT_ARGS.items():
@@ -87,7 +87,9 @@ def read_trace_events(path: Path, flag: str = "--trace") -> list[dict]:
                                   f"{'a string' if typ is str else 'a number'}: pass a trace written by this engine")
         out.append(e)
     if not out:
-        raise ConfigError(f"{flag} {path}: has no measured engine events: recalibrate from a measured (GPU) run")
+        if timings == ("measured",):
+            raise ConfigError(f"{flag} {path}: has no measured engine events: recalibrate from a measured (GPU) run")
+        raise ConfigError(f"{flag} {path}: has no engine events: pass a Chrome trace written by this engine")
     return out
 
 

@@ -100,7 +100,11 @@ def test_the_trace_split_script_reads_measured_chrome_traces(tmp_path, capsys):
     path = write_chrome_trace(events, tmp_path / "t.json", metadata={"policy": "lru"})
     assert script.main([str(path), "--markdown"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("| trace | decode tokens | wall ms/token | gpu ms | link ms")
-    assert out[2].split(" | ")[1:5] == ["1", "4.00", "1.00", "3.00"] and out[2].endswith("link-bound |")
+    assert out[0].startswith("| trace | timing | decode tokens | wall ms/token | gpu ms | link ms")
+    assert out[2].split(" | ")[1:6] == ["measured", "1", "4.00", "1.00", "3.00"] and out[2].endswith("link-bound |")
+    modeled = [TraceEvent(e.token, e.layer, e.expert, e.lane, e.kind, e.start_ms, e.end_ms, timing="modeled",
+                          detail=e.detail) for e in events]      # a trace downloaded from the app on a CPU
+    path = write_chrome_trace(modeled, tmp_path / "m.json.gz", metadata={"policy": "lru"})
+    assert script.main([str(path)]) == 0 and "modeled" in capsys.readouterr().out
     assert script.main([str(tmp_path / "missing.json")]) == 2
     assert "no such file" in capsys.readouterr().err
