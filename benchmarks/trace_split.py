@@ -3,9 +3,9 @@
     python benchmarks/trace_split.py TRACE.json[.gz] [TRACE ...] [--markdown]
 
 One row per trace: its decode tokens, the mean wall ms per token, and the ms per token in each exclusive state (the
-GPU computing; the GPU waiting while only the link copies, while the link and the CPU lane work, while only the lane
-computes; nothing busy: the host), then the link's busy time per token and how much of it hid under GPU work. The
-states add up to the token's wall time. Timing: each trace's own, printed in its row: measured (a GPU run's CUDA
+GPU computing; the decode waiting for a copy, for a copy and the CPU lane, for the lane; the GPU idle with nothing
+waited for: the host), then the link's busy time per token and how much of it hid under GPU work. The states add up
+to the token's wall time. Timing: each trace's own, printed in its row: measured (a GPU run's CUDA
 events and wall clock) or modeled (the timing model's, e.g. a trace downloaded from the app on a CPU).
 """
 from __future__ import annotations

@@ -88,8 +88,8 @@ def time_split_card(split) -> list[tuple[str, str, str]]:
         return []
     shares = " · ".join(f"{state} {100 * split.share(state):.0f}%" for state in TIME_STATES
                         if split.share(state) >= 0.005)
-    return [("time per token", split.bound(), f"{shares} (GPU computing; GPU waiting on the link, the CPU lane; "
-                                              "host: nothing busy)")]
+    return [("time per token", split.bound(), f"{shares} (gpu: computing; link, lane: waiting for a copy, "
+                                              "the CPU lane; host: nothing waited for)")]
 
 
 def summary_html(s, label: str = "", baselines: dict | None = None, split=None) -> str:

@@ -35,7 +35,7 @@ from spice_core.trace.metrics import (  # noqa: F401 - re-exported: one definiti
     LATE_OUTCOME, first_divergence, greedy_agreement, identical_prefix_share, late_keys, matching_tokens,
     outcomes_from_events, per_layer_counts, per_layer_table, scope_tokens)
 from spice_core.trace.occupancy import (  # noqa: F401 - re-exported: where a decode token's time goes
-    STATE_MEANING as TIME_STATE_MEANING, STATES as TIME_STATES, TimeSplit, time_split)
+    STATES as TIME_STATES, TimeSplit, time_split)
 from spice_core.tuned import (  # noqa: F401 - re-exported: the tuner's record and its file beside the model
     TUNED_FILE, TuneRecord, tuned_path)
 from spice_core.tuned import find as find_tuned, load_all as load_tuned, save as save_tuned  # noqa: F401

@@ -34,10 +34,6 @@ COPY_WORK = ("copy", "prefetch")
 LANE_WORK = ("cpu_run", CPU_INT8_RUN)
 LANE_WAIT = "waits for cpu"          # a stall's detail begins so when it waits for the CPU lane (both clocks)
 STATES = ("gpu", "link", "link + lane", "lane", "host")
-STATE_MEANING = {"gpu": "the GPU computes", "link": "the decode waits for a copy",
-                 "link + lane": "the decode waits for a copy and the CPU lane",
-                 "lane": "the decode waits for the CPU lane",
-                 "host": "the GPU idles and nothing is waited for: the host decides, issues, records or launches"}
 
 
 @dataclass(frozen=True)
