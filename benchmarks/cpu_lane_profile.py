@@ -17,7 +17,7 @@ Three parts, every number *measured* (wall clock, `time.perf_counter`):
    is): whether the GIL serialises the lane behind it;
 4. agreement: whether the lane's expert gives the same bits on every repeat, and the share of its outputs
    bit-equal to the same expert computed on the GPU (with CUDA);
-5. side_speedup (`side_speedup`): how much faster the auto lane ends a layer of 3-6 experts than one after another,
+5. side_speedup (`profile_side_speedup`): how much faster the auto lane ends a layer of 3-6 experts than one after another,
    the timing profiles' ``cpu_side_speedup``. ``--speedup-of FILE...`` prints it for saved profiles.
 """
 from __future__ import annotations
@@ -133,7 +133,7 @@ def agreement(gu, dn, x, cores: int, repeats: int = 20) -> dict:
     return res
 
 
-def side_speedup(profile: dict) -> float | None:
+def profile_side_speedup(profile: dict) -> float | None:
     """The profile's "side_speedup" (the timing profiles' ``cpu_side_speedup``): the median, over the layer sizes
     from which an auto lane runs experts side by side (3 to 6 experts), of the lane's wall one after another on every
     core left (the 1xT rows) over its wall as the auto lane runs them: its "auto" rows, or (profiles from before the
@@ -170,7 +170,7 @@ def main() -> None:
     if a.speedup_of:
         for path in a.speedup_of:
             try:
-                print(f"{path}: side_speedup {side_speedup(json.loads(path.read_text()))}")
+                print(f"{path}: side_speedup {profile_side_speedup(json.loads(path.read_text()))}")
             except (OSError, ValueError, KeyError, TypeError) as err:
                 raise SystemExit(f"error: {err!r} reading {path}: give a JSON file this script wrote with --out")
         return
@@ -188,7 +188,7 @@ def main() -> None:
     res["kernel"] = kernel_rows(gu, dn, x, a.reps, cores)
     res["agreement"] = agreement(gu, dn, x, cores)
     res["lane"] = lane_rows(gu, dn, x, a.reps, cores, a.busy_ms / 1e3)
-    res["side_speedup"] = side_speedup(res)
+    res["side_speedup"] = profile_side_speedup(res)
     text = json.dumps(res, indent=1)
     if a.out:
         a.out.write_text(text + "\n")

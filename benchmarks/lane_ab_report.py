@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.cpu_lane_profile import side_speedup  # noqa: E402
+from benchmarks.cpu_lane_profile import profile_side_speedup  # noqa: E402
 
 ARMS = ("auto", "fixed-1x0")
 LANE_POLICIES = ("cpu_compute", "spice_no_lore", "spice")
@@ -54,7 +54,7 @@ def profile_table(run: Path) -> str:
     one = {r["experts"]: r for r in rows if r["workers"] == 1}
     auto = {r["experts"]: r for r in rows if r["workers"] == "auto"}
     k15 = max(d["kernel"], key=lambda k: k["threads"])
-    speedup = side_speedup(d)
+    speedup = profile_side_speedup(d)
     lines = [f"Kernel alone at {k15['threads']} threads: {k15['ms_per_expert']:.3f} ms an expert "
              f"({k15['gbps']:.1f} GB/s of {d['expert_mb']:.1f} MB). The auto lane's side_speedup (median 1x15 / auto "
              f"wall at 3-6 experts, the profiles' cpu_side_speedup): "
