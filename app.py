@@ -30,6 +30,7 @@ from pages.keyboard import KEYBOARD_JS
 from pages.models import EngineSet, keep_nav, model_pages
 from pages.owners import OWNER_JS
 from pages.tuning import TuneBook
+from spice_core.tools import args as cli_args
 
 ROOT = Path(__file__).resolve().parent
 CSS_PATH = ROOT / "assets" / "static" / "spice.css"
@@ -174,8 +175,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="a shipped model's name (spice-mini, spice-mini-qwen2) or a "
                                                       "checkpoint folder (default: every shipped model, with a picker)")
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1),
+    parser.add_argument("--device", type=cli_args.device, default=None,
+                        help="cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument("--threads", type=cli_args.threads, default=max(1, (os.cpu_count() or 2) - 1),
                         help="torch CPU threads (default: all cores but one, which the web server keeps)")
     args = parser.parse_args()
     import torch

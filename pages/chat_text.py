@@ -87,7 +87,8 @@ def applied_changes(stream: RunStream):
 
 
 def run_title(summary: RunSummary, live: LiveRun) -> str:
-    return (f"Run {summary.run_id} · {summary.n_tokens} tokens · TPOT {summary.tpot_ms_median:.2f} ms "
+    tpot = f"TPOT {summary.tpot_ms_median:.2f} ms" if summary.n_tokens > 1 else "TPOT n/a (no decode step)"
+    return (f"Run {summary.run_id} · {summary.n_tokens} tokens · {tpot} "
             f"({summary.timing}) · hit rate {100 * live.hit_rate:.0f}%"
             + (f" · late prefetches {100 * live.late_rate:.0f}%" if live.late_rate >= 0.005 else ""))
 
@@ -100,13 +101,19 @@ def copied_words(summary: RunSummary) -> str:
     return f"{format_bytes(shown)} copied per token at {summary.shape} ({format_bytes(native)} at its own sizes)"
 
 
+def decode_words(summary: RunSummary) -> str:
+    """p90 TPOT and tokens/s, or why there are none (a reply of one token has no decode step)."""
+    if summary.n_tokens < 2:
+        return "p90 TPOT and tokens/s n/a (one token: no decode step)"
+    return f"p90 TPOT {summary.tpot_ms_p90:.2f} ms · {summary.tokens_per_s:.1f} tokens/s"
+
+
 def run_body(summary: RunSummary, stream: RunStream) -> str:
     split = ", ".join(f"{k} {v}" for k, v in sorted(summary.miss_split.items()) if v) or "none"
     notes = "".join(f"\n- {n}" for n in summary.notes)
     label = POLICY_LABELS.get(summary.policy, summary.policy)      # the menu's name, then the API's
     return (f"Policy **{label}** (`{summary.policy}`) · {summary.timing} timing ({summary.profile}, "
-            f"{summary.shape}) · TTFT {summary.ttft_ms:.1f} ms · p90 TPOT {summary.tpot_ms_p90:.2f} ms · "
-            f"{summary.tokens_per_s:.1f} tokens/s · {copied_words(summary)} · "
+            f"{summary.shape}) · TTFT {summary.ttft_ms:.1f} ms · {decode_words(summary)} · {copied_words(summary)} · "
             f"stall {summary.stall_ms_per_token:.2f} ms per token · misses: {split} · "
             f"finished: {summary.finish_reason or stream.cancel_reason or '?'}{notes}\n\n"
             f"[Open this run in the trace explorer](trace?run={summary.run_id})")
@@ -125,7 +132,7 @@ TIPS = {
     "copied per token": "Bytes copied from host memory to the GPU per token (on demand and prefetch), at the shape "
                         "the times are for (modeled timing: the model shape chosen; measured: this model's own), as "
                         "the TPOT beside it; under the value, what this model copied at its own (native) sizes.",
-    "stall": "Time per token the GPU waited for an expert to arrive. Green below 10% of TPOT, amber below 40%.",
+    "stall": "Time per token the GPU waited for an expert to arrive. Green below 10% of the decode time, amber below 40%.",
     "lookahead": "How many layers ahead every confident prediction was prefetched in time (mean over layers and "
                  "tokens), and why the lookahead stopped there most often. The likeliest experts are still copied "
                  "beyond it, even late: a depth of 0 with prefetches issued means copies outlast a layer.",
@@ -217,7 +224,8 @@ def stats_html(live: LiveRun | None, settings: RunSettings, info: EngineInfo, *,
     else:
         run_id = stream.run_id if stream is not None else ""
         status = "done" if summary is not None else "streaming"
-        stall_share = live.stall_ms_per_token / live.tpot_ms if live.tpot_ms > 0 else 0.0
+        stall_share = live.stall_share
+        decoded = live.n_tokens > 1         # TPOT, tokens/s and the stall share are of the decode steps
         reason, share = live.main_stop_reason()
         stop = (f"stop: {STOP_WORDS.get(reason, reason)} ({100 * share:.0f}%)", f"mean depth in layers; "
                 f"{100 * share:.0f}% of the layers planned stopped: {STOP_REASONS.get(reason, reason)}") if reason \
@@ -225,15 +233,17 @@ def stats_html(live: LiveRun | None, settings: RunSettings, info: EngineInfo, *,
         cards = [
             ("tokens", f"{live.n_tokens}", f"{run_id} · {status}", ""),
             ("TTFT", f"{live.ttft_ms:.1f} ms", "incl. prefill", ""),
-            ("TPOT", f"{live.tpot_ms:.2f} ms", f"median, {timing}", ""),
-            ("tokens/s", f"{live.tokens_per_s:.1f}", f"{timing}; streamed {wall_tps:.1f}/s", ""),
+            ("TPOT", f"{live.tpot_ms:.2f} ms", f"median, {timing}", "") if decoded
+            else ("TPOT", "–", "no decode step yet: the first token is the prefill's", ""),
+            ("tokens/s", f"{live.tokens_per_s:.1f}" if decoded else "–", f"{timing}; streamed {wall_tps:.1f}/s", ""),
             ("hit rate", f"{100 * live.hit_rate:.0f}%",
              (f"{100 * live.late_rate:.0f}% late prefetches", f"in time; {100 * live.late_rate:.0f}% late prefetches")
              if live.late_rate >= 0.005 else "resident + prefetched in time",
              _level(live.hit_rate, 0.8, 0.5)),
             ("copied per token", *_copied_card(live), ""),
-            ("stall", f"{live.stall_ms_per_token:.2f} ms", f"per token ({100 * stall_share:.0f}% of TPOT)",
-             _level(stall_share, 0.1, 0.4, higher_is_better=False)),
+            ("stall", f"{live.stall_ms_per_token:.2f} ms", f"per token ({100 * stall_share:.0f}% of decode time)",
+             _level(stall_share, 0.1, 0.4, higher_is_better=False)) if stall_share is not None
+            else ("stall", f"{live.stall_ms_per_token:.2f} ms", "in the first token (the prefill)", ""),
         ]
         if "max_lookahead" in policy_knobs(settings.policy):      # a policy that never prefetches has no lookahead
             cards.append(("lookahead", f"{live.mean_lookahead:.1f} of {settings.max_lookahead}", stop, ""))

@@ -186,6 +186,13 @@ class LiveRun:
         return self._first_stall_ms if self.n_tokens else 0.0
 
     @property
+    def stall_share(self) -> float | None:
+        """The decode steps' stalled share of their time (sums over sums, the CSV export's Σstall / Σstep), or None
+        before a decode step (the first token's step is the prefill's, which TPOT leaves out too)."""
+        decode_ms = sum(self.steps_ms[1:])
+        return self._decode_stall_ms / decode_ms if self.n_tokens > 1 and decode_ms > 0 else None
+
+    @property
     def mean_lookahead(self) -> float:
         return sum(self.lookahead) / len(self.lookahead) if self.lookahead else 0.0
 

@@ -212,6 +212,25 @@ def _check_expert_keys(path: Path, keys: set[str], family: Family, moe_layers: t
 HALF_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """The device to load on: ``device`` ("cpu", "cuda" or "cuda:N"), or None for cuda when a GPU is visible and
+    cpu otherwise. Anything else is a `ModelLoadError` that says what to pass."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ModelLoadError(f"--device {device}: use cpu or cuda (cuda:N for the N-th GPU)")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"--device {device} was asked for but no CUDA GPU is visible: use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ModelLoadError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s), "
+                             f"numbered from 0")
+    return dev
+
+
 def load_model(model: str | Path | None, device: str | torch.device | None = None,
                dtype: torch.dtype | None = None, *, float32_on_cpu: bool = False) -> LoadedModel:
     """``dtype`` None: the checkpoint's. ``float32_on_cpu``: on the CPU, a half-precision checkpoint (dtype not
@@ -219,6 +238,7 @@ def load_model(model: str | Path | None, device: str | torch.device | None = Non
     sizes; its byte accounting stays in the checkpoint's dtype (`LoadedModel.offload_dtype`)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    dev = resolve_device(device)
     path = resolve_model_path(model)
     cfg_dict = read_config(path)
     family = FAMILIES[cfg_dict["architectures"][0]]
@@ -245,9 +265,6 @@ def load_model(model: str | Path | None, device: str | torch.device | None = Non
     del skeleton
     _check_expert_keys(path, keys, family, moe_layers, n_experts)
 
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError("--device cuda was asked for but no CUDA GPU is visible: use --device cpu")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()   # a library should not draw progress bars on the user's terminal

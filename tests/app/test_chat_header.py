@@ -98,3 +98,44 @@ def test_a_reply_that_a_token_limit_ended_always_says_so(reply, n_tokens, limit,
     and happened to end on a full stop (or could not be trimmed) looked finished."""
     shown, note = chat_text.at_limit(reply, n_tokens, limit, 512)
     assert shown == trimmed and says in note, (shown, note)
+
+
+def _step(index: int, step_ms: float, stall_ms: float) -> StepStats:
+    return StepStats(index, 5, "x", step_ms, "modeled", 1, 1, 0, stall_ms, 1.0)
+
+
+def _card_of(html: str, key: str) -> tuple[str, str]:
+    m = re.search(rf"<div class='k'>{key}</div><div class='v'>([^<]*)</div><div class='s'[^>]*>([^<]*)<", html)
+    assert m, html
+    return m.group(1), m.group(2)
+
+
+def test_the_stall_share_is_the_decode_times_stalled_share_not_a_mean_over_a_median():
+    """Regression (review): the card divided the mean stall per token by the median TPOT, so a run whose slow steps
+    stalled most (a τ change mid-reply) read 72% where 45% of its decode time was stalled. The prefill's step and
+    stall are left out, as TPOT leaves them out."""
+    live = LiveRun(layers=(1,), n_experts=4)
+    for i, (step_ms, stall_ms) in enumerate([(500.0, 400.0), (10.0, 1.0), (10.0, 1.0), (10.0, 1.0), (90.0, 80.0)]):
+        live.add(_step(i, step_ms, stall_ms))
+    share = (1 + 1 + 1 + 80) / (10 + 10 + 10 + 90)
+    assert live.stall_share == pytest.approx(share)
+    assert live.stall_ms_per_token / live.tpot_ms > 2 * share       # what the card used to show
+    value, sub = _card_of(chat_text.stats_html(live, RunSettings(), INFO), "stall")
+    assert value == f"{83 / 4:.2f} ms" and sub == f"per token ({100 * share:.0f}% of decode time)", (value, sub)
+
+
+def test_a_one_token_reply_shows_no_tpot_rate_or_share_rather_than_zeros():
+    """Regression (review): a reply stopped after its first token read "TPOT 0.00 ms", "tokens/s 0.0" and "stall
+    439.58 ms per token (0% of TPOT)"; one token has no decode step to time."""
+    live = LiveRun(layers=(1,), n_experts=4)
+    live.add(_step(0, 500.0, 439.58))
+    html = chat_text.stats_html(live, RunSettings(), INFO)
+    assert _card_of(html, "TPOT")[0] == "–" and _card_of(html, "tokens/s")[0] == "–"
+    assert _card_of(html, "stall") == ("439.58 ms", "in the first token (the prefill)")
+    assert live.stall_share is None
+    from types import SimpleNamespace
+
+    summary = SimpleNamespace(run_id="r1", n_tokens=1, tpot_ms_median=0.0, tpot_ms_p90=0.0, tokens_per_s=0.0,
+                              timing="modeled")
+    assert "TPOT n/a (no decode step)" in chat_text.run_title(summary, live)
+    assert "0.00" not in chat_text.decode_words(summary) and "n/a" in chat_text.decode_words(summary)

@@ -206,3 +206,24 @@ def test_generate_times_with_a_given_profile(capsys, tiny_dirs, tmp_path):
         assert code == 0
         times[name] = _json.loads(out)["summary"]["tpot_ms"]
     assert times["slow"] > times["plain"] + 20.0
+
+
+@pytest.mark.parametrize("device", ["gpu", "tpu", "mps", "cuda:abc", "cpu:x"])
+def test_a_device_that_is_not_cpu_or_cuda_is_one_clear_error_before_anything_loads(tmp_path, device):
+    """A mistyped device is refused by name before the model is read (the path does not even exist)."""
+    with pytest.raises(ModelLoadError, match=re.escape(f"--device {device}: use cpu or cuda")):
+        load_model(tmp_path / "nowhere", device=device)
+
+
+def test_the_app_refuses_a_mistyped_device_in_one_line(tmp_path):
+    """app.py's --device takes what the CLI takes: a mistyped one is one argparse line, exit 2, no traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, str(root / "app.py"), "--model", "spice-mini", "--device", "gpu"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "'gpu' is not a device: use cpu, cuda or cuda:N" in proc.stderr.strip().splitlines()[-1]
