@@ -80,6 +80,13 @@ STATIC = Path(__file__).resolve().parents[1] / "assets" / "static"
 LIVE_JS = (STATIC / "spice_live.js").read_text()
 
 
+# Stop with nothing streaming: what the side bar says, and what the chat says for a message withdrawn by it (the
+# engine was still busy with another visitor's reply when Stop was pressed).
+WITHDRAWN_NOTE = "Nothing was generating: a message of yours still waiting for the engine is withdrawn."
+WITHDRAWN_CHAT_NOTE = ("■ Not sent: Stop was pressed while your message waited for the engine (busy with another "
+                       "visitor's reply). It is still in the box: send it again when you want it.")
+
+
 @dataclass
 class ChatSession:
     """One browser tab's state. Mutated in place by the page's events."""
@@ -88,6 +95,10 @@ class ChatSession:
     stream: RunStream | None = None
     notices: list[dict] = field(default_factory=list)   # notes to show in the chat at the next refresh
     epoch: int = 0                                      # bumped by "New chat": older streams stop writing
+    # Bumped by New chat and by a Stop with nothing streaming; the page sends the value it showed with each message
+    # (`ChatPage.gate_box`), so a message sent before either, still waiting for the engine, is withdrawn (`withdrawn`).
+    gate: int = 0
+    cleared_gate: int = 0                               # `gate` as New chat left it
     last_run_id: str = ""
     last_view: dict = field(default_factory=dict)       # the numbers row of the last reply (re-drawn on settings)
     owner: str = ""                                     # who the runs belong to (pages.owners)
@@ -96,6 +107,22 @@ class ChatSession:
 
     def streaming(self) -> bool:
         return self.stream is not None and not self.stream.done
+
+    def withdrawn(self, sent_gate: int | None) -> str:
+        """Why a message the page sent with ``sent_gate`` must not run: "cleared" (New chat was pressed since),
+        "stopped" (Stop was pressed since, nothing streaming) or "" (it runs; also when the caller sent no gate: the
+        API)."""
+        if sent_gate is None or sent_gate >= self.gate:
+            return ""
+        return "cleared" if self.cleared_gate > sent_gate else "stopped"
+
+
+def gate_of(value) -> int | None:
+    """The gate the page sent (a hidden box's text), or None when there is none to check."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 class ChatPage(chat_settings.SettingsEvents):
@@ -123,6 +150,9 @@ class ChatPage(chat_settings.SettingsEvents):
         # The settings in use, as the browser keeps them beside the conversation (pages.chat_js); never typed into.
         self.kept_settings = gr.Textbox(chat_settings.settings_json(d), visible="hidden", show_label=False,
                                         container=False, interactive=False, elem_id="spice-kept-settings")
+        # The session's gate as this page last heard it; sent with each message (`ChatSession.withdrawn`).
+        self.gate_box = gr.Textbox("0", visible="hidden", show_label=False, container=False, interactive=False,
+                                   elem_id="spice-gate")
         with gr.Sidebar(label="Settings", open=True, width=330, elem_id="spice-controls"):
             self.model_picker = models.picker(self.ctx.models, info.model_name, "chat", navigate=False)
             self.ctl = ChatControls(info, d, self.ctx.limits)
@@ -169,7 +199,7 @@ class ChatPage(chat_settings.SettingsEvents):
         outputs = [self.msg, self.chatbot, self.stats, self.heatmap, self.prefetch, self.gantt, self.live_delta]
         # The browser's Send uses the settings applied (with the requests it carries); the API names them all.
         chat_inputs = [self.msg, self.chatbot, self.ctl.requests, self.ctl.live_panels, self.ctl.check_exact,
-                       self.session]
+                       self.gate_box, self.session]
         api_inputs = [self.msg, self.chatbot, *self.controls, self.ctl.live_panels, self.ctl.check_exact, self.session]
         triggers = [self.msg.submit, self.send.click]
         # Listed first and browser-only: Stop replaces Send at once, before the first token arrives.
@@ -199,8 +229,10 @@ class ChatPage(chat_settings.SettingsEvents):
             self._after_reply(again.then(self.chat_browser, inputs=chat_inputs, outputs=outputs, js=SENT_JS,
                                          concurrency_id=ENGINE_GROUP, concurrency_limit=1, show_progress="minimal",
                                          show_progress_on=[self.chatbot], api_visibility="private"))
-        self.stop.click(self.stop_reply, inputs=[self.session], outputs=[self.ctl.note], queue=False,
-                        api_name="stop" + self.ctx.key, show_progress="hidden")
+        stopped = self.stop.click(self.stop_reply, inputs=[self.session], outputs=[self.ctl.note], queue=False,
+                                  api_name="stop" + self.ctx.key, show_progress="hidden")
+        stopped.then(self.gate_now, inputs=[self.session], outputs=[self.gate_box], queue=False,
+                     api_visibility="private", show_progress="hidden")
         self.auto.wire(BUSY_ON_JS, BUSY_OFF_JS)
         self.switch.wire(self.model_picker)
         # Each control applies alone: a slider's requests (SETTINGS_JS), a menu or checkbox when it changes.
@@ -218,8 +250,8 @@ class ChatPage(chat_settings.SettingsEvents):
                               api_visibility="private", show_progress="hidden")      # Auto's pick, once applied
         # "New chat" and the chat's own 🗑 do the same thing: stop the reply, clear chat and panels.
         for event, name in ((self.new_chat.click, "new_chat" + self.ctx.key), (self.chatbot.clear, None)):
-            cleared = event(self.clear, inputs=[self.session], outputs=outputs, queue=False, show_progress="hidden",
-                            **({"api_name": name} if name else {"api_visibility": "private"}))
+            cleared = event(self.clear, inputs=[self.session], outputs=[*outputs, self.gate_box], queue=False,
+                            show_progress="hidden", **({"api_name": name} if name else {"api_visibility": "private"}))
             self._after_reply(cleared)
         # The sent message leaves the box when its reply starts, what was typed since stays (pages.chat_js).
         self.chatbot.change(None, inputs=[self.chatbot], outputs=None, js=started_js(CURSOR), queue=False,
@@ -266,7 +298,12 @@ class ChatPage(chat_settings.SettingsEvents):
             return STOPPING_NOTE
         if self.auto.stop(session):
             return "Stopping the tune after the setting it is measuring…"
-        return "Nothing is generating right now."
+        session.gate += 1           # a message this page sent that still waits for the engine will not run
+        return WITHDRAWN_NOTE
+
+    @staticmethod
+    def gate_now(session: ChatSession) -> str:
+        return str(session.gate)
 
     @staticmethod
     def new_session() -> ChatSession:
@@ -274,11 +311,13 @@ class ChatPage(chat_settings.SettingsEvents):
 
     def clear(self, session: ChatSession):
         session.epoch += 1
+        session.gate += 1           # a message sent before New chat and still waiting for the engine never runs
+        session.cleared_gate = session.gate
         if session.streaming():
             session.stream.cancel("stop")
         session.notices.clear()
         session.last_view = {}
-        return self._emptied(session, clear_text=True)
+        return (*self._emptied(session, clear_text=True), str(session.gate))
 
     def _emptied(self, session: ChatSession, clear_text: bool = False) -> tuple:
         """The page after New chat: an empty chat, the numbers row for the next message, the panels' placeholders
@@ -320,7 +359,8 @@ class ChatPage(chat_settings.SettingsEvents):
                              live_panels, check_exact, session, request=request):
             yield (out[0], as_typed(out[1]), *out[2:]) if isinstance(out[1], list) else out
 
-    def chat_browser(self, message, history, requests, live_panels, check_exact, session, request: gr.Request = None):
+    def chat_browser(self, message, history, requests, live_panels, check_exact, gate, session,
+                     request: gr.Request = None):
         """Send in the browser: the reply uses the settings applied, after the slider requests this Send carries
         (a box finished by the click on Send counts), never what the boxes show."""
         if isinstance(session, ChatSession):
@@ -331,12 +371,14 @@ class ChatPage(chat_settings.SettingsEvents):
             applied = self.defaults
         values = [getattr(applied, f) for f in SETTING_FIELDS]
         yield from self.chat(message, history, *values, live_panels, check_exact, session, request=request,
-                             box_in_browser=True)
+                             box_in_browser=True, gate=gate_of(gate))
 
-    def chat(self, message, history, *args, request: gr.Request = None, box_in_browser: bool = False):
+    def chat(self, message, history, *args, request: gr.Request = None, box_in_browser: bool = False,
+             gate: int | None = None):
         """Stream one reply. Yields (textbox, chat, stats, heatmap, prefetch timeline, lane chart). The reply's
         first update empties the textbox, except for the browser's Send, whose page takes the sent text off the
-        box itself and keeps what was typed since (pages.chat_js)."""
+        box itself and keeps what was typed since (pages.chat_js). ``gate``: the session gate the page showed when
+        it sent the message (`ChatSession.withdrawn`; None: not checked)."""
         *values, live_panels, check_exact, session = args
         if not isinstance(session, ChatSession):           # API callers cannot break the state
             session = ChatSession()
@@ -346,6 +388,14 @@ class ChatPage(chat_settings.SettingsEvents):
 
         def only_chat(h, title):        # the message stays in the box, to be fixed; the note replaces the last one
             return (skip, h + [transient_note(title)], skip, skip, skip, skip, skip)
+
+        def withdrawn_update(h, why):   # New chat since: the page is already empty, write nothing over it
+            return (skip,) * 7 if why == "cleared" else only_chat(h, WITHDRAWN_CHAT_NOTE)
+
+        why = session.withdrawn(gate)
+        if why:
+            yield withdrawn_update(history, why)
+            return
 
         try:
             settings = settings_from_values(self.info, dict(zip(SETTING_FIELDS, values)), self.ctx.limits)
@@ -381,6 +431,11 @@ class ChatPage(chat_settings.SettingsEvents):
         except SpiceError as exc:     # not sent: the text stays in the box to be fixed
             refused = [m for m in history if m.get("role") != "user" or m is not history[user_at]]
             yield only_chat(refused, f"⚠ The engine refused this message: {esc(spice_error_text(exc))}")
+            return
+        why = session.withdrawn(gate)
+        if why:         # Stop or New chat while the engine was still busy with another visitor's reply
+            stream.cancel("stop")
+            yield withdrawn_update(history[:user_at], why)
             return
         session.stream = stream
         self.reload.remember(stream)

@@ -338,8 +338,8 @@ def test_new_chat_while_a_reply_runs_ends_that_reply_on_the_emptied_page(served,
     rest = list(gen)
     assert rest, "the reply stopped without a last word: what it sent before New chat could land after it"
     last = rest[-1]
-    assert last[1] == [] and last[2:] == emptied[2:], last
-    assert last[0] == gr.skip() and emptied[0] == ""
+    assert last[1] == [] and last[2:] == emptied[2:7], last
+    assert last[0] == gr.skip() and emptied[0] == "" and emptied[7] == str(session.gate)
     assert session.last_view == {}, "the numbers row would show the cleared reply again"
     assert served.wait_idle(10)
 
@@ -489,3 +489,83 @@ def test_exact_settings_need_no_check(served, client):
     out = client.predict(*chat_inputs("exact", max_new_tokens=5, tau_approx=0.0, check_exact=True), api_name="/chat")
     assert len(served.engine.generations) == before + 1
     assert "identical by design" in out[2]
+
+
+class _HeldReply:
+    """Another visitor's reply that holds the engine until released."""
+
+    run_id = ""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def __iter__(self):
+        self.release.wait(60)
+        return iter(())
+
+    def cancel(self) -> None:
+        self.release.set()
+
+    def update_settings(self, settings) -> None:
+        pass
+
+    def summary(self):
+        return None
+
+
+def _notes(history) -> list[str]:
+    return [m["metadata"]["title"] for m in history if m.get("metadata")]
+
+
+@pytest.mark.parametrize("pressed", ["stop", "new chat"])
+def test_a_message_waiting_for_the_engine_is_withdrawn_by_stop_or_new_chat_before_it_starts(served, pressed):
+    """Regression (review): a message queued behind another visitor's reply ignored Stop ("Nothing is generating")
+    and New chat: it ran once the engine was free, a whole reply, and after New chat it brought the cleared
+    conversation back. The page sends the session's gate it showed with the message; Stop (nothing streaming) and
+    New chat bump it, so the waiting message runs nothing: Stop's leaves a note (the text stays in the box), New
+    chat's writes nothing over the emptied page."""
+    from pages.chat import WITHDRAWN_CHAT_NOTE, WITHDRAWN_NOTE, ChatPage, ChatSession
+    page, session = ChatPage(served.ctx), ChatSession()
+    before = [{"role": "user", "content": "a dog story"}, {"role": "assistant", "content": "Once, a dog."}]
+    sent_gate = str(session.gate)                       # what the page showed when Send was pressed
+    if pressed == "stop":
+        assert page.stop_reply(session) == WITHDRAWN_NOTE
+        assert page.gate_now(session) == str(session.gate) != sent_gate
+    else:
+        assert page.clear(session)[7] == str(session.gate) != sent_gate
+    started = len(served.engine.generations)
+    outs = list(page.chat_browser("a fox story", before, "", False, False, sent_gate, session))
+    assert len(served.engine.generations) == started, "the withdrawn message reached the engine"
+    assert len(outs) == 1 and outs[0][0] == gr.skip()   # the box keeps the text (or New chat's emptied box)
+    if pressed == "stop":
+        assert outs[0][1][:2] == before and _notes(outs[0][1]) == [WITHDRAWN_CHAT_NOTE]
+        assert all(o == gr.skip() for o in outs[0][2:])
+    else:
+        assert all(o == gr.skip() for o in outs[0]), "New chat's emptied page would be overwritten"
+    # The page heard the new gate: its next message runs.
+    outs = list(page.chat_browser("a fox story", before, "", False, False, str(session.gate), session))
+    assert len(served.engine.generations) == started + 1 and "Run " in str(outs[-1][1])
+    assert served.wait_idle(10)
+
+
+def test_stop_while_the_message_waits_inside_the_engine_queue_cancels_it_before_a_token_is_read(served):
+    """The message got past the gate and waits for another visitor's reply to end (the runner's join): Stop then
+    withdraws it as soon as the engine takes it, before any token reaches the page, and frees the engine."""
+    from pages.chat import WITHDRAWN_CHAT_NOTE, ChatPage, ChatSession
+    from spice_core.api import RunSettings
+    page, session = ChatPage(served.ctx), ChatSession()
+    held = _HeldReply()
+    served.ctx.runner.start("another visitor", RunSettings(max_new_tokens=100), lambda: held)
+    outs: list = []
+    gen = page.chat_browser("a fox story", [], "", False, False, str(session.gate), session)
+    waiter = threading.Thread(target=lambda: outs.append(next(gen)), daemon=True)
+    try:
+        waiter.start()
+        assert wait_for(lambda: session.owner != "", 10), "the message never reached the engine's queue"
+        page.stop_reply(session)                       # nothing of this session streams yet
+    finally:
+        held.release.set()
+    waiter.join(30)
+    assert outs and _notes(outs[0][1]) == [WITHDRAWN_CHAT_NOTE] and outs[0][1][:-1] == [], outs
+    assert list(gen) == []
+    assert served.wait_idle(10)

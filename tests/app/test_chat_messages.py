@@ -51,7 +51,7 @@ def test_a_hostile_message_reaches_the_model_as_typed_and_is_shown_as_text(serve
     """Regression (QA, defect 1): a message was rendered as HTML (a real <img> that requested /x on every reload,
     real bold). The chat holds it escaped, the model reads it as typed, also from the history the next time (the API
     gives and takes it as typed: test_app_api)."""
-    shown = next(gen := ChatPage(served.ctx).chat_browser(HOSTILE, [], "", False, False, ChatSession()))[1]
+    shown = next(gen := ChatPage(served.ctx).chat_browser(HOSTILE, [], "", False, False, "0", ChatSession()))[1]
     gen.close()
     users = [m for m in shown if m["role"] == "user"]
     assert users[0]["content"] == shown_text(HOSTILE) and "<img" not in users[0]["content"].replace("\\<img", "")
