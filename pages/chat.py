@@ -580,7 +580,7 @@ class ChatPage(chat_settings.SettingsEvents):
             history.append(note(said))
         tps = text.wall_tps(live, first_wall)
         # From every setting the reply ran with: a τ_approx raised mid-reply makes it lossy.
-        agreement = text.agreement_line(settings, check_exact, stream.changes)
+        agreement = text.agreement_line(settings, check_exact, stream.changes, device=self.info.device)
         self.reload.remember(stream, tps, agreement or LEFT_DURING_CHECK)     # kept if the page goes meanwhile
         if agreement is None and live.n_tokens:
             checking = text.stats_html(live, stream.settings, self.info, stream=stream, summary=summary, wall_tps=tps,

@@ -35,22 +35,26 @@ def wall_tps(live: LiveRun, first_wall: float | None) -> float:
     return (live.n_tokens - 1) / elapsed if elapsed > 0 else 0.0
 
 
-def agreement_line(settings: RunSettings, check_exact: bool, changes=()) -> tuple[str, str] | None:
+def agreement_line(settings: RunSettings, check_exact: bool, changes=(), device: str = "cpu") -> tuple[str, str] | None:
     """(value, detail) of the agreement card when no re-run is needed; None when one should be made.
 
     Judged on every setting the reply ran with, not only those it started with: a τ_approx raised
     mid-reply makes the reply lossy, and then the agreement is measured (a claim of "identical by
-    design" would be false).
+    design" would be false). On a GPU an exact setting that may send misses to the CPU lane is measured too: the
+    lane sums an expert's products in another order than the GPU's kernel, and a near-tie can flip a token
+    (measured on the GPU: `cpu_compute` 0.86–0.87 against `resident` over 64 tokens).
     """
     ran_with = [settings] + [c.settings_after for c in changes if getattr(c, "settings_after", None) is not None]
-    if all(s.exact for s in ran_with):
+    lane_on_gpu = device == "cuda" and any(s.cpu_lane and s.policy in CPU_LANE_POLICIES for s in ran_with)
+    if all(s.exact for s in ran_with) and not lane_on_gpu:
         return "100%", "exact settings: identical by design"
     if settings.temperature > 0:
         return "n/a", "sampling: set temperature to 0"
-    if settings.exact:            # became lossy mid-reply: the start's claim no longer holds, so measure
+    if settings.exact and not lane_on_gpu:   # became lossy mid-reply: the start's claim no longer holds, so measure
         return None
     if not check_exact:
-        return "not measured", "tick “measure greedy agreement” in the settings"
+        why = "exact, but the CPU lane sums in another order than the GPU: " if lane_on_gpu else ""
+        return "not measured", why + "tick “measure greedy agreement” in the settings"
     return None
 
 
