@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import gradio as gr
@@ -36,13 +36,14 @@ from spice_core.errors import PromptError, SpiceError
 from pages import chat_check, figures, models
 from pages import chat_text as text
 from pages import chat_settings
-from pages.chat_auto import AutoState, AutoTune
+from pages.chat_auto import AutoTune
 from pages.chat_controls import SETTINGS_JS, ChatControls
 from pages.chat_reload import LEFT_DURING_CHECK, ReplyPanels
 from pages.chat_switch import ModelSwitch
 from pages.chat_js import (BUSY_OFF_JS, BUSY_ON_JS, NARROW_JS, SENT_JS, STOPPED_NOTE_JS, STOPPING_NOTE, TYPED_TEXT_JS,
                            started_js)
 from pages.chat_keep import KeptChat
+from pages.chat_session import WITHDRAWN_CHAT_NOTE, WITHDRAWN_NOTE, ChatSession, gate_of  # noqa: F401 - re-exported
 from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, ChatHistory, as_plot,
                           default_settings, settings_from_values, spice_error_text)
 from pages.live import LiveRun
@@ -78,51 +79,6 @@ EXAMPLES = ["Tell me a story about a cat and a ball.",
             "Tell me a story about a rabbit and a hat."]
 STATIC = Path(__file__).resolve().parents[1] / "assets" / "static"
 LIVE_JS = (STATIC / "spice_live.js").read_text()
-
-
-# Stop with nothing streaming: what the side bar says, and what the chat says for a message withdrawn by it (the
-# engine was still busy with another visitor's reply when Stop was pressed).
-WITHDRAWN_NOTE = "Nothing was generating: a message of yours still waiting for the engine is withdrawn."
-WITHDRAWN_CHAT_NOTE = ("■ Not sent: Stop was pressed while your message waited for the engine (busy with another "
-                       "visitor's reply). It is still in the box: send it again when you want it.")
-
-
-@dataclass
-class ChatSession:
-    """One browser tab's state. Mutated in place by the page's events."""
-
-    settings: RunSettings | None = None
-    stream: RunStream | None = None
-    notices: list[dict] = field(default_factory=list)   # notes to show in the chat at the next refresh
-    epoch: int = 0                                      # bumped by "New chat": older streams stop writing
-    # Bumped by New chat and by a Stop with nothing streaming; the page sends the value it showed with each message
-    # (`ChatPage.gate_box`), so a message sent before either, still waiting for the engine, is withdrawn (`withdrawn`).
-    gate: int = 0
-    cleared_gate: int = 0                               # `gate` as New chat left it
-    last_run_id: str = ""
-    last_view: dict = field(default_factory=dict)       # the numbers row of the last reply (re-drawn on settings)
-    owner: str = ""                                     # who the runs belong to (pages.owners)
-    requests: chat_settings.Requests = field(default_factory=chat_settings.Requests)   # the browser's, applied
-    auto: AutoState = field(default_factory=AutoState)  # the side bar's "Auto (within budget)" tune
-
-    def streaming(self) -> bool:
-        return self.stream is not None and not self.stream.done
-
-    def withdrawn(self, sent_gate: int | None) -> str:
-        """Why a message the page sent with ``sent_gate`` must not run: "cleared" (New chat was pressed since),
-        "stopped" (Stop was pressed since, nothing streaming) or "" (it runs; also when the caller sent no gate: the
-        API)."""
-        if sent_gate is None or sent_gate >= self.gate:
-            return ""
-        return "cleared" if self.cleared_gate > sent_gate else "stopped"
-
-
-def gate_of(value) -> int | None:
-    """The gate the page sent (a hidden box's text), or None when there is none to check."""
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
 
 
 class ChatPage(chat_settings.SettingsEvents):
