@@ -58,8 +58,10 @@ from spice_core import heldout
 from spice_core.errors import ConfigError
 from spice_core.heldout import DEFAULT_PROMPTS
 from spice_core.model.loader import _safetensors_files
+from spice_core.timing.profiles import routing_shape
 
 log = logging.getLogger(__name__)
+DEFAULT_SHAPE = "deepseek-v2-lite"     # a modeled run's shape when the config names none and the model is no miniature
 
 
 def _load_config(path: Path) -> dict:
@@ -226,9 +228,6 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
                               f"context of {max_ctx} tokens: lower long_prompt_tokens")
         workloads.append(("long", len(prompts), long_prompt_ids(tok, long_tokens, folder)))
     records: list[dict] = []
-    # What makes shards parts of one run (bench --merge refuses to blend records whose provenance differs).
-    prov = provenance(dict(cfg, hw_profile=str(hw_profile) if hw_profile is not None else cfg.get("hw_profile")),
-                      [ids for *_, ids in workloads], code_digest())
     stock_tpot = None
     if reference:
         stock_tpot = _stock_generate_tpot(hf, prompts[:2], min(max_new, 32))
@@ -237,6 +236,13 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         plain = not lifted and not cfg["model"].startswith("random:")
         lm = offload_model(hf, torch.device(device), tokenizer=tok, path=Path(desc),
                            offload_dtype=cpu_float32_offload_dtype(Path(desc), device) if plain else None)
+    if cfg["timing"] == "modeled":      # what the run times, as generate and the app default them: into the records
+        cfg = dict(cfg, profile=cfg.get("profile") or RunSettings().profile,
+                   shape=cfg.get("shape") or routing_shape(lm.family.name, len(lm.moe_layers), lm.n_experts, lm.top_k)
+                   or DEFAULT_SHAPE)
+    # What makes shards parts of one run (bench --merge refuses to blend records whose provenance differs).
+    prov = provenance(dict(cfg, hw_profile=str(hw_profile) if hw_profile is not None else cfg.get("hw_profile")),
+                      [ids for *_, ids in workloads], code_digest())
     lift_check = None
     if lifted and cfg.get("verify_lift", True):
         from spice_core.tools.lift import verify
@@ -252,14 +258,23 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
     # records), all on the one model built above.
     blocks = resolve_blocks(cfg, policies, budgets, links, workloads, len(prompts), max_new, reps, shard)
     settings_of: dict[str, dict] = {}        # variant -> its thresholds (a record says what it ran with)
+    max_new_of: dict[str, list[int]] = {}     # variant -> the tokens its blocks ask per run
     for b in blocks:
+        max_new_of[b.variant] = sorted({*max_new_of.get(b.variant, ()), b.max_new})
         if settings_of.setdefault(b.variant, b.settings) != b.settings:
             raise ConfigError(f"two \"runs\" blocks with variant {b.variant!r} set different thresholds "
                               f"({settings_of[b.variant]} and {b.settings}): give each setting its own \"variant\" label")
     total = sum(len(b.links) * b.reps * len(b.budgets) * len(b.workloads) * len(b.policies) for b in blocks)
+    if total == 0:
+        k, n = shard
+        raise ConfigError(f"--shard {k}/{n} selects no prompt of the {len(workloads)} this config runs: use N <= "
+                          f"{len(workloads)}" if n > 1 else "the config selects no prompt to run: check "
+                          "\"prompt_indices\" and \"n_prompts\"")
     done = 0
     t0 = time.time()
     per: dict[tuple, list] = {}
+    units: dict[tuple, list] = {}        # record key -> the [prompt, repetition] of each run it holds
+    written: set[Path] = set()           # traces this run wrote (an earlier run's in --out are replaced)
     lifted_arts = None
     engines: dict[tuple, SpiceEngine] = {}
 
@@ -302,8 +317,8 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         ref_tokens = exact_tokens.get(ref_key)
         for pol in b_policies:
             s = RunSettings(policy=pol, cache_frac=budget, max_new_tokens=b_max_new,
-                            profile=cfg.get("profile", RunSettings().profile),
-                            shape=cfg.get("shape", "deepseek-v2-lite"),
+                            profile=cfg.get("profile") or RunSettings().profile,
+                            shape=cfg.get("shape") or DEFAULT_SHAPE,
                             tau_prefetch=float(b_set["tau_prefetch"]),
                             tau_approx=float(b_set["tau_approx"]),
                             max_lookahead=int(b_set["max_lookahead"]),
@@ -320,11 +335,14 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
             rec = eng.get_record(run.run_id)
             every = cfg.get("export_trace_prompts") == "all"     # default: the first prompt's
             trace = out / (f"trace-{link}-{budget:.2f}-{pol}" + (f"-p{pi}" if every else "") + ".json")
-            if (pi == 0 or every) and pol in cfg.get("export_traces", []) and not trace.exists():
+            if (pi == 0 or every) and pol in cfg.get("export_traces", []) and trace not in written:
                 from spice_core.trace.export import write_chrome_trace
+                written.add(trace)          # the first block's, as before; a trace from an earlier run is replaced
                 write_chrome_trace(rec.events, trace,
                                    metadata={"policy": pol, "link": link, "budget_frac": budget,
-                                             "model": desc, "timing": cfg["timing"]})
+                                             "model": desc, "timing": cfg["timing"], "variant": b_variant,
+                                             "profile": _profile_name(cfg, hw), "shape": _shape_name(cfg),
+                                             "settings": b_set, "max_new_tokens": b_max_new})
             totals = dict(rec.totals, **divergence_totals(ref_tokens, toks), **split_totals(rec.events))
             if quality is not None and ref_tokens is not None:
                 totals.update(quality.totals(eng, (link, rep, ref_key), ids, s, ref_policy or
@@ -335,19 +353,19 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
                 totals["gpu_peak_bytes"] = torch.cuda.max_memory_allocated()
             per.setdefault((link, budget, pol, workload, b_variant), []).append(
                 (steps, agree, totals, run.summary()))
+            units.setdefault((link, budget, pol, workload, b_variant), []).append([pi, rep])
             done += 1
             _progress(done, total, t0, f"{link} {budget:.2f} {pol} {workload}")
-        _write_partial(out, cfg, desc, lm, per, hw, prov, settings_of)   # a run cut short keeps what finished
+        _write_partial(out, cfg, desc, lm, per, hw, prov, settings_of, units, shard, max_new_of)   # a run cut short keeps what finished
     sys.stderr.write("\n")
-    for (link, budget, pol, workload, variant), runs in per.items():
-        records.append(dict(_aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload, variant,
-                                       settings_of.get(variant)), provenance=prov))
+    for key, runs in per.items():
+        records.append(_record(cfg, desc, lm, key, runs, hw, settings_of, units, shard, max_new_of, prov))
     if stock_tpot is not None:
         records.append({"model": desc, "policy": "transformers_generate", "budget_frac": 1.0, "link": "native",
                         "timing": "measured", "tpot_ms_median": stock_tpot, "tpot_ms_p90": None, "hit_rate": 1.0,
                         "bytes_per_token": 0, "stall_ms_per_token": 0, "greedy_agreement": None,
                         "ppl_delta_pct": None})
-    _add_floors(records, lm, hw or get_profile(cfg.get("profile", RunSettings().profile)), cfg)
+    _add_floors(records, lm, hw or get_profile(cfg.get("profile") or RunSettings().profile), cfg)
     out.mkdir(parents=True, exist_ok=True)
     if lift_check is not None:
         for r in records:
@@ -367,14 +385,37 @@ def code_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def _write_partial(out: Path, cfg: dict, desc: str, lm, per: dict, hw, prov: dict, settings_of: dict) -> None:
+def _record(cfg, desc, lm, key: tuple, runs: list, hw, settings_of: dict, units: dict, shard: tuple[int, int],
+            max_new_of: dict, prov: dict) -> dict:
+    """One configuration's record, with what `merge_records` checks: the [prompt, repetition] runs it holds (in
+    ``raw``), the shard and the tokens asked per run."""
+    link, budget, pol, workload, variant = key
+    asked = max_new_of.get(variant) or []
+    rec = dict(_aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload, variant, settings_of.get(variant)),
+               provenance=prov, shard=list(shard), max_new_tokens=asked[0] if len(asked) == 1 else asked)
+    rec["raw"]["units"] = units.get(key, [])
+    return rec
+
+
+def _profile_name(cfg: dict, hw) -> str | None:
+    """The profile a run is timed (modeled) or decided (measured) with: a --hw-profile file's own name first."""
+    if hw is not None:
+        return hw.name
+    return cfg.get("profile") if cfg["timing"] == "modeled" else "this machine"
+
+
+def _shape_name(cfg: dict) -> str:
+    return cfg.get("shape") if cfg["timing"] == "modeled" else "native"
+
+
+def _write_partial(out: Path, cfg: dict, desc: str, lm, per: dict, hw, prov: dict, settings_of: dict, units: dict,
+                   shard: tuple[int, int], max_new_of: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     from spice_core.timing.profiles import get_profile
 
-    recs = [dict(_aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload, variant, settings_of.get(variant)),
-                 provenance=prov)
-            for (link, budget, pol, workload, variant), runs in per.items()]
-    _add_floors(recs, lm, hw or get_profile(cfg.get("profile", RunSettings().profile)), cfg)   # merge needs them
+    recs = [_record(cfg, desc, lm, key, runs, hw, settings_of, units, shard, max_new_of, prov)
+            for key, runs in per.items()]
+    _add_floors(recs, lm, hw or get_profile(cfg.get("profile") or RunSettings().profile), cfg)   # merge needs them
     (out / "results.partial.json").write_text(json.dumps(recs, indent=1, default=float))
 
 
@@ -396,8 +437,7 @@ def _aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload: str = "prom
     return {
         "model": desc, "policy": pol, "budget_frac": budget, "link": link, "timing": cfg["timing"],
         "workload": workload, "variant": variant,
-        "profile": cfg.get("profile") if cfg["timing"] == "modeled" else (hw.name if hw else "this machine"),
-        "shape": cfg.get("shape") if cfg["timing"] == "modeled" else "native",
+        "profile": _profile_name(cfg, hw), "shape": _shape_name(cfg),
         **derive(raw),
         "settings": settings,
         "ppl_delta_pct": 0.0 if pol in EXACT_POLICIES or float(settings["tau_approx"]) == 0 else None,
@@ -411,7 +451,7 @@ def _add_floors(records: list[dict], lm, prof, cfg) -> None:
 
     if cfg["timing"] == "modeled":
         from spice_core.timing.profiles import get_shape
-        expert_bytes = get_shape(cfg.get("shape", "deepseek-v2-lite")).expert_bytes if cfg.get("shape") != "native" \
+        expert_bytes = get_shape(cfg.get("shape") or DEFAULT_SHAPE).expert_bytes if cfg.get("shape") != "native" \
             else lm.layout.nbytes
     else:
         expert_bytes = lm.layout.nbytes
@@ -495,11 +535,14 @@ def _parse_shard(text: str | None) -> tuple[int, int]:
 
 
 def _merge(dirs: list[Path], out: Path) -> list[dict]:
-    from spice_core.tools.bench_records import merge_records
+    from spice_core.tools.bench_records import merge_records, missing_shards
 
     records, sources = [], []
     seen: dict[Path, Path] = {}
     for d in dirs:
+        if d.resolve() == out.resolve():
+            raise ConfigError(f"--out {out} is one of the --merge folders: write the merge to a folder of its own "
+                              "(it would replace that shard's results)")
         path = d / "results.json"
         if not path.is_file():
             path = d / "results.partial.json"
@@ -513,6 +556,10 @@ def _merge(dirs: list[Path], out: Path) -> list[dict]:
         records += shard
         sources += [str(path)] * len(shard)
     merged = merge_records(records, sources)
+    missing = missing_shards(records)
+    if missing:
+        print(f"note: shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} not given: the merged records hold "
+              "only the prompts of the shards given", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(merged, indent=1, default=float))
     timing = merged[0]["timing"] if merged else "measured"

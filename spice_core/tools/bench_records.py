@@ -246,6 +246,8 @@ def _combine(a: dict, b: dict) -> dict:
         # sums neither part recorded (records from before them) stay absent rather than made up as zeros
         **{f: a.get(f, 0) + b.get(f, 0) for f in (*LANE_SUMS, "lane_bytes_sum", *SPLIT_SUMS) if f in a or f in b},
         **{f: a.get(f, 0) + b.get(f, 0) for f in QUALITY_SUMS if f in a or f in b},
+        # the [prompt, repetition] runs each part holds (absent in records from before it: not made up)
+        **({"units": a["units"] + b["units"]} if "units" in a and "units" in b else {}),
     }
 
 
@@ -255,7 +257,7 @@ def _combine(a: dict, b: dict) -> dict:
 RUN_FIELDS = ("model", "timing", "profile", "shape", "provenance")
 # What the records of one configuration must agree on besides their key (the floor's inputs, the lift
 # check, whether the policy is exact).
-RECORD_FIELDS = ("routed_bytes_per_token", "link_gbps", "lift_check", "ppl_delta_pct")
+RECORD_FIELDS = ("routed_bytes_per_token", "link_gbps", "lift_check", "ppl_delta_pct", "settings", "max_new_tokens")
 
 
 def provenance(cfg: dict, prompt_ids: list[list[int]], code_digest: str) -> dict:
@@ -310,6 +312,7 @@ def merge_records(records: list[dict], sources: list[str] | None = None) -> list
                     raise ConfigError(f"--merge: {src} and {earlier_src} differ in {field} ({_show(earlier.get(field))}"
                                       f" vs {_show(r.get(field))}) for {r.get('policy')} at budget "
                                       f"{r.get('budget_frac')}: merge only shards of one config")
+            _refuse_overlap(earlier, earlier_src, r, src)
         parts.setdefault(key, []).append((r, src))
         if key not in merged:
             merged[key] = dict(r)
@@ -324,6 +327,32 @@ def merge_records(records: list[dict], sources: list[str] | None = None) -> list
     if inputs is not None:         # the shards' three-lane floor, again over the merged steps and lane jobs
         add_three_lane_floor(out, inputs["expert_bytes"], inputs["profile_lane_ms"], inputs["dram_gbps"])
     return out
+
+
+def _refuse_overlap(a: dict, src_a: str, b: dict, src_b: str) -> None:
+    """Two records of one configuration holding the same prompt's run (the same repetition): blending them would
+    count it twice (an unsharded run merged with one of its shards, or overlapping prompt slices)."""
+    ua, ub = (r.get("raw", {}).get("units") for r in (a, b))
+    if not ua or not ub:
+        return                     # records from before runs were listed: only `_refuse_repeated_shards` applies
+    both = sorted({tuple(u) for u in ua} & {tuple(u) for u in ub})
+    if both:
+        shown = ", ".join(f"prompt {p}" + (f" (repetition {r})" if r else "") for p, r in both[:4])
+        raise ConfigError(f"--merge: {src_a} and {src_b} both hold {shown}{' and more' if len(both) > 4 else ''} for "
+                          f"{b.get('policy')} at budget {b.get('budget_frac')}: merge shards that split the prompts, "
+                          "not a run with its own shards or overlapping slices")
+
+
+def missing_shards(records: list[dict]) -> list[str]:
+    """The K/N shards of the records' one --shard split that none of them is; none where the records are not all
+    shards of one split (records from before shards were noted, or prompt slices run with "prompt_indices", whose
+    overlaps `merge_records` refuses)."""
+    seen = {tuple(r["shard"]) if r.get("shard") else None for r in records if "raw" in r and not r.get("peer")}
+    counts = {s[1] if s else None for s in seen}
+    if len(counts) != 1 or None in counts or counts == {1}:
+        return []
+    n = counts.pop()
+    return [f"{k}/{n}" for k in range(n) if (k, n) not in seen]
 
 
 def _refuse_repeated_shards(records: list[dict], sources: list[str]) -> None:

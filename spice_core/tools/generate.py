@@ -168,6 +168,8 @@ def run(args) -> int:
                 "tpot_ms": summ.tpot_ms_median, "tpot_ms_p90": summ.tpot_ms_p90, "ttft_ms": summ.ttft_ms,
                 "hit_rate": summ.hit_rate, "late_prefetch_rate": summ.late_prefetch_rate,
                 "bytes_per_token": summ.bytes_per_token,
+                # at the timed shape's sizes (modeled runs; the times above are for it), the model's own above
+                "shape_bytes_per_token": summ.shape_bytes_per_token if summ.timing == "modeled" else None,
                 "stall_ms_per_token": summ.stall_ms_per_token, "timing": summ.timing, "profile": summ.profile,
                 "shape": summ.shape, "policy": summ.policy, "miss_split": summ.miss_split,
                 "hit_rate_per_layer": {str(k): v for k, v in summ.hit_rate_per_layer.items()},
@@ -278,13 +280,23 @@ def shape_note(timing: str, shape: str, info) -> str:
             + (f"{own}'s, not {shape}'s" if own else "no named real model's") + " (sizes only)")
 
 
+def _bytes_rows(summ) -> list[tuple[str, str]]:
+    """Bytes copied per token at the size the times beside them are for (a modeled shape's), this model's own after
+    them (the app's and the CSV's order)."""
+    own = ("bytes copied / token", f"{summ.bytes_per_token:,.0f}")
+    if summ.timing != "modeled" or summ.shape == "native" or not summ.shape_bytes_per_token:
+        return [own]
+    return [(f"bytes copied / token at {summ.shape}", f"{summ.shape_bytes_per_token:,.0f}"),
+            ("bytes copied / token (this model's sizes)", own[1])]
+
+
 def format_summary(summ) -> str:
     rows = [("policy", summ.policy), ("timing", summ.timing), ("profile", summ.profile), ("shape", summ.shape),
             ("tokens", summ.n_tokens), ("TTFT ms", f"{summ.ttft_ms:.3f}"),
             ("TPOT ms (median)", f"{summ.tpot_ms_median:.3f}"), ("TPOT ms (p90)", f"{summ.tpot_ms_p90:.3f}"),
             ("tokens/s", f"{summ.tokens_per_s:.1f}"), ("hit rate (in time)", f"{summ.hit_rate:.3f}"),
             ("late prefetches", f"{summ.late_prefetch_rate:.3f}"),
-            ("bytes copied / token", f"{summ.bytes_per_token:,.0f}"),
+            *_bytes_rows(summ),
             ("stall ms / token", f"{summ.stall_ms_per_token:.3f}"),
             ("misses (approx/cpu/copy)", "/".join(str(summ.miss_split.get(k, 0)) for k in ("approx", "cpu", "copy")))]
     if summ.miss_split.get("cpu_int8", 0):

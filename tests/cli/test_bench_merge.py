@@ -91,3 +91,59 @@ def test_records_whose_provenance_differs_are_refused():
     with pytest.raises(ConfigError, match="provenance"):
         merge_records([a, b])
     assert merge_records([a, record([11.0], provenance=a["provenance"])])[0]["n_decode_tokens"] == 2
+
+
+def covering(steps, units, shard_kn, **over):
+    """A record holding the runs ``units`` ([prompt, repetition] each), from shard ``shard_kn`` of a run."""
+    rec = record(steps, shard=list(shard_kn), **over)
+    rec["raw"]["units"] = [list(u) for u in units]
+    return rec
+
+
+def test_a_run_merged_with_its_own_shard_is_refused_not_counted_twice(capsys, tmp_path):
+    """Regression (review): an unsharded run merged with its shard 0/2 gave n_runs 5 for 3 prompts, every number
+    blending the repeated prompts; records now list the prompts they hold and overlapping ones are refused."""
+    whole = shard(tmp_path, "full", [covering([10.0, 11.0, 12.0], [[0, 0], [1, 0], [2, 0]], (0, 1))])
+    part = shard(tmp_path, "s0", [covering([10.0, 12.0], [[0, 0], [2, 0]], (0, 2))])
+    code, err = merge(capsys, tmp_path, whole, part)
+    assert code == 2 and "Traceback" not in err and "both hold prompt 0, prompt 2" in err, err
+    assert not (tmp_path / "merged" / "results.json").exists()
+    # the shards that split the prompts merge, and say which runs they hold together
+    rest = shard(tmp_path, "s1", [covering([11.0], [[1, 0]], (1, 2))])
+    code, err = merge(capsys, tmp_path, part, rest)
+    assert code == 0, err
+    merged = json.loads((tmp_path / "merged" / "results.json").read_text())[0]
+    assert merged["n_runs"] == 2 and sorted(merged["raw"]["units"]) == [[0, 0], [1, 0], [2, 0]]
+
+
+def test_a_merge_into_one_of_its_own_folders_is_refused(capsys, tmp_path):
+    """Regression (review): --out s0 with --merge s0 s1 replaced shard 0's results with the merge."""
+    a = shard(tmp_path, "s0", [covering([10.0], [[0, 0]], (0, 2))])
+    b = shard(tmp_path, "s1", [covering([11.0], [[1, 0]], (1, 2))])
+    before = (a / "results.json").read_text()
+    code = main(["bench", "--merge", str(a), str(b), "--out", str(tmp_path / "s0" / ".")])
+    err = capsys.readouterr().err
+    assert code == 2 and "is one of the --merge folders" in err and "Traceback" not in err
+    assert (a / "results.json").read_text() == before
+
+
+def test_a_merge_missing_shards_of_its_split_says_which(capsys, tmp_path):
+    a = shard(tmp_path, "s0", [covering([10.0], [[0, 0]], (0, 3))])
+    b = shard(tmp_path, "s2", [covering([11.0], [[2, 0]], (2, 3))])
+    code, err = merge(capsys, tmp_path, a, b)
+    assert code == 0 and "shard 1/3 not given" in err, err
+    c = shard(tmp_path, "s1", [covering([12.0], [[1, 0]], (1, 3))])
+    shutil.rmtree(tmp_path / "merged")
+    code, err = merge(capsys, tmp_path, a, b, c)
+    assert code == 0 and "not given" not in err
+
+
+@pytest.mark.parametrize("field,value", [("settings", {"tau_approx": 0.3}), ("max_new_tokens", 4)])
+def test_shards_whose_run_blocks_set_other_thresholds_or_lengths_are_refused(capsys, tmp_path, field, value):
+    """Regression (review): shard 0 ran τ_approx 0.05 with 8 tokens, shard 1 τ_approx 0.3 with 4 (their "runs"
+    blocks, outside the provenance digest); the merge labelled the blend with shard 0's settings."""
+    a = shard(tmp_path, "s0", [covering([10.0], [[0, 0]], (0, 2), settings={"tau_approx": 0.05}, max_new_tokens=8)])
+    b = shard(tmp_path, "s1", [covering([11.0], [[1, 0]], (1, 2), **{"settings": {"tau_approx": 0.05},
+                                                                     "max_new_tokens": 8, field: value})])
+    code, err = merge(capsys, tmp_path, a, b)
+    assert code == 2 and field in err and "Traceback" not in err, err

@@ -158,3 +158,21 @@ def test_quality_defaults_work_on_the_shipped_model(capsys, monkeypatch):
     code, _, err = run_cli(capsys, ["quality", "--model", "spice-mini", "--tau-approx", "0.3", "--lore-rank", "15",
                                     "--device", "cpu"])
     one_line(code, err, "--lore-rank")
+
+
+def test_a_run_timed_by_a_profile_file_names_that_profile_and_its_bytes_are_the_timed_shapes(capsys, tmp_path,
+                                                                                              tiny_model):
+    """Regressions (review): with --hw-profile the summary named the default profile though the file's timed the run;
+    the bytes per token beside times modeled at a shape's sizes were the model's own, unlabelled."""
+    hw = tmp_path / "hw.json"
+    hw.write_text(json.dumps(dict(GOOD_PROFILE, name="my-box")))
+    code, out, err = run_cli(capsys, ["generate", "--model", tiny_model, "--prompt", "hi", "--max-new-tokens", "3",
+                                      "--hw-profile", hw, "--policy", "on_demand", "--json"])
+    assert code == 0, err
+    summary = json.loads(out)["summary"]
+    assert summary["profile"] == "my-box"
+    assert summary["shape_bytes_per_token"] > summary["bytes_per_token"] > 0, summary
+    code, out, err = run_cli(capsys, ["generate", "--model", tiny_model, "--prompt", "hi", "--max-new-tokens", "3",
+                                      "--hw-profile", hw, "--policy", "on_demand"])
+    assert code == 0, err
+    assert "profile" in out and "my-box" in out and f"bytes copied / token at {summary['shape']}" in out, out

@@ -161,6 +161,10 @@ def test_shards_merge_into_the_records_of_one_run(tmp_path):
     merged = {r["policy"]: r for r in json.loads((tmp_path / "m" / "results.json").read_text())}
     s0 = {r["policy"]: r for r in json.loads((tmp_path / "s0" / "results.json").read_text())}
     assert s0["lru"]["n_runs"] == 2 and merged["lru"]["n_runs"] == 3
+    assert s0["lru"]["shard"] == [0, 2] and s0["lru"]["raw"]["units"] == [[0, 0], [2, 0]]
+    assert s0["lru"]["max_new_tokens"] == 4 and sorted(merged["lru"]["raw"]["units"]) == [[0, 0], [1, 0], [2, 0]]
+    # a run merged with one of its own shards would count prompts 0 and 2 twice: refused
+    assert main(["bench", "--merge", str(tmp_path / "whole"), str(tmp_path / "s0"), "--out", str(tmp_path / "x")]) == 2
     for pol in whole:
         for key in ("tpot_ms_median", "tpot_ms_p90", "hit_rate", "bytes_per_token", "stall_ms_per_token",
                     "n_decode_tokens", "floor_ms", "greedy_agreement"):
@@ -169,14 +173,40 @@ def test_shards_merge_into_the_records_of_one_run(tmp_path):
             assert merged[pol][key] == pytest.approx(whole[pol][key]), (pol, key)
 
 
-@pytest.mark.parametrize("shard", ["2/2", "a/b", "1"])
+@pytest.mark.parametrize("shard", ["2/2", "a/b", "1", "4/5"])
 def test_bad_shard_is_refused_before_any_work(tmp_path, shard, capsys):
+    """4/5 of 3 prompts selects none (regression, review: it wrote an empty results.json and exited 0)."""
     from spice_core.tools.cli import main
 
     path = tmp_path / "cfg.json"
-    path.write_text(json.dumps({"model": "random:tiny-deepseek", "policies": ["lru"], "timing": "modeled"}))
+    path.write_text(json.dumps({"model": "random:tiny-deepseek", "policies": ["lru"], "timing": "modeled",
+                                "prompts": {"random_ids": 3, "length": 6}}))
     assert main(["bench", "--config", str(path), "--out", str(tmp_path / "o"), "--shard", shard]) == 2
     assert "--shard" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "results.json").exists()
+
+
+def test_a_modeled_run_names_what_timed_it_a_profile_file_and_the_miniatures_own_shape(tmp_path):
+    """Regressions (review): with "hw_profile" the records named the default profile though the file's timed the
+    run; the Qwen2 miniature with no "shape" was timed at DeepSeek-V2-Lite's sizes and recorded shape None; a trace
+    from an earlier run in --out was kept beside the new results."""
+    from spice_core.timing.profiles import get_profile
+
+    prof = dict(get_profile("rtx4060-pcie4x8").as_dict(), name="my-slow-box")
+    (tmp_path / "slow.json").write_text(json.dumps(prof))
+    cfg = {"model": "assets/spice-mini-qwen2", "policies": ["lru"], "budgets": [0.3], "timing": "modeled",
+           "prompts": {"heldout": 1}, "max_new_tokens": 3, "export_traces": ["lru"]}
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(cfg))
+    (rec,) = run_bench(_load_config(path), tmp_path / "out", "cpu")
+    assert rec["shape"] == "qwen2-57b-a14b" and rec["profile"] == "rtx4090-pcie4x16"
+    trace = tmp_path / "out" / "trace-native-0.30-lru.json"
+    first = json.loads(trace.read_text())
+    path.write_text(json.dumps(dict(cfg, hw_profile=str(tmp_path / "slow.json"))))
+    (rec,) = run_bench(_load_config(path), tmp_path / "out", "cpu")
+    assert rec["profile"] == "my-slow-box" and rec["link_gbps"] == prof["h2d_pinned_gbps"]
+    again = json.loads(trace.read_text())
+    assert again != first and again["otherData"]["profile"] == "my-slow-box", "the earlier run's trace was kept"
 
 
 def test_traces_of_every_prompt_when_asked(tmp_path):
