@@ -22,6 +22,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # the package without installing it
+
 import torch
 
 SETTINGS = dict(tau_approx=0.05, lore_rank=4, tau_prefetch=0.2, max_lookahead=4, cpu_lane=False,

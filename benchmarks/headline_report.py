@@ -24,6 +24,8 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # the package without installing it
+
 from headline_repeats import repeats_table, shard_records
 from headline_runs import (GPU_BEFORE_ENV_FILES, join_output_variants, note_configs, refuse_mixed_gpus, run_digests,
                            shard_gpu)

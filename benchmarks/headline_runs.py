@@ -16,6 +16,10 @@ import json
 import re
 from pathlib import Path
 
+import sys
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # the package without installing it
+
 from spice_core.tools.bench_config import load_config_file
 from spice_core.tools.bench_records import provenance
 

@@ -13,6 +13,9 @@ lookahead depth and stops, outcomes and prefetch records, every trace event, the
 """
 import json
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # the package without installing it
 
 MODEL = "assets/spice-mini"
 PROMPT = "Tell me a story about a cat and a ball"
