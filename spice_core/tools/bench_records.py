@@ -373,14 +373,19 @@ def _refuse_repeated_shards(records: list[dict], sources: list[str]) -> None:
 
 
 def add_floors(records: list[dict]) -> None:
-    """Physical floor: max(compute, (1 - hit rate) x routed bytes per token / link bandwidth), where
-    compute is the fastest resident record of the same workload (it copies nothing, so any link or
-    budget). Needs ``routed_bytes_per_token`` and ``link_gbps`` on the records."""
+    """Physical floor over compute and the link: max(compute, (1 - hit rate) x exact share x routed bytes per token
+    / link bandwidth), where compute is the fastest resident record of the same workload (it copies nothing, so any
+    link or budget) and the exact share is the misses' share not approximated (``miss_split``: an approximated miss
+    moves nothing; a miss run on the CPU is charged as a copy here, the two-lane world having no CPU lane, and
+    `three_lane_floor` gives it its lane). Needs ``routed_bytes_per_token`` and ``link_gbps`` on the records."""
     resident = [r for r in records if r["policy"] == "resident" and r.get("tpot_ms_median") is not None]
     for r in records:
         if r.get("hit_rate") is None or not r.get("link_gbps") or not r.get("routed_bytes_per_token"):
             continue
-        transfer = (1 - r["hit_rate"]) * r["routed_bytes_per_token"] / (r["link_gbps"] * 1e6)
+        split = r.get("miss_split") or {}
+        missed = sum(split.get(k, 0) for k in ("approx", "cpu", "cpu_int8", "copy"))
+        exact_share = 1.0 - split.get("approx", 0) / missed if missed else 1.0
+        transfer = (1 - r["hit_rate"]) * exact_share * r["routed_bytes_per_token"] / (r["link_gbps"] * 1e6)
         same = [x["tpot_ms_median"] for x in resident if x.get("workload", "prompts") == r.get("workload", "prompts")]
         r["floor_ms"] = max(min(same) if same else 0.0, transfer)
 

@@ -121,3 +121,21 @@ def test_the_peer_table_names_each_peers_model_and_sets_it_beside_that_models_en
     rows = [ln for ln in peer_table(peers, engine).splitlines()[2:]]
     assert [ln.split("|")[1].strip() for ln in rows] == ["DeepSeek-V2-Lite", "Qwen2-57B-A14B"]   # the protocol's order
     assert rows[0].rstrip(" |").endswith("150.0×") and rows[1].rstrip(" |").endswith("100.0×")   # each over its own spice
+
+
+def test_the_link_floor_charges_exact_misses_only_not_approximated_ones():
+    """Regression (review): spice's floor charged every miss as a copy, approximations included, and read 119.1 ms
+    beside a measured 52.8 ms token (x8, 25%). An approximated miss moves nothing; a CPU-lane miss is charged as a
+    copy in this two-lane floor."""
+    from spice_core.tools.bench_records import add_floors
+
+    base = {"link": "native", "workload": "prompts", "routed_bytes_per_token": 1e9, "link_gbps": 10.0}
+    recs = [dict(base, policy="resident", tpot_ms_median=5.0, hit_rate=1.0, miss_split={}),
+            dict(base, policy="lru", tpot_ms_median=70.0, hit_rate=0.4, miss_split={"copy": 60}),
+            dict(base, policy="spice", tpot_ms_median=30.0, hit_rate=0.4,
+                 miss_split={"approx": 45, "cpu": 10, "copy": 5})]
+    add_floors(recs)
+    floors = {r["policy"]: r["floor_ms"] for r in recs}
+    assert floors["lru"] == pytest.approx(0.6 * 1e9 / 1e7)                  # 60 ms: every miss copied
+    assert floors["spice"] == pytest.approx(0.6 * (15 / 60) * 1e9 / 1e7)   # 15 ms: the 15 exact misses of 60
+    assert floors["resident"] == 5.0
