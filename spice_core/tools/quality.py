@@ -339,7 +339,10 @@ def run_cli(args) -> int:
     ref = exact_reference(engine, data, args.new_tokens, base=settings)
     rep = evaluate(engine, settings, ref)
     if args.json:
-        print(json.dumps(rep.as_dict(), allow_nan=False))
+        out = rep.as_dict()
+        if rep.new_tokens == 0:          # nothing generated: no agreement was measured
+            out.update(greedy_agreement=None, first_divergence=None)
+        print(json.dumps(out, allow_nan=False))
     else:
         print(format_report(rep))
     return 0
@@ -355,9 +358,10 @@ def format_report(rep: QualityReport) -> str:
             ("misses approx/cpu/copy", "/".join(str(rep.miss_split.get(k, 0)) for k in ("approx", "cpu", "copy"))),
             *([("tau_int8, misses on the CPU from int8", f"{rep.tau_int8:g}, {rep.miss_split.get('cpu_int8', 0)}")]
               if rep.tau_int8 > 0 else []),
-            ("greedy agreement", f"{rep.greedy_agreement:.4f} over {rep.prompts} prompts x {rep.new_tokens} tokens"),
-            ("first divergence", f"{len(firsts)} of {rep.prompts} prompts diverge"
-                                 + (f", first at token {min(firsts)}" if firsts else "")),
+            *([("greedy agreement", f"{rep.greedy_agreement:.4f} over {rep.prompts} prompts x {rep.new_tokens} tokens"),
+               ("first divergence", f"{len(firsts)} of {rep.prompts} prompts diverge"
+                                    + (f", first at token {min(firsts)}" if firsts else ""))] if rep.new_tokens > 0
+              else [("greedy agreement", "not measured (--new-tokens 0)")]),
             ("held-out text", rep.source)]
     width = max(len(k) for k, _ in rows)
     return "\n".join([f"{k:<{width}}  {v}" for k, v in rows] + [f"note: {n}" for n in rep.notes])

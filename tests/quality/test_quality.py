@@ -80,6 +80,18 @@ def test_quality_command_prints_one_json_object(model_dir, capsys):
     assert out["tokens"] > 0 and out["prompts"] == 2
 
 
+def test_quality_without_greedy_tokens_says_agreement_was_not_measured(model_dir, capsys):
+    """Regression (review): --new-tokens 0 printed "greedy agreement 1.0000 over 2 prompts x 0 tokens" and JSON 1.0
+    for an agreement nobody measured."""
+    argv = ["--model", model_dir, "--device", "cpu", "--policy", "spice", "--tau-approx", "0.2", "--max-tokens", "32",
+            "--window", "16", "--n-prompts", "2", "--new-tokens", "0"]
+    assert _cli(*argv, "--json") == 0
+    assert json.loads(capsys.readouterr().out)["greedy_agreement"] is None
+    assert _cli(*argv) == 0
+    out = capsys.readouterr().out
+    assert "not measured (--new-tokens 0)" in out and "1.0000" not in out.split("greedy agreement")[1].split("\n")[0]
+
+
 def test_quality_command_table_and_prompt_file(model_dir, tmp_path, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("the cat saw a dog\n\nthe girl ran home\n")
