@@ -18,7 +18,7 @@ import random
 import statistics
 
 from spice_core.errors import ConfigError
-from spice_core.trace.metrics import first_divergence
+from spice_core.trace.metrics import first_divergence, p90
 
 # What identifies one configuration: records that share it are runs of the same thing.
 KEY_FIELDS = ("model", "timing", "link", "budget_frac", "policy", "workload", "variant")
@@ -198,7 +198,7 @@ def derive(raw: dict) -> dict:
         "tpot_ms_median": median,
         "tpot_ms_median_ci95": median_ci95(tpots),
         "tokens_per_s": 1e3 / median if median else None,
-        "tpot_ms_p90": tpots[int(0.9 * (n - 1))] if tpots else None,
+        "tpot_ms_p90": p90(tpots) if tpots else None,      # generate's and the app's p90 (trace/metrics.py)
         "ttft_ms_median": statistics.median(raw["ttft_ms"]) if raw["ttft_ms"] else None,
         "hit_rate": raw["hits"] / raw["selections"] if raw["selections"] else None,
         "bytes_per_token": raw["bytes"] / max(1, n),

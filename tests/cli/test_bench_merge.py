@@ -147,3 +147,12 @@ def test_shards_whose_run_blocks_set_other_thresholds_or_lengths_are_refused(cap
                                                                      "max_new_tokens": 8, field: value})])
     code, err = merge(capsys, tmp_path, a, b)
     assert code == 2 and field in err and "Traceback" not in err, err
+
+
+def test_bench_and_generate_report_one_p90():
+    """Regression (review): one lru run read p90 412.9 ms in generate (linear interpolation) and 389.7 in bench
+    (lower nearest rank); both now take trace.metrics.p90."""
+    from spice_core.trace.metrics import p90
+
+    steps = [10.0, 20.0, 30.0, 40.0, 100.0]
+    assert record(steps)["tpot_ms_p90"] == p90(steps) == pytest.approx(76.0)     # 40 + 0.6 * (100 - 40)
