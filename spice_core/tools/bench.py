@@ -258,22 +258,23 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
     # records), all on the one model built above.
     blocks = resolve_blocks(cfg, policies, budgets, links, workloads, len(prompts), max_new, reps, shard)
     settings_of: dict[str, dict] = {}        # variant -> its thresholds (a record says what it ran with)
-    max_new_of: dict[str, list[int]] = {}     # variant -> the tokens its blocks ask per run
     for b in blocks:
-        max_new_of[b.variant] = sorted({*max_new_of.get(b.variant, ()), b.max_new})
         if settings_of.setdefault(b.variant, b.settings) != b.settings:
             raise ConfigError(f"two \"runs\" blocks with variant {b.variant!r} set different thresholds "
                               f"({settings_of[b.variant]} and {b.settings}): give each setting its own \"variant\" label")
     total = sum(len(b.links) * b.reps * len(b.budgets) * len(b.workloads) * len(b.policies) for b in blocks)
     if total == 0:
         k, n = shard
-        raise ConfigError(f"--shard {k}/{n} selects no prompt of the {len(workloads)} this config runs: use N <= "
-                          f"{len(workloads)}" if n > 1 else "the config selects no prompt to run: check "
-                          "\"prompt_indices\" and \"n_prompts\"")
+        kept = sorted({pi for b in resolve_blocks(cfg, policies, budgets, links, workloads, len(prompts), max_new, reps,
+                                                  (0, 1)) for _, pi, _ in b.workloads})
+        raise ConfigError(f"--shard {k}/{n} selects none of the prompts this config runs ({kept}; --shard keeps the "
+                          f"indices equal to {k} modulo {n}): pick a K/N that keeps one of them"
+                          if n > 1 else "the config selects no prompt to run: check \"prompt_indices\" and \"n_prompts\"")
     done = 0
     t0 = time.time()
     per: dict[tuple, list] = {}
     units: dict[tuple, list] = {}        # record key -> the [prompt, repetition] of each run it holds
+    max_new_of: dict[tuple, set] = {}    # record key -> the tokens asked of its runs
     written: set[Path] = set()           # traces this run wrote (an earlier run's in --out are replaced)
     lifted_arts = None
     engines: dict[tuple, SpiceEngine] = {}
@@ -354,6 +355,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
             per.setdefault((link, budget, pol, workload, b_variant), []).append(
                 (steps, agree, totals, run.summary()))
             units.setdefault((link, budget, pol, workload, b_variant), []).append([pi, rep])
+            max_new_of.setdefault((link, budget, pol, workload, b_variant), set()).add(b_max_new)
             done += 1
             _progress(done, total, t0, f"{link} {budget:.2f} {pol} {workload}")
         _write_partial(out, cfg, desc, lm, per, hw, prov, settings_of, units, shard, max_new_of)   # a run cut short keeps what finished
@@ -390,7 +392,7 @@ def _record(cfg, desc, lm, key: tuple, runs: list, hw, settings_of: dict, units:
     """One configuration's record, with what `merge_records` checks: the [prompt, repetition] runs it holds (in
     ``raw``), the shard and the tokens asked per run."""
     link, budget, pol, workload, variant = key
-    asked = max_new_of.get(variant) or []
+    asked = sorted(max_new_of.get(key, ()))
     rec = dict(_aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload, variant, settings_of.get(variant)),
                provenance=prov, shard=list(shard), max_new_tokens=asked[0] if len(asked) == 1 else asked)
     rec["raw"]["units"] = units.get(key, [])

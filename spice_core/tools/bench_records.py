@@ -318,7 +318,12 @@ def merge_records(records: list[dict], sources: list[str] | None = None) -> list
             merged[key] = dict(r)
         elif "raw" in r and "raw" in merged[key]:
             merged[key]["raw"] = _combine(merged[key]["raw"], r["raw"])
-    for m in merged.values():
+    for key, m in merged.items():
+        if len(parts[key]) > 1:            # a combined record holds every part's shards, not the first part's
+            shards = sorted({tuple(x) for r, _ in parts[key] for x in _shards_of(r)})
+            m.pop("shard", None)
+            if shards:
+                m["shards"] = [list(x) for x in shards]
         if "raw" in m:
             m.update(derive(m["raw"]))     # also a lone record: what derive reports may have grown since
     out = list(merged.values())
@@ -343,12 +348,20 @@ def _refuse_overlap(a: dict, src_a: str, b: dict, src_b: str) -> None:
                           "not a run with its own shards or overlapping slices")
 
 
+def _shards_of(record: dict) -> list:
+    """The [K, N] shards a record holds: a merged record's "shards", a shard run's "shard" ([] for older records)."""
+    return record.get("shards") or ([record["shard"]] if record.get("shard") else [])
+
+
 def missing_shards(records: list[dict]) -> list[str]:
     """The K/N shards of the records' one --shard split that none of them is; none where the records are not all
     shards of one split (records from before shards were noted, or prompt slices run with "prompt_indices", whose
     overlaps `merge_records` refuses)."""
-    seen = {tuple(r["shard"]) if r.get("shard") else None for r in records if "raw" in r and not r.get("peer")}
-    counts = {s[1] if s else None for s in seen}
+    runs = [r for r in records if "raw" in r and not r.get("peer")]
+    if not runs or any(not _shards_of(r) for r in runs):
+        return []
+    seen = {tuple(x) for r in runs for x in _shards_of(r)}
+    counts = {x[1] for x in seen}
     if len(counts) != 1 or None in counts or counts == {1}:
         return []
     n = counts.pop()

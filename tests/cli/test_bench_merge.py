@@ -156,3 +156,19 @@ def test_bench_and_generate_report_one_p90():
 
     steps = [10.0, 20.0, 30.0, 40.0, 100.0]
     assert record(steps)["tpot_ms_p90"] == p90(steps) == pytest.approx(76.0)     # 40 + 0.6 * (100 - 40)
+
+
+def test_merged_records_hold_every_shard_and_a_merge_of_merges_misses_none(capsys, tmp_path):
+    """Regression (review): a merged record kept its first part's "shard" ([0, 4]), so merging f0+f1 with f2+f3
+    said shards 1/4 and 3/4 were missing."""
+    parts = [shard(tmp_path, f"f{k}", [covering([10.0 + k], [[k, 0]], (k, 4))]) for k in range(4)]
+    for name, pair in (("f01", parts[:2]), ("f23", parts[2:])):
+        assert main(["bench", "--merge", *map(str, pair), "--out", str(tmp_path / name)]) == 0
+    capsys.readouterr()
+    code, err = merge(capsys, tmp_path, tmp_path / "f01", tmp_path / "f23")
+    assert code == 0 and "not given" not in err, err
+    rec = json.loads((tmp_path / "merged" / "results.json").read_text())[0]
+    assert "shard" not in rec and rec["shards"] == [[0, 4], [1, 4], [2, 4], [3, 4]] and rec["n_runs"] == 4
+    shutil.rmtree(tmp_path / "merged")
+    code, err = merge(capsys, tmp_path, tmp_path / "f01", parts[3])
+    assert code == 0 and "shard 2/4 not given" in err, err

@@ -334,3 +334,35 @@ def test_interleaved_blocks_run_every_block_on_a_prompt_before_the_next(tmp_path
     path.write_text(json.dumps(dict(cfg, interleave_runs="yes")))
     with pytest.raises(ConfigError, match="interleave_runs"):
         _load_config(path)
+
+
+def test_each_record_says_the_tokens_its_own_runs_asked_so_a_resumed_block_merges(tmp_path):
+    """Regression (review): max_new_tokens was noted per variant over every block, so resident and lru (6 tokens)
+    read [3, 6], and a resumed on_demand block (3 tokens) was refused at merge."""
+    from spice_core.tools.cli import main
+
+    base = {"model": "random:tiny-deepseek", "timing": "modeled", "budgets": [0.3],
+            "prompts": {"random_ids": 3, "length": 6}}
+    first = dict(base, runs=[{"policies": ["resident", "lru"], "max_new_tokens": 6},
+                             {"policies": ["on_demand"], "max_new_tokens": 3, "prompt_indices": [0, 1]}])
+    resume = dict(base, runs=[{"policies": ["on_demand"], "max_new_tokens": 3, "prompt_indices": [2]}])
+    for name, cfg in (("a", first), ("b", resume)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(cfg))
+        assert main(["bench", "--config", str(tmp_path / f"{name}.json"), "--out", str(tmp_path / name)]) == 0
+    recs = {r["policy"]: r for r in json.loads((tmp_path / "a" / "results.json").read_text())}
+    assert (recs["resident"]["max_new_tokens"], recs["lru"]["max_new_tokens"], recs["on_demand"]["max_new_tokens"]) \
+        == (6, 6, 3)
+    assert main(["bench", "--merge", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "m")]) == 0
+    merged = {r["policy"]: r for r in json.loads((tmp_path / "m" / "results.json").read_text())}
+    assert merged["on_demand"]["n_runs"] == 3
+
+
+def test_a_shard_that_keeps_none_of_the_blocks_prompts_names_them(tmp_path, capsys):
+    from spice_core.tools.cli import main
+
+    cfg = {"model": "random:tiny-deepseek", "timing": "modeled", "prompts": {"random_ids": 4, "length": 6},
+           "runs": [{"policies": ["lru"], "prompt_indices": [1, 3]}]}
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    assert main(["bench", "--config", str(tmp_path / "c.json"), "--out", str(tmp_path / "o"), "--shard", "0/2"]) == 2
+    err = capsys.readouterr().err
+    assert "[1, 3]" in err and "0 modulo 2" in err and "Traceback" not in err, err
