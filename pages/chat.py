@@ -43,7 +43,8 @@ from pages.chat_switch import ModelSwitch
 from pages.chat_js import (BUSY_OFF_JS, BUSY_ON_JS, NARROW_JS, SENT_JS, STOPPED_NOTE_JS, STOPPING_NOTE, TYPED_TEXT_JS,
                            started_js)
 from pages.chat_keep import KeptChat
-from pages.chat_session import WITHDRAWN_CHAT_NOTE, WITHDRAWN_NOTE, ChatSession, gate_of  # noqa: F401 - re-exported
+from pages.chat_session import (WITHDRAWN_CHAT_NOTE, WITHDRAWN_NOTE, ChatSession, Withdraw,  # noqa: F401 - re-exported
+                                 gate_of)
 from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, ChatHistory, as_plot,
                           default_settings, settings_from_values, spice_error_text)
 from pages.live import LiveRun
@@ -106,9 +107,7 @@ class ChatPage(chat_settings.SettingsEvents):
         # The settings in use, as the browser keeps them beside the conversation (pages.chat_js); never typed into.
         self.kept_settings = gr.Textbox(chat_settings.settings_json(d), visible="hidden", show_label=False,
                                         container=False, interactive=False, elem_id="spice-kept-settings")
-        # The session's gate as this page last heard it; sent with each message (`ChatSession.withdrawn`).
-        self.gate_box = gr.Textbox("0", visible="hidden", show_label=False, container=False, interactive=False,
-                                   elem_id="spice-gate")
+        self.withdraw = Withdraw()      # Stop and New chat take back a message still waiting for the engine
         with gr.Sidebar(label="Settings", open=True, width=330, elem_id="spice-controls"):
             self.model_picker = models.picker(self.ctx.models, info.model_name, "chat", navigate=False)
             self.ctl = ChatControls(info, d, self.ctx.limits)
@@ -155,7 +154,7 @@ class ChatPage(chat_settings.SettingsEvents):
         outputs = [self.msg, self.chatbot, self.stats, self.heatmap, self.prefetch, self.gantt, self.live_delta]
         # The browser's Send uses the settings applied (with the requests it carries); the API names them all.
         chat_inputs = [self.msg, self.chatbot, self.ctl.requests, self.ctl.live_panels, self.ctl.check_exact,
-                       self.gate_box, self.session]
+                       self.withdraw.gate_box, self.session]
         api_inputs = [self.msg, self.chatbot, *self.controls, self.ctl.live_panels, self.ctl.check_exact, self.session]
         triggers = [self.msg.submit, self.send.click]
         # Listed first and browser-only: Stop replaces Send at once, before the first token arrives.
@@ -164,6 +163,7 @@ class ChatPage(chat_settings.SettingsEvents):
                      js=SENT_JS, concurrency_id=ENGINE_GROUP, concurrency_limit=1, show_progress="minimal",
                      show_progress_on=[self.chatbot])
         self._after_reply(sent)
+        chat_events = [sent]
         # The API's endpoints hang on buttons nobody sees (an API call names every setting).
         api_chat, api_settings = gr.Button(visible=False), gr.Button(visible=False)
         api_chat.click(self.chat_event, inputs=api_inputs, outputs=outputs, api_name="chat" + self.ctx.key,
@@ -182,14 +182,17 @@ class ChatPage(chat_settings.SettingsEvents):
             again = event(handler, inputs=[self.chatbot, self.session], outputs=[self.msg, self.chatbot],
                           queue=False, api_visibility="private", show_progress="hidden")
             again = again.success(None, js=BUSY_ON_JS, queue=False, api_visibility="private")
-            self._after_reply(again.then(self.chat_browser, inputs=chat_inputs, outputs=outputs, js=SENT_JS,
-                                         concurrency_id=ENGINE_GROUP, concurrency_limit=1, show_progress="minimal",
-                                         show_progress_on=[self.chatbot], api_visibility="private"))
+            again = again.then(self.chat_browser, inputs=chat_inputs, outputs=outputs, js=SENT_JS,
+                               concurrency_id=ENGINE_GROUP, concurrency_limit=1, show_progress="minimal",
+                               show_progress_on=[self.chatbot], api_visibility="private")
+            self._after_reply(again)
+            chat_events.append(again)
         stopped = self.stop.click(self.stop_reply, inputs=[self.session], outputs=[self.ctl.note], queue=False,
                                   api_name="stop" + self.ctx.key, show_progress="hidden")
-        stopped.then(self.gate_now, inputs=[self.session], outputs=[self.gate_box], queue=False,
-                     api_visibility="private", show_progress="hidden")
+        self.withdraw.after(stopped.then(self.gate_now, inputs=[self.session], outputs=self.withdraw.boxes,
+                                         queue=False, api_visibility="private", show_progress="hidden"))
         self.auto.wire(BUSY_ON_JS, BUSY_OFF_JS)
+        self.withdraw.wire([*chat_events, self.auto.ran], BUSY_OFF_JS)
         self.switch.wire(self.model_picker)
         # Each control applies alone: a slider's requests (SETTINGS_JS), a menu or checkbox when it changes.
         sliders = list(self.ctl.sliders.values())
@@ -206,8 +209,9 @@ class ChatPage(chat_settings.SettingsEvents):
                               api_visibility="private", show_progress="hidden")      # Auto's pick, once applied
         # "New chat" and the chat's own 🗑 do the same thing: stop the reply, clear chat and panels.
         for event, name in ((self.new_chat.click, "new_chat" + self.ctx.key), (self.chatbot.clear, None)):
-            cleared = event(self.clear, inputs=[self.session], outputs=[*outputs, self.gate_box], queue=False,
+            cleared = event(self.clear, inputs=[self.session], outputs=[*outputs, *self.withdraw.boxes], queue=False,
                             show_progress="hidden", **({"api_name": name} if name else {"api_visibility": "private"}))
+            self.withdraw.after(cleared)
             self._after_reply(cleared)
         # The sent message leaves the box when its reply starts, what was typed since stays (pages.chat_js).
         self.chatbot.change(None, inputs=[self.chatbot], outputs=None, js=started_js(CURSOR), queue=False,
@@ -249,17 +253,20 @@ class ChatPage(chat_settings.SettingsEvents):
                                                   "is done.", kind="busy"))
 
     def stop_reply(self, session: ChatSession) -> str:
+        session.withdrew = False
         if session.streaming():
             session.stream.cancel("stop")
             return STOPPING_NOTE
         if self.auto.stop(session):
             return "Stopping the tune after the setting it is measuring…"
         session.gate += 1           # a message this page sent that still waits for the engine will not run
+        session.withdrew = True
         return WITHDRAWN_NOTE
 
     @staticmethod
-    def gate_now(session: ChatSession) -> str:
-        return str(session.gate)
+    def gate_now(session: ChatSession) -> tuple[str, str]:
+        """The gate box and the withdrawn box (`build`) after Stop."""
+        return str(session.gate), "1" if session.withdrew else ""
 
     @staticmethod
     def new_session() -> ChatSession:
@@ -269,11 +276,12 @@ class ChatPage(chat_settings.SettingsEvents):
         session.epoch += 1
         session.gate += 1           # a message sent before New chat and still waiting for the engine never runs
         session.cleared_gate = session.gate
+        session.withdrew = not session.streaming()
         if session.streaming():
             session.stream.cancel("stop")
         session.notices.clear()
         session.last_view = {}
-        return (*self._emptied(session, clear_text=True), str(session.gate))
+        return (*self._emptied(session, clear_text=True), str(session.gate), "1" if session.withdrew else "")
 
     def _emptied(self, session: ChatSession, clear_text: bool = False) -> tuple:
         """The page after New chat: an empty chat, the numbers row for the next message, the panels' placeholders

@@ -68,6 +68,7 @@ class AutoTune:
                                 outputs=outputs, api_name="auto" + self.ctx.key, concurrency_id=ENGINE_GROUP,
                                 concurrency_limit=1, show_progress="minimal", show_progress_on=[self.note])
         ran.then(None, js=busy_off_js, queue=False, api_visibility="private", show_progress="hidden")
+        self.ran = ran          # the chat's withdraw cancels a tune still waiting in the engine's queue
         root = gr.context.Context.root_block
         if root is not None:
             root.load(self.adopt, inputs=[p.session], outputs=outputs, queue=False, api_visibility="private",

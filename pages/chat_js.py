@@ -55,6 +55,16 @@ def pick_kept_js(key: str) -> str:
     return f"() => [window.spiceKeep.pick({_keep_config(key)})]"
 
 
+# After Stop or New chat: when the server found nothing of this session streaming ("1"), click the hidden button that
+# cancels what the page may still wait for (its message or Auto tune queued behind another visitor's reply; nothing,
+# harmlessly, when it waits for nothing). Not gated on the page's busy mark: New chat's own chain clears that mark.
+WITHDRAW_JS = """(withdrawn) => {
+  if (withdrawn === '1') {
+    const button = document.querySelector('#spice-withdraw');
+    if (button) button.click();
+  }
+  return [];
+}"""
 BUSY_ON_JS = "() => { document.body.classList.add('spice-generating'); return []; }"
 BUSY_OFF_JS = "() => { document.body.classList.remove('spice-generating'); return []; }"
 # On a narrow screen the settings sidebar starts closed, so the chat and the examples are usable at once.
