@@ -100,3 +100,27 @@ def wait_for(predicate, timeout_s: float = 5.0, interval_s: float = 0.02) -> boo
             return True
         time.sleep(interval_s)
     return predicate()
+
+
+class HeldReply:
+    """A generation that holds the engine until released (another visitor's long reply): start it with
+    ``ctx.runner.start(owner, settings, lambda: held)``."""
+
+    run_id = ""
+
+    def __init__(self) -> None:
+        import threading
+        self.release = threading.Event()
+
+    def __iter__(self):
+        self.release.wait(60)
+        return iter(())
+
+    def cancel(self) -> None:
+        self.release.set()
+
+    def update_settings(self, settings) -> None:
+        pass
+
+    def summary(self):
+        return None

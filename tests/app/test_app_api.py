@@ -15,7 +15,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 import fake_engine
-from app_helpers import CHAT_DEFAULTS, chat_inputs, content, last_notes, serve, settings_inputs, wait_for
+from app_helpers import CHAT_DEFAULTS, HeldReply, chat_inputs, content, last_notes, serve, settings_inputs, wait_for
 from fake_engine import FakeEngine
 
 
@@ -491,28 +491,6 @@ def test_exact_settings_need_no_check(served, client):
     assert "identical by design" in out[2]
 
 
-class _HeldReply:
-    """Another visitor's reply that holds the engine until released."""
-
-    run_id = ""
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-
-    def __iter__(self):
-        self.release.wait(60)
-        return iter(())
-
-    def cancel(self) -> None:
-        self.release.set()
-
-    def update_settings(self, settings) -> None:
-        pass
-
-    def summary(self):
-        return None
-
-
 def _notes(history) -> list[str]:
     return [m["metadata"]["title"] for m in history if m.get("metadata")]
 
@@ -554,7 +532,7 @@ def test_stop_while_the_message_waits_inside_the_engine_queue_cancels_it_before_
     from pages.chat import WITHDRAWN_CHAT_NOTE, ChatPage, ChatSession
     from spice_core.api import RunSettings
     page, session = ChatPage(served.ctx), ChatSession()
-    held = _HeldReply()
+    held = HeldReply()
     served.ctx.runner.start("another visitor", RunSettings(max_new_tokens=100), lambda: held)
     outs: list = []
     gen = page.chat_browser("a fox story", [], "", False, False, str(session.gate), session)

@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 from gradio_client import Client
 
-from app_helpers import chat_inputs, last_notes, serve
+from app_helpers import HeldReply, chat_inputs, last_notes, serve
 
 engine_mod = pytest.importorskip("spice_core.engine", reason="the engine (spice_core/engine.py) is not in this tree")
 from tiny_models import build_qwen2_miniature, build_tiny
@@ -168,36 +168,13 @@ def test_picking_the_other_model_keeps_the_settings_and_the_navigation_stays_on_
         page.close()
 
 
-class _Held:
-    """A generation that holds the engine until released (another visitor's long reply)."""
-
-    run_id = ""
-
-    def __init__(self) -> None:
-        import threading
-        self.release = threading.Event()
-
-    def __iter__(self):
-        self.release.wait(60)
-        return iter(())
-
-    def cancel(self) -> None:
-        self.release.set()
-
-    def update_settings(self, settings) -> None:
-        pass
-
-    def summary(self):
-        return None
-
-
 @pytest.mark.browser
 def test_the_engine_busy_line_sits_under_the_message_box_on_a_desktop(browser, two):
     """Regression (issue 24, defect 11): the line saying the engine works for another visitor was the page's
     last element (1,400 px down at 1440x900), below the fold, where nobody looks when they press Send."""
     from spice_core.api import RunSettings
 
-    held = _Held()
+    held = HeldReply()
     two.ctx.runner.start("another visitor", RunSettings(max_new_tokens=100), lambda: held)
     page = browser.new_page(viewport={"width": 1440, "height": 900})
     page.set_default_timeout(30_000)
