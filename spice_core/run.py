@@ -25,6 +25,7 @@ from spice_core.policy.spec import get_spec
 from spice_core.records import lane_intervals
 from spice_core.runtime.graph_exec import cache_bucket
 from spice_core.runtime.layer import LayerRuntime
+from spice_core.timing.profiles import run_profile_label
 
 
 class EngineBusyError(SpiceError):
@@ -216,19 +217,11 @@ class GenerationRun:
         streamer.flush()
         self.record.summary = summarize(
             self.record.steps, run_id=self.run_id, policy=s.policy, timing=timing,
-            profile=_profile_name(eng, s, timing),
+            profile=run_profile_label(eng.machine.hw_profile, s.profile, timing),
             shape=s.shape if timing == "modeled" else "native", notes=tuple(notes), text=streamer.text,
             finish_reason=finish)
         if self._register:
             eng._register(self.record)
-
-
-def _profile_name(engine, settings, timing: str) -> str:
-    """The profile that timed (modeled) or decided (measured) the run: a --hw-profile file's own name first."""
-    hw = engine.machine.hw_profile
-    if hw is not None:
-        return hw.name
-    return settings.profile if timing == "modeled" else "this machine"
 
 
 def host_step_totals(executor) -> dict:

@@ -188,6 +188,14 @@ def get_shape(name: str, native: ModelShape | None = None) -> ModelShape:
     return ModelShape(name=name, **{k: v for k, v in shapes[name].items() if k != "routing"})
 
 
+def run_profile_label(hw: HardwareProfile | None, named: str | None, timing: str) -> str | None:
+    """The profile a run is timed (modeled) or decided (measured) with, as records and summaries name it: a
+    calibrated profile file's own name first, else the named profile when modeled, else "this machine"."""
+    if hw is not None:
+        return hw.name
+    return named if timing == "modeled" else "this machine"
+
+
 def routing_shape(family: str, moe_layers: int, n_experts: int, top_k: int) -> str | None:
     """The shape whose real model routes like this (same family, MoE layers, experts and top-k), if any."""
     want = {"family": family, "moe_layers": moe_layers, "n_experts": n_experts, "top_k": top_k}

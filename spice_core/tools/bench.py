@@ -58,7 +58,7 @@ from spice_core import heldout
 from spice_core.errors import ConfigError
 from spice_core.heldout import DEFAULT_PROMPTS
 from spice_core.model.loader import _safetensors_files
-from spice_core.timing.profiles import routing_shape
+from spice_core.timing.profiles import routing_shape, run_profile_label
 
 log = logging.getLogger(__name__)
 DEFAULT_SHAPE = "deepseek-v2-lite"     # a modeled run's shape when the config names none and the model is no miniature
@@ -342,7 +342,8 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
                 write_chrome_trace(rec.events, trace,
                                    metadata={"policy": pol, "link": link, "budget_frac": budget,
                                              "model": desc, "timing": cfg["timing"], "variant": b_variant,
-                                             "profile": _profile_name(cfg, hw), "shape": _shape_name(cfg),
+                                             "profile": run_profile_label(hw, cfg.get("profile"), cfg["timing"]),
+                                             "shape": _shape_name(cfg),
                                              "settings": b_set, "max_new_tokens": b_max_new})
             totals = dict(rec.totals, **divergence_totals(ref_tokens, toks), **split_totals(rec.events))
             if quality is not None and ref_tokens is not None:
@@ -399,13 +400,6 @@ def _record(cfg, desc, lm, key: tuple, runs: list, hw, settings_of: dict, units:
     return rec
 
 
-def _profile_name(cfg: dict, hw) -> str | None:
-    """The profile a run is timed (modeled) or decided (measured) with: a --hw-profile file's own name first."""
-    if hw is not None:
-        return hw.name
-    return cfg.get("profile") if cfg["timing"] == "modeled" else "this machine"
-
-
 def _shape_name(cfg: dict) -> str:
     return cfg.get("shape") if cfg["timing"] == "modeled" else "native"
 
@@ -439,7 +433,7 @@ def _aggregate(cfg, desc, lm, link, budget, pol, runs, hw, workload: str = "prom
     return {
         "model": desc, "policy": pol, "budget_frac": budget, "link": link, "timing": cfg["timing"],
         "workload": workload, "variant": variant,
-        "profile": _profile_name(cfg, hw), "shape": _shape_name(cfg),
+        "profile": run_profile_label(hw, cfg.get("profile"), cfg["timing"]), "shape": _shape_name(cfg),
         **derive(raw),
         "settings": settings,
         "ppl_delta_pct": 0.0 if pol in EXACT_POLICIES or float(settings["tau_approx"]) == 0 else None,
