@@ -51,10 +51,14 @@ path keeps bitwise identical to `resident` (`tests/runtime`), and its floors tak
 `resident` step (an H200's: an H100's would be slower, so these floors are lower and the `× 3-lane floor` ratios larger
 than the same GPU would give). Compare it with the other cells by ratios, not milliseconds."""
 
-FLOOR_NOTE = """`floor ms` is BENCHMARK.md's two-lane floor, max(compute, (1 − hit rate) × routed bytes per token ÷ link
-rate). `3-lane floor ms` adds the CPU lane (`three_lane_floor` in `benchmarks/headline_report.py`): the row's
-exact misses per token (copied or computed on the CPU; approximated ones move nothing) split between the link
-and the lane so that both finish together, the lane at its measured {lane} per expert
+FLOOR_NOTE = """`floor ms` is BENCHMARK.md's two-lane floor, max(compute, the bytes a token had to bring ÷ link rate),
+where a token had to bring its exact misses (copied or computed on the CPU, here charged as copies; approximated
+ones move nothing) and the prefetched experts it used (they crossed the link too, only earlier; prefetches evicted
+unused are left out, those still unused when a run ended count as used). Records floored before 2026-12-07 outside
+this folder charged misses only, (1 − hit rate) × routed bytes per token, which let a prefetch hit move for free:
+`oracle_prefetch` read 26.5× its three-lane floor on x8 at 25% where it is 2.95×. `3-lane floor ms` adds the CPU
+lane (`three_lane_floor` in `spice_core/tools/bench_records.py`): those experts split between the link and the
+lane so that both finish together, the lane at its measured {lane} per expert
 (`docs/benchmarks/cpu-lane/lane-profile/whole-experts.json`), both reading host DRAM at {dram:g} GB/s, and
 compute as `resident`'s step. `× 3-lane floor` is the row's TPOT over it. A policy that never uses the lane
 (e.g. `lru`) is measured against a floor that would use it: the distance says what the lane would be worth

@@ -456,9 +456,9 @@ def _add_floors(records: list[dict], lm, prof, cfg) -> None:
             continue
         r["routed_bytes_per_token"] = lm.top_k * len(lm.moe_layers) * expert_bytes
         r["link_gbps"] = LINKS_GBPS.get(r["link"]) or prof.h2d_pinned_gbps
-    add_floors(records)
+    add_floors(records, lm.expert_bytes)
     add_three_lane_floor(records, expert_bytes, expert_bytes / (prof.cpu_mem_gbps * 1e6) if prof.cpu_mem_gbps else None,
-                         prof.host_dram_gbps or None)
+                         prof.host_dram_gbps or None, copy_bytes=lm.expert_bytes)
 
 
 def write_figures(records: list[dict], out: Path) -> list[Path]:

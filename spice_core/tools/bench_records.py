@@ -327,10 +327,11 @@ def merge_records(records: list[dict], sources: list[str] | None = None) -> list
         if "raw" in m:
             m.update(derive(m["raw"]))     # also a lone record: what derive reports may have grown since
     out = list(merged.values())
-    add_floors(out)
     inputs = next((r["floor3_inputs"] for r in out if r.get("floor3_inputs")), None)
+    add_floors(out, (inputs or {}).get("copy_bytes"))
     if inputs is not None:         # the shards' three-lane floor, again over the merged steps and lane jobs
-        add_three_lane_floor(out, inputs["expert_bytes"], inputs["profile_lane_ms"], inputs["dram_gbps"])
+        add_three_lane_floor(out, inputs["expert_bytes"], inputs["profile_lane_ms"], inputs["dram_gbps"],
+                             inputs.get("copy_bytes"))
     return out
 
 
@@ -385,43 +386,83 @@ def _refuse_repeated_shards(records: list[dict], sources: list[str]) -> None:
                                   "every step twice): give each shard once")
 
 
-def add_floors(records: list[dict]) -> None:
-    """Physical floor over compute and the link: max(compute, (1 - hit rate) x exact share x routed bytes per token
-    / link bandwidth), where compute is the fastest resident record of the same workload (it copies nothing, so any
-    link or budget) and the exact share is the misses' share not approximated (``miss_split``: an approximated miss
-    moves nothing; a miss run on the CPU is charged as a copy here, the two-lane world having no CPU lane, and
-    `three_lane_floor` gives it its lane). Needs ``routed_bytes_per_token`` and ``link_gbps`` on the records."""
+def copy_bytes_of(records: list[dict]) -> float | None:
+    """One copy's bytes as ``bytes_per_token`` counts them (the model as loaded), read off an `on_demand` record
+    (it keeps nothing and prefetches nothing, so each of its misses is one copy); None without one."""
+    for r in records:
+        ms = r.get("miss_split") or {}
+        if r.get("policy") == "on_demand" and ms.get("copy") and r.get("n_decode_tokens") and r.get("bytes_per_token"):
+            return r["bytes_per_token"] / (ms["copy"] / r["n_decode_tokens"])
+    return None
+
+
+def carried_experts_per_token(r: dict, copy_bytes: float | None) -> float | None:
+    """Experts a decode token had to bring to the GPU's work exactly, by the link or the CPU lane: its exact misses
+    (copied, or run on the lane) and the prefetched experts it used (a prefetch hit crossed the link too, only
+    earlier). Approximated misses move nothing; prefetches evicted unused are left out, and those still unused when a
+    run ends count as used (at most the cache's slots a run). ``copy_bytes``: one copy's bytes in ``bytes_per_token``
+    (None: the prefetches are not counted, only the misses). None where the record has no decode tokens."""
+    n = r.get("n_decode_tokens")
+    if not n:
+        return None
+    ms = r.get("miss_split") or {}
+    copied = ms.get("copy", 0) / n
+    if copy_bytes and r.get("bytes_per_token") is not None:
+        used = (r["bytes_per_token"] - (r.get("wasted_prefetch_bytes") or 0) / n) / copy_bytes
+        copied = max(copied, used)
+    return copied + (ms.get("cpu", 0) + ms.get("cpu_int8", 0)) / n
+
+
+def add_floors(records: list[dict], copy_bytes: float | None = None) -> None:
+    """Physical floor over compute and the link: max(compute, carried share x routed bytes per token / link
+    bandwidth), where compute is the fastest resident record of the same workload (it copies nothing, so any link or
+    budget) and the carried share is the share of a token's selections it had to bring exactly
+    (`carried_experts_per_token`: exact misses and used prefetches; an approximated miss moves nothing; a miss run on
+    the CPU is charged as a copy here, the two-lane world having no CPU lane, and `three_lane_floor` gives it its
+    lane). ``copy_bytes``: one copy's bytes (default: read off the `on_demand` record, `copy_bytes_of`). Needs
+    ``routed_bytes_per_token`` and ``link_gbps`` on the records; a record without its step counts (older ones) is
+    charged its misses only, from its hit rate."""
     resident = [r for r in records if r["policy"] == "resident" and r.get("tpot_ms_median") is not None]
+    copy_bytes = copy_bytes or copy_bytes_of(records)
     for r in records:
         if r.get("hit_rate") is None or not r.get("link_gbps") or not r.get("routed_bytes_per_token"):
             continue
-        split = r.get("miss_split") or {}
-        missed = sum(split.get(k, 0) for k in ("approx", "cpu", "cpu_int8", "copy"))
-        exact_share = 1.0 - split.get("approx", 0) / missed if missed else 1.0
-        transfer = (1 - r["hit_rate"]) * exact_share * r["routed_bytes_per_token"] / (r["link_gbps"] * 1e6)
+        selections = (r.get("raw") or {}).get("selections")
+        carried = carried_experts_per_token(r, copy_bytes)
+        if carried is not None and selections:
+            share = carried / (selections / r["n_decode_tokens"])
+        else:
+            split = r.get("miss_split") or {}
+            missed = sum(split.get(k, 0) for k in ("approx", "cpu", "cpu_int8", "copy"))
+            share = (1 - r["hit_rate"]) * (1.0 - split.get("approx", 0) / missed if missed else 1.0)
+        transfer = share * r["routed_bytes_per_token"] / (r["link_gbps"] * 1e6)
         same = [x["tpot_ms_median"] for x in resident if x.get("workload", "prompts") == r.get("workload", "prompts")]
         r["floor_ms"] = max(min(same) if same else 0.0, transfer)
 
 
 def three_lane_floor(records: list[dict], lane_ms: float | None, dram_gbps: float | None = None,
-                     lane_bytes: float | None = None, expert_bytes: float | None = None) -> None:
+                     lane_bytes: float | None = None, expert_bytes: float | None = None,
+                     copy_bytes: float | None = None) -> None:
     """`three_lane_floor_one` for each model's records apart (each has its own compute and expert size).
     ``lane_bytes``: the bytes of the expert ``lane_ms`` was measured on; a model whose experts are larger gets
     the lane's time scaled by bytes (the lane reads the expert's weights once: its time is near linear in them);
     None: ``lane_ms`` is taken for every model's expert as it is. ``expert_bytes``: one expert's bytes, where the
-    caller knows them (else read off the model's `on_demand` record)."""
+    caller knows them (else read off the model's `on_demand` record); ``copy_bytes``: one copy's bytes in
+    ``bytes_per_token`` (the model as loaded; else read off that record)."""
     groups: dict = {}
     for r in records:
         groups.setdefault(r.get("model"), []).append(r)
     for rs in groups.values():
-        three_lane_floor_one(rs, lane_ms, dram_gbps, lane_bytes, expert_bytes)
+        three_lane_floor_one(rs, lane_ms, dram_gbps, lane_bytes, expert_bytes, copy_bytes)
 
 
 def three_lane_floor_one(records: list[dict], lane_ms: float | None, dram_gbps: float | None = None,
-                         lane_bytes: float | None = None, expert_bytes: float | None = None) -> None:
+                         lane_bytes: float | None = None, expert_bytes: float | None = None,
+                         copy_bytes: float | None = None) -> None:
     """``floor3_ms`` and ``tpot_over_floor3`` on every record with the inputs: the fastest a token could go
-    when its N exact misses (copied or computed on the CPU, per token) are split between the link (a ms per
-    expert) and the CPU lane (c ms per expert) so that both finish together, both reading host DRAM:
+    when the N experts it had to bring exactly (`carried_experts_per_token`: exact misses, copied or computed on
+    the CPU, and used prefetches) are split between the link (a ms per expert) and the CPU lane (c ms per expert)
+    so that both finish together, both reading host DRAM:
 
         floor3 = max(compute, N a c / (a + c), N B / DRAM)
 
@@ -433,21 +474,18 @@ def three_lane_floor_one(records: list[dict], lane_ms: float | None, dram_gbps: 
         if r["policy"] == "resident" and r.get("tpot_ms_median"):
             wl = r.get("workload", "prompts")
             resident[wl] = min(resident.get(wl, float("inf")), r["tpot_ms_median"])
-    for r in records if expert_bytes is None else ():
-        ms = r.get("miss_split") or {}
-        if r["policy"] == "on_demand" and ms.get("copy") and r.get("n_decode_tokens"):
-            expert_bytes = r["bytes_per_token"] / (ms["copy"] / r["n_decode_tokens"])
-            break
+    copy_bytes = copy_bytes or copy_bytes_of(records)
+    expert_bytes = expert_bytes or copy_bytes
     if expert_bytes is None or lane_ms is None:
         return
     if lane_bytes:
         lane_ms = lane_ms * expert_bytes / lane_bytes
     for r in records:
-        ms, n_tok = r.get("miss_split") or {}, r.get("n_decode_tokens")
+        n_tok = r.get("n_decode_tokens")
         compute = resident.get(r.get("workload", "prompts"))
         if not n_tok or not r.get("link_gbps") or compute is None or r.get("peer") or r.get("tpot_ms_median") is None:
             continue
-        n = (ms.get("cpu", 0) + ms.get("copy", 0)) / n_tok
+        n = carried_experts_per_token(r, copy_bytes)
         a = expert_bytes / (r["link_gbps"] * 1e6)
         lanes = n * a * lane_ms / (a + lane_ms) if n else 0.0
         dram = n * expert_bytes / (dram_gbps * 1e6) if dram_gbps else 0.0
@@ -456,25 +494,25 @@ def three_lane_floor_one(records: list[dict], lane_ms: float | None, dram_gbps: 
 
 
 def add_three_lane_floor(records: list[dict], expert_bytes: float, profile_lane_ms: float | None,
-                         dram_gbps: float | None) -> None:
+                         dram_gbps: float | None, copy_bytes: float | None = None) -> None:
     """`three_lane_floor` for one bench run's records, with the CPU lane's time per expert as this run measured it
     (the median over its records of the lane's busy wall per expert where any record has it, which is what a lane
     running experts side by side delivers, else of `cpu_lane_ms_per_expert`: compute on the worker, a floor's view;
     never a median of the two kinds, ``lane_basis`` says which) where any record ran the lane, else
-    ``profile_lane_ms`` (the profile's lane rate). Each floored record keeps the inputs
-    (``floor3_inputs``: the lane's ms and where it came from, DRAM, the expert's bytes), so `merge_records` floors the
-    merged records again from them."""
+    ``profile_lane_ms`` (the profile's lane rate). Each floored record keeps the inputs (``floor3_inputs``: the
+    lane's ms and where it came from, DRAM, the expert's and one copy's bytes), so `merge_records` floors the merged
+    records again from them."""
     for r in records:
         for field in FLOOR3_FIELDS:
             r.pop(field, None)
     busy = [r["cpu_lane_busy_ms_per_expert"] for r in records if r.get("cpu_lane_busy_ms_per_expert")]
     measured = busy or [r["cpu_lane_ms_per_expert"] for r in records if r.get("cpu_lane_ms_per_expert")]
     lane_ms, source = (statistics.median(measured), "measured") if measured else (profile_lane_ms, "profile")
-    three_lane_floor(records, lane_ms, dram_gbps, expert_bytes=expert_bytes)
+    three_lane_floor(records, lane_ms, dram_gbps, expert_bytes=expert_bytes, copy_bytes=copy_bytes)
     inputs = {"lane_ms": lane_ms, "lane_source": source,
               "lane_basis": ("busy wall per expert" if busy else "compute per job") if measured else None,
               "profile_lane_ms": profile_lane_ms, "dram_gbps": dram_gbps,
-              "expert_bytes": expert_bytes}
+              "expert_bytes": expert_bytes, "copy_bytes": copy_bytes}
     for r in records:
         if "floor3_ms" in r:
             r["floor3_inputs"] = dict(inputs)

@@ -139,3 +139,27 @@ def test_the_link_floor_charges_exact_misses_only_not_approximated_ones():
     assert floors["lru"] == pytest.approx(0.6 * 1e9 / 1e7)                  # 60 ms: every miss copied
     assert floors["spice"] == pytest.approx(0.6 * (15 / 60) * 1e9 / 1e7)   # 15 ms: the 15 exact misses of 60
     assert floors["resident"] == 5.0
+
+
+def test_a_used_prefetch_crossed_the_link_and_counts_toward_both_floors_a_wasted_one_does_not():
+    """Regression: the floors charged a token's misses only, so a prefetching row's prefetch hits moved for free and
+    oracle_prefetch (every expert prefetched, few misses) read ~7x its floor while its link was full. 10 tokens of
+    20 selections; the oracle copies 120 experts (100 used, 20 wasted) with 10 misses among them."""
+    from spice_core.tools.bench_records import add_floors, carried_experts_per_token
+
+    def row(policy, tpot, copies, copy_misses, wasted, hits):
+        return dict(rec(policy, tpot, copy=copy_misses), bytes_per_token=copies / 10 * EXPERT,
+                    wasted_prefetch_bytes=wasted * EXPERT, hit_rate=hits / 200, routed_bytes_per_token=20 * EXPERT,
+                    raw={"selections": 200})
+
+    rows = [row("resident", 7.0, 0, 0, 0, 200), row("on_demand", 220.0, 200, 200, 0, 0),
+            row("oracle_prefetch", 150.0, 120, 10, 20, 190)]
+    assert carried_experts_per_token(rows[2], EXPERT) == pytest.approx(10.0)      # (120 - 20) copies / 10 tokens
+    assert carried_experts_per_token(rows[2], None) == pytest.approx(1.0)         # no copy size: its misses only
+    add_floors(rows)                                                              # the copy size from on_demand
+    a = EXPERT / 13e6
+    assert rows[2]["floor_ms"] == pytest.approx(10 * a)                           # 100 of 200 selections carried
+    assert rows[1]["floor_ms"] == pytest.approx(20 * a)
+    three_lane_floor(rows, lane_ms=0.7, dram_gbps=81.0)
+    assert rows[2]["floor3_ms"] == pytest.approx(max(7.0, 10 * a * 0.7 / (a + 0.7)))
+    assert rows[2]["floor3_ms"] < rows[2]["tpot_ms_median"]
