@@ -73,7 +73,7 @@ Qwen2-57B-A14B): its own shape times that real model's layout; another shape onl
 On the CPU every policy except approximation gives the same greedy tokens as the stock model. On a GPU the fast
 path's exact policies give `resident`'s tokens bit for bit, except where a miss runs on the CPU lane: the lane sums
 an expert's products in another order than the GPU's kernel, so a near-tie can flip a token (`cpu_compute` agreed
-with `resident` on 0.86–0.87 of 64 tokens), and the main page measures such replies instead of claiming them
+with `resident` on 0.87–0.88 of 64 tokens), and the main page measures such replies instead of claiming them
 identical. `resident` itself sums in another order than stock transformers' loop on the GPU. Lossy settings are reported as
 speed–quality pairs: the main page can measure greedy agreement with exact settings after each reply, and the
 *Sweep* page plots agreement against time per token for a grid of thresholds. **Greedy agreement** is one number
