@@ -42,3 +42,11 @@ def shipped_served():
     s = serve_shipped()
     yield s
     close(s)
+
+
+def pytest_collection_modifyitems(items):
+    """Every test that drives chromium is marked `browser`, whether or not its module says so: scripts/test.sh runs
+    them apart from the parallel workers, so that a page's pace never depends on what another worker is doing."""
+    for item in items:
+        if "browser" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.browser)
