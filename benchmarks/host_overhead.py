@@ -71,9 +71,10 @@ def _fast_sections() -> dict:
               "LayerRuntime": (LayerRuntime, ("decide_layer", "run_deferred", "lookahead", "record_deferred")),
               "LayerPlanner": (LayerPlanner, ("plan_layer", "plan_hits", "plan_experts", "plan_prefetch",
                                               "prefetch_issued", "_acquire")),
-              "CopyEngine": (CopyEngine, ("issue_many", "_issue_one", "wait_ready", "wait_ready_many")),
+              "CopyEngine": (CopyEngine, ("issue_many", "_issue_one", "_issue_together", "wait_ready",
+                                         "wait_ready_many")),
               "SlotBuffer": (SlotBuffer, ("fill_from",)),
-              "MeasuredTimeline": (MeasuredTimeline, ("copy", "layer", "wait", "stamp", "end_token")),
+              "MeasuredTimeline": (MeasuredTimeline, ("copy", "copies", "layer", "wait", "stamp", "end_token")),
               "Recorder": (Recorder, ("layer_outcomes", "layer_hits", "layer_counts", "prefetch_used")),
               "DraftPredictor": (DraftPredictor, ("predictions_from_readback",)),
               "graphed": (graphed, ("plan_rows",))}

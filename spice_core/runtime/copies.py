@@ -15,7 +15,8 @@ checked to give the same bytes at start (runtime/direct_copy.py), else by `Tenso
 event is made once and recorded again at every release (a stream that waited on it captured the record it
 waited for), so a release makes no CUDA object, and the copy stream waits on it once (later copies into the slot
 queue behind that one); a handle the engine drops goes back to the clock (`copy_done`), which records its end
-event again for a later copy once it is resolved; streams are passed explicitly (looking the current one up
+event again for a later copy once it is resolved; a layer's demand copies in a row share one end event and, on
+an emulated link, one pacing wait (`issue_many`); streams are passed explicitly (looking the current one up
 costs ~25 µs a call on a GPU host).
 """
 from __future__ import annotations
@@ -68,44 +69,86 @@ class CopyEngine:
 
     def issue_many(self, orders) -> list:
         """`issue` each order in turn, switching to the copy stream once for all of them (a stream switch costs
-        host time, and a layer issues its demand copies, or a lookahead its prefetches, together)."""
+        host time, and a layer issues its demand copies, or a lookahead its prefetches, together). Demand copies
+        of one layer in a row are timed by one clock event (`clock.copies`): the compute stream waits for them
+        together anyway, and each event record costs the host µs. A prefetch keeps its own: it may be waited for
+        alone, and must not wait for the prefetches queued after it."""
         if self.copy_stream is None or not orders:
             return [self._issue_one(o) for o in orders]
         torch.cuda.set_stream(self.copy_stream)          # cheaper than the torch.cuda.stream() context
         try:
-            return [self._issue_one(o) for o in orders]
+            handles, i, n = [], 0, len(orders)
+            while i < n:
+                j = i + 1
+                if orders[i].kind == "copy":
+                    layer = orders[i].key.layer
+                    while j < n and orders[j].kind == "copy" and orders[j].key.layer == layer:
+                        j += 1
+                if j - i == 1:
+                    handles.append(self._issue_one(orders[i]))
+                else:
+                    handles.extend(self._issue_together(orders[i:j]))
+                i = j
+            return handles
         finally:
             torch.cuda.set_stream(self.compute_stream)
 
     def _issue_one(self, order: CopyOrder):
         """One copy; on CUDA the copy stream is already the current one (`issue_many`)."""
-        rec = self.recorder
-        slot, key = order.slot, order.key
+        if self.copy_stream is None:
+            self._evict(order)
+            start = self.clock.stamp()
+            self.slots.fill_from(order.slot, self.lm.host.flat(order.key))
+            handle = self.clock.copy(order.key, self._expert_bytes, order.kind, start)
+        else:
+            self._queue(order)
+            handle = self.clock.copy(order.key, self._expert_bytes, order.kind, None, self.copy_stream)
+        self._keep(order, handle)
+        return handle
+
+    def _issue_together(self, group) -> list:
+        """Demand copies of one layer, queued in turn and timed by one clock event (see `issue_many`)."""
+        issued_ms = self.clock.now_ms()
+        for order in group:
+            self._queue(order, pace=False)
+        self._pace(len(group))       # one wait for the batch's missing link time: it is waited for as a whole
+        handles = self.clock.copies([o.key for o in group], self._expert_bytes, "copy", self.copy_stream, issued_ms)
+        for order, handle in zip(group, handles):
+            self._keep(order, handle)
+        return handles
+
+    def _evict(self, order: CopyOrder) -> None:
+        """Record what ``order`` evicted (the planner's bookkeeping is already done)."""
         if order.evicted is not None:
             if order.evicted_unused_prefetch:
-                rec.wasted(order.evicted, order.wasted)
-            rec.evicted(order.evicted)
-        if self.copy_stream is None:
-            start = self.clock.stamp()
-            self.slots.fill_from(slot, self.lm.host.flat(key))
-            handle = self.clock.copy(key, self._expert_bytes, order.kind, start)
-        else:
-            cs = self.copy_stream
-            if slot in self._read:          # once: later copies into the slot queue behind this one
-                self._read.discard(slot)
-                cs.wait_event(self._free_event[slot])
-            row = self.lm.host.flat(key)
-            if self.direct is None or not self.direct(slot, key, row):
-                self.direct = None          # refused once (logged): Tensor.copy_ from here on
-                self.slots.fill_from(slot, row)
-            if self._pace_cycles > 0:
-                # Emulate a slower link: keep the copy stream busy for the missing transfer time.
-                torch.cuda._sleep(self._pace_cycles)
-            handle = self.clock.copy(key, self._expert_bytes, order.kind, None, cs)   # starts as the stream frees
-        self._drop(self.ready.get(slot))      # the slot's last copy (its expert evicted, or dropped after use)
-        self.ready[slot] = handle
-        rec.copied(order.kind)
-        return handle
+                self.recorder.wasted(order.evicted, order.wasted)
+            self.recorder.evicted(order.evicted)
+
+    def _queue(self, order: CopyOrder, pace: bool = True) -> None:
+        """Queue ``order``'s copy on the copy stream (the current one), behind its slot's last reader; ``pace``:
+        then the emulated link's extra time for it."""
+        self._evict(order)
+        slot, key, cs = order.slot, order.key, self.copy_stream
+        if slot in self._read:          # once: later copies into the slot queue behind this one
+            self._read.discard(slot)
+            cs.wait_event(self._free_event[slot])
+        row = self.lm.host.flat(key)
+        if self.direct is None or not self.direct(slot, key, row):
+            self.direct = None          # refused once (logged): Tensor.copy_ from here on
+            self.slots.fill_from(slot, row)
+        if pace:
+            self._pace(1)
+
+    def _pace(self, n_copies: int) -> None:
+        """Emulate a slower link: keep the copy stream busy for ``n_copies`` copies' missing transfer time."""
+        if self._pace_cycles > 0:
+            torch.cuda._sleep(self._pace_cycles * n_copies)
+
+    def _keep(self, order: CopyOrder, handle) -> None:
+        """``handle`` is the copy that fills ``order.slot`` now; the slot's last copy is dropped."""
+        self._drop(self.ready.get(order.slot))      # its expert evicted, or dropped after use
+        self.ready[order.slot] = handle
+        self.recorder.copied(order.kind)
 
     def wait_ready(self, slot: int) -> None:
         """Make the compute stream wait for the copy that filled ``slot`` (a stall interval when it must)."""

@@ -127,9 +127,10 @@ class GraphedLayer:
         rt, layer, slot_of = self.rt, self.layer, self.slot_of
         copies, recorder, now = rt.executor.copies, rt.recorder, rt.clock.now_ms
         wait = []               # the slots the segment reads: waited for at once, after the late copies' issue
+        late = []               # demand copies placed only now: issued together (one clock event for them)
         for r in rt.planner.plan_experts(plan, batched=True):
             if r.late_copy is not None:
-                copies.issue(r.late_copy)
+                late.append(r.late_copy)
             if r.prefetch_used is not None:
                 recorder.prefetch_used(ExpertKey(layer, r.expert), r.prefetch_used, now())
             if r.outcome == "approx":          # the segment's LoRE branch computes it
@@ -137,6 +138,8 @@ class GraphedLayer:
                 continue
             wait.append(r.slot)
             slot_of[r.expert] = r.slot
+        if late:
+            copies.issue_many(late)
         copies.wait_ready_many(wait)
         for e in self.fell_back:       # fell back to a copy: an ordinary cached expert from here on
             rt.planner.release_fallback(ExpertKey(layer, e))

@@ -17,7 +17,10 @@ with nothing to resolve, every event is kept as a tuple until `drain_events` bui
 TraceEvents at once, and CUDA events are recycled from a pool once resolved (creating one costs the
 host ~6 µs on the H200 host, recording a pooled one ~3: `benchmarks/host_primitives.py`). A copy's end
 event is also the handle the executor waits on, so it is recycled only once it is resolved *and* the
-executor has said it holds the handle no more (`copy_done`).
+executor has said it holds the handle no more (`copy_done`). A layer's demand copies, which the compute stream
+waits for together, share one end event (`copies`): one record for the batch instead of one per copy; each copy's
+interval is then the batch's span split evenly (the copies are the same bytes, in issue order on one stream), and
+its detail says so. The shared event goes back to the pool once every copy of the batch is handed back.
 
 A graph segment's GPU work (the fast path, runtime/graphed.py) is told by `segment`: the host time it was launched at
 and the event recorded right after its replay. Its `layer` interval then runs from the later of that launch and the
@@ -59,6 +62,31 @@ class _Pending:
 
 
 @dataclass(slots=True)
+class _Batch:
+    """Copies queued one after another on the copy stream and timed by one end event (`MeasuredTimeline.copies`):
+    the batch's span, resolved once, is split evenly among its ``n`` copies."""
+    event: object
+    n: int
+    span: tuple | None = None        # (start ms, end ms) once resolved
+
+
+@dataclass(slots=True)
+class _Part:
+    """The ``i``-th copy of a `_Batch`: a pending copy's end."""
+    batch: _Batch
+    i: int
+
+
+def _event_of(x):
+    """The CUDA event (or host time) behind a pending interval's start or end."""
+    if isinstance(x, _Launched):
+        return x.after
+    if isinstance(x, _Part):
+        return x.batch.event
+    return x
+
+
+@dataclass(slots=True)
 class _Launched:
     """A segment's start: its host launch time (ms on the run's axis) or the GPU's last mark, whichever is later."""
     host_ms: float
@@ -80,7 +108,7 @@ class MeasuredTimeline:
     _pending: list[_Pending] = field(default_factory=list)
     _rows: list[tuple] = field(default_factory=list)        # TraceEvent fields in order, built at drain
     _free_events: list = field(default_factory=list)        # resolved timing events, recorded again (no create)
-    _held_copies: set = field(default_factory=set)          # ids of copy end events the executor still holds
+    _held_copies: dict = field(default_factory=dict)        # id of a copy end event -> handles the executor holds
     _resolved_held: dict = field(default_factory=dict)      # id -> copy end event resolved while still held
     _last_mark: object = None
     _copy_free_ms: float = 0.0
@@ -142,10 +170,29 @@ class MeasuredTimeline:
         """A copy the executor just queued on ``stream`` (the copy stream). ``start`` None: it starts when the
         copy before it on that stream ends, or now if that one has already ended (see the module docstring)."""
         end = self._event(stream)
-        self._held_copies.add(id(end))
+        self._held_copies[id(end)] = 1
         self._add(_Pending("copy", kind, key, start if start is not None else -self._host_ms(), end, nbytes))
         self._copy_pred_ms = max(self._copy_pred_ms, self._host_ms()) + self.est_copy_ms
         return OpHandle(key, "copy", kind, end_ms=self._copy_pred_ms, native=end)
+
+    def copies(self, keys, nbytes: int, kind: str, stream, issued_ms: float) -> list[OpHandle]:
+        """Copies of ``nbytes`` each the executor queued one after another on ``stream`` from ``issued_ms``
+        (`now_ms` before the first), which the compute stream waits for together (a layer's demand copies): one
+        end event for all of them, every handle refers to it. Each copy's interval is the batch's span split
+        evenly (see the module docstring)."""
+        if len(keys) == 1:
+            return [self.copy(keys[0], nbytes, kind, None, stream)]
+        end = self._event(stream)
+        batch, issued, n = _Batch(end, len(keys)), -issued_ms, len(keys)
+        self._held_copies[id(end)] = n
+        detail = f"one of {n} copies timed by one event: the batch's span split evenly"
+        handles, pred = [], max(self._copy_pred_ms, -issued)
+        for i, key in enumerate(keys):
+            self._add(_Pending("copy", kind, key, issued, _Part(batch, i), nbytes, detail))
+            pred += self.est_copy_ms
+            handles.append(OpHandle(key, "copy", kind, end_ms=pred, native=end))
+        self._copy_pred_ms = pred
+        return handles
 
     def wait(self, handle: OpHandle, start: object = None) -> None:
         """The executor made the compute stream wait for ``handle`` after ``start``: a stall interval."""
@@ -156,7 +203,11 @@ class MeasuredTimeline:
     def copy_done(self, handle: OpHandle) -> None:
         """The executor holds ``handle`` (a `copy`'s) no more: its end event may be recorded again once resolved."""
         i = id(handle.native)
-        self._held_copies.discard(i)
+        left = self._held_copies.get(i, 0) - 1
+        if left > 0:                       # another copy of its batch is still held
+            self._held_copies[i] = left
+            return
+        self._held_copies.pop(i, None)
         ev = self._resolved_held.pop(i, None)
         if ev is not None:
             self._free_events.append(ev)
@@ -210,7 +261,23 @@ class MeasuredTimeline:
 
     @staticmethod
     def _done(x) -> bool:
+        if isinstance(x, _Part):
+            x = x.batch.event
         return not isinstance(x, torch.cuda.Event) or x.query()
+
+    def _copy_span(self, p: _Pending) -> tuple[float, float]:
+        """A resolved copy's (start, end) ms: it starts when the copy before it on the stream ended, or when the
+        host issued it (``-p.start``) if the stream was idle; a batch's copies split the batch's span evenly."""
+        part = p.end if isinstance(p.end, _Part) else None
+        if part is None or part.batch.span is None:
+            e = self._resolve(p, part.batch.event if part is not None else p.end)
+            s = min(e, max(-p.start, self._copy_free_ms))
+            if part is None:
+                return s, e
+            part.batch.span = (s, e)
+        s, e = part.batch.span
+        step = (e - s) / part.batch.n
+        return s + step * part.i, s + step * (part.i + 1)
 
     def end_token(self) -> float:
         seg, self._segment = self._segment, None
@@ -226,11 +293,10 @@ class MeasuredTimeline:
                 keep.append(p)
                 continue
             done.append(p)
-            e = self._resolve(p, p.end)
             if p.lane == "copy" and isinstance(p.start, float) and p.start <= 0.0:   # issued at -start, host ms
-                s = min(e, max(-p.start, self._copy_free_ms))
+                s, e = self._copy_span(p)
             else:
-                s = self._resolve(p, p.start)
+                s, e = self._resolve(p, p.start), self._resolve(p, p.end)
             layer, expert = (p.key.layer, p.key.expert) if p.key is not None else (-1, -1)
             self._rows.append((p.token, layer, expert, p.lane, p.kind, s, max(s, e), p.nbytes, self.mode, p.detail))
             if p.lane == "copy":
@@ -250,23 +316,23 @@ class MeasuredTimeline:
         """Return the resolved intervals' events to the pool, except those still referred to: by a pending
         interval (its start, end or token reference), the current token's reference and last mark, and a copy's
         end event while the executor holds its handle (it goes back at `copy_done`)."""
-        busy = {id(x.after if isinstance(x, _Launched) else x) for p in self._pending for x in (p.start, p.end, p.e0)}
+        busy = {id(_event_of(x)) for p in self._pending for x in (p.start, p.end, p.e0)}
         busy.update((id(self._e0), id(self._last_mark)))
         busy.update(self._foreign)
         busy.update(id(p.e0) for p in done)
         seen, held = set(), self._held_copies
         for p in done:
             if p.lane == "copy":
-                ev = p.end
-                if isinstance(ev, torch.cuda.Event):
+                ev = _event_of(p.end)
+                if isinstance(ev, torch.cuda.Event) and id(ev) not in seen:
+                    seen.add(id(ev))           # a batch's copies share one event: pooled once
                     if id(ev) in held:
                         self._resolved_held[id(ev)] = ev
                     elif id(ev) not in busy:
                         self._free_events.append(ev)
                 continue
             for x in (p.start, p.end):
-                if isinstance(x, _Launched):
-                    x = x.after
+                x = _event_of(x)
                 if isinstance(x, torch.cuda.Event) and id(x) not in busy and id(x) not in seen:
                     seen.add(id(x))
                     self._free_events.append(x)
