@@ -261,8 +261,6 @@ class MeasuredTimeline:
 
     @staticmethod
     def _done(x) -> bool:
-        if isinstance(x, _Part):
-            x = x.batch.event
         return not isinstance(x, torch.cuda.Event) or x.query()
 
     def _copy_span(self, p: _Pending) -> tuple[float, float]:
@@ -288,8 +286,16 @@ class MeasuredTimeline:
         self.compute_stream.synchronize()
         end_ms = self._host_ms()
         keep, done = [], []
+        batch_done: dict = {}      # a batch's event is queried once: its copies resolve in the same token
         for p in self._pending:
-            if not self._done(p.end):
+            end = p.end
+            if isinstance(end, _Part):
+                ok = batch_done.get(id(end.batch))
+                if ok is None:
+                    ok = batch_done[id(end.batch)] = end.batch.event.query()
+            else:
+                ok = self._done(end)
+            if not ok:
                 keep.append(p)
                 continue
             done.append(p)
@@ -324,11 +330,11 @@ class MeasuredTimeline:
         for p in done:
             if p.lane == "copy":
                 ev = _event_of(p.end)
-                if isinstance(ev, torch.cuda.Event) and id(ev) not in seen:
+                if isinstance(ev, torch.cuda.Event) and id(ev) not in seen and id(ev) not in busy:
                     seen.add(id(ev))           # a batch's copies share one event: pooled once
                     if id(ev) in held:
                         self._resolved_held[id(ev)] = ev
-                    elif id(ev) not in busy:
+                    else:
                         self._free_events.append(ev)
                 continue
             for x in (p.start, p.end):
