@@ -4,6 +4,8 @@
         [--profiles rtx4090-pcie4x16 h200-pcie5x16] [--budgets 0.1 0.25 0.5] [--prompts 8]
         [--max-new-tokens 128] [--tau-prefetch 0.2] [--max-lookahead 4] [--sweep]
         [--timing modeled|measured] [--device cpu|cuda] [--out docs/benchmarks/prefetch_modeled.md]
+    python benchmarks/prefetch_modeled.py --render docs/benchmarks/prefetch_modeled_h200-pcie5x16.json \
+        --out docs/benchmarks/prefetch_modeled_h200-pcie5x16.md      # the report again from a run's JSON
 
 Protocol (BENCHMARK.md): batch 1, greedy, held-out prompts; for every profile, budget and
 prompt the policies run back to back (interleaved). With ``--timing modeled`` (the default)
@@ -18,9 +20,12 @@ h200-pcie5x16 profile), ``--link-gbps 13`` emulates the paper's PCIe 4.0 x8 link
 Per policy: TPOT median / p90 over all decode steps of all prompts (first token excluded),
 hit rate, experts copied and wasted per token (prefetched, evicted unused), stall ms per
 token, mean lookahead depth and why it stopped, predictor (draft) ms per token, and the
-physical floor max(compute, (1 - hit rate) x routed bytes per token / bandwidth). The
-headline: the share of the lru -> oracle_prefetch TPOT gap that each predictor closes.
-Every exact policy must produce the same tokens as lru (checked, reported).
+physical floor max(compute, experts carried per token x expert bytes / bandwidth), where the
+experts a token carried are those it copied less the prefetches evicted unused (`floor_ms`: a
+prefetch hit crossed the link too, only earlier). The headline: the share of the lru ->
+oracle_prefetch TPOT gap that each predictor closes. Every exact policy must produce the same
+tokens as lru (checked, reported). ``--render FILE.json`` writes the report again from a run's
+JSON without running anything (the command kept is the one that made the numbers).
 """
 from __future__ import annotations
 
@@ -160,7 +165,11 @@ def main(argv=None) -> int:
                     help="a spice-draft.safetensors to use instead of the one beside the model")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "prefetch_modeled.md")
+    ap.add_argument("--render", type=Path, default=None,
+                    help="write the report again from this run's JSON (run nothing): e.g. after a change of the floor")
     args = ap.parse_args(argv)
+    if args.render is not None:
+        return render(args.render, args.out)
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
@@ -231,14 +240,61 @@ def main(argv=None) -> int:
             if engine.artifacts and engine.artifacts.draft else 0,
             "environment": {"device": str(lm.device), "dtype": str(lm.layout.dtype), "torch": torch.__version__,
                             "python": platform.python_version(), "threads": torch.get_num_threads()},
-            "seconds": round(time.perf_counter() - t0, 1)}
+            "seconds": round(time.perf_counter() - t0, 1),
+            "command": _command(argv if argv is not None else sys.argv[1:]), "profiles": list(args.profiles),
+            "budgets": list(args.budgets), "policies": list(args.policies),
+            "sweep_prompts": args.sweep_prompts, "sweep_new_tokens": args.sweep_new_tokens}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     dump = {"info": info, "table": {" | ".join(map(str, k)): v for k, v in table.items()},
             "sweep": {" | ".join(map(str, k)): v for k, v in sweep.items()}}
     args.out.with_suffix(".json").write_text(json.dumps(dump, indent=1) + "\n")
     profs = {pr: hw if hw is not None and hw.name == pr else get_profile(pr) for pr in args.profiles}
-    args.out.write_text(markdown(info, table, sweep, args, argv if argv is not None else sys.argv[1:], profs))
+    args.out.write_text(markdown(info, table, sweep, args, info["command"], profs))
     print(args.out.read_text())
+    return 0
+
+
+def _command(argv) -> str:
+    return ("python benchmarks/prefetch_modeled.py " + " ".join(map(str, argv))).strip()
+
+
+def _key(part: str):
+    """One field of a JSON table key back to what it was: a budget or tau (float), a depth (int), None, a name."""
+    if part == "None":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(part)
+        except ValueError:
+            pass
+    return part
+
+
+def render(json_path: Path, out: Path) -> int:
+    """The report again from a run's JSON (``--render``). The command shown is the run's: kept in its info, or for
+    a run from before it was kept, read off the report it wrote (``out``); the ranges of the run come from its
+    table's keys, the sweep's size from its info or the parser's defaults the committed runs used."""
+    dump = json.loads(json_path.read_text())
+    info = dump["info"]
+    table = {tuple(_key(x) for x in k.split(" | ")): v for k, v in dump["table"].items()}
+    sweep = {tuple(_key(x) for x in k.split(" | ")): v for k, v in dump["sweep"].items()}
+    command = info.get("command")
+    if command is None:
+        lines = out.read_text().splitlines() if out.exists() else []
+        found = [ln for ln in lines if ln.startswith("python benchmarks/prefetch_modeled.py")]
+        if not found:
+            print(f"{json_path}: no command in its info and none in {out}: cannot say what made these numbers",
+                  file=sys.stderr)
+            return 2
+        command = found[0]
+    profiles = info.get("profiles") or list(dict.fromkeys(k[0] for k in table))
+    budgets = info.get("budgets") or list(dict.fromkeys(k[1] for k in table if len(k) == 3))
+    policies = info.get("policies") or list(dict.fromkeys(k[2] for k in table if len(k) == 3))
+    args = argparse.Namespace(profiles=profiles, budgets=budgets, policies=policies,
+                              sweep_prompts=info.get("sweep_prompts", 4), sweep_new_tokens=info.get("sweep_new_tokens", 64))
+    profs = {pr: get_profile(pr) for pr in profiles}
+    out.write_text(markdown(info, table, sweep, args, command, profs))
+    print(out.read_text())
     return 0
 
 
@@ -246,8 +302,16 @@ def _gap(lru, x, oracle):
     return (lru - x) / (lru - oracle) if lru - oracle > 1e-9 else float("nan")
 
 
-def markdown(info, table, sweep, args, argv, profs) -> str:
-    cmd = ("python benchmarks/prefetch_modeled.py " + " ".join(argv)).strip()
+def floor_ms(r: dict, info: dict, link_gbps: float, compute_ms: float) -> float:
+    """The physical floor of one row: max(compute, the link's time for the experts a decode token carried), where
+    those are its copies less the prefetches evicted unused (the headline's definition: a prefetch that became a
+    hit crossed the link too, only earlier; an approximated miss moves nothing). Wasted prefetches are counted per
+    step, the prompt's included: a slight undercount of waste, so the floor errs low."""
+    carried = max(0.0, r["experts_copied_per_token"] - r["experts_wasted_per_token"])
+    return max(compute_ms, carried * info["expert_mb_at_shape"] / 1e3 / link_gbps * 1e3)
+
+
+def markdown(info, table, sweep, args, cmd: str, profs) -> str:
     L = [f"# Prefetching policies: TPOT per budget and link ({info['model']}, {info['timing']})", "",
          "```", cmd, "```", "",
          f"- timing: **{info['timing']}**" + (f" — the engine runs {info['model']} exactly; every expert is timed as "
@@ -262,8 +326,11 @@ def markdown(info, table, sweep, args, argv, profs) -> str:
          f"heads {'present' if info['has_draft'] else 'MISSING (spice_prefetch fell back to gate)'} "
          f"({info['draft_bytes'] / 1e6:.2f} MB native), charged inside the budget at the shape's size",
          f"- exact policies token-identical to lru on every prompt: **{'yes' if info['identical_tokens'] else 'NO'}**",
-         "- floor = max(compute, (1 − hit rate) × routed bytes per token / link bandwidth); compute = the "
-         "resident policy's TPOT (every expert on the GPU)", ""]
+         "- floor = max(compute, experts a token carried × expert bytes / link bandwidth), where the experts a token "
+         "carried are those it copied less the prefetches evicted unused (a prefetch hit crossed the link too, only "
+         "earlier); compute = the resident policy's TPOT (every expert on the GPU). Reports rendered before "
+         "2026-12-07 charged (1 − hit rate) × routed bytes instead, which let a used prefetch cross the link for free",
+         ""]
     for prof in args.profiles:
         p = profs[prof]
         comp = table[(prof, "compute")]["tpot_median_ms"]
@@ -277,8 +344,7 @@ def markdown(info, table, sweep, args, argv, profs) -> str:
             orc = table.get((prof, budget, "oracle_prefetch"), {}).get("tpot_median_ms")
             for pol in args.policies:
                 r = table[(prof, budget, pol)]
-                bw_ms = (1 - r["hit_rate"]) * info["routed_gb_per_token"] / p.h2d_pinned_gbps * 1e3
-                floor = max(comp, bw_ms)
+                floor = floor_ms(r, info, p.h2d_pinned_gbps, comp)
                 gap = _gap(lru, r["tpot_median_ms"], orc) if lru is not None and orc is not None else float("nan")
                 reasons = ", ".join(f"{k} {v:.0%}" for k, v in r["stop_reasons"].items()) or "—"
                 L.append(f"| {pol} | {r['tpot_median_ms']:.2f} | {r['tpot_p90_ms']:.2f} | {r['hit_rate']:.3f} | "
