@@ -293,7 +293,8 @@ def render(json_path: Path, out: Path) -> int:
     args = argparse.Namespace(profiles=profiles, budgets=budgets, policies=policies,
                               sweep_prompts=info.get("sweep_prompts", 4), sweep_new_tokens=info.get("sweep_new_tokens", 64))
     profs = {pr: get_profile(pr) for pr in profiles}
-    out.write_text(markdown(info, table, sweep, args, command, profs))
+    out.write_text(markdown(info, table, sweep, args, command, profs,
+                            rendered_by=f"python benchmarks/prefetch_modeled.py --render {json_path} --out {out}"))
     print(out.read_text())
     return 0
 
@@ -311,9 +312,11 @@ def floor_ms(r: dict, info: dict, link_gbps: float, compute_ms: float) -> float:
     return max(compute_ms, carried * info["expert_mb_at_shape"] / 1e3 / link_gbps * 1e3)
 
 
-def markdown(info, table, sweep, args, cmd: str, profs) -> str:
+def markdown(info, table, sweep, args, cmd: str, profs, rendered_by: str = "") -> str:
+    """``rendered_by``: the command that wrote this report again from the run's JSON (`render`), said under the run's."""
     L = [f"# Prefetching policies: TPOT per budget and link ({info['model']}, {info['timing']})", "",
-         "```", cmd, "```", "",
+         "```", cmd, "```", ""] + ([f"Written again from the run's JSON, nothing re-run: `{rendered_by}`", ""]
+                                    if rendered_by else []) + [
          f"- timing: **{info['timing']}**" + (f" — the engine runs {info['model']} exactly; every expert is timed as "
                                               f"one {info['shape']} expert ({info['expert_mb_at_shape']:.1f} MB), "
                                               f"{info['routed_gb_per_token']:.2f} GB of routed experts per token"
