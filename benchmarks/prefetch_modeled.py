@@ -46,7 +46,9 @@ sys.path.insert(0, str(ROOT))
 from spice_core.api import RunSettings  # noqa: E402
 from spice_core.engine import SpiceEngine  # noqa: E402
 from spice_core.model.loader import load_model  # noqa: E402
+from spice_core.errors import ConfigError  # noqa: E402
 from spice_core.timing.profiles import get_profile, get_shape  # noqa: E402
+from spice_core.tools import args as ca  # noqa: E402
 
 POLICIES = ("on_demand", "lru", "gate_prefetch", "spice_prefetch", "oracle_prefetch")
 SWEEP_TAUS = (0.05, 0.2, 0.5, 0.8)
@@ -165,7 +167,7 @@ def main(argv=None) -> int:
                     help="a spice-draft.safetensors to use instead of the one beside the model")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "prefetch_modeled.md")
-    ap.add_argument("--render", type=Path, default=None,
+    ap.add_argument("--render", type=ca.existing_file, default=None,
                     help="write the report again from this run's JSON (run nothing): e.g. after a change of the floor")
     args = ap.parse_args(argv)
     if args.render is not None:
@@ -274,10 +276,14 @@ def render(json_path: Path, out: Path) -> int:
     """The report again from a run's JSON (``--render``). The command shown is the run's: kept in its info, or for
     a run from before it was kept, read off the report it wrote (``out``); the ranges of the run come from its
     table's keys, the sweep's size from its info or the parser's defaults the committed runs used."""
-    dump = json.loads(json_path.read_text())
-    info = dump["info"]
-    table = {tuple(_key(x) for x in k.split(" | ")): v for k, v in dump["table"].items()}
-    sweep = {tuple(_key(x) for x in k.split(" | ")): v for k, v in dump["sweep"].items()}
+    try:
+        dump = json.loads(json_path.read_text(encoding="utf-8"))
+        info = dump["info"]
+        table = {tuple(_key(x) for x in k.split(" | ")): v for k, v in dump["table"].items()}
+        sweep = {tuple(_key(x) for x in k.split(" | ")): v for k, v in dump.get("sweep", {}).items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:     # ValueError: bad JSON or UTF-8
+        print(f"{json_path}: not a JSON this benchmark wrote (info, table, sweep): {e}", file=sys.stderr)
+        return 2
     command = info.get("command")
     if command is None:
         lines = out.read_text().splitlines() if out.exists() else []
@@ -292,9 +298,18 @@ def render(json_path: Path, out: Path) -> int:
     policies = info.get("policies") or list(dict.fromkeys(k[2] for k in table if len(k) == 3))
     args = argparse.Namespace(profiles=profiles, budgets=budgets, policies=policies,
                               sweep_prompts=info.get("sweep_prompts", 4), sweep_new_tokens=info.get("sweep_new_tokens", 64))
-    profs = {pr: get_profile(pr) for pr in profiles}
-    out.write_text(markdown(info, table, sweep, args, command, profs,
-                            rendered_by=f"python benchmarks/prefetch_modeled.py --render {json_path} --out {out}"))
+    try:
+        profs = {pr: get_profile(pr) for pr in profiles}
+    except ConfigError as e:
+        print(f"{json_path}: {e}", file=sys.stderr)
+        return 2
+    try:
+        text = markdown(info, table, sweep, args, command, profs,
+                        rendered_by=f"python benchmarks/prefetch_modeled.py --render {json_path} --out {out}")
+    except (KeyError, TypeError, ValueError) as e:      # a field the report needs is missing or of another kind
+        print(f"{json_path}: a field the report needs is missing or malformed: {e!r}", file=sys.stderr)
+        return 2
+    out.write_text(text)
     print(out.read_text())
     return 0
 

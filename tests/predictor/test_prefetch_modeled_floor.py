@@ -46,3 +46,13 @@ def test_a_report_rendered_from_its_json_keeps_the_runs_command_and_numbers(tmp_
     assert "## Target: spice_prefetch closes >= 80%" in text
     out.unlink()                    # nothing says which command made the numbers: refused, nothing written
     assert mod.main(["--render", str(dump), "--out", str(out)]) == 2 and not out.exists()
+
+
+def test_render_refuses_a_file_this_benchmark_did_not_write_with_a_message(tmp_path, capsys):
+    mod = load("prefetch_modeled")
+    out = tmp_path / "run.md"
+    for i, text in enumerate(("not json", '{"x": 1}', '{"info": {}, "table": {"h200-pcie5x16 | compute": {}}}')):
+        bad = tmp_path / f"bad{i}.json"
+        bad.write_text(text)
+        assert mod.main(["--render", str(bad), "--out", str(out)]) == 2
+        assert str(bad) in capsys.readouterr().err and not out.exists()
