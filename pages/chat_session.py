@@ -20,8 +20,11 @@ from pages.chat_js import WITHDRAW_JS
 from pages.runner import RunStream
 
 # Stop with nothing streaming: what the side bar says, and what the chat says for a message withdrawn by it (the
-# engine was still busy with another visitor's reply when Stop was pressed).
-WITHDRAWN_NOTE = "Nothing was generating: a message of yours still waiting for the engine is withdrawn."
+# engine was still busy with another visitor's reply when Stop was pressed). The server cannot tell whether anything
+# waits, and only the page's messages carry the gate that withdraws them: an API client's /chat waiting in the queue
+# still runs, so the note claims no more than that.
+WITHDRAWN_NOTE = ("Nothing was generating. A message this page sent that still waits for the engine will not run "
+                  "(one sent through the API still runs: stop it once it streams).")
 WITHDRAWN_CHAT_NOTE = ("■ Not sent: Stop was pressed while your message waited for the engine (busy with another "
                        "visitor's reply). It is still in the box: send it again when you want it.")
 

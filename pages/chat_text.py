@@ -193,9 +193,18 @@ def settings_line(settings: RunSettings, info: EngineInfo | None = None) -> str:
              "tau_prefetch": f"τ<sub>prefetch</sub> {settings.tau_prefetch:g}",
              "max_lookahead": f"lookahead ≤ {settings.max_lookahead}",
              "tau_approx": f"τ<sub>approx</sub> {settings.tau_approx:g}",
-             "lore_rank": f"LoRE r{settings.lore_rank}",
+             "lore_rank": _lore_words(settings.lore_rank, getattr(info, "lore_ranks", ())),
              "cpu_lane": f"CPU lane {'on' if settings.cpu_lane else 'off'}"}
     return " · ".join(parts + [words for name, words in shown.items() if name in used])
+
+
+def _lore_words(asked: int, ranks) -> str:
+    """The LoRE rank a run uses: the default asks for "up to" it, and factors that stop lower are used whole (the
+    engine's rule), so the row names the rank used, not the one asked for."""
+    top = max(ranks, default=0)
+    if top and asked > top:
+        return f"LoRE r{top} (r{asked} asked; the factors stop at {top})"
+    return f"LoRE r{asked}"
 
 
 def stats_html(live: LiveRun | None, settings: RunSettings, info: EngineInfo, *, state: str = "",

@@ -18,12 +18,12 @@ from pathlib import Path
 import gradio as gr
 from gradio.components.chatbot import ChatbotDataMessages
 from gradio.components.plot import PlotData
-from pydantic import model_validator
+from pydantic import ValidationError, model_validator
 
 from spice_core.api import (DEFAULT_LORE_RANK, DEFAULT_REPLY_TOKENS, EngineInfo, EngineLike, RunSettings,
                             format_bytes, own_shape)
 from spice_core.errors import ConfigError, SpiceError
-from pages.limits import SLIDER_RANGES, Limits, slider_ranges  # noqa: F401 - SLIDER_RANGES: re-exported
+from pages.limits import SLIDER_RANGES, Limits, quoted, slider_ranges  # noqa: F401 - SLIDER_RANGES: re-exported
 from pages.models import SwitchBook
 from pages.owners import RunBook, valid_run_id
 from pages.runner import EngineRunner
@@ -121,9 +121,14 @@ class _Messages(ChatbotDataMessages):
         # a list reached the client as a blank {"error": null}. A gr.Error raised here (outside pydantic, which
         # would wrap it) reaches the client with its text.
         if obj is not None and not isinstance(obj, (list, cls)) and not (isinstance(obj, dict) and "root" in obj):
-            raise gr.Error(f"History: a {type(obj).__name__} is not a list of messages: send a list of "
-                           '{"role": ..., "content": ...} objects, or [] for none', print_exception=False)
-        return super().model_validate(obj, *args, **kwargs)
+            raise gr.Error(f"History: a {type(obj).__name__} is not a list of messages: {_MESSAGE_SHAPE}",
+                           print_exception=False)
+        try:
+            return super().model_validate(obj, *args, **kwargs)
+        except ValidationError as exc:
+            # A list whose messages pydantic refuses: the same blank error and a log traceback quoting the visitor's
+            # values. Say which message and which of its fields, quoting nothing.
+            raise gr.Error(_history_problem(exc), print_exception=False) from None
 
     @model_validator(mode="before")
     @classmethod
@@ -137,6 +142,18 @@ class _Messages(ChatbotDataMessages):
             elif isinstance(m, dict) and isinstance(m.get("role"), str):
                 out.append({**m, "content": _as_parts(m.get("content"))})
         return out             # anything else is not a message: left out, as the chat leaves it out
+
+
+_MESSAGE_SHAPE = ('send a list of {"role": "user" or "assistant", "content": text or a list of '
+                  '{"type": "text", "text": ...} parts} objects, or [] for none')
+
+
+def _history_problem(exc: ValidationError) -> str:
+    """What a refused history's first error says: the message's number and field (never its value)."""
+    loc = next(iter(exc.errors()), {}).get("loc", ())
+    at = f"message {loc[0] + 1}" if loc and isinstance(loc[0], int) else "a message"
+    part = f"'s {loc[1]}" if len(loc) > 1 and isinstance(loc[1], str) else ""
+    return f"History: {at}{part} is not something this chat takes: {_MESSAGE_SHAPE}"
 
 
 def _as_parts(content) -> list:
@@ -239,7 +256,7 @@ def _settings_from_values(info: EngineInfo, values: dict, ranges: dict) -> RunSe
         if name in _INT_FIELDS:
             span = f" in [{low}, {high}]" if low is not None else ""
             if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-                raise ConfigError(f"{name}={_short(value)} is not a number: use an integer{span}")
+                raise ConfigError(f"{name}={quoted(value)} is not a number: use an integer{span}")
             try:
                 number = float(value)
             except (ValueError, OverflowError):
@@ -253,27 +270,27 @@ def _settings_from_values(info: EngineInfo, values: dict, ranges: dict) -> RunSe
                 raise ConfigError(f"{name}={value} is out of range: use an integer{span}")
         elif name in _FLOAT_FIELDS:
             if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-                raise ConfigError(f"{name}={_short(value)} is not a number")
+                raise ConfigError(f"{name}={quoted(value)} is not a number")
             try:
                 value = float(value)
             except (ValueError, OverflowError):     # OverflowError: an integer like 10**400 sent by an API client
-                raise ConfigError(f"{name}={_short(value)} is not a number") from None
+                raise ConfigError(f"{name}={quoted(value)} is not a number") from None
             if value != value:
                 raise ConfigError(f"{name} is NaN: use a number")
             if low is not None and not low <= value <= high:
                 raise ConfigError(f"{name}={value!r} is out of range: use a value in [{low:g}, {high:g}]")
         elif name == "cpu_lane":
             if not isinstance(value, bool):
-                raise ConfigError(f"cpu_lane={_short(value)} must be true or false")
+                raise ConfigError(f"cpu_lane={quoted(value)} must be true or false")
         elif not isinstance(value, str):
-            raise ConfigError(f"{name}={_short(value)} must be one of the listed names")
+            raise ConfigError(f"{name}={quoted(value)} must be one of the listed names")
         kw[name] = value
     if kw["profile"] not in info.profiles:
-        raise ConfigError(f"profile={kw['profile']!r} is unknown: choose one of {', '.join(info.profiles)}")
+        raise ConfigError(f"profile={quoted(kw['profile'], 40)} is unknown: choose one of {', '.join(info.profiles)}")
     if kw["shape"] not in info.shapes:
-        raise ConfigError(f"shape={kw['shape']!r} is unknown: choose one of {', '.join(info.shapes)}")
+        raise ConfigError(f"shape={quoted(kw['shape'], 40)} is unknown: choose one of {', '.join(info.shapes)}")
     if kw["policy"] not in info.policies:
-        raise ConfigError(f"policy={kw['policy']!r} is unknown: choose one of {', '.join(info.policies)}")
+        raise ConfigError(f"policy={quoted(kw['policy'], 40)} is unknown: choose one of {', '.join(info.policies)}")
     ranks = tuple(getattr(info, "lore_ranks", ()) or ())
     # The ranks the model's LoRE factors ship (the menu's), or the engine's default, which means "up to" it.
     if ranks and kw["lore_rank"] not in ranks and kw["lore_rank"] != DEFAULT_LORE_RANK:
@@ -288,12 +305,6 @@ def check_profile_and_shape(info: EngineInfo, profile, shape) -> None:
         raise ConfigError(f"Hardware profile: {str(profile)[:40]!r} is unknown; choose one of {', '.join(info.profiles)}")
     if shape not in info.shapes:
         raise ConfigError(f"Model shape: {str(shape)[:40]!r} is unknown; choose one of {', '.join(info.shapes)}")
-
-
-def _short(value) -> str:
-    """A visitor's value as a note quotes it: at most 20 characters (it may be megabytes of anything)."""
-    text = repr(value)
-    return text if len(text) <= 20 else text[:17] + "..."
 
 
 # The shipped model's stories end by themselves after 130-160 tokens: the default lets them (96 cut every one). The
@@ -354,13 +365,13 @@ class ExportStore:
     def get(self, run_id: str, kind: str) -> Path:
         """Path of one export ("chrome" | "tensorboard" | "csv"); raises SpiceError if the engine refuses."""
         if kind not in EXPORT_KINDS:
-            raise ConfigError(f"export kind {kind!r} is unknown: use one of {', '.join(EXPORT_KINDS)}")
+            raise ConfigError(f"export kind {quoted(kind)} is unknown: use one of {', '.join(EXPORT_KINDS)}")
         if not valid_run_id(run_id):
             raise ConfigError("Run: that is not a run id; pick a run from the list")
         kept = {s.run_id for s in self._engine.list_runs()}
         self._evict(kept)
         if run_id not in kept:
-            raise SpiceError(f"run {run_id!r} is unknown or expired: pick one from the run list")
+            raise SpiceError(f"run {quoted(run_id, 40)} is unknown or expired: pick one from the run list")
         key = (run_id, kind)
         with self._lock:
             key_lock = self._key_locks.setdefault(key, threading.Lock())

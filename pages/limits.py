@@ -16,6 +16,12 @@ from spice_core.api import EngineInfo
 from spice_core.errors import ConfigError
 
 
+def quoted(value, limit: int = 20) -> str:
+    """A visitor's value as a note quotes it (repr), at most ``limit`` characters: an API client may send megabytes."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 @dataclass(frozen=True)
 class Limits:
     chat_max_new_tokens: int = 512         # "Max new tokens" slider
@@ -138,13 +144,13 @@ def cache_refusal(raw, info: EngineInfo) -> tuple[float, str] | None:
 def bounded_number(value, control: str, lo: float, hi: float, *, integer: bool = False) -> float | int:
     """A finite number in [lo, hi] from a UI or API value, or ConfigError naming the control."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ConfigError(f"{control}: {value!r} is not a number; use a value from {lo:g} to {hi:g}")
+        raise ConfigError(f"{control}: {quoted(value)} is not a number; use a value from {lo:g} to {hi:g}")
     if isinstance(value, str) and not value.strip():
         raise ConfigError(f"{control}: the box is empty; use a value from {lo:g} to {hi:g}")
     try:
         number = float(value)
     except (TypeError, ValueError, OverflowError):
-        raise ConfigError(f"{control}: {value!r} is not a number; use a value from {lo:g} to {hi:g}") from None
+        raise ConfigError(f"{control}: {quoted(value)} is not a number; use a value from {lo:g} to {hi:g}") from None
     if number != number or number in (float("inf"), float("-inf")) or not lo <= number <= hi:
         raise ConfigError(f"{control}={str(value)[:20]} is out of range: use a value from {lo:g} to {hi:g}")
     if integer:

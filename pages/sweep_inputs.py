@@ -19,7 +19,7 @@ import gradio as gr
 from spice_core.api import EXACT_POLICIES, SETTING_RANGES, EngineInfo, RunSettings
 from spice_core.errors import ConfigError
 from pages.common import FIELD_CONTROLS, check_profile_and_shape
-from pages.limits import Limits, bounded_number, cache_share
+from pages.limits import Limits, bounded_number, cache_share, quoted
 
 PREFETCHING = ("gate_prefetch", "spice_prefetch", "oracle_prefetch", "spice", "spice_no_lore", "spice_no_cpu")
 DEFAULT_POLICIES = ("lru", "spice_prefetch", "spice")
@@ -75,7 +75,7 @@ def parse_values(text: str, field: str, ranges: Mapping[str, tuple] = SETTING_RA
         try:
             v = float(t)
         except ValueError:
-            raise ConfigError(f"{name}: {t!r} is not a number; separate values with commas") from None
+            raise ConfigError(f"{name}: {quoted(t.strip())} is not a number; separate values with commas") from None
         if not low <= v <= high:
             raise ConfigError(f"{name}={v:g} is out of range: use values in [{low:g}, {high:g}]")
         values.append(v)

@@ -279,6 +279,30 @@ def test_a_history_that_is_not_a_list_gets_a_named_error_not_a_blank_one(client,
         client.predict("hi", history, *chat_inputs("x")[2:], api_name="/chat")
 
 
+@pytest.mark.parametrize("history,where", [([{"role": "user", "content": [5]}], "message 1's content"),
+                                           ([{"role": "user", "content": [{"type": "text", "text": 5}]}],
+                                            "message 1's content"),
+                                           ([{"role": "user", "content": "a"},
+                                             {"role": "user", "content": "b", "metadata": "my-secret-words"}],
+                                            "message 2's metadata")])
+def test_a_list_with_a_malformed_message_gets_a_named_error_and_logs_nothing_it_sent(client, history, where, capfd):
+    """Regression (review): a list whose messages pydantic refused reached the client as {"error": null} and put a
+    traceback quoting the visitor's values in the log."""
+    with pytest.raises(AppError, match=f"History: {where} is not something this chat takes"):
+        client.predict("hi", history, *chat_inputs("x")[2:], api_name="/chat")
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "my-secret-words" not in err, err[-3000:]
+
+
+def test_an_enormous_unknown_name_is_quoted_short_in_the_note(client):
+    """Regression (review): profile='x' * 100000 came back whole in a 100,548-character note."""
+    from app_helpers import last_notes
+
+    out = client.predict(*chat_inputs("hi", profile="x" * 100_000), api_name="/chat")
+    notes = " ".join(last_notes(out[1]))
+    assert "is unknown" in notes and "x" * 60 not in notes and len(notes) < 2000, notes[:300]
+
+
 @pytest.mark.parametrize("field,control", [("cache_frac", "GPU cache size"), ("tau_prefetch", "τ_prefetch"),
                                            ("max_new_tokens", "Max new tokens")])
 def test_a_huge_integer_gets_the_named_note_quoted_short(client, field, control):

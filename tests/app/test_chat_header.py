@@ -42,6 +42,15 @@ def test_a_model_without_lore_factors_shows_no_lore_setting():
     assert "approx" not in line and "LoRE r" not in line and "CPU lane on" in line, line
 
 
+def test_the_lore_rank_shown_is_the_one_the_run_uses():
+    """Regression (review): rank 16 (the default, "up to 16") on a model whose factors stop at 4 showed "LoRE r16"
+    while the run used rank 4."""
+    info = replace(INFO, has_lore=True, lore_ranks=(1, 2, 4))
+    line = _words(chat_text.settings_line(RunSettings(policy="spice", lore_rank=16), info))
+    assert "LoRE r4 (r16 asked" in line and "LoRE r16" not in line, line
+    assert "LoRE r2" in _words(chat_text.settings_line(RunSettings(policy="spice", lore_rank=2), info))
+
+
 def test_the_numbers_row_for_the_next_message_uses_the_menus_labels():
     """Regression (QA, defect 8's screen): "Next message: spice · cache 25%…"."""
     ran = RunSettings(policy="spice")
