@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import gzip
 import json
+import zlib
 from pathlib import Path
 
 from spice_core.errors import ConfigError
@@ -39,12 +40,16 @@ def _default_dir() -> Path:
 
 @functools.lru_cache(maxsize=4)
 def _read(path: Path) -> dict:
-    with gzip.open(path, "rb") as f:
-        raw = f.read(_MAX_BYTES + 1)
-    if len(raw) > _MAX_BYTES:
-        raise ConfigError(f"{path} decompresses to more than {_MAX_BYTES >> 20} MiB: regenerate it with "
-                          "python -m training.export_heldout")
-    data = json.loads(raw)
+    try:
+        with gzip.open(path, "rb") as f:
+            raw = f.read(_MAX_BYTES + 1)
+        if len(raw) > _MAX_BYTES:
+            raise ConfigError(f"{path} decompresses to more than {_MAX_BYTES >> 20} MiB: regenerate it with "
+                              "python -m training.export_heldout")
+        data = json.loads(raw)
+    except (OSError, EOFError, zlib.error, ValueError) as e:     # truncated or not gzip, or not JSON (UTF-8)
+        raise ConfigError(f"{path} cannot be read ({type(e).__name__}: {str(e)[:80]}): regenerate it with "
+                          "python -m training.export_heldout") from None
     if not isinstance(data, dict) or data.get("format") != HELDOUT_FORMAT:
         raise ConfigError(f"{path} is not a {HELDOUT_FORMAT} file: regenerate it with python -m training.export_heldout")
     return data

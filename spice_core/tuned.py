@@ -132,10 +132,30 @@ def load_all(path: Path) -> list[TuneRecord]:
                           "to rewrite it") from None
 
 
-def find(path: Path, *, profile: str, shape: str, cache_frac: float) -> TuneRecord:
+def check_can_save(path: Path) -> None:
+    """ConfigError, before a tune spends minutes, when `save` to ``path`` would fail after it: an existing file that
+    is not a tuned-settings file (`load_all`'s message), or a folder it cannot write in (tried with a scratch file)."""
+    path = Path(path)
+    if path.exists():
+        load_all(path)
+    probe = path.with_name(f".{path.name}.{os.getpid()}.probe")
+    try:
+        probe.write_text("", encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"--out {path}: cannot write there ({e.strerror}): pass a writable path") from None
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+def find(path: Path, *, profile: str, shape: str, cache_frac: float, model: str | None = None) -> TuneRecord:
+    """The record for this profile, shape and cache; with ``model``, one tuned on that model only (a file copied
+    from another model's folder holds that model's measured quality, not this one's)."""
     records = load_all(path)
     for r in records:
         if r.matches(profile=profile, shape=shape, cache_frac=cache_frac):
+            if model is not None and r.model != model:
+                raise ConfigError(f"{path} was tuned on model {r.model}, not {model}: its measured quality says "
+                                  f"nothing of this one; run `python -m spice_core tune` on {model}")
             return r
     have = "; ".join(f"profile {r.profile}, shape {r.shape}, cache {r.cache_frac:g}" for r in records) or "none"
     raise ConfigError(f"{path} has no tuned setting for profile {profile}, shape {shape}, cache {cache_frac:g} "

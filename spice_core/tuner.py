@@ -276,7 +276,8 @@ class Tuner:
                       self.budget.met(rep.ppl_delta_pct, rep.greedy_agreement))
         self._trials[s] = t
         screened = "passes the screening" if self.confirm is not None else "meets the budget"
-        self.progress(f"{s.words()}: {t.speed_ms:.2f} ms"
+        clock = "measured" if self.engine.timing == "measured" else "modeled"
+        self.progress(f"{s.words()}: {t.speed_ms:.2f} ms {clock}"
                       + (f", perplexity {t.ppl_pct:+.2f} %, agreement {t.agreement:.3f}"
                          f" ({screened if t.met else 'misses the budget'})" if stage == "lossy" else " (exact)"),
                       self._done(), self._planned)

@@ -15,7 +15,9 @@ import json
 import logging
 import os
 import platform
+import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -67,7 +69,7 @@ def calibrate_lore_only(model=None, *, device: str = "cpu", text: Path | None = 
     """Fit LoRE beside draft heads that already exist (their calibration record is kept and
     extended): for adding LoRE to a model calibrated with --no-lore without retraining the draft."""
     from spice_core.model.loader import load_model
-    from spice_core.predictor.artifacts import CALIBRATION_FILE, DRAFT_FILE
+    from spice_core.predictor.artifacts import CALIBRATION_FILE, DRAFT_FILE, LORE_FILE
     from spice_core.predictor.traces import traces_for_model
 
     t0 = time.perf_counter()
@@ -79,16 +81,15 @@ def calibrate_lore_only(model=None, *, device: str = "cpu", text: Path | None = 
         raise ConfigError(f"--lore-only needs draft artifacts in {out}: run `python -m spice_core calibrate "
                           f"--model {model or lm.path}` first (it fits both)")
     traces = traces_for_model(lm, text_file=text, max_tokens=max_tokens, seq_len=seq_len)
-    lore_report = _fit_lore(lm, traces, lore_max_rank, out)
-    lore_report["traces"] = {"source": traces.source, "tokens": traces.n_tokens, "seq_len": seq_len}
-    lore_report["command"] = command
-    cal = json.loads(cal_path.read_text())
-    cal["lore"] = lore_report
-    cal["files_bytes"] = {name: (out / name).stat().st_size for name in (DRAFT_FILE, "spice-lore.safetensors")
-                          if (out / name).exists()}
-    tmp = cal_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cal, indent=1))
-    tmp.replace(cal_path)
+    with _staged(out) as stage:     # the new factors and the record replace the old ones together
+        lore_report = _fit_lore(lm, traces, lore_max_rank, stage)
+        lore_report["traces"] = {"source": traces.source, "tokens": traces.n_tokens, "seq_len": seq_len}
+        lore_report["command"] = command
+        cal = json.loads(cal_path.read_text())
+        cal["lore"] = lore_report
+        cal["files_bytes"] = {name: (d / name).stat().st_size for name, d in
+                              ((DRAFT_FILE, out), (LORE_FILE, stage)) if (d / name).exists()}
+        (stage / CALIBRATION_FILE).write_text(json.dumps(cal, indent=1))
     return {"lore": lore_report, "files_bytes": cal["files_bytes"], "total_s": round(time.perf_counter() - t0, 1)}
 
 
@@ -125,6 +126,23 @@ def _check_against_model(lm, seq_len: int, lore_max_rank: int | None) -> None:
     if lore_max_rank is not None and lore_max_rank > limit:
         raise ConfigError(f"--lore-max-rank {lore_max_rank} is above this model's expert width ({limit}): "
                           f"use --lore-max-rank <= {limit}")
+
+
+@contextmanager
+def _staged(out: Path):
+    """A scratch folder inside ``out`` the artifacts are written to; when the block ends without an error (or a
+    Ctrl-C) each replaces its namesake in ``out``, so an interrupted calibration leaves the old set whole, never old
+    LoRE factors and a calibration record beside new draft heads. The scratch folder goes either way."""
+    from spice_core.predictor.artifacts import CALIBRATION_FILE
+
+    stage = out / f".spice-calibrate-{os.getpid()}.part"
+    stage.mkdir(exist_ok=True)
+    try:
+        yield stage
+        for path in sorted(stage.iterdir(), key=lambda p: p.name == CALIBRATION_FILE):   # the record last
+            os.replace(path, out / path.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def _fit_lore(lm, traces, max_rank: int, out: Path) -> dict:
@@ -175,12 +193,27 @@ def calibrate(model=None, *, device: str = "cpu", text: Path | None = None, max_
     routers = [lm.moe_block(layer).gate.weight.detach() for layer in lm.moe_layers]
     torch.manual_seed(seed)
     draft, draft_report = train_draft(traces, cfg, init_routers=routers, device=lm.device)
-    save_draft(out / DRAFT_FILE, draft, fp)
-    lore_report = _fit_lore(lm, traces, lore_max_rank, out) if lore else {"skipped": "--no-lore"}
+    with _staged(out) as stage:     # the artifacts replace the old ones together, at the end (or not at all)
+        save_draft(stage / DRAFT_FILE, draft, fp)
+        lore_report = _fit_lore(lm, traces, lore_max_rank, stage) if lore else {"skipped": "--no-lore"}
+        report = _report(lm, traces, distances, draft, cfg, draft_report, lore_report, stage, seq_len, t_traces, t0,
+                         command)
+        write_calibration(stage / CALIBRATION_FILE, fp, traces.popularity(), **report)
+    return report
+
+
+def _report(lm, traces, distances, draft, cfg, draft_report, lore_report, stage: Path, seq_len: int,
+            t_traces: float, t0: float, command: str) -> dict:
+    """What spice-calibration.json records of a calibration (the files' sizes as staged)."""
+    from spice_core.predictor.artifacts import DRAFT_FILE, LORE_FILE
 
     freq = traces.expert_frequency()
-    files = {name: (out / name).stat().st_size for name in (DRAFT_FILE, "spice-lore.safetensors") if (out / name).exists()}
-    report = {
+    files = {}
+    for name in (DRAFT_FILE, LORE_FILE):     # as staged, or (LoRE kept by --no-lore) already beside the model
+        path = next((d / name for d in (stage, stage.parent) if (d / name).exists()), None)
+        if path is not None:
+            files[name] = path.stat().st_size
+    return {
         "model": lm.name,
         "traces": {"source": traces.source, "tokens": traces.n_tokens, "seq_len": seq_len,
                    "trace_s": round(t_traces, 1)},
@@ -195,8 +228,6 @@ def calibrate(model=None, *, device: str = "cpu", text: Path | None = None, max_
                         "device": str(lm.device)},
         "command": command,
     }
-    write_calibration(out / CALIBRATION_FILE, fp, traces.popularity(), **report)
-    return report
 
 
 def _version(name: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -99,6 +100,12 @@ def _main(argv: list[str] | None) -> int:
     except SpiceError as e:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (`generate ... | head -1`): stop quietly with SIGPIPE's status, as Unix tools do.
+        # Standard output goes to /dev/null first, or Python flushes its buffer at exit and fails once more.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except OSError as e:
         # The file system, not the code: a full disk, a file removed or made read-only mid-run.
         where = f" {e.filename}" if e.filename else ""

@@ -137,7 +137,7 @@ def run(args) -> int:
                            top_p=args.top_p, seed=args.seed, stop=tuple(args.stop))
     tuned_note = ""
     if args.tuned is not None:
-        s, tuned_note = apply_tuned(args, s)
+        s, tuned_note = apply_tuned(args, s, model=engine.lm.name)
     # A chat model answers a request only inside its template; as raw text it continues it off topic.
     has_template = bool(getattr(getattr(getattr(engine, "lm", None), "tokenizer", None), "chat_template", None))
     if args.chat or (has_template and not args.raw):
@@ -204,8 +204,9 @@ def default_tuned_path(model) -> Path:
     return tuned_path(resolve_model_path(model))
 
 
-def apply_tuned(args, settings: RunSettings) -> tuple[RunSettings, str]:
-    """``--tuned [FILE]``: ``settings`` with the saved pick for its profile, shape and cache, and a note.
+def apply_tuned(args, settings: RunSettings, model: str | None = None) -> tuple[RunSettings, str]:
+    """``--tuned [FILE]``: ``settings`` with the saved pick for its profile, shape and cache (tuned on ``model``, when
+    given), and a note.
 
     A pick not known to be within its budget for replies of ``settings.max_new_tokens`` (a lossy one never confirmed,
     or confirmed on shorter replies: `TuneRecord.caveat`) is applied with a warning on stderr saying why and how to
@@ -214,8 +215,11 @@ def apply_tuned(args, settings: RunSettings) -> tuple[RunSettings, str]:
 
     if settings.policy != "spice":
         raise ConfigError(f"--tuned sets spice's thresholds: use --policy spice, not {settings.policy}")
-    path = Path(args.tuned) if args.tuned else default_tuned_path(args.model)
-    rec = find(path, profile=settings.profile, shape=settings.shape, cache_frac=settings.cache_frac)
+    own = default_tuned_path(args.model)
+    path = Path(args.tuned) if args.tuned else own
+    # The file beside the model is its own whatever the folder is called now; one from elsewhere must name it.
+    tuned_on = None if path.resolve() == own.resolve() else model
+    rec = find(path, profile=settings.profile, shape=settings.shape, cache_frac=settings.cache_frac, model=tuned_on)
     note = (f"tuned setting from {path}: {rec.reason}; measured quality perplexity {rec.ppl_pct:+.2f} %, "
             f"greedy agreement {rec.agreement:.3f}")
     reply_tokens = settings.max_new_tokens

@@ -68,6 +68,7 @@ class QualityReport:
     notes: tuple = ()
     step_ms_median: float = 0.0     # modeled ms per teacher-forced step (one decode-like token each)
     tau_int8: float = 0.0           # lossy int8 CPU runs below this router weight (0: off)
+    step_ms_timing: str = "modeled"  # how step_ms_median was timed: "modeled (profile P, shape S)"
 
     @property
     def approx_share(self) -> float:
@@ -279,7 +280,8 @@ def evaluate(engine, settings: RunSettings, ref: ExactReference) -> QualityRepor
         miss_split=dict(sorted(split.items())), prompts=len(ref.data.prompts),
         new_tokens=ref.new_tokens, greedy_agreement=same / total if total else 1.0, first_divergence=tuple(firsts),
         source=ref.data.source, notes=tuple(sorted(notes)),
-        step_ms_median=statistics.median(step_ms) if step_ms else 0.0, tau_int8=settings.tau_int8)
+        step_ms_median=statistics.median(step_ms) if step_ms else 0.0, tau_int8=settings.tau_int8,
+        step_ms_timing=f"modeled (profile {settings.profile}, shape {settings.shape})")
 
 
 # ---------------------------------------------------------------------- CLI
@@ -327,7 +329,7 @@ def run_cli(args) -> int:
     engine = load_engine(args)
     settings = settings_from_args(args, engine)
     engine._validate(settings)
-    if settings.tau_approx > 0 and settings.policy in ("spice", "spice_no_cpu"):
+    if settings.policy in ("spice", "spice_no_cpu"):     # the rank reported is the one used, whatever tau_approx
         lore = engine.artifacts.lore if engine.artifacts is not None else None
         if lore is not None:
             if settings.lore_rank == DEFAULT_LORE_RANK and lore.max_rank < DEFAULT_LORE_RANK:
@@ -362,6 +364,7 @@ def format_report(rep: QualityReport) -> str:
                ("first divergence", f"{len(firsts)} of {rep.prompts} prompts diverge"
                                     + (f", first at token {min(firsts)}" if firsts else ""))] if rep.new_tokens > 0
               else [("greedy agreement", "not measured (--new-tokens 0)")]),
+            ("step ms (median)", f"{rep.step_ms_median:.2f}, {rep.step_ms_timing}"),
             ("held-out text", rep.source)]
     width = max(len(k) for k, _ in rows)
     return "\n".join([f"{k:<{width}}  {v}" for k, v in rows] + [f"note: {n}" for n in rep.notes])

@@ -54,7 +54,7 @@ def add_cli(sub) -> None:
 
 def run(args) -> int:
     from spice_core.tools.generate import default_tuned_path, load_engine, settings_from_args
-    from spice_core.tuned import save
+    from spice_core.tuned import check_can_save, save
     from spice_core.tuner import Budget, Confirm, tune
 
     if args.policy != "spice":
@@ -68,6 +68,7 @@ def run(args) -> int:
         raise ConfigError(f"--out {out} is a folder: pass a file path")
     if not out.parent.is_dir():
         raise ConfigError(f"--out {out}: its folder does not exist: create it or pass another path")
+    check_can_save(out)           # before the search, which takes minutes: not after it, losing the pick
     engine = load_engine(args)
     base = settings_from_args(args, engine)
 

@@ -532,3 +532,18 @@ def test_a_shipped_models_name_is_its_folder_and_a_folder_wins_over_a_name(tmp_p
     monkeypatch.chdir(tmp_path)
     (tmp_path / "spice-mini").mkdir()
     assert model_argument("spice-mini") == "spice-mini"          # a folder of that name here is used as is
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tiny_model):
+    """Regression (review): `generate ... | head -1` ended in "error: cannot read or write: Broken pipe: check the
+    path, its permissions and free space", as if the disk had failed. It now stops as Unix tools do: nothing on
+    stderr, SIGPIPE's status."""
+    import os
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    cmd = [sys.executable, "-m", "spice_core", "generate", "--model", str(tiny_model), "--device", "cpu", "--raw",
+           "--prompt", "hello", "--max-new-tokens", "8"]
+    # `true` exits without reading, long before the model has loaded: the first write finds no reader.
+    r = subprocess.run(["bash", "-c", 'set -o pipefail; "$@" | true', "_", *cmd], cwd=REPO,
+                       capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 141 and r.stderr.strip() == "", (r.returncode, r.stderr[-2000:])

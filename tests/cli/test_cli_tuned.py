@@ -68,3 +68,34 @@ def test_generate_tuned_warns_when_the_replies_are_longer_than_the_pick_was_conf
 def test_generate_tuned_is_silent_for_a_pick_confirmed_on_replies_at_least_as_long(tiny_model, capsys, caplog):
     code, out, _ = _generate_tuned(capsys, tiny_model, lossy_record(reply_tokens=6), 6)
     assert code == 0 and "note: tuned setting from" in out and "not known" not in out and _warnings(caplog) == []
+
+
+def test_generate_tuned_refuses_a_file_tuned_on_another_model(tiny_model, tmp_path, capsys):
+    """Regression (review): `--tuned FILE` with a file tuned on another model applied its pick, and the note quoted
+    that model's measured quality as this one's. The file beside the model is its own whatever the folder is called."""
+    from spice_core.tuned import save
+
+    from cli_helpers import run_cli
+
+    record = lossy_record(model="some-other-model")
+    elsewhere = tmp_path / "copied-tuned.json"
+    save(record, elsewhere)
+    code, out, err = run_cli(capsys, ["generate", "--model", tiny_model, "--device", "cpu", "--policy", "spice",
+                                      "--cache-frac", record.cache_frac, "--profile", record.profile, "--shape",
+                                      record.shape, "--raw", "--prompt", "hello", "--max-new-tokens", 2,
+                                      "--tuned", elsewhere])
+    assert code == 2 and "was tuned on model some-other-model" in err and "Traceback" not in err, err
+    code, out, _ = _generate_tuned(capsys, tiny_model, record, 2)     # the model's own file: applied
+    assert code == 0 and "note: tuned setting from" in out
+
+
+def test_tune_refuses_an_out_file_it_could_not_save_to_before_the_search(no_long_work, tmp_path, capsys):
+    """Regression (review): an --out holding something other than tuned settings was refused only after the whole
+    search (minutes), and the pick was lost."""
+    from cli_helpers import run_cli
+
+    other = tmp_path / "notes.json"
+    other.write_text('{"something": "else"}', encoding="utf-8")
+    code, _, err = run_cli(capsys, ["tune", "--out", other])
+    assert code == 2 and "is not a tuned-settings file" in err, err
+    assert other.read_text(encoding="utf-8") == '{"something": "else"}'

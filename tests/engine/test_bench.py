@@ -366,3 +366,19 @@ def test_a_shard_that_keeps_none_of_the_blocks_prompts_names_them(tmp_path, caps
     assert main(["bench", "--config", str(tmp_path / "c.json"), "--out", str(tmp_path / "o"), "--shard", "0/2"]) == 2
     err = capsys.readouterr().err
     assert "[1, 3]" in err and "0 modulo 2" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not gzip", "not json"])
+def test_a_damaged_heldout_file_gets_a_one_line_error_naming_it(tmp_path, damage):
+    """Regression (review): a truncated spice-heldout.json.gz ended `bench` in gzip's EOFError traceback."""
+    import gzip
+
+    from spice_core.errors import ConfigError
+    from spice_core.heldout import HELDOUT_FILENAME, prompts
+
+    path = tmp_path / HELDOUT_FILENAME
+    whole = gzip.compress(b'{"format": "x", "prompts": []}' if damage != "not json" else b"\xff{not json")
+    path.write_bytes(whole[: len(whole) // 2] if damage == "truncated" else whole if damage == "not json"
+                     else b"plain text")
+    with pytest.raises(ConfigError, match=rf"{HELDOUT_FILENAME} cannot be read .*regenerate it"):
+        prompts(1, tmp_path)

@@ -125,3 +125,27 @@ def test_a_copy_of_the_shipped_model_is_recognised_by_its_routers(tmp_path):
 
     copy = shutil.copytree(DEFAULT_MODEL_DIR, tmp_path / "mini-copy")
     assert is_shipped_model(load_model(copy, "cpu"))
+
+
+def test_an_interrupted_calibration_leaves_the_old_artifacts_whole(calibrated_dirs, tmp_path, monkeypatch):
+    """Regression (review): Ctrl-C during LoRE fitting left new draft heads beside the old LoRE factors and
+    calibration record (which counted another number of heads), and `generate` ran on the mix without a word. The
+    artifacts are staged and replace the old set only when all are written."""
+    from spice_core.tools import calibrate as cal
+
+    d = copy_model(calibrated_dirs["mixtral"], tmp_path / "m")
+    before = {name: (d / name).read_bytes() for name in (DRAFT_FILE, CALIBRATION_FILE)}
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cal, "_fit_lore", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cal.calibrate(d, max_tokens=600, seq_len=64, distances=2, epochs=1, lore=True)
+    assert {name: (d / name).read_bytes() for name in before} == before
+    assert not any(p.name.startswith(".spice-calibrate") for p in d.iterdir())
+    monkeypatch.undo()
+    report = cal.calibrate(d, max_tokens=600, seq_len=64, distances=2, epochs=1, lore=False)   # then it lands whole
+    assert (d / DRAFT_FILE).read_bytes() != before[DRAFT_FILE] and report["draft"]["heads"] > 0
+    assert json.loads((d / CALIBRATION_FILE).read_text())["draft"]["heads"] == report["draft"]["heads"]
+    assert not any(p.name.startswith(".spice-calibrate") for p in d.iterdir())
