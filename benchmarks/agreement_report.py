@@ -15,14 +15,16 @@ number comes from the files named; computed here are only ratios and the bootstr
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))        # bench_args, when imported from elsewhere
 
+import bench_args  # noqa: E402
+from bench_args import ca  # noqa: E402
 from spice_core.errors import ConfigError  # noqa: E402
 from spice_core.tools.bench_config import load_results, read_json  # noqa: E402
 
@@ -157,10 +159,11 @@ def _section(link: str, records: list[dict], quality: dict[tuple, dict], target:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_args.Parser(prog=bench_args.prog(__file__), description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=Path, nargs="+", required=True, help="bench results.json files")
     ap.add_argument("--quality", type=Path, nargs="*", default=[], help="headline_quality.py outputs (CPU)")
-    ap.add_argument("--target-agreement", type=float, default=0.9)
+    ap.add_argument("--target-agreement", type=ca.fraction, default=0.9,
+                    help="the greedy agreement a setting must reach, in [0, 1]")
     args = ap.parse_args(argv)
     for p in [*args.records, *args.quality]:
         if not p.is_file():

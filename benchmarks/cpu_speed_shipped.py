@@ -24,9 +24,12 @@ import time
 from pathlib import Path
 
 ROOT_DIR = Path(__file__).resolve().parents[1]
-if str(ROOT_DIR) not in sys.path:          # run as a script from anywhere: import the repo's packages
-    sys.path.insert(0, str(ROOT_DIR))
+for _path in (ROOT_DIR, ROOT_DIR / "benchmarks"):    # run as a script from anywhere: the repo's packages, bench_args
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
+import bench_args  # noqa: E402
+from bench_args import ca  # noqa: E402
 from spice_core.machine import cpu_model_name  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,21 +92,52 @@ def verdict(rows: list[dict]) -> str:
             f"would give.")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(ROOT / "assets" / "spice-mini"))
-    ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _experts_kernels() -> tuple[str, ...]:
+    """transformers' experts_implementation values: its per-expert loop and the kernels it registers."""
+    from transformers.integrations.moe import ExpertsInterface
+
+    return ("eager", *ExpertsInterface().valid_keys())
+
+
+def _local_model(text: str) -> str:
+    """A checkpoint folder (or a shipped model's name): the report reads its config.json after the runs."""
+    value = bench_args.model(text)
+    if not Path(value).is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: not a local folder: pass a checkpoint folder (the report reads "
+                                         "its config.json)")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = bench_args.Parser(prog=bench_args.prog(__file__), description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    # A child's imports of torch and transformers are timed: the parent checked its arguments, the child imports
+    # nothing to check them again.
+    child_mode = "--child" in (sys.argv[1:] if argv is None else argv)
+    ap.add_argument("--model", type=str if child_mode else _local_model, default=str(ROOT / "assets" / "spice-mini"))
+    ap.add_argument("--runs", type=ca.positive_int, default=5)
+    ap.add_argument("--threads", type=ca.threads, default=1)
+    ap.add_argument("--new-tokens", type=ca.positive_int, default=128)
+    ap.add_argument("--dtypes", nargs="+", type=bench_args.one_of(DTYPES, "weights dtype"),
+                    default=["bfloat16", "float32"])
     ap.add_argument("--experts", nargs="+", default=["grouped_mm", "batched_mm", "eager"])
     ap.add_argument("--write", type=Path, default=None, help="write the markdown report here")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.child:
         args.dtype, args.experts = args.dtypes[0], args.experts[0]
         child(args)
-        return
+        return 0
+    kernels = _experts_kernels()
+    bad = [e for e in args.experts if e not in kernels]
+    if bad:         # checked here, not in each child: a child's failure would end the run in a traceback
+        ap.error(f"--experts {bad[0]!r} is not an experts kernel of this transformers: choose from "
+                 f"{', '.join(kernels)}")
+    if args.write is not None:
+        bench_args.check_out_file(ap, args.write, "--write")
 
     import torch
     import transformers
@@ -123,7 +157,8 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     load_after = os.getloadavg()
     command = "python benchmarks/cpu_speed_shipped.py " + " ".join(
-        a if not a.startswith(str(ROOT)) else os.path.relpath(a, ROOT) for a in sys.argv[1:])
+        a if not a.startswith(str(ROOT)) else os.path.relpath(a, ROOT)
+        for a in (sys.argv[1:] if argv is None else argv))
     table = "\n".join(
         f"| {r['dtype']} | `{r['experts']}` | {r['load_first_token_s']:.2f} | {r['load_first_token_cpu_s']:.2f} | "
         f"{r['tokens_per_s']:.1f} | {r['tokens_per_cpu_s']:.1f} | {r['import_s']:.2f} | "
@@ -165,7 +200,8 @@ per-expert loop); pass it as `from_pretrained(..., experts_implementation="batch
         args.write.parent.mkdir(parents=True, exist_ok=True)
         args.write.write_text(report)
     print(report)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

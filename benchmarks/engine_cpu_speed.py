@@ -22,6 +22,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # the package w
 
 import torch
 
-from spice_core.api import RunSettings
+from spice_core.api import POLICIES, RunSettings
 from spice_core.engine import SpiceEngine
 
 MODEL = "assets/spice-mini"
@@ -123,6 +124,28 @@ def machine() -> dict:
             "transformers": transformers.__version__, "python": platform.python_version()}
 
 
+def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Bad values end here (argparse's one error line, exit 2), before the model loads. Checked by hand, not with
+    spice_core.tools.args, which older checkouts lack (see the module's docstring)."""
+    if args.runs < 1:
+        ap.error(f"argument --runs: {args.runs} is out of range: use an integer >= 1")
+    bad = [p for p in args.policies if p not in POLICIES]
+    if bad:
+        ap.error(f"argument policies: {bad[0]!r} is not a policy: choose from {', '.join(POLICIES)}")
+    if args.json is not None:
+        if args.json.is_dir():
+            ap.error(f"argument --json: {args.json} is a folder: pass a file path")
+        folder = args.json.parent
+        while not folder.exists() and folder.parent != folder:      # the folder is made at the end if missing
+            folder = folder.parent
+        try:                    # a scratch file, not os.access: root passes that on a read-only file system
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as e:
+            ap.error(f"argument --json: {args.json}: cannot write in {folder} ({e.strerror or e}): pass a "
+                     "writable path")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("policies", nargs="*", default=["resident", "lru", "spice_prefetch"])
@@ -132,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                     "transformers (as --reference), the ratio of their step times")
     ap.add_argument("--json", type=Path, default=None, help="also write the result (with every run) here")
     args = ap.parse_args(argv)
+    check_args(ap, args)
     torch.set_num_threads(1)
     load_before = os.getloadavg()
     eng = SpiceEngine.load(MODEL, "cpu")

@@ -22,7 +22,6 @@ a finer table per policy of the fast path's host step (`FAST_SECTIONS`: calls an
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import cProfile
 import io
@@ -36,8 +35,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))        # bench_args, when imported from elsewhere
 
-from spice_core.api import RunSettings  # noqa: E402
+import bench_args  # noqa: E402
+from bench_args import ca  # noqa: E402
+from spice_core.api import MAX_NEW_TOKENS_LIMIT, POLICIES, SETTING_RANGES, RunSettings  # noqa: E402
 from spice_core.heldout import DEFAULT_PROMPTS  # noqa: E402
 from spice_core.engine import SpiceEngine  # noqa: E402
 from spice_core.policy.planner import LayerPlanner  # noqa: E402
@@ -120,15 +122,16 @@ def _section_rows(totals: dict, counts: collections.Counter, layers: int) -> lis
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="assets/spice-mini")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--timing", default=None, help="measured (CUDA) or modeled; default: the engine's")
-    ap.add_argument("--policies", nargs="+",
+    ap = bench_args.Parser(prog=bench_args.prog(__file__), description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=bench_args.model, default="assets/spice-mini")
+    ap.add_argument("--device", type=ca.device, default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--timing", default=None, choices=("measured", "modeled"),
+                    help="measured (CUDA) or modeled; default: the engine's")
+    ap.add_argument("--policies", nargs="+", type=bench_args.one_of(POLICIES, "policy"),
                     default=["resident", "on_demand", "lru", "gate_prefetch", "spice_prefetch", "spice", "oracle_prefetch"])
-    ap.add_argument("--cache-frac", type=float, default=0.25)
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--cache-frac", type=ca.float_in(*SETTING_RANGES["cache_frac"]), default=0.25)
+    ap.add_argument("--prompts", type=ca.positive_int, default=4)
+    ap.add_argument("--tokens", type=ca.int_in(1, MAX_NEW_TOKENS_LIMIT), default=32)
     ap.add_argument("--orders", nargs="+", default=["auto"], choices=["auto", "before", "after"])
     ap.add_argument("--profile-out", type=Path, default=None)
     ap.add_argument("--executor", default="auto", choices=["auto", "eager", "graphed"],
@@ -138,6 +141,10 @@ def main(argv=None) -> int:
     ap.add_argument("--sections-out", type=Path, default=None,
                     help="write the fast path's finer host sections per policy (markdown) here")
     args = ap.parse_args(argv)
+    bench_args.check_timing(ap, args.timing, args.device)
+    for flag, path in (("--profile-out", args.profile_out), ("--sections-out", args.sections_out)):
+        if path is not None:
+            bench_args.check_out_file(ap, path, flag)
     torch.manual_seed(0)
     if args.device == "cpu":
         torch.set_num_threads(1)

@@ -21,7 +21,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -34,9 +33,13 @@ import torch
 from torch.nn import functional as F
 
 ROOT_DIR = Path(__file__).resolve().parents[1]
-if str(ROOT_DIR) not in sys.path:          # run as a script from anywhere: import the repo's packages
-    sys.path.insert(0, str(ROOT_DIR))
+for _path in (ROOT_DIR, ROOT_DIR / "benchmarks"):    # run as a script from anywhere: the repo's packages, bench_args
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
+import bench_args  # noqa: E402
+from bench_args import ca  # noqa: E402
+from spice_core.config import MAX_NEW_TOKENS_LIMIT  # noqa: E402
 from spice_core.machine import cpu_model_name  # noqa: E402
 
 SHAPES = (("spice-mini", 128, 24), ("deepseek-v2-lite", 2048, 1408))
@@ -138,16 +141,19 @@ def quality_rows(args) -> tuple[list[dict], dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=None, help="model folder (default: the shipped miniature)")
-    ap.add_argument("--max-tokens", type=int, default=384, help="teacher-forced tokens scored")
-    ap.add_argument("--n-prompts", type=int, default=4)
-    ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--reps", type=int, default=300, help="kernel calls timed at the miniature's shape (a tenth at "
-                                                          "DeepSeek-V2-Lite's)")
+    ap = bench_args.Parser(prog=bench_args.prog(__file__), description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=bench_args.model, default=None,
+                    help="model folder (default: the shipped miniature)")
+    ap.add_argument("--max-tokens", type=ca.int_in(2), default=384, help="teacher-forced tokens scored")
+    ap.add_argument("--n-prompts", type=ca.positive_int, default=4)
+    ap.add_argument("--new-tokens", type=ca.int_in(0, MAX_NEW_TOKENS_LIMIT), default=32,
+                    help="greedy tokens per prompt (0: none)")
+    ap.add_argument("--reps", type=ca.positive_int, default=300,
+                    help="kernel calls timed at the miniature's shape (a tenth at DeepSeek-V2-Lite's)")
     ap.add_argument("--skip-quality", action="store_true", help="the kernel part only")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
+    bench_args.check_out_file(ap, args.out, "--out")
     torch.set_num_threads(1)
     t0 = time.time()
     load = os.getloadavg() if hasattr(os, "getloadavg") else None

@@ -10,7 +10,6 @@ lane runs side by side, spice_core/exec/cpu_lane.py). The decisions are the mode
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import json
@@ -19,30 +18,46 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))        # bench_args, when imported from elsewhere
 
+import bench_args  # noqa: E402
+from bench_args import ca  # noqa: E402
+from spice_core.api import POLICIES  # noqa: E402
+from spice_core.errors import SpiceError  # noqa: E402
 from spice_core.policy import planner as planner_mod  # noqa: E402
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", type=Path, required=True, help="a bench config of modeled timing")
-    ap.add_argument("--budget", type=float, default=None, help="run at this budget alone (default: the config's)")
-    ap.add_argument("--prompts", type=int, default=None, help="held-out prompts (default: the config's)")
-    ap.add_argument("--policies", nargs="+", default=None)
-    a = ap.parse_args(argv)
+def _config(ap, a) -> dict:
+    """The config with the flags applied, checked as bench checks it (ap.error naming --config): bench itself runs
+    a temporary copy, whose name its errors would give."""
+    from spice_core.tools.bench import check_budgets_fit_the_model
+    from spice_core.tools.bench_config import check_config, load_config_file
+
     try:
-        cfg = json.loads(a.config.read_text())
-    except (OSError, ValueError) as err:
-        ap.error(f"--config {a.config}: {err}")
-    if not isinstance(cfg, dict):
-        ap.error(f"--config {a.config}: not a bench config (a JSON object)")
-    if a.budget is not None:
-        cfg["budgets"] = [a.budget]
-    if a.prompts is not None:
-        cfg["prompts"] = {"heldout": a.prompts}
-        cfg["runs"] = [{"long_prompt": False}]
-    if a.policies:
-        cfg["policies"] = a.policies
+        cfg = load_config_file(a.config)
+        if a.budget is not None:
+            cfg["budgets"] = [a.budget]
+        if a.prompts is not None:
+            cfg["prompts"] = {"heldout": a.prompts}
+            cfg["runs"] = [{"long_prompt": False}]
+        if a.policies:
+            cfg["policies"] = a.policies
+        check_config(cfg, f"--config {a.config} with the flags")
+        check_budgets_fit_the_model(cfg)
+    except SpiceError as e:
+        ap.error(str(e))
+    return cfg
+
+
+def main(argv=None) -> int:
+    ap = bench_args.Parser(prog=bench_args.prog(__file__), description=__doc__.splitlines()[0])
+    ap.add_argument("--config", type=ca.existing_file, required=True, help="a bench config of modeled timing")
+    ap.add_argument("--budget", type=ca.float_in(0.0, 1.0, lo_open=True), default=None,
+                    help="run at this budget alone, a fraction in (0, 1] (default: the config's)")
+    ap.add_argument("--prompts", type=ca.positive_int, default=None, help="held-out prompts (default: the config's)")
+    ap.add_argument("--policies", nargs="+", type=bench_args.one_of(POLICIES, "policy"), default=None)
+    a = ap.parse_args(argv)
+    cfg = _config(ap, a)
     hist: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     plan_layer = planner_mod.LayerPlanner.plan_layer
 
@@ -59,6 +74,8 @@ def main(argv=None) -> int:
         path.write_text(json.dumps(cfg))
         with contextlib.redirect_stdout(sys.stderr):     # bench's own table: this script prints the counts alone
             rc = cli(["bench", "--config", str(path), "--out", str(Path(tmp) / "out")])
+    if rc:
+        return rc               # bench said why on stderr: no table of a run that did not happen
     print("The planner's own decisions over a modeled bench run (timing modeled; the counts are decisions, not times).\n")
     print("| policy | decode-step MoE layers | lane experts a layer | share of layers sending 0 / 1 / 2 / 3 / 4 / 5 / 6+ "
           "| share of lane experts in layers of 3+ |")

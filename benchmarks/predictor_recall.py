@@ -31,12 +31,16 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))      # bench_args, when imported from elsewhere
 
+import bench_args  # noqa: E402
+from bench_args import ca  # noqa: E402
 from spice_core.model.loader import load_model  # noqa: E402
 from spice_core.predictor.artifacts import load_artifacts_if_present  # noqa: E402
 from spice_core.runtime.context import PredictContext  # noqa: E402
-from spice_core.predictor.draft import DraftTrainConfig, _targets, target_table, train_draft  # noqa: E402
-from spice_core.predictor.traces import traces_for_model  # noqa: E402
+from spice_core.predictor.draft import (MAX_DISTANCES, DraftTrainConfig, _targets, target_table,  # noqa: E402
+                                        train_draft)
+from spice_core.predictor.traces import MIN_CALIBRATION_TOKENS, traces_for_model  # noqa: E402
 
 
 class _NoClock:
@@ -125,20 +129,24 @@ def _fmt(x, nd=3):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(ROOT / "assets" / "spice-mini"))
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--max-tokens", type=int, default=8192, help="held-out tokens to score on")
-    ap.add_argument("--calib-tokens", type=int, default=24_576, help="tokens to train a draft on if none fits")
-    ap.add_argument("--distances", type=int, default=8)
-    ap.add_argument("--tau", type=float, nargs="+", default=[0.2, 0.8],
+    ap = bench_args.Parser(prog=bench_args.prog(__file__), description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=bench_args.model, default=str(ROOT / "assets" / "spice-mini"))
+    ap.add_argument("--device", type=ca.device, default="cpu")
+    ap.add_argument("--max-tokens", type=ca.int_in(MIN_CALIBRATION_TOKENS), default=8192,
+                    help="held-out tokens to score on")
+    ap.add_argument("--calib-tokens", type=ca.int_in(MIN_CALIBRATION_TOKENS), default=24_576,
+                    help="tokens to train a draft on if none fits")
+    ap.add_argument("--distances", type=ca.int_in(1, MAX_DISTANCES), default=8)
+    ap.add_argument("--tau", type=ca.fraction, nargs="+", default=[0.2, 0.8],
                     help="confidence thresholds for precision (default: the engine's --tau-prefetch default 0.2, and "
                          "0.8, the probability a late next-layer prefetch needs)")
-    ap.add_argument("--draft", type=Path, default=None,
+    ap.add_argument("--draft", type=ca.existing_file, default=None,
                     help="a spice-draft.safetensors to score instead of the one beside the model")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=ca.threads, default=1)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "predictor_recall.md")
     args = ap.parse_args(argv)
+    bench_args.check_out_file(ap, args.out, "--out")      # before the run: its results must not be lost at the end
     torch.set_num_threads(args.threads)
     from spice_core.predictor.gate import GatePredictor
     from spice_core.timing.profiles import get_profile

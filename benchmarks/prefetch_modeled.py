@@ -42,12 +42,15 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))      # bench_args, when imported from elsewhere
 
-from spice_core.api import RunSettings  # noqa: E402
+import bench_args  # noqa: E402
+from spice_core.api import MAX_NEW_TOKENS_LIMIT, SETTING_RANGES, RunSettings  # noqa: E402
+from spice_core.api import POLICIES as ENGINE_POLICIES  # noqa: E402
 from spice_core.engine import SpiceEngine  # noqa: E402
 from spice_core.model.loader import load_model  # noqa: E402
-from spice_core.errors import ConfigError  # noqa: E402
-from spice_core.timing.profiles import get_profile, get_shape  # noqa: E402
+from spice_core.errors import ConfigError, SpiceError  # noqa: E402
+from spice_core.timing.profiles import get_profile, get_shape, profile_names, shape_names  # noqa: E402
 from spice_core.tools import args as ca  # noqa: E402
 
 POLICIES = ("on_demand", "lru", "gate_prefetch", "spice_prefetch", "oracle_prefetch")
@@ -142,44 +145,53 @@ def aggregate(runs: list[dict], native_bytes: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(ROOT / "assets" / "spice-mini"))
-    ap.add_argument("--device", default="cpu")
+    ap = bench_args.Parser(prog=bench_args.prog(__file__), description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=bench_args.model, default=str(ROOT / "assets" / "spice-mini"))
+    ap.add_argument("--device", type=ca.device, default="cpu")
     ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                     help="weights' dtype (float32 runs faster on CPUs; timing is modeled from --shape anyway)")
     ap.add_argument("--timing", default="modeled", choices=("modeled", "measured"))
-    ap.add_argument("--shape", default="deepseek-v2-lite")
-    ap.add_argument("--profiles", nargs="+", default=["rtx4090-pcie4x16", "h200-pcie5x16"])
-    ap.add_argument("--budgets", nargs="+", type=float, default=[0.10, 0.25, 0.50])
-    ap.add_argument("--policies", nargs="+", default=list(POLICIES))
-    ap.add_argument("--hw-profile", type=Path, default=None, help="measured timing: calibrated profile JSON")
-    ap.add_argument("--link-gbps", type=float, default=None,
+    ap.add_argument("--shape", type=bench_args.one_of(shape_names(), "shape"), default="deepseek-v2-lite")
+    ap.add_argument("--profiles", nargs="+", type=bench_args.one_of(profile_names(), "profile"),
+                    default=["rtx4090-pcie4x16", "h200-pcie5x16"])
+    ap.add_argument("--budgets", nargs="+", type=ca.float_in(*SETTING_RANGES["cache_frac"]),
+                    default=[0.10, 0.25, 0.50])
+    ap.add_argument("--policies", nargs="+", type=bench_args.one_of(ENGINE_POLICIES, "policy"), default=list(POLICIES))
+    ap.add_argument("--hw-profile", type=ca.existing_file, default=None,
+                    help="measured timing: calibrated profile JSON")
+    ap.add_argument("--link-gbps", type=ca.positive_float, default=None,
                     help="measured timing: emulate a slower host-to-device link by pacing copies (e.g. 13 for PCIe 4.0 x8)")
-    ap.add_argument("--repetitions", type=int, default=1)
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--tau-prefetch", type=float, default=0.2)
-    ap.add_argument("--max-lookahead", type=int, default=4)
+    ap.add_argument("--repetitions", type=ca.positive_int, default=1)
+    ap.add_argument("--prompts", type=ca.positive_int, default=8)
+    ap.add_argument("--max-new-tokens", type=ca.int_in(1, MAX_NEW_TOKENS_LIMIT), default=128)
+    ap.add_argument("--tau-prefetch", type=ca.float_in(*SETTING_RANGES["tau_prefetch"]), default=0.2)
+    ap.add_argument("--max-lookahead", type=ca.int_in(*SETTING_RANGES["max_lookahead"]), default=4)
     ap.add_argument("--sweep", action="store_true", help="also sweep tau x max-lookahead for the predictors at 25%%")
-    ap.add_argument("--sweep-prompts", type=int, default=4)
-    ap.add_argument("--sweep-new-tokens", type=int, default=64)
-    ap.add_argument("--draft", type=Path, default=None,
+    ap.add_argument("--sweep-prompts", type=ca.positive_int, default=4)
+    ap.add_argument("--sweep-new-tokens", type=ca.int_in(1, MAX_NEW_TOKENS_LIMIT), default=64)
+    ap.add_argument("--draft", type=ca.existing_file, default=None,
                     help="a spice-draft.safetensors to use instead of the one beside the model")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=ca.threads, default=1)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "prefetch_modeled.md")
     ap.add_argument("--render", type=ca.existing_file, default=None,
                     help="write the report again from this run's JSON (run nothing): e.g. after a change of the floor")
     args = ap.parse_args(argv)
+    bench_args.check_out_file(ap, args.out, "--out")      # before the run: its results must not be lost at the end
     if args.render is not None:
         return render(args.render, args.out)
+    bench_args.check_timing(ap, args.timing, args.device)
+    hw = None
+    if args.hw_profile is not None:
+        from spice_core.timing.profiles import profile_from_file
+        try:
+            hw = profile_from_file(args.hw_profile)
+        except SpiceError as e:
+            ap.error(str(e))
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     lm = load_model(args.model, args.device, dtype=dtype)
-    hw = None
-    if args.hw_profile is not None:
-        from spice_core.timing.profiles import profile_from_dict
-        hw = profile_from_dict(json.loads(args.hw_profile.read_text()))
     engine = SpiceEngine(lm, timing=args.timing, hw_profile=hw, link_gbps=args.link_gbps)
     if args.timing == "measured":
         args.profiles = [hw.name if hw is not None else "h200-pcie5x16"]

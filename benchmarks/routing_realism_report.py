@@ -6,9 +6,18 @@ Knows only results.json's layout and the published figures below; measures nothi
 """
 from __future__ import annotations
 
-import json
+import argparse
 import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for _path in (ROOT, ROOT / "benchmarks"):        # the package and bench_args, run from anywhere
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+import bench_args  # noqa: E402
+from spice_core.errors import SpiceError  # noqa: E402
+from spice_core.user_files import read_json  # noqa: E402
 
 REAL_MODEL = {"spice-mini": "DeepSeek-V2-Lite", "spice-mini-qwen2": "Qwen2-57B-A14B"}
 
@@ -183,7 +192,39 @@ locality an LRU cache lives on.
 """
 
 
-if __name__ == "__main__":
-    folder = Path(sys.argv[1])
-    (folder / "README.md").write_text(report(json.loads((folder / "results.json").read_text())))
+def _folder(text: str) -> Path:
+    p = Path(text)
+    if not p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: {'is a file' if p.exists() else 'no such folder'}: pass the "
+                                         "folder benchmarks/routing_realism.py wrote (holding results.json)")
+    if not (p / "results.json").is_file():
+        raise argparse.ArgumentTypeError(f"{text}: holds no results.json: pass the folder "
+                                         "benchmarks/routing_realism.py wrote")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = bench_args.Parser(prog=bench_args.prog(__file__), description=__doc__.splitlines()[0])
+    ap.add_argument("folder", type=_folder, help="the run's folder: results.json is read, README.md written there")
+    folder = ap.parse_args(argv).folder
+    where = folder / "results.json"
+    try:
+        results = read_json(where, "folder")
+    except SpiceError as e:
+        ap.error(str(e))
+    if not isinstance(results.get("models"), list) or not results["models"]:
+        ap.error(f"folder {where}: has no \"models\" list: not a results.json that benchmarks/routing_realism.py "
+                 "wrote")
+    try:
+        text = report(results)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:    # a field missing or malformed
+        ap.error(f"folder {where}: a field the report needs is missing or malformed ({type(e).__name__}: {e}): "
+                 "not a results.json that benchmarks/routing_realism.py wrote")
+    bench_args.check_out_file(ap, folder / "README.md", "folder")
+    (folder / "README.md").write_text(text)
     print(f"wrote {folder / 'README.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

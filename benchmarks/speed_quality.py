@@ -34,6 +34,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import bench_args  # noqa: E402
+from bench_args import ca  # noqa: E402
+from spice_core.config import MAX_NEW_TOKENS_LIMIT, SETTING_RANGES  # noqa: E402
+from spice_core.errors import SpiceError  # noqa: E402
+from spice_core.predictor.traces import MIN_CALIBRATION_TOKENS  # noqa: E402
+from spice_core.timing.profiles import profile_names, shape_names  # noqa: E402
+
 BASELINES = ("lru", "cpu_compute", "spice_prefetch")
 PCIE4_PROFILES = ("rtx4090-pcie4x16", "rtx5090-pcie4x8")
 PPL_BUDGET_PCT = 1.0
@@ -354,43 +361,53 @@ def plot(results, args, out: Path) -> list[str]:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(ROOT / "assets" / "spice-mini"))
+    ap = bench_args.Parser(prog=bench_args.prog(__file__), description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=bench_args.model, default=str(ROOT / "assets" / "spice-mini"))
     ap.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16"),
                     help="weights' dtype here (float32 runs faster on CPUs; TPOT is modeled from --shape anyway)")
-    ap.add_argument("--shape", default="deepseek-v2-lite")
-    ap.add_argument("--profiles", nargs="+", default=["rtx4090-pcie4x16", "rtx5090-pcie4x8", "h200-pcie5x16"])
-    ap.add_argument("--cache-frac", type=float, default=0.25)
-    ap.add_argument("--taus", nargs="+", type=float, default=[0.0, 0.02, 0.05, 0.1, 0.2])
-    ap.add_argument("--ranks", nargs="+", type=int, default=[16, 32])
-    ap.add_argument("--extra-ranks", nargs="*", type=int, default=[],
+    ap.add_argument("--shape", type=bench_args.one_of(shape_names(), "shape"), default="deepseek-v2-lite")
+    ap.add_argument("--profiles", nargs="+", type=bench_args.one_of(profile_names(), "profile"),
+                    default=["rtx4090-pcie4x16", "rtx5090-pcie4x8", "h200-pcie5x16"])
+    ap.add_argument("--cache-frac", type=ca.float_in(*SETTING_RANGES["cache_frac"]), default=0.25)
+    ap.add_argument("--taus", nargs="+", type=ca.float_in(*SETTING_RANGES["tau_approx"]),
+                    default=[0.0, 0.02, 0.05, 0.1, 0.2], help="tau_approx values (the engine's range)")
+    ap.add_argument("--ranks", nargs="+", type=ca.positive_int, default=[16, 32])
+    ap.add_argument("--extra-ranks", nargs="*", type=ca.positive_int, default=[],
                     help="more LoRE ranks, CPU lane on only (e.g. 1: on 24-wide experts, what rank ~59 is on "
                          "DeepSeek-V2-Lite's 1408-wide ones)")
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--quality-tokens", type=int, default=512, help="teacher-forced held-out tokens per setting")
-    ap.add_argument("--window", type=int, default=128)
-    ap.add_argument("--tau-prefetch", type=float, default=0.2)
-    ap.add_argument("--max-lookahead", type=int, default=4)
+    ap.add_argument("--prompts", type=ca.positive_int, default=8)
+    ap.add_argument("--max-new-tokens", type=ca.int_in(1, MAX_NEW_TOKENS_LIMIT), default=64)
+    ap.add_argument("--quality-tokens", type=ca.int_in(2), default=512,
+                    help="teacher-forced held-out tokens per setting")
+    ap.add_argument("--window", type=ca.int_in(2), default=128)
+    ap.add_argument("--tau-prefetch", type=ca.float_in(*SETTING_RANGES["tau_prefetch"]), default=0.2)
+    ap.add_argument("--max-lookahead", type=ca.int_in(*SETTING_RANGES["max_lookahead"]), default=4)
     ap.add_argument("--fit-lore", action="store_true", help="fit LoRE here when the model has none beside it")
-    ap.add_argument("--fit-tokens", type=int, default=8192)
-    ap.add_argument("--fit-rank", type=int, default=16)
-    ap.add_argument("--lore-ranks", nargs="+", type=int, default=[8, 16, 32, 64])
-    ap.add_argument("--lore-tokens", type=int, default=8192, help="held-out tokens for the LoRE error table")
-    ap.add_argument("--jobs", type=int, default=2, help="profiles run in parallel, one process (1 thread) each")
+    ap.add_argument("--fit-tokens", type=ca.int_in(MIN_CALIBRATION_TOKENS), default=8192)
+    ap.add_argument("--fit-rank", type=ca.positive_int, default=16)
+    ap.add_argument("--lore-ranks", nargs="+", type=ca.positive_int, default=[8, 16, 32, 64])
+    ap.add_argument("--lore-tokens", type=ca.int_in(MIN_CALIBRATION_TOKENS), default=8192,
+                    help="held-out tokens for the LoRE error table")
+    ap.add_argument("--jobs", type=ca.positive_int, default=2,
+                    help="profiles run in parallel, one process (1 thread) each")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "speed-quality")
-    ap.add_argument("--from-json", type=Path, default=None, help="rewrite the report and plot from a saved run")
+    ap.add_argument("--from-json", type=ca.existing_file, default=None,
+                    help="rewrite the report and plot from a saved run")
     args = vars(ap.parse_args(argv))
+    # <out>.json, <out>.results.md, <out>.html beside one another: their folder must take them before the run
+    bench_args.check_out_dir(ap, args["out"].parent, "--out")
     if args["from_json"] is not None:
-        saved = json.loads(args["from_json"].read_text())
+        saved = _saved_run(ap, args["from_json"])
         args.update(saved["args"])
-        return _report(saved["results"], args, saved["argv"], args["out"])
+        args["out"].parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return _report(saved["results"], args, saved["argv"], args["out"])
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:     # a field missing or malformed
+            ap.error(f"--from-json {args['from_json']}: a field the report needs is missing or malformed "
+                     f"({type(e).__name__}: {e}): pass a JSON this benchmark wrote")
     args["ranks"] = sorted(set(args["ranks"]))
     args["extra_ranks"] = sorted(set(args["extra_ranks"]))
-    from spice_core.config import SETTING_RANGES       # the engine's range for tau_approx
-    lo, hi = SETTING_RANGES["tau_approx"]
-    if not all(lo <= t <= hi for t in args["taus"]):
-        ap.error(f"--taus: every tau_approx must be in [{lo:g}, {hi:g}]")
     if args["jobs"] > 1 and len(args["profiles"]) > 1:
         import multiprocessing as mp
         with ProcessPoolExecutor(max_workers=min(args["jobs"], len(args["profiles"])),
@@ -407,6 +424,22 @@ def main(argv=None) -> int:
                                     if k not in ("out", "model", "from_json")}, "results": results},
         indent=1, default=str) + "\n")
     return _report(results, args, argv_doc, out)
+
+
+def _saved_run(ap, path: Path) -> dict:
+    """A run's JSON (``--from-json``): an object with the run's argv, args and results, else ``ap.error``."""
+    from spice_core.user_files import read_json
+
+    try:
+        saved = read_json(path, "--from-json")
+    except SpiceError as e:
+        ap.error(str(e))
+    kinds = {"argv": list, "args": dict, "results": list}
+    bad = [k for k, kind in kinds.items() if not isinstance(saved.get(k), kind)]
+    if bad or not saved["results"]:
+        ap.error(f"--from-json {path}: {'no ' + repr(bad[0]) + ' of the right kind' if bad else 'no results'}: "
+                 "pass the <out>.json this benchmark wrote")
+    return saved
 
 
 def _report(results, args, argv_doc, out: Path) -> int:

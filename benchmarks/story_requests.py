@@ -30,7 +30,6 @@ Greedy tokens can differ between CPUs (issue 24, defect 12): the output names th
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -43,9 +42,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "benchmarks"):        # the package and bench_args, run from anywhere
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
+import bench_args  # noqa: E402
+from bench_args import ca  # noqa: E402
+from spice_core.config import MAX_NEW_TOKENS_LIMIT  # noqa: E402
 from spice_core.machine import cpu_model_name  # noqa: E402
 
 from training import lexicon  # noqa: E402
@@ -186,25 +189,33 @@ def summary(stories: list[Story]) -> dict:
 
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["spice-mini", "spice-mini-qwen2"],
+def main(argv: list[str] | None = None) -> int:
+    parser = bench_args.Parser(prog=bench_args.prog(__file__), description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", type=bench_args.model, default=["spice-mini", "spice-mini-qwen2"],
                         help="shipped model names or folders")
-    parser.add_argument("--requests", type=int, default=16, help="held-out requests per model")
-    parser.add_argument("--max-new-tokens", type=int, default=192, help="the app's default reply length")
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--requests", type=ca.positive_int, default=16, help="held-out requests per model")
+    parser.add_argument("--max-new-tokens", type=ca.int_in(1, MAX_NEW_TOKENS_LIMIT), default=192,
+                        help="the app's default reply length")
+    parser.add_argument("--threads", type=ca.threads, default=1,
                         help="torch threads (1: a tiny model gains nothing from more, and spins on a shared CPU)")
     parser.add_argument("--out", type=Path, default=None, help="folder for results.json and README.md")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    from spice_core.errors import SpiceError
+    from spice_core.model.shipped import model_argument
+
+    try:       # the defaults too: a shipped model whose folder is missing is named before anything loads
+        folders = [Path(model_argument(m, "--models")) for m in args.models]
+    except SpiceError as e:
+        parser.error(str(e))
+    if args.out is not None:
+        bench_args.check_out_dir(parser, args.out, "--out")
 
     import torch
     from spice_core.engine import SpiceEngine
-    from spice_core.model.shipped import model_argument
 
     torch.set_num_threads(args.threads)
     known = set(lexicon.ANIMALS) | set(lexicon.TOYS) | set(lexicon.PEOPLE_KINDS) | set(lexicon.PLACES)
     assert all(any(w not in known for w in words) for _, words in NEW_WORD_REQUESTS), "a 'new word' is known"
-    folders = [Path(model_argument(m, "--models")) for m in args.models]
     from pages.chat import EXAMPLES      # the chat's example requests: not held out
     avoid = avoided_words([*EXAMPLES, *(p for f in folders for p in card_prompts(f))])
     requests = held_out_requests(args.requests, avoid)
@@ -228,7 +239,7 @@ def main() -> None:
               f"{h['near_identical_plot_pairs']}/{h['pairs']} near-identical plots", flush=True)
         del engine
     results |= {
-        "command": "python benchmarks/story_requests.py " + " ".join(sys.argv[1:]),
+        "command": "python benchmarks/story_requests.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "measured": "on the CPU", "date": time.strftime("%Y-%m-%d"), "cpu": cpu_model_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
         "load_average_1min_at_end": round(os.getloadavg()[0], 1), "torch": torch.__version__,
         "settings": {"policy": "resident", "greedy": True, "max_new_tokens": args.max_new_tokens},
@@ -241,6 +252,7 @@ def main() -> None:
         (args.out / "results.json").write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
         (args.out / "README.md").write_text(report(results))
         print(f"wrote {args.out / 'results.json'} and {args.out / 'README.md'}")
+    return 0
 
 
 # --- report ------------------------------------------------------------------------------------
@@ -314,4 +326,4 @@ def report(results: dict) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
