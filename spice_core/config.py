@@ -7,6 +7,7 @@ import cycle. Knows nothing of how a run is executed, timed or shown.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -52,8 +53,19 @@ SETTING_RANGES = MappingProxyType({
 
 def _check_range(name: str, value: float) -> None:
     lo, hi = SETTING_RANGES[name]
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):      # numpy's numbers are Real too
+        raise ConfigError(f"{name}={_quoted(value)} is not a number: use a value in [{lo}, {hi}]")
     if not (lo <= value <= hi):
         raise ConfigError(f"{name}={value!r} is out of range: use a value in [{lo}, {hi}]")
+
+
+def _quoted(value) -> str:
+    """A caller's value as an error quotes it: at most 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+SEED_MAX = 2**63 - 1          # torch.manual_seed takes a signed 64-bit value
 
 
 def _check_int_range(name: str, value: int) -> None:
@@ -95,8 +107,23 @@ class RunSettings:
     stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ConfigError(f"policy={self.policy!r} is unknown: choose one of {', '.join(POLICIES)}")
+        if not isinstance(self.policy, str) or self.policy not in POLICIES:
+            raise ConfigError(f"policy={_quoted(self.policy)} is unknown: choose one of {', '.join(POLICIES)}")
+        for name in ("profile", "shape"):          # their names are checked against the engine's lists at start
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"{name}={_quoted(getattr(self, name))} is not a name: pass one as a string")
+        if not isinstance(self.cpu_lane, bool):
+            raise ConfigError(f"cpu_lane={_quoted(self.cpu_lane)} must be True or False")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or not 0 <= self.seed <= SEED_MAX:
+            raise ConfigError(f"seed={_quoted(self.seed)} is out of range: use an integer in [0, 2**63 - 1]")
+        stop = self.stop
+        if stop is None:
+            stop = ()
+        elif isinstance(stop, str):                # one stop string, not its characters
+            stop = (stop,)
+        if not isinstance(stop, (tuple, list)) or not all(isinstance(x, str) and x for x in stop):
+            raise ConfigError(f"stop={_quoted(self.stop)} must be a string or a sequence of non-empty strings")
+        object.__setattr__(self, "stop", tuple(stop))
         for name in ("cache_frac", "tau_prefetch", "tau_approx"):
             _check_range(name, getattr(self, name))
         low, high = SETTING_RANGES["tau_int8"]
@@ -105,9 +132,10 @@ class RunSettings:
             raise ConfigError(f"tau_int8={self.tau_int8!r} is out of range: use a value in [{low:g}, {high:g}] "
                               "(--tau-int8; 0 = no int8 CPU runs)")
         _check_int_range("max_lookahead", self.max_lookahead)
-        if not isinstance(self.lore_rank, int) or self.lore_rank < 1:
+        if isinstance(self.lore_rank, bool) or not isinstance(self.lore_rank, int) or self.lore_rank < 1:
             raise ConfigError(f"lore_rank={self.lore_rank!r} is out of range: use an integer >= 1")
-        if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
+                or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
             raise ConfigError(
                 f"max_new_tokens={self.max_new_tokens!r} is out of range: use an integer in [1, {MAX_NEW_TOKENS_LIMIT}]")
         _check_range("temperature", self.temperature)

@@ -28,7 +28,7 @@ from spice_core.config import DEFAULT_LORE_RANK, LANE_OFFERS, POLICIES, RunSetti
 from spice_core.records import EngineInfo, RunSummary, StepStats
 from spice_core.errors import ConfigError, PromptError, SpiceError
 from spice_core.exec.experts import installed
-from spice_core.generation import build_prompt_ids
+from spice_core.generation import build_prompt_ids, check_prompt_ids
 from spice_core.machine import Machine
 from spice_core.model.loader import LoadedModel, cache_kwarg, load_model
 from spice_core.policy.cache import cache_slots_for_budget
@@ -105,6 +105,7 @@ class SpiceEngine:
         self.prefetch_after_experts = prefetch_after_experts
         self._sleep_cycles_per_ms = 0.0
         self._lock = threading.Lock()
+        self._lock_owner: int | None = None   # the thread iterating the run that holds `_lock` (run.GenerationRun)
         self._runs: OrderedDict[str, RunRecord] = OrderedDict()
         self._runs_lock = threading.Lock()    # the registry: written by the generating thread, read by any
         self._runs_bytes: dict[str, int] = {}
@@ -190,6 +191,7 @@ class SpiceEngine:
     def start_ids(self, input_ids: list[int], settings: RunSettings) -> "GenerationRun":
         if not input_ids:
             raise PromptError("the prompt is empty: pass some text")
+        check_prompt_ids(input_ids, self.lm.model.get_input_embeddings().num_embeddings)
         ctx = self.lm.max_context_tokens
         if len(input_ids) >= ctx:
             raise PromptError(f"the prompt is {len(input_ids)} tokens but the model's context is {ctx} tokens: "

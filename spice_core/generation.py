@@ -4,6 +4,8 @@ Pure functions over tensors and strings; the decode loop itself lives in engine.
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from spice_core.errors import PromptError
@@ -14,7 +16,7 @@ def build_prompt_ids(tokenizer, *, prompt: str | None = None, messages: list[dic
     if tokenizer is None:
         raise PromptError("this model has no tokenizer files: pass token ids, or use a checkpoint with a tokenizer")
     if messages is not None:
-        msgs = [{"role": m["role"], "content": _content_text(m.get("content"))} for m in messages]
+        msgs = _chat_messages(messages)
         if not msgs or not any(m["content"].strip() for m in msgs if m["role"] == "user"):
             raise PromptError("the message is empty: type some text")
         if getattr(tokenizer, "chat_template", None):
@@ -22,6 +24,8 @@ def build_prompt_ids(tokenizer, *, prompt: str | None = None, messages: list[dic
         else:
             text = "\n".join(m["content"] for m in msgs)
     else:
+        if prompt is not None and not isinstance(prompt, str):
+            raise PromptError(f"the prompt is not text ({type(prompt).__name__}): pass a str, or token ids to start_ids")
         if prompt is None or not prompt.strip():
             raise PromptError("the prompt is empty: pass some text with --prompt")
         text = prompt
@@ -29,6 +33,34 @@ def build_prompt_ids(tokenizer, *, prompt: str | None = None, messages: list[dic
     if not ids:
         raise PromptError("the prompt produced no tokens: pass some text")
     return list(ids)
+
+
+def check_prompt_ids(input_ids, vocab: int) -> None:
+    """PromptError naming the first of ``input_ids`` that is not a token id of a ``vocab``-token model."""
+    bad = next((i for i, t in enumerate(input_ids) if isinstance(t, bool) or not isinstance(t, numbers.Integral)
+                or not 0 <= t < vocab), None)
+    if bad is not None:
+        raise PromptError(f"token {bad} of the prompt is {str(input_ids[bad])[:20]!r}: token ids are integers in "
+                          f"[0, {vocab})")
+
+
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def _chat_messages(messages) -> list[dict]:
+    """``messages`` as {"role", "content": str} dicts; PromptError naming the first that is not a chat message."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, (list, tuple)):
+        raise PromptError(f"messages is a {type(messages).__name__}: pass a list of "
+                          '{"role": "user", "content": "..."} dicts')
+    out = []
+    for i, m in enumerate(messages, 1):
+        if not isinstance(m, dict):
+            raise PromptError(f"message {i} is a {type(m).__name__}: each is a "
+                              '{"role": "user"|"assistant"|"system", "content": "..."} dict')
+        if m.get("role") not in CHAT_ROLES:
+            raise PromptError(f"message {i} has role {str(m.get('role'))[:20]!r}: use one of {', '.join(CHAT_ROLES)}")
+        out.append({"role": m["role"], "content": _content_text(m.get("content"))})
+    return out
 
 
 def _content_text(content) -> str:

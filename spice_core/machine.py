@@ -15,6 +15,7 @@ and "which executor?" question, so no module decides them again on its own:
 """
 from __future__ import annotations
 
+import numbers
 import platform
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -44,7 +45,8 @@ class Machine:
             raise ConfigError("timing='measured' needs a CUDA device: use timing='modeled' on this machine")
         if self.executor not in EXECUTORS:
             raise ConfigError(f"executor={self.executor!r} is unknown: use one of {', '.join(EXECUTORS)}")
-        if self.link_gbps is not None and not (self.link_gbps > 0):
+        v = self.link_gbps
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 < v < float("inf")):
             raise ConfigError(f"link_gbps={self.link_gbps!r} must be a positive number of GB/s")
 
     @classmethod

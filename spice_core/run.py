@@ -12,13 +12,15 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from spice_core.config import LIVE_FIELDS, RunSettings
 from spice_core.records import RunSummary, StepStats
-from spice_core.errors import SpiceError
+from spice_core.errors import ConfigError, SpiceError
 from spice_core.exec.experts import installed
 from spice_core.generation import TextStreamer, sample_next
 from spice_core.policy.spec import get_spec
@@ -69,13 +71,33 @@ class GenerationRun:
         self.forced_ids: list[int] | None = None
         self.record = RunRecord(self.run_id, settings, prompt_ids=list(input_ids))
         self._started = False
+        self._iterator: weakref.ref | None = None     # to the `_RunIterator` the consumer holds
+        self._closed_finish = ""
+        self._context_note = ""
         self.last_logits: torch.Tensor | None = None
 
     def cancel(self) -> None:
+        """Stop before the next token. A run whose consumer is paused between tokens ends now (its iterator is closed:
+        the engine is free for the next run and this one is recorded as cancelled); one computing a token ends
+        after it."""
         self._cancel.set()
+        it = self._iterator() if self._iterator is not None else None
+        if it is not None:
+            it.close_if_paused()
 
-    def update_settings(self, settings: RunSettings) -> None:
-        """Thresholds apply from the next token; policy / cache / profile changes from the next message."""
+    def update_settings(self, settings: RunSettings | Mapping) -> None:
+        """Thresholds apply from the next token; policy / cache / profile changes from the next message.
+        ``settings``: a RunSettings, or a mapping of RunSettings fields to change (checked now, as RunSettings
+        checks them: a bad value raises ConfigError here, and the run goes on with what it had)."""
+        if isinstance(settings, Mapping):
+            unknown = sorted(set(settings) - set(RunSettings.__dataclass_fields__))
+            if unknown:
+                raise ConfigError(f"update_settings: unknown setting(s) {', '.join(map(str, unknown))}: use "
+                                  f"RunSettings' fields ({', '.join(LIVE_FIELDS)} apply from the next token)")
+            settings = replace(self._pending_settings or self.settings, **settings)
+        elif not isinstance(settings, RunSettings):
+            raise ConfigError(f"update_settings takes a RunSettings or a mapping of its fields, not a "
+                              f"{type(settings).__name__}")
         self._pending_settings = settings
 
     def summary(self) -> RunSummary:
@@ -87,15 +109,23 @@ class GenerationRun:
         if self._started:
             raise SpiceError("a generation can be iterated only once: start a new one")
         self._started = True
+        it = _RunIterator(self._iterate())
+        self._iterator = weakref.ref(it)      # weak: a consumer that drops its iterator (a break) still ends the run
+        return it
+
+    def _iterate(self):
         eng = self.engine
-        if not self._register:   # an inner pass of a run that already holds the engine
-            yield from self._run()
-            return
         if not eng._lock.acquire(blocking=False):
+            if not self._register and eng._lock_owner == threading.get_ident():
+                # An inner pass (the oracle's routing probe) of the run this thread is iterating: it holds the engine.
+                yield from self._run()
+                return
             raise EngineBusyError("the engine is busy with another generation: wait for it to finish or stop it")
+        eng._lock_owner = threading.get_ident()
         try:
             yield from self._run()
         finally:
+            eng._lock_owner = None
             eng._lock.release()
 
     def _apply_pending(self, rt: LayerRuntime) -> None:
@@ -130,20 +160,32 @@ class GenerationRun:
     def _decode(self, rt: LayerRuntime, notes: list[str]):
         eng, s, lm = self.engine, self.settings, self.engine.lm
         stepper = rt.executor.stepper()
-        gen = None
-        if s.temperature > 0:
-            gen = torch.Generator().manual_seed(s.seed)
+        gen = None                    # the sampler's generator, seeded once the run samples (`_steps`)
         streamer = TextStreamer(lm.tokenizer, s.stop)
         eos = _eos_ids(lm)
-        max_new = min(s.max_new_tokens, lm.max_context_tokens - len(self.input_ids))
-        forced = self.forced_ids
-        if forced is not None:
-            max_new = min(max_new, len(forced))
+        room = lm.max_context_tokens - len(self.input_ids)
+        if room < s.max_new_tokens and self.forced_ids is None:
+            # Said when the run ends: a reply cut here looks like one cut by max_new_tokens otherwise.
+            self._context_note = (f"the model's context ({lm.max_context_tokens} tokens) left room for {room} of the "
+                                  f"{s.max_new_tokens} new tokens asked after a {len(self.input_ids)}-token prompt")
+        max_new = min(s.max_new_tokens, room)
+        if self.forced_ids is not None:
+            max_new = min(max_new, len(self.forced_ids))
+        timing = eng.machine.run_timing(self._modeled)
+        try:
+            finish = yield from self._steps(rt, stepper, streamer, gen, eos, max_new, timing)
+        except GeneratorExit:         # closed between tokens: a cancel(), a break, or a dropped iterator
+            self._wrap_up(rt, streamer, self._closed_finish or "cancelled", notes)
+            raise
+        self._wrap_up(rt, streamer, finish, notes)
+
+    def _steps(self, rt: LayerRuntime, stepper, streamer: TextStreamer, gen, eos: set[int], max_new: int,
+               timing: str):
+        """Yield the run's StepStats, one per token; returns why it ended."""
+        forced, wall = self.forced_ids, time.perf_counter
         cur = list(self.input_ids)
         finish = ""
         steps = self.record.steps
-        timing = eng.machine.run_timing(self._modeled)
-        wall = time.perf_counter
         t_resume = wall()             # when the engine resumed work after the previous token's delivery
         for i in range(max_new):
             if self._cancel.is_set():
@@ -156,6 +198,8 @@ class GenerationRun:
                 # Greedy with another token to come: the graphed static step may start the next step early.
                 logits = stepper.forward(cur, run_ahead=self.settings.temperature <= 0 and i < max_new - 1
                                          and forced is None)
+                if gen is None and self.settings.temperature > 0:    # sampling from here on (also when raised
+                    gen = torch.Generator().manual_seed(self.settings.seed)   # mid-run): reproducible by the seed
                 tok = sample_next(logits, self.settings.temperature, self.settings.top_p, gen)
                 step_ms = rt.end_token()
                 self.last_logits = logits.clone() if rt.executor.name == "graphed" else logits
@@ -187,13 +231,19 @@ class GenerationRun:
                              finished=bool(finish), finish_reason=finish,
                              lookahead_stops=tuple(c.stop_reasons))
             steps.append(step)
+            self._closed_finish = finish        # what a close at this yield ends the run as ("" : cancelled)
             yield step
             t_resume = wall()
             if finish:
                 break
             cur = [tok if forced is None else forced[i]]
-        if finish == "cancelled" or not finish:
-            finish = finish or "length"
+        return finish or "length"
+
+    def _wrap_up(self, rt: LayerRuntime, streamer: TextStreamer, finish: str, notes: list[str]) -> None:
+        """The run's notes, totals and summary, and its place in the registry, however it ended."""
+        lm, eng = self.engine.lm, self.engine
+        if finish == "length" and self._context_note:
+            notes.append(self._context_note)
         if rt.totals.get("prefetch_skipped_approx", 0):      # the count is in the record's totals
             notes.append("prefetch admission: confident predictions whose predicted router weight is below tau_approx "
                          "were not copied (their misses are approximated; prefetch_admission=\"all\" copies them)")
@@ -222,6 +272,33 @@ class GenerationRun:
             finish_reason=finish)
         if self._register:
             eng._register(self.record)
+
+
+class _RunIterator:
+    """A run's iterator: its generator, resumed by one thread at a time, so that `GenerationRun.cancel` from another
+    thread can close it while its consumer is paused between tokens (closing a generator another thread is resuming
+    would fail), and leaves it alone while a token is being computed (the loop sees the cancel next token)."""
+
+    def __init__(self, gen) -> None:
+        self._gen, self._mu = gen, threading.Lock()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        with self._mu:
+            return next(self._gen)
+
+    def close(self) -> None:
+        with self._mu:
+            self._gen.close()
+
+    def close_if_paused(self) -> None:
+        if self._mu.acquire(blocking=False):
+            try:
+                self._gen.close()
+            finally:
+                self._mu.release()
 
 
 def host_step_totals(executor) -> dict:

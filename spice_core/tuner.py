@@ -41,11 +41,12 @@ a callback, `should_stop` ends the search early (the best so far is kept, marked
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Callable, Mapping, Sequence
 
-from spice_core.config import RunSettings
+from spice_core.config import MAX_NEW_TOKENS_LIMIT, RunSettings
 from spice_core.errors import ConfigError
 from spice_core.tuned import TuneRecord, find, save, tuned_path  # noqa: F401 - the record and its file, re-exported
 from spice_core.tuned import EXACT, FAILED, HELD, MISSED, RULED_OUT, UNCONFIRMED, WITHIN  # noqa: F401 - verdicts
@@ -75,6 +76,10 @@ class Budget:
         if self.ppl_pct is None and self.agreement is None:
             raise ConfigError("the quality budget is empty: give a perplexity increase (e.g. 1 %) and/or a greedy "
                               "agreement (e.g. 0.9)")
+        for name in ("ppl_pct", "agreement"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real)):
+                raise ConfigError(f"the quality budget's {name} is {str(v)[:20]!r}: give a number (or None)")
         if self.ppl_pct is not None and not (math.isfinite(self.ppl_pct) and self.ppl_pct >= 0):
             raise ConfigError(f"a perplexity increase <= {self.ppl_pct} % cannot be met: the best reachable is "
                               "+0.00 % (the exact setting); use a value >= 0")
@@ -118,10 +123,18 @@ class Confirm:
     data: object = None
 
     def __post_init__(self) -> None:
-        if (self.max_tokens < 16 or self.n_prompts < 1 or (self.new_tokens is not None and self.new_tokens < 1)
+        def whole(v) -> bool:
+            return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+        if not (whole(self.max_tokens) and whole(self.n_prompts) and whole(self.max_settings)
+                and (self.new_tokens is None or whole(self.new_tokens))):
+            raise ConfigError(f"confirmation sample {self}: max_tokens, n_prompts, new_tokens and max_settings are "
+                              "whole numbers (new_tokens may be None)")
+        if (self.max_tokens < 16 or self.n_prompts < 1 or (self.new_tokens is not None
+                                                            and not 1 <= self.new_tokens <= MAX_NEW_TOKENS_LIMIT)
                 or self.max_settings < 1):
-            raise ConfigError(f"confirmation sample {self}: use >= 16 tokens, >= 1 prompt, >= 1 new token and "
-                              ">= 1 setting")
+            raise ConfigError(f"confirmation sample {self}: use >= 16 tokens, >= 1 prompt, 1 to {MAX_NEW_TOKENS_LIMIT} "
+                              "new tokens and >= 1 setting (checked now, not after the screening)")
         if self.prompts not in CONFIRM_PROMPTS:
             raise ConfigError(f"confirmation prompts {self.prompts!r}: use one of {', '.join(CONFIRM_PROMPTS)}")
 

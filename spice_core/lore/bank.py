@@ -299,6 +299,12 @@ def load_lore_bank(path: str | Path, lm) -> LoreBank:
             f"{list(lm.moe_layers)}): rebuild it with: {CALIBRATE_HINT}")
     fp = expert_weights_hash(lm)
     if meta.get("fingerprint") != fp:
+        if lm.layout.dtype not in (torch.bfloat16, torch.float32):      # e.g. float16: it rounds a bf16 checkpoint
+            loaded = str(lm.layout.dtype).removeprefix("torch.")
+            raise ArtifactError(f"LoRE file {path} does not match {lm.name}'s weights as loaded in {loaded}, which "
+                                "cannot hold every value of a bfloat16 checkpoint: load the model in its checkpoint's "
+                                f"dtype (bfloat16, or float32 on the CPU); if the file was built for another model, "
+                                f"rebuild it with: {CALIBRATE_HINT}")
         raise ArtifactError(f"LoRE file {path} was built for another model (its weights differ from {lm.name}'s): "
                             f"rebuild it with: {CALIBRATE_HINT}")
     layers = {}

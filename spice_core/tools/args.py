@@ -13,9 +13,9 @@ import os
 import re
 from pathlib import Path
 
+from spice_core.config import SEED_MAX
 from spice_core.errors import ConfigError
 
-SEED_MAX = 2**63 - 1          # torch.manual_seed takes a signed 64-bit value
 
 
 class UsageError(ConfigError):

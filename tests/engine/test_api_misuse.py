@@ -1,0 +1,153 @@
+"""The library API used the wrong way (a review's findings): each gets a named error at once, or does what it says,
+and never leaves the engine held or another generation changed."""
+import threading
+
+import pytest
+
+from spice_core.api import RunSettings
+from spice_core.errors import ConfigError, PromptError
+from spice_core.run import EngineBusyError
+
+PROMPT = [5, 6, 7, 8]
+
+
+@pytest.fixture
+def engine(engines):
+    return engines["mixtral"]
+
+
+def _tokens(run) -> list[int]:
+    return [s.token_id for s in run]
+
+
+def test_cancel_while_the_consumer_is_paused_frees_the_engine_and_records_the_run(engine):
+    """Regression: cancel() only set a flag, so a run whose consumer paused between tokens held the engine until
+    someone resumed or collected its iterator (EngineBusyError for everyone else)."""
+    run = engine.start_ids(PROMPT, RunSettings(policy="lru", max_new_tokens=16))
+    it = iter(run)
+    next(it)
+    run.cancel()
+    assert _tokens(engine.start_ids(PROMPT, RunSettings(policy="lru", max_new_tokens=2)))    # not busy
+    assert run.summary().finish_reason == "cancelled" and run.summary().n_tokens == 1
+    assert list(it) == []                      # the cancelled run's consumer just sees the end
+
+
+def test_a_run_left_with_break_is_recorded_with_why_it_ended(engine):
+    run = engine.start_ids(PROMPT, RunSettings(policy="lru", max_new_tokens=16))
+    for i, _ in enumerate(run):
+        if i == 2:
+            break                           # the loop's iterator goes: the run ends at once, recorded
+    assert run.summary().finish_reason == "cancelled" and run.summary().n_tokens == 3
+    assert run.run_id in {s.run_id for s in engine.list_runs()}
+
+
+def test_the_oracles_routing_probe_is_refused_while_another_thread_generates(engine):
+    """Regression: record_routing took no lock, and installed its probe's runtime under a running generation,
+    changing its tokens."""
+    run = engine.start_ids(PROMPT, RunSettings(policy="lru", max_new_tokens=8))
+    it = iter(run)
+    next(it)                                  # this thread's run holds the engine
+    errors = []
+    t = threading.Thread(target=lambda: errors.append(pytest.raises(EngineBusyError, engine.record_routing, PROMPT,
+                                                                     RunSettings())))
+    t.start()
+    t.join(60)
+    assert len(errors) == 1
+    list(it)
+    assert engine.record_routing(PROMPT, RunSettings(max_new_tokens=2))      # free again
+    oracle = _tokens(engine.start_ids(PROMPT, RunSettings(policy="oracle_prefetch", max_new_tokens=4)))
+    assert oracle == _tokens(engine.start_ids(PROMPT, RunSettings(policy="resident", max_new_tokens=4)))
+
+
+@pytest.mark.parametrize("bad,match", [({"tau_approx": 5.0}, "tau_approx"), ({"no_such": 1}, "unknown setting"),
+                                       ("spice", "takes a RunSettings")])
+def test_update_settings_refuses_bad_input_at_once_and_the_run_goes_on(engine, bad, match):
+    """Regression: update_settings stored anything; the next token died in an AttributeError and the run was lost."""
+    run = engine.start_ids(PROMPT, RunSettings(policy="spice", max_new_tokens=4))
+    steps = []
+    for i, s in enumerate(run):
+        steps.append(s)
+        if i == 0:
+            with pytest.raises(ConfigError, match=match):
+                run.update_settings(bad)
+            run.update_settings({"tau_prefetch": 0.5})          # a mapping of fields applies
+    assert len(steps) == 4 and run.summary().finish_reason == "length"
+    assert run.settings.tau_prefetch == 0.5
+
+
+def test_sampling_turned_on_mid_run_follows_the_seed(engine):
+    """Regression: a temperature raised mid-run sampled from the global generator: two identical runs differed."""
+    def sampled() -> list[int]:
+        run = engine.start_ids(PROMPT, RunSettings(policy="lru", max_new_tokens=8))
+        out = []
+        for i, s in enumerate(run):
+            out.append(s.token_id)
+            if i == 1:
+                run.update_settings(RunSettings(policy="lru", max_new_tokens=8, temperature=1.5, seed=7))
+        return out
+
+    assert sampled() == sampled()
+
+
+def test_a_stop_string_is_one_stop_not_its_characters():
+    assert RunSettings(stop="Dragon").stop == ("Dragon",) and RunSettings(stop=None).stop == ()
+    with pytest.raises(ConfigError, match="stop="):
+        RunSettings(stop=[1])
+
+
+@pytest.mark.parametrize("field,value", [("cache_frac", "0.5"), ("cache_frac", None), ("temperature", "0"),
+                                         ("top_p", None), ("seed", "abc"), ("seed", 1.5), ("seed", 2**70),
+                                         ("seed", -1), ("cpu_lane", "no"), ("max_new_tokens", True),
+                                         ("lore_rank", True), ("cache_frac", True), ("profile", ["x"]),
+                                         ("shape", 3)])
+def test_run_settings_refuse_a_wrong_type_by_name(field, value):
+    with pytest.raises(ConfigError, match=field):
+        RunSettings(**{field: value})
+
+
+def test_numpy_numbers_are_numbers():
+    np = pytest.importorskip("numpy")
+    RunSettings(cache_frac=np.float32(0.5), seed=np.int64(3))
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda e, s: e.start_ids([-1, 5], s), "token 0 of the prompt"),
+    (lambda e, s: e.start_ids([5, 10**6], s), "token 1 of the prompt"),
+    (lambda e, s: e.start_ids(["a"], s), "token ids are integers"),
+    (lambda e, s: e.start_prompt(5, s), "not text"),
+    (lambda e, s: e.start_chat([{"content": "hi"}], s), "message 1 has role"),
+    (lambda e, s: e.start_chat("hello", s), "messages is a str"),
+    (lambda e, s: e.start_chat([["user", "hi"]], s), "message 1 is a list"),
+    (lambda e, s: e.start_chat([{"role": "user", "content": "hi"}, {"role": "wizard", "content": "x"}], s),
+     "message 2 has role 'wizard'"),
+])
+def test_a_bad_prompt_is_a_prompt_error_naming_it(engine, call, match):
+    with pytest.raises(PromptError, match=match):
+        call(engine, RunSettings(max_new_tokens=2))
+
+
+def test_a_reply_cut_by_the_context_says_so(engine):
+    ctx = engine.lm.max_context_tokens
+    run = engine.start_ids([5] * (ctx - 2), RunSettings(policy="lru", max_new_tokens=8))
+    list(run)
+    notes = " ".join(run.summary().notes)
+    assert run.summary().finish_reason == "length" and "left room for 2 of the 8 new tokens" in notes, notes
+
+
+def test_confirm_and_budget_refuse_bad_values_before_any_work():
+    from spice_core.tuner import Budget, Confirm
+
+    for kw in ({"new_tokens": 5000}, {"n_prompts": 2.5}, {"max_tokens": None}):
+        with pytest.raises(ConfigError, match="confirmation sample"):
+            Confirm(**kw)
+    for kw in ({"ppl_pct": "1"}, {"agreement": "0.9"}):
+        with pytest.raises(ConfigError, match="quality budget"):
+            Budget(**kw)
+
+
+@pytest.mark.parametrize("value", ["8", float("inf"), float("nan"), True, [8]])
+def test_link_gbps_must_be_a_finite_positive_number(tiny_dirs, value):
+    from spice_core.engine import SpiceEngine
+
+    with pytest.raises(ConfigError, match="link_gbps"):
+        SpiceEngine.load(tiny_dirs["mixtral"], device="cpu", link_gbps=value)
