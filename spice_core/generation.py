@@ -5,6 +5,7 @@ Pure functions over tensors and strings; the decode loop itself lives in engine.
 from __future__ import annotations
 
 import numbers
+import re
 
 import torch
 
@@ -19,10 +20,9 @@ def build_prompt_ids(tokenizer, *, prompt: str | None = None, messages: list[dic
         msgs = _chat_messages(messages)
         if not msgs or not any(m["content"].strip() for m in msgs if m["role"] == "user"):
             raise PromptError("the message is empty: type some text")
-        if getattr(tokenizer, "chat_template", None):
-            text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-        else:
-            text = "\n".join(m["content"] for m in msgs)
+        if _spells_a_marker(tokenizer, msgs):
+            return _chat_ids_literal(tokenizer, msgs)
+        text = _chat_text(tokenizer, msgs)
     else:
         if prompt is not None and not isinstance(prompt, str):
             raise PromptError(f"the prompt is not text ({type(prompt).__name__}): pass a str, or token ids to start_ids")
@@ -33,6 +33,38 @@ def build_prompt_ids(tokenizer, *, prompt: str | None = None, messages: list[dic
     if not ids:
         raise PromptError("the prompt produced no tokens: pass some text")
     return list(ids)
+
+
+def _chat_text(tokenizer, msgs: list[dict]) -> str:
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    return "\n".join(m["content"] for m in msgs)
+
+
+def _spells_a_marker(tokenizer, msgs: list[dict]) -> bool:
+    """Does a message's text spell one of the tokenizer's added tokens (e.g. "<|assistant|>")?"""
+    markers = [t for t in getattr(tokenizer, "get_added_vocab", dict)() if t]
+    return any(t in m["content"] for m in msgs for t in markers)
+
+
+def _chat_ids_literal(tokenizer, msgs: list[dict]) -> list[int]:
+    """A chat whose messages spell added tokens: only the template's own markers become those tokens; what a user
+    typed stays text (typing "<|assistant|>" would otherwise open an assistant turn of the user's writing). The
+    template is rendered around placeholders, cut at its markers, and each stretch between two markers, with the
+    messages' text put back, is tokenized as the tokenizer tokenizes any such stretch (added tokens are cut out
+    first), with added tokens not recognised in it."""
+    marks = [f"\ue000{i}\ue001" for i in range(len(msgs))]       # private-use characters: in no message
+    text = _chat_text(tokenizer, [dict(m, content=mark) for m, mark in zip(msgs, marks)])
+    added = sorted((t for t in tokenizer.get_added_vocab() if t), key=len, reverse=True)
+    ids = []
+    for k, piece in enumerate(re.split("(" + "|".join(map(re.escape, added)) + ")", text)):
+        if k % 2:                              # one of the template's markers
+            ids.append(tokenizer.convert_tokens_to_ids(piece))
+        elif piece:
+            for m, mark in zip(msgs, marks):
+                piece = piece.replace(mark, m["content"])
+            ids += tokenizer(piece, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    return ids
 
 
 def check_prompt_ids(input_ids, vocab: int) -> None:
