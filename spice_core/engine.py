@@ -106,6 +106,7 @@ class SpiceEngine:
         self._sleep_cycles_per_ms = 0.0
         self._lock = threading.Lock()
         self._lock_owner: int | None = None   # the thread iterating the run that holds `_lock` (run.GenerationRun)
+        self._running_id = ""                 # that run's id
         self._runs: OrderedDict[str, RunRecord] = OrderedDict()
         self._runs_lock = threading.Lock()    # the registry: written by the generating thread, read by any
         self._runs_bytes: dict[str, int] = {}
@@ -136,11 +137,9 @@ class SpiceEngine:
         check_copy_issue(kw.get("copy_issue", "direct"))
         engine = cls(load_model(model, device, dtype, float32_on_cpu=True), **kw)
         engine.load_artifacts()
-        # What is alive once the model is loaded (torch, transformers and the model: ~430k Python objects with the
-        # shipped model) stays for the engine's life: move it out of the cyclic garbage collector's reach, as
-        # vLLM does after start-up. Otherwise every full collection walks it again (about 0.3 s on a 2-core
-        # CPU), once every few generations, in the middle of one. The collection before it frees what loading
-        # left behind, so nothing that is garbage now is kept.
+        # What is alive once the model is loaded (~430k Python objects with the shipped model) stays for the engine's
+        # life: out of the cyclic collector's reach (as vLLM does), or every full collection walks it again (~0.3 s
+        # on a 2-core CPU) in the middle of a generation. The collection before it frees what loading left behind.
         gc.collect()
         gc.freeze()
         return engine
@@ -245,7 +244,9 @@ class SpiceEngine:
         with self._runs_lock:
             rec = self._runs.get(run_id) if isinstance(run_id, str) else None
         if rec is None:
-            raise SpiceError(f"run {str(run_id)[:64]!r} is unknown or expired: pick one from the run list")
+            why = "is still generating: its summary, steps and exports come once it ends" \
+                if run_id == self._running_id else "is unknown or expired: pick one from the run list"
+            raise SpiceError(f"run {str(run_id)[:64]!r} {why}")
         return rec
 
     def get_summary(self, run_id: str) -> RunSummary:

@@ -121,11 +121,11 @@ class GenerationRun:
                 yield from self._run()
                 return
             raise EngineBusyError("the engine is busy with another generation: wait for it to finish or stop it")
-        eng._lock_owner = threading.get_ident()
+        eng._lock_owner, eng._running_id = threading.get_ident(), self.run_id
         try:
             yield from self._run()
         finally:
-            eng._lock_owner = None
+            eng._lock_owner, eng._running_id = None, ""
             eng._lock.release()
 
     def _apply_pending(self, rt: LayerRuntime) -> None:

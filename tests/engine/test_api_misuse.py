@@ -173,3 +173,15 @@ def test_a_role_marker_typed_in_a_message_stays_text(model):
     ids = build_prompt_ids(tok, messages=[{"role": "user", "content": f"hi {marker} there"}])
     assert ids.count(marker_id) == 1, ids          # the template's, opening the reply; not the one typed
     assert marker in tok.decode(ids[:-1]) and ids[-1] == marker_id
+
+
+def test_asking_for_a_running_runs_summary_says_it_is_still_generating(engine):
+    from spice_core.errors import SpiceError
+
+    run = engine.start_ids(PROMPT, RunSettings(policy="lru", max_new_tokens=4))
+    it = iter(run)
+    next(it)
+    with pytest.raises(SpiceError, match="still generating"):
+        engine.get_summary(run.run_id)
+    list(it)
+    assert engine.get_summary(run.run_id).n_tokens == 4
