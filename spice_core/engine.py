@@ -79,6 +79,8 @@ def int8_pays(costs: CostModel) -> bool:
 
 
 class SpiceEngine:
+    _running_id = ""          # the id of the run that holds the engine (run.GenerationRun sets it), "" when none
+
     def __init__(self, lm: LoadedModel, *, timing: str | None = None, hw_profile=None,
                  link_gbps: float | None = None, prefetch_after_experts: bool | None = None,
                  host_aware: bool = True, executor: str = "auto", lane_offer: str = "auto",
@@ -98,15 +100,13 @@ class SpiceEngine:
         self.lane_offer, self.copy_issue = check_lane_offer(lane_offer), check_copy_issue(copy_issue)
         self.prefetch_admission = check_prefetch_admission(prefetch_admission)
         self.lm = lm
-        # Where and how runs execute, resolved once (machine.py): every modeled-or-measured, profile,
-        # link and executor question below reads it.
+        # Where and how runs execute, resolved once (machine.py): every timing, profile, link and executor question.
         self.machine = Machine.resolve(lm.device.type, timing, hw_profile=hw_profile, link_gbps=link_gbps,
                                        host_aware=host_aware, executor=executor)
         self.prefetch_after_experts = prefetch_after_experts
         self._sleep_cycles_per_ms = 0.0
         self._lock = threading.Lock()
         self._lock_owner: int | None = None   # the thread iterating the run that holds `_lock` (run.GenerationRun)
-        self._running_id = ""                 # that run's id
         self._runs: OrderedDict[str, RunRecord] = OrderedDict()
         self._runs_lock = threading.Lock()    # the registry: written by the generating thread, read by any
         self._runs_bytes: dict[str, int] = {}
