@@ -121,7 +121,7 @@ def utf8_text_file(text: str) -> Path:
     try:
         content = read_text(p, "file")
     except ConfigError as e:
-        raise argparse.ArgumentTypeError(str(e).removeprefix(f"file {p}: ")) from None
+        raise argparse.ArgumentTypeError(f"{p} " + str(e).removeprefix(f"file {p}: ")) from None
     if not content.strip():
         raise argparse.ArgumentTypeError(f"{text} is empty: pass a file with some text in it")
     return p

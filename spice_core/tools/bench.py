@@ -375,6 +375,7 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
             r["lift_check"] = lift_check
     (out / "results.json").write_text(json.dumps(records, indent=1, default=float))
     (out / "results.md").write_text(markdown_table(records, cfg))
+    (out / "results.partial.json").unlink(missing_ok=True)    # what each prompt saved: the whole run is above now
     return records
 
 

@@ -218,6 +218,8 @@ def test_traces_of_every_prompt_when_asked(tmp_path):
     run_bench(_load_config(path), tmp_path / "out", "cpu")
     assert sorted(p.name for p in (tmp_path / "out").glob("trace-*.json")) == [
         "trace-native-0.30-lru-p0.json", "trace-native-0.30-lru-p1.json"]
+    # Regression (review): the per-prompt results.partial.json stayed beside the complete results.json.
+    assert (tmp_path / "out" / "results.json").exists() and not (tmp_path / "out" / "results.partial.json").exists()
 
 
 def test_heldout_prompts_come_from_the_file_beside_the_benched_model(tmp_path):
