@@ -168,7 +168,10 @@ def launch_kwargs() -> dict:
     return {"theme": gr.themes.Default(primary_hue="blue", neutral_hue="slate"), "css": CSS_PATH.read_text(),
             "head": OWNER_JS + KEYBOARD_JS + KEEP_STORE_JS, "max_file_size": MAX_FILE_SIZE, "i18n": I18N,
             "app_kwargs": {"middleware": [Middleware(guard.RequestGuard)],     # size limit, no uploads, headers
-                           "exception_handlers": {404: links.not_found}}}     # a wrong address: the app's pages
+                           "exception_handlers": {404: links.not_found}},     # a wrong address: the app's pages
+            # Never server-side rendering (Spaces turn it on through GRADIO_SSR_MODE): its Node server answers the
+            # pages itself, past the guard above (no security headers, no size limit, no not-found page).
+            "ssr_mode": False}
 
 
 def main() -> None:
@@ -177,8 +180,11 @@ def main() -> None:
                                                       "checkpoint folder (default: every shipped model, with a picker)")
     parser.add_argument("--device", type=cli_args.device, default=None,
                         help="cpu, cuda or cuda:N (default: cuda when available)")
-    parser.add_argument("--threads", type=cli_args.threads, default=max(1, (os.cpu_count() or 2) - 1),
-                        help="torch CPU threads (default: all cores but one, which the web server keeps)")
+    from spice_core.exec.cpu_lane import available_cores
+
+    parser.add_argument("--threads", type=cli_args.threads, default=max(1, available_cores() - 1),
+                        help="torch CPU threads (default: all cores this process may use, within its container's "
+                             "CPU quota, but one, which the web server keeps)")
     args = parser.parse_args()
     import torch
 

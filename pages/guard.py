@@ -147,8 +147,10 @@ class FairQueue:
         # Counting and reserving happen with no await in between: concurrent joins of one visitor cannot both pass.
         if self.held_by(visitor) + self._joining.get(visitor, 0) >= self.per_visitor:
             log.info("refused a queued event: the visitor already has %d waiting or running", self.per_visitor)
+            # "error" (400), not "queue_full": for a 503 the browser shows its own "This application is currently
+            # busy" and drops this text, which says what is different here (the app has room: this visitor is full).
             return (False, f"You already have {self.per_visitor} requests waiting or running: wait for them to "
-                           "finish (the queue is shared with every visitor).", "queue_full")
+                           "finish (the queue is shared with every visitor).", "error")
         fn = self._fn(body)
         if fn is None:          # Gradio's push would fail with a KeyError traceback in the log
             return False, "No such endpoint.", "error"

@@ -45,6 +45,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -62,12 +63,35 @@ AUTO_MIN_THREADS = 3             # ... each with at least this many intra-op thr
 _worker_threads = threading.local()     # the intra-op thread count each worker thread last set
 
 
-def available_cores() -> int:
-    """Cores this process may run on (its affinity mask where the OS has one)."""
+def available_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """Cores this process may run on: its affinity mask where the OS has one, and no more than its cgroup's CPU quota
+    allows (a container, e.g. a 2-vCPU Space, may see every core of its host and be given two of them)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # non-Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = _cgroup_cpus(cgroup)
+    return max(1, min(cores, quota)) if quota else cores
+
+
+def _cgroup_cpus(root: Path) -> int | None:
+    """The CPUs a cgroup quota gives (cgroup v2 ``cpu.max``, else v1 ``cpu.cfs_quota_us``/``cfs_period_us``),
+    rounded up; None without a quota (or without cgroups)."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        if quota == "max":
+            return None
+    except (OSError, ValueError):
+        try:
+            quota = (root / "cpu" / "cpu.cfs_quota_us").read_text().strip()
+            period = (root / "cpu" / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return None
+    try:
+        q, p = int(quota), int(period)
+    except ValueError:
+        return None
+    return -(-q // p) if q > 0 and p > 0 else None
 
 
 def most_side_by_side(cores_left: int, min_threads: int = AUTO_MIN_THREADS) -> int:

@@ -268,3 +268,25 @@ def test_the_lane_says_from_how_many_experts_it_runs_them_side_by_side(monkeypat
     assert cpu_lane_mod.shape_side_from("1x0") == cpu_lane_mod.shape_side_from("3x5") == 0
     monkeypatch.setenv(cpu_lane_mod.SHAPE_ENV, "1x0")          # no lane made (a modeled run): the shape setting's
     assert cpu_lane_mod.lane_side_from(None) == 0
+
+
+def test_the_cores_counted_stay_within_the_containers_cpu_quota(tmp_path, monkeypatch):
+    """Review risk: a 2-vCPU Space may see all its host's cores; the app's threads and the lane's shape counted
+    them all (oversubscribing the two it has)."""
+    monkeypatch.setattr(cpu_lane_mod.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("200000 100000\n")
+    assert cpu_lane_mod.available_cores(v2) == 2
+    (v2 / "cpu.max").write_text("150000 100000\n")          # 1.5 CPUs: two threads may run
+    assert cpu_lane_mod.available_cores(v2) == 2
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert cpu_lane_mod.available_cores(v2) == 16
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("400000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cpu_lane_mod.available_cores(v1) == 4
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")    # no quota
+    assert cpu_lane_mod.available_cores(v1) == 16
+    assert cpu_lane_mod.available_cores(tmp_path / "none") == 16
