@@ -8,12 +8,10 @@ Imported by the scripts as ``bench_args`` (their own folder is on sys.path); kno
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import tempfile
 from pathlib import Path
 
-from spice_core.errors import ConfigError, SpiceError
+from spice_core.errors import SpiceError
 from spice_core.tools import args as ca
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")     # as the loader tells a hub id from a folder
@@ -63,29 +61,13 @@ def model(text: str) -> str:
     return value
 
 
-def _probe(folder: Path, flag: str, shown: Path) -> None:
-    """Create and remove a scratch file in ``folder``'s nearest existing ancestor: os.access says yes to root on a
-    read-only file system, a write does not."""
-    probe = folder
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
-    try:
-        fd, name = tempfile.mkstemp(prefix=".write-check-", dir=probe)
-        os.close(fd)
-        os.unlink(name)
-    except OSError as e:
-        raise ConfigError(f"{flag} {shown}: cannot write in {probe} ({e.strerror or e}): pass a writable "
-                          "folder") from None
-
-
 def check_out_file(parser: argparse.ArgumentParser, path, flag: str) -> None:
     """``path`` can be written as a file (its folder exists or can be made): else ``parser.error``, before the
     work rather than after it."""
     from spice_core.user_files import check_writable_file
 
     try:
-        p = check_writable_file(path, flag)
-        _probe(p.parent, flag, p)
+        check_writable_file(path, flag)         # a scratch file written where it would go (root: no os.access)
     except SpiceError as e:
         parser.error(str(e))
 
@@ -95,8 +77,7 @@ def check_out_dir(parser: argparse.ArgumentParser, path, flag: str) -> None:
     from spice_core.user_files import check_writable_dir
 
     try:
-        p = check_writable_dir(path, flag)
-        _probe(p, flag, p)
+        check_writable_dir(path, flag)
     except SpiceError as e:
         parser.error(str(e))
 

@@ -148,11 +148,14 @@ _MESSAGE_SHAPE = ('send a list of {"role": "user" or "assistant", "content": tex
                   '{"type": "text", "text": ...} parts} objects, or [] for none')
 
 
+_MESSAGE_FIELDS = ("role", "content", "metadata", "options")
+
+
 def _history_problem(exc: ValidationError) -> str:
     """What a refused history's first error says: the message's number and field (never its value)."""
     loc = next(iter(exc.errors()), {}).get("loc", ())
     at = f"message {loc[0] + 1}" if loc and isinstance(loc[0], int) else "a message"
-    part = f"'s {loc[1]}" if len(loc) > 1 and isinstance(loc[1], str) else ""
+    part = f"'s {loc[1]}" if len(loc) > 1 and loc[1] in _MESSAGE_FIELDS else ""     # ours, never a key it sent
     return f"History: {at}{part} is not something this chat takes: {_MESSAGE_SHAPE}"
 
 

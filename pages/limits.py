@@ -12,14 +12,14 @@ from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 
+from spice_core import errors
 from spice_core.api import EngineInfo
 from spice_core.errors import ConfigError
 
 
 def quoted(value, limit: int = 20) -> str:
-    """A visitor's value as a note quotes it (repr), at most ``limit`` characters: an API client may send megabytes."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    """A visitor's value as a note quotes it: `spice_core.errors.quoted`, 20 characters unless ``limit`` says more."""
+    return errors.quoted(value, limit)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import numbers
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from spice_core.errors import ConfigError
+from spice_core.errors import ConfigError, quoted
 from spice_core.policy.spec import POLICY_SPECS
 from spice_core.records import EngineInfo
 from spice_core.timing.profiles import routing_shape
@@ -54,15 +54,9 @@ SETTING_RANGES = MappingProxyType({
 def _check_range(name: str, value: float) -> None:
     lo, hi = SETTING_RANGES[name]
     if isinstance(value, bool) or not isinstance(value, numbers.Real):      # numpy's numbers are Real too
-        raise ConfigError(f"{name}={_quoted(value)} is not a number: use a value in [{lo}, {hi}]")
+        raise ConfigError(f"{name}={quoted(value)} is not a number: use a value in [{lo}, {hi}]")
     if not (lo <= value <= hi):
         raise ConfigError(f"{name}={value!r} is out of range: use a value in [{lo}, {hi}]")
-
-
-def _quoted(value) -> str:
-    """A caller's value as an error quotes it: at most 40 characters."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 SEED_MAX = 2**63 - 1          # torch.manual_seed takes a signed 64-bit value
@@ -108,21 +102,21 @@ class RunSettings:
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy, str) or self.policy not in POLICIES:
-            raise ConfigError(f"policy={_quoted(self.policy)} is unknown: choose one of {', '.join(POLICIES)}")
+            raise ConfigError(f"policy={quoted(self.policy)} is unknown: choose one of {', '.join(POLICIES)}")
         for name in ("profile", "shape"):          # their names are checked against the engine's lists at start
             if not isinstance(getattr(self, name), str):
-                raise ConfigError(f"{name}={_quoted(getattr(self, name))} is not a name: pass one as a string")
+                raise ConfigError(f"{name}={quoted(getattr(self, name))} is not a name: pass one as a string")
         if not isinstance(self.cpu_lane, bool):
-            raise ConfigError(f"cpu_lane={_quoted(self.cpu_lane)} must be True or False")
+            raise ConfigError(f"cpu_lane={quoted(self.cpu_lane)} must be True or False")
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or not 0 <= self.seed <= SEED_MAX:
-            raise ConfigError(f"seed={_quoted(self.seed)} is out of range: use an integer in [0, 2**63 - 1]")
+            raise ConfigError(f"seed={quoted(self.seed)} is out of range: use an integer in [0, 2**63 - 1]")
         stop = self.stop
         if stop is None:
             stop = ()
         elif isinstance(stop, str):                # one stop string, not its characters
             stop = (stop,)
         if not isinstance(stop, (tuple, list)) or not all(isinstance(x, str) and x for x in stop):
-            raise ConfigError(f"stop={_quoted(self.stop)} must be a string or a sequence of non-empty strings")
+            raise ConfigError(f"stop={quoted(self.stop)} must be a string or a sequence of non-empty strings")
         object.__setattr__(self, "stop", tuple(stop))
         for name in ("cache_frac", "tau_prefetch", "tau_approx"):
             _check_range(name, getattr(self, name))

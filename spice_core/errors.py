@@ -5,6 +5,12 @@ API or the app raises a `SpiceError` subclass whose text is shown as-is (no trac
 """
 
 
+def quoted(value, limit: int = 40) -> str:
+    """A caller's value as an error message quotes it (its repr), at most ``limit`` characters: it may be megabytes."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 class SpiceError(Exception):
     """Base class: the message is one line that names the setting to change."""
 

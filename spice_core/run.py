@@ -9,6 +9,7 @@ Holds the engine's one-generation lock while it is iterated; settings changes ar
 """
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 import uuid
@@ -160,7 +161,6 @@ class GenerationRun:
     def _decode(self, rt: LayerRuntime, notes: list[str]):
         eng, s, lm = self.engine, self.settings, self.engine.lm
         stepper = rt.executor.stepper()
-        gen = None                    # the sampler's generator, seeded once the run samples (`_steps`)
         streamer = TextStreamer(lm.tokenizer, s.stop)
         eos = _eos_ids(lm)
         room = lm.max_context_tokens - len(self.input_ids)
@@ -173,16 +173,16 @@ class GenerationRun:
             max_new = min(max_new, len(self.forced_ids))
         timing = eng.machine.run_timing(self._modeled)
         try:
-            finish = yield from self._steps(rt, stepper, streamer, gen, eos, max_new, timing)
+            finish = yield from self._steps(rt, stepper, streamer, eos, max_new, timing)
         except GeneratorExit:         # closed between tokens: a cancel(), a break, or a dropped iterator
             self._wrap_up(rt, streamer, self._closed_finish or "cancelled", notes)
             raise
         self._wrap_up(rt, streamer, finish, notes)
 
-    def _steps(self, rt: LayerRuntime, stepper, streamer: TextStreamer, gen, eos: set[int], max_new: int,
-               timing: str):
+    def _steps(self, rt: LayerRuntime, stepper, streamer: TextStreamer, eos: set[int], max_new: int, timing: str):
         """Yield the run's StepStats, one per token; returns why it ended."""
         forced, wall = self.forced_ids, time.perf_counter
+        gen = None                    # the sampler's generator, seeded once the run samples
         cur = list(self.input_ids)
         finish = ""
         steps = self.record.steps
@@ -294,9 +294,12 @@ class _RunIterator:
             self._gen.close()
 
     def close_if_paused(self) -> None:
+        """Close the run if it is paused at a token (a run not started yet sees the cancel at its first step, and is
+        recorded then; one computing a token sees it at the next)."""
         if self._mu.acquire(blocking=False):
             try:
-                self._gen.close()
+                if inspect.getgeneratorstate(self._gen) == inspect.GEN_SUSPENDED:
+                    self._gen.close()
             finally:
                 self._mu.release()
 

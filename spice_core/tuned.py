@@ -132,19 +132,14 @@ def load_all(path: Path) -> list[TuneRecord]:
                           "to rewrite it") from None
 
 
-def check_can_save(path: Path) -> None:
+def check_can_save(path: Path, flag: str = "--out") -> None:
     """ConfigError, before a tune spends minutes, when `save` to ``path`` would fail after it: an existing file that
-    is not a tuned-settings file (`load_all`'s message), or a folder it cannot write in (tried with a scratch file)."""
-    path = Path(path)
-    if path.exists():
+    is not a tuned-settings file (`load_all`'s message), or a folder it cannot write in."""
+    from spice_core.user_files import check_writable_file
+
+    check_writable_file(path, flag)
+    if Path(path).exists():
         load_all(path)
-    probe = path.with_name(f".{path.name}.{os.getpid()}.probe")
-    try:
-        probe.write_text("", encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"--out {path}: cannot write there ({e.strerror}): pass a writable path") from None
-    finally:
-        probe.unlink(missing_ok=True)
 
 
 def find(path: Path, *, profile: str, shape: str, cache_frac: float, model: str | None = None) -> TuneRecord:

@@ -14,6 +14,7 @@ import gzip
 import json
 import math
 import os
+import tempfile
 import zlib
 from pathlib import Path
 
@@ -110,6 +111,12 @@ def check_writable_dir(path, flag: str) -> Path:
         raise ConfigError(f"{flag} {p}: {probe} is a file, so the folder cannot be created: pass another path")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(f"{flag} {p}: {probe} is not writable: pass a writable folder")
+    try:        # os.access says yes to root on a read-only file system: a scratch file says no
+        fd, scratch = tempfile.mkstemp(prefix=".write-check-", dir=probe)
+        os.close(fd)
+        os.unlink(scratch)
+    except OSError as e:
+        raise ConfigError(f"{flag} {p}: cannot write in {probe} ({e.strerror or e}): pass a writable folder") from None
     return p
 
 
