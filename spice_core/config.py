@@ -48,7 +48,7 @@ def check_copy_issue(value: str) -> str:
 # range behind RunSettings' back. max_lookahead's ends are integers (MoE layers ahead).
 SETTING_RANGES = MappingProxyType({
     "cache_frac": (0.0, 1.0), "tau_prefetch": (0.0, 1.0), "tau_approx": (0.0, 1.0), "tau_int8": (0.0, 1.0),
-    "temperature": (0.0, 10.0), "top_p": (1e-6, 1.0), "max_lookahead": (1, 64)})
+    "temperature": (0.0, 10.0), "top_p": (1e-6, 1.0), "repetition_penalty": (0.1, 10.0), "max_lookahead": (1, 64)})
 
 
 def _check_range(name: str, value: float) -> None:
@@ -97,6 +97,8 @@ class RunSettings:
     max_new_tokens: int = 128
     temperature: float = 0.0
     top_p: float = 1.0
+    # transformers' repetition penalty (1.0: none); None takes the checkpoint's generation_config, as `generate` does
+    repetition_penalty: float | None = None
     seed: int = 0
     stop: tuple[str, ...] = ()
 
@@ -134,6 +136,8 @@ class RunSettings:
                 f"max_new_tokens={self.max_new_tokens!r} is out of range: use an integer in [1, {MAX_NEW_TOKENS_LIMIT}]")
         _check_range("temperature", self.temperature)
         _check_range("top_p", self.top_p)
+        if self.repetition_penalty is not None:
+            _check_range("repetition_penalty", self.repetition_penalty)
 
     @property
     def exact(self) -> bool:

@@ -23,13 +23,16 @@ def build_prompt_ids(tokenizer, *, prompt: str | None = None, messages: list[dic
         if _spells_a_marker(tokenizer, msgs):
             return _chat_ids_literal(tokenizer, msgs)
         text = _chat_text(tokenizer, msgs)
+        templated = bool(getattr(tokenizer, "chat_template", None))
     else:
         if prompt is not None and not isinstance(prompt, str):
             raise PromptError(f"the prompt is not text ({type(prompt).__name__}): pass a str, or token ids to start_ids")
         if prompt is None or not prompt.strip():
             raise PromptError("the prompt is empty: pass some text with --prompt")
-        text = prompt
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        text, templated = prompt, False
+    # A chat template writes the special tokens it wants (its {{ bos_token }}); plain text gets the tokenizer's own,
+    # as `tokenizer(prompt)` before `generate` does (a BOS for Mixtral's and DeepSeek-V2's base tokenizers).
+    ids = tokenizer(text, add_special_tokens=not templated)["input_ids"]
     if not ids:
         raise PromptError("the prompt produced no tokens: pass some text")
     return list(ids)
@@ -110,6 +113,59 @@ def _content_text(content) -> str:
                 parts.append(str(p.get("text", "")))
         return "".join(parts)
     return str(content)
+
+
+# The checkpoint's generation_config fields that change a greedy token and that the engine does not apply (it applies
+# repetition_penalty, `checkpoint_repetition_penalty`): a run on a checkpoint that sets one says so.
+UNAPPLIED_GENERATION_FIELDS = ("no_repeat_ngram_size", "bad_words_ids", "min_new_tokens", "min_length",
+                               "suppress_tokens", "begin_suppress_tokens", "sequence_bias", "forced_bos_token_id",
+                               "forced_eos_token_id")
+
+
+def checkpoint_repetition_penalty(generation_config) -> float:
+    """The repetition penalty `generate` applies by default for this checkpoint (1.0: none)."""
+    value = getattr(generation_config, "repetition_penalty", None)
+    return float(value) if isinstance(value, numbers.Real) and value > 0 else 1.0
+
+
+def unapplied_generation_fields(generation_config) -> list[str]:
+    """``name=value`` of each field of `UNAPPLIED_GENERATION_FIELDS` the checkpoint sets to something active."""
+    out = []
+    for name in UNAPPLIED_GENERATION_FIELDS:
+        value = getattr(generation_config, name, None)
+        if value is None or value is False or value == 0 or value == [] or value == {}:
+            continue
+        out.append(f"{name}={value!r}")
+    return out
+
+
+class RepetitionPenalty:
+    """transformers' `RepetitionPenaltyLogitsProcessor` for one sequence: each token id seen so far (prompt and
+    generated) has its logit divided by ``penalty`` where positive, multiplied where negative, in float32 as
+    `generate` scores. Seen ids are kept as a mask on the logits' device, one write per token."""
+
+    def __init__(self, penalty: float, ids) -> None:
+        self.penalty = float(penalty)
+        self._ids = list(ids)
+        self._seen: torch.Tensor | None = None      # made at the first logits: their size and device
+
+    def saw(self, token: int) -> None:
+        if self._seen is None:
+            self._ids.append(int(token))
+        elif 0 <= token < self._seen.numel():
+            self._seen[token] = True
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [V] (any float dtype) -> penalised float32 logits [V]."""
+        scores = logits.float()
+        if self._seen is None:
+            self._seen = torch.zeros(scores.numel(), dtype=torch.bool, device=scores.device)
+            ids = [i for i in self._ids if 0 <= i < scores.numel()]     # ids past the logits are not scored
+            if ids:
+                self._seen[torch.tensor(ids, device=scores.device)] = True
+            self._ids = []
+        penalised = torch.where(scores < 0, scores * self.penalty, scores / self.penalty)
+        return torch.where(self._seen, penalised, scores)
 
 
 def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> int:

@@ -23,7 +23,8 @@ from spice_core.config import LIVE_FIELDS, RunSettings
 from spice_core.records import RunSummary, StepStats
 from spice_core.errors import ConfigError, SpiceError
 from spice_core.exec.experts import installed
-from spice_core.generation import TextStreamer, sample_next
+from spice_core.generation import (RepetitionPenalty, TextStreamer, checkpoint_repetition_penalty, sample_next,
+                                   unapplied_generation_fields)
 from spice_core.policy.spec import get_spec
 from spice_core.records import lane_intervals
 from spice_core.runtime.graph_exec import cache_bucket
@@ -75,6 +76,7 @@ class GenerationRun:
         self._iterator: weakref.ref | None = None     # to the `_RunIterator` the consumer holds
         self._closed_finish = ""
         self._context_note = ""
+        self._penalty: RepetitionPenalty | None = None      # set when decoding starts
         self.last_logits: torch.Tensor | None = None
 
     def cancel(self) -> None:
@@ -172,6 +174,7 @@ class GenerationRun:
         if self.forced_ids is not None:
             max_new = min(max_new, len(self.forced_ids))
         timing = eng.machine.run_timing(self._modeled)
+        self._penalty = self._repetition_penalty(notes)
         try:
             finish = yield from self._steps(rt, stepper, streamer, eos, max_new, timing)
         except GeneratorExit:         # closed between tokens: a cancel(), a break, or a dropped iterator
@@ -200,7 +203,8 @@ class GenerationRun:
                                          and forced is None)
                 if gen is None and self.settings.temperature > 0:    # sampling from here on (also when raised
                     gen = torch.Generator().manual_seed(self.settings.seed)   # mid-run): reproducible by the seed
-                tok = sample_next(logits, self.settings.temperature, self.settings.top_p, gen)
+                scores = logits if self._penalty is None else self._penalty(logits)
+                tok = sample_next(scores, self.settings.temperature, self.settings.top_p, gen)
                 step_ms = rt.end_token()
                 self.last_logits = logits.clone() if rt.executor.name == "graphed" else logits
                 c = rt.recorder.end_token()
@@ -237,7 +241,25 @@ class GenerationRun:
             if finish:
                 break
             cur = [tok if forced is None else forced[i]]
+            if self._penalty is not None:
+                self._penalty.saw(cur[0])
         return finish or "length"
+
+    def _repetition_penalty(self, notes: list[str]) -> RepetitionPenalty | None:
+        """The run's repetition penalty (its setting, else the checkpoint's generation_config, as `generate` does),
+        None where it is 1.0; the notes say where it came from, and which of the checkpoint's other generation
+        settings that change greedy tokens the engine does not apply."""
+        config = getattr(self.engine.lm.model, "generation_config", None)
+        asked = self.settings.repetition_penalty
+        penalty = checkpoint_repetition_penalty(config) if asked is None else float(asked)
+        if asked is None and penalty != 1.0:
+            notes.append(f"repetition penalty {penalty:g} from the checkpoint's generation_config, as transformers' "
+                         "generate applies it (repetition_penalty=1.0 turns it off)")
+        unapplied = unapplied_generation_fields(config)
+        if unapplied:
+            notes.append(f"the checkpoint's generation_config also sets {', '.join(unapplied)}, which this engine does "
+                         "not apply: its tokens may differ from generate's there")
+        return None if penalty == 1.0 else RepetitionPenalty(penalty, self.input_ids)
 
     def _wrap_up(self, rt: LayerRuntime, streamer: TextStreamer, finish: str, notes: list[str]) -> None:
         """The run's notes, totals and summary, and its place in the registry, however it ended."""

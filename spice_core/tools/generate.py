@@ -115,6 +115,8 @@ def add_cli(sub) -> None:
     p.add_argument("--max-new-tokens", type=ca.int_in(1, MAX_NEW_TOKENS_LIMIT), default=64)
     p.add_argument("--temperature", type=ca.float_in(*SETTING_RANGES["temperature"]), default=0.0)
     p.add_argument("--top-p", type=ca.float_in(*SETTING_RANGES["top_p"]), default=1.0)
+    p.add_argument("--repetition-penalty", type=ca.float_in(*SETTING_RANGES["repetition_penalty"]), default=None,
+                   help="transformers' repetition penalty, 1.0 = none (default: the checkpoint's generation_config)")
     p.add_argument("--seed", type=ca.seed, default=0)
     p.add_argument("--stop", type=ca.nonempty_text, action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -134,7 +136,8 @@ def run(args) -> int:
         raise ConfigError(f"--tuned {args.tuned}: no such file: pass the file `python -m spice_core tune` wrote")
     engine = load_engine(args)
     s = settings_from_args(args, engine, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                           top_p=args.top_p, seed=args.seed, stop=tuple(args.stop))
+                           top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
+                           stop=tuple(args.stop))
     tuned_note = ""
     if args.tuned is not None:
         s, tuned_note = apply_tuned(args, s, model=engine.lm.name)

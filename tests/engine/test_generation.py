@@ -97,3 +97,25 @@ def test_text_streamer_holds_back_partial_stop_strings():
     assert out == "abc"
     out += "".join(st.push(ord(c)) for c in "Dxyz")
     assert st.stopped and out == "abc" and st.text == "abc"
+
+
+def test_plain_prompt_gets_the_tokenizers_bos_as_stock_generate_does(tmp_path):
+    """A base tokenizer that prepends BOS (Mixtral's "<s> $A", DeepSeek-V2's add_bos_token): `tokenizer(prompt)` then
+    `generate` sees it, so the engine's plain prompt must too; a chat template writes its own special tokens."""
+    from tokenizers import processors
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from spice_core.generation import build_prompt_ids
+    from tiny_models import save_tiny_tokenizer
+
+    save_tiny_tokenizer(tmp_path)
+    backend = AutoTokenizer.from_pretrained(tmp_path).backend_tokenizer
+    backend.add_special_tokens(["<s>"])
+    bos = backend.token_to_id("<s>")
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>", bos_token="<s>")
+    prompt = "the cat saw a big red ball"
+    assert build_prompt_ids(tok, prompt=prompt) == tok(prompt)["input_ids"] == [bos] + tok(prompt, add_special_tokens=False)["input_ids"]
+    tok.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    ids = build_prompt_ids(tok, messages=[{"role": "user", "content": "hello"}])
+    assert ids.count(bos) == 1 and ids[0] == bos          # the template's BOS, not a second one
