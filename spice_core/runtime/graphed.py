@@ -134,6 +134,9 @@ class GraphedDecoder:
         self._draft_src: list = [None] * M
         self._x_src: list = [None] * M
         self.cache = StaticCache(config=cfg, max_cache_len=L)
+        if any(getattr(layer, "is_sliding", False) for layer in self.cache.layers):    # on the CPU path too
+            raise GraphCaptureError(f"{getattr(lm.family, 'name', '?')}: sliding-window cache layers need a per-layer "
+                                    "mask the graphed decoder does not build: use the eager executor")
         self._cache_kw = cache_kwarg(self.model)
         self._hook = _Hook(self)
         self._mode, self._on_layer, self._on_expert = None, None, None
@@ -395,9 +398,6 @@ class GraphedDecoder:
             with self._hooked("eager"):
                 self._body()          # initialises the cache lazily, cuBLAS handles, kernels
             torch.cuda.synchronize(self.device)
-            if any(getattr(layer, "is_sliding", False) for layer in self.cache.layers):
-                raise GraphCaptureError(f"{family}: sliding-window cache layers need a per-layer mask the graphed "
-                                        "decoder does not build: use the eager executor")
             self.cache.reset()        # the warm-up read arbitrary slots: clear K/V and lengths
             self.pos.zero_()
             self.captured_host_io = probe_captured(self.device, self._stream)
