@@ -14,7 +14,6 @@ Not thread-safe by design: one generation at a time (a second concurrent start r
 from __future__ import annotations
 
 import gc
-import inspect
 import logging
 import threading
 import time
@@ -289,14 +288,12 @@ class SpiceEngine:
         return self.export_chrome_trace(run_id, out_dir, gzipped=True)
 
     def export_tensorboard_zip(self, run_id: str, out_dir: Path) -> Path:
-        from spice_core.trace.tensorboard import write_tensorboard_run, zip_dir
+        """The run as a TensorBoard logdir of one run, zipped: only the zip is left in ``out_dir``."""
+        from spice_core.trace.tensorboard import write_tensorboard_zip
 
         rec = self._record(run_id)
-        run_dir = Path(out_dir) / f"spice-{run_id}"
-        write_tensorboard_run(rec.events, run_dir, worker="spice", metadata=self._metadata(rec)) \
-            if "metadata" in inspect.signature(write_tensorboard_run).parameters else \
-            write_tensorboard_run(rec.events, run_dir, worker="spice")
-        return zip_dir(run_dir, Path(out_dir) / f"spice-{run_id}-tensorboard.zip")
+        return write_tensorboard_zip(rec.events, Path(out_dir) / f"spice-{run_id}-tensorboard.zip",
+                                     run_name=f"spice-{run_id}", metadata=self._metadata(rec))
 
     def export_csv(self, run_id: str, out_dir: Path) -> Path:
         from spice_core.trace.export import write_per_token_csv

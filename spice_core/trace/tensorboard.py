@@ -67,6 +67,23 @@ def _free_pid(trace_events: list[dict]) -> int:
     return max((p for p in pids if isinstance(p, int) and not isinstance(p, bool)), default=0) + 1
 
 
+def _is_time(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _near_zero(trace: dict, base: list[dict]) -> list[dict]:
+    """The profiler's events moved back by whole µs to start near 0, ``trace``'s ``baseTimeNanoseconds`` forward by as
+    much (the same instants). torch.profiler's clock reads ~5e12 µs, where a double cannot hold µs to 3 decimals: SPICE's
+    back-to-back slices placed there came out 1-2 ns overlapping once rounded, which Perfetto reports and moves."""
+    times = [e["ts"] for e in base if _is_time(e.get("ts"))]
+    shift_us = int(min(times, default=0.0))
+    if shift_us <= 0:
+        return base
+    if _is_time(trace.get("baseTimeNanoseconds")):
+        trace["baseTimeNanoseconds"] = trace["baseTimeNanoseconds"] + shift_us * 1000
+    return [dict(e, ts=e["ts"] - shift_us) if _is_time(e.get("ts")) else e for e in base]
+
+
 def merge_into_profiler_trace(profiler_trace: dict, events: Iterable[TraceEvent], *,
                               metadata: dict | None = None, trace_name: str = "spice") -> dict:
     """``profiler_trace`` with SPICE's events added on a pid of their own; the input is not changed.
@@ -75,8 +92,8 @@ def merge_into_profiler_trace(profiler_trace: dict, events: Iterable[TraceEvent]
     "traceName", ...); SPICE's ``metadata`` goes under a new "spice" key.
     """
     merged = dict(profiler_trace)
-    base = list(profiler_trace.get("traceEvents", []))
-    starts = [e["ts"] for e in base if e.get("ph") == "X" and isinstance(e.get("ts"), (int, float))]
+    base = _near_zero(merged, list(profiler_trace.get("traceEvents", [])))
+    starts = [e["ts"] for e in base if e.get("ph") == "X" and _is_time(e.get("ts"))]
     meta = jsonable(dict(metadata or {}))
     timing = meta.get("timing")
     spice = chrome_trace_events(
@@ -97,6 +114,18 @@ def write_tensorboard_run(events: Iterable[TraceEvent], run_dir: Path, *, worker
     path = run_dir / f"{worker}{TRACE_SUFFIX}"
     merged = merge_into_profiler_trace(_profiler_trace(), events, metadata=metadata, trace_name=path.name)
     return write_json(jsonable(merged), path)
+
+
+def write_tensorboard_zip(events: Iterable[TraceEvent], zip_path: Path, *, run_name: str, worker: str = "spice",
+                          metadata: dict | None = None) -> Path:
+    """`write_tensorboard_run` into a scratch folder beside ``zip_path``, zipped so that it unpacks as
+    ``<run_name>/<worker>.pt.trace.json.gz``; the scratch folder goes, whatever happens."""
+    zip_path = Path(zip_path)
+    zip_path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=zip_path.parent, prefix=".tb-") as scratch:
+        run_dir = Path(scratch) / run_name
+        write_tensorboard_run(events, run_dir, worker=worker, metadata=metadata)
+        return zip_dir(run_dir, zip_path)
 
 
 def zip_dir(run_dir: Path, zip_path: Path) -> Path:

@@ -65,7 +65,8 @@ def test_tensorboard_and_csv_exports(engines, tmp_path):
     list(run)
     z = eng.export_tensorboard_zip(run.run_id, tmp_path)
     names = zipfile.ZipFile(z).namelist()
-    assert any(n.endswith(".pt.trace.json.gz") for n in names)
+    assert names == [f"spice-{run.run_id}/spice.pt.trace.json.gz"]      # unpacks as a logdir of one run
+    assert sorted(p.name for p in tmp_path.iterdir()) == [z.name]        # the zip alone: no run folder left beside it
     df = pd.read_csv(eng.export_csv(run.run_id, tmp_path))
     assert len(df) == 5 and {"step_ms", "hit_selections", "miss_selections"} <= set(df.columns)
 
