@@ -240,7 +240,9 @@ class ModeledTimeline:
         self.wait(handle)
 
     def mark(self, kind: str, key: ExpertKey | None, nbytes: int = 0, detail: str = "", lane: str = "gpu") -> None:
-        t = self._copy_free if lane == "copy" else self._gpu_free
+        """An instant. On the copy lane (an eviction, a wasted prefetch) it is the planner's decision, made when the
+        host issues the copy that follows (it was stamped at the end of the last copy, which may lie in a past token)."""
+        t = (self._host if self._host_on else self._gpu_free) if lane == "copy" else self._gpu_free
         self._emit(lane, kind, t, t, key, nbytes, detail)
 
     def end_token(self) -> float:

@@ -11,8 +11,10 @@ trace is well formed. It checks:
 - nesting: "X" slices on one (pid, tid) are properly nested or disjoint, never partially
   overlapping, and "B"/"E" pairs balance.
 
-Overlap uses a tolerance of 1 ns plus a few float ulps: traces store µs with 3 decimals, and
-near 5e12 µs (torch.profiler's clock) a double only just holds that.
+Overlap is judged as Perfetto's JSON importer reads times: ``ts`` and ``dur`` each rounded to whole
+nanoseconds, a slice ending at ``ts + dur``, no tolerance beyond that. So a trace near 5e12 µs
+(torch.profiler's clock), where a double cannot hold µs to 3 decimals, fails where its back-to-back
+slices come out 1 ns apart (Perfetto moves such a slice to another track and reports an import error).
 
 This module deliberately does not know SPICE's lanes, event kinds or units: it judges any
 Chrome trace, including the ones torch.profiler writes.
@@ -48,8 +50,9 @@ def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def _tolerance_us(*values: float) -> float:
-    return 1e-3 + 4 * math.ulp(max(abs(v) for v in values))
+def _ns(us: float) -> int:
+    """µs to whole nanoseconds, as Perfetto's importer rounds them."""
+    return round(us * 1000)
 
 
 def _where(i: int, ev: dict) -> str:
@@ -118,24 +121,19 @@ def _check_event(i: int, ev, problems: list[str]) -> bool:
 def _check_slices(slices: dict, events: list, problems: list[str]) -> None:
     """"X" slices of one (pid, tid) must be properly nested or disjoint."""
     for (pid, tid), idxs in slices.items():
-        idxs.sort(key=lambda i: (events[i]["ts"], -events[i]["dur"]))
+        span = {i: (_ns(events[i]["ts"]), _ns(events[i]["ts"]) + _ns(events[i]["dur"])) for i in idxs}
+        idxs.sort(key=lambda i: (span[i][0], -span[i][1]))
         stack: list[int] = []           # indices of open slices, outermost first
         for i in idxs:
-            ts = events[i]["ts"]
-            end = ts + events[i]["dur"]
-            while stack:
-                top_end = events[stack[-1]]["ts"] + events[stack[-1]]["dur"]
-                if top_end <= ts + _tolerance_us(ts, top_end):
-                    stack.pop()
-                else:
-                    break
+            ts, end = span[i]
+            while stack and span[stack[-1]][1] <= ts:
+                stack.pop()
             if stack:
                 j = stack[-1]
-                top_end = events[j]["ts"] + events[j]["dur"]
-                if end > top_end + _tolerance_us(end, top_end):
+                if end > span[j][1]:
                     problems.append(
-                        f"{_where(i, events[i])} [{ts}, {end}] us partially overlaps "
-                        f"{_where(j, events[j])} [{events[j]['ts']}, {top_end}] us on pid {pid!r} tid {tid!r}")
+                        f"{_where(i, events[i])} [{ts}, {end}] ns partially overlaps "
+                        f"{_where(j, events[j])} [{span[j][0]}, {span[j][1]}] ns on pid {pid!r} tid {tid!r}")
                     continue
             stack.append(i)
 

@@ -169,8 +169,10 @@ def _args(ev: TraceEvent, track: str) -> dict:
 
 def _counter_events(events: Sequence[TraceEvent], pid: int | str, origin_ms: float,
                     ts_offset_us: float) -> list[dict]:
-    """Per-token counters sampled at the token's first event: hit / late prefetch / miss instants and copied MB."""
+    """Per-token counters sampled where the token starts (its "token" slice, else its first event): hit / late
+    prefetch / miss instants and copied MB."""
     first_ms: dict[int, float] = {}
+    token_ms: dict[int, float] = {}
     hits: dict[int, int] = defaultdict(int)
     late: dict[int, int] = defaultdict(int)
     misses: dict[int, int] = defaultdict(int)
@@ -179,7 +181,9 @@ def _counter_events(events: Sequence[TraceEvent], pid: int | str, origin_ms: flo
         if ev.token < 0:
             continue
         first_ms[ev.token] = min(first_ms.get(ev.token, ev.start_ms), ev.start_ms)
-        if ev.kind in _HIT_KINDS:
+        if ev.kind == "token":
+            token_ms[ev.token] = ev.start_ms
+        elif ev.kind in _HIT_KINDS:
             if _account_kind(ev) == LATE_OUTCOME:
                 late[ev.token] += 1
             else:
@@ -190,7 +194,7 @@ def _counter_events(events: Sequence[TraceEvent], pid: int | str, origin_ms: flo
             copied[ev.token] += ev.bytes
     out = []
     for token in sorted(first_ms):
-        ts = round(_us(first_ms[token] - origin_ms) + ts_offset_us, _US_DECIMALS)
+        ts = round(_us(token_ms.get(token, first_ms[token]) - origin_ms) + ts_offset_us, _US_DECIMALS)
         out.append({"ph": "C", "name": "experts hit/late/missed", "cat": CATEGORY, "pid": pid, "tid": COUNTER_TID,
                     "ts": ts, "args": {"hit_experts": hits[token], "late_experts": late[token],
                                        "miss_experts": misses[token]}})

@@ -151,3 +151,24 @@ def test_late_prefetches_are_counted_apart_in_the_summary_the_explorer_and_every
     dec = csv[csv["index"] >= 1]
     assert int(dec["experts_prefetch_late"].sum()) == decode_late
     assert int(dec["experts_prefetch_hit"].sum()) == in_time_pre
+
+
+@pytest.mark.parametrize("policy", ["lru", "spice"])
+def test_each_tokens_counters_and_evictions_sit_inside_that_tokens_slice(shipped_engine, policy, tmp_path):
+    """Token N's counters and eviction marks were stamped at the end of the last copy, inside token N-1 (5 of 6 lru
+    tokens): a reader of the trace saw token N's counts and evictions under the token before."""
+    eng = shipped_engine
+    run = eng.start_prompt(PROMPT, RunSettings(policy=policy, cache_frac=0.25, tau_approx=0.05, max_new_tokens=8))
+    list(run)
+    trace = json.loads(eng.export_chrome_trace(run.run_id, tmp_path).read_text())["traceEvents"]
+    spans = {e["args"]["token"]: (e["ts"], e["ts"] + e["dur"]) for e in trace
+             if e.get("ph") == "X" and e.get("args", {}).get("kind") == "token"}
+    assert len(spans) == 8
+    counters = [e for e in trace if e.get("ph") == "C"]
+    for c in counters:                              # sampled at a token's start: one of the slices' starts
+        assert any(c["ts"] == start for start, _ in spans.values())
+    marks = [e for e in trace if e.get("ph") == "i" and e.get("args", {}).get("kind") in ("evict", "prefetch_wasted")]
+    assert marks, "the run should evict to make the check meaningful"
+    for m in marks:
+        start, end = spans[m["args"]["token"]]
+        assert start <= m["ts"] <= end, m

@@ -36,10 +36,14 @@ def test_a_well_formed_trace_has_no_problems():
     assert validate_chrome_trace(good_trace()["traceEvents"]) == []     # JSON Array Format
 
 
-def test_slices_within_a_nanosecond_of_nesting_are_accepted():
-    t = {"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 0.0, "dur": 10.0},
-                         {"ph": "X", "name": "b", "pid": 1, "tid": 1, "ts": 5.0, "dur": 5.001}]}
-    assert validate_chrome_trace(t) == []
+def test_slices_are_judged_in_whole_nanoseconds_as_perfetto_reads_them():
+    def trace(dur_b):
+        return {"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 0.0, "dur": 10.0},
+                                {"ph": "X", "name": "b", "pid": 1, "tid": 1, "ts": 5.0, "dur": dur_b}]}
+
+    assert validate_chrome_trace(trace(5.0 + 1e-7)) == []         # float noise under half a nanosecond
+    problems = validate_chrome_trace(trace(5.001))                # ends 1 ns after its parent: Perfetto moves it
+    assert len(problems) == 1 and "[5000, 10001] ns partially overlaps" in problems[0]
 
 
 def _event(trace, target):

@@ -102,3 +102,21 @@ def test_torch_tb_profiler_parses_the_file_when_installed(trace):
     data.analyze()
     profile = RunGenerator("spice", None, data).generate_run_profile()
     assert "trace" in {v.name for v in profile.views}
+
+
+def test_back_to_back_slices_stay_back_to_back_on_the_profilers_clock():
+    """torch.profiler's clock reads ~5e12 µs, where a double cannot hold µs to 3 decimals: SPICE's slices placed
+    there came out 1-2 ns overlapping once rounded (Perfetto moves them and reports an import error). The merge
+    moves the whole trace near 0, and baseTimeNanoseconds by as much, so every instant stays where it was."""
+    base_ts = 5787230384222.585
+    base = {"schemaVersion": 1, "baseTimeNanoseconds": 1790857026000000000,
+            "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 7, "tid": 7, "ts": base_ts,
+                             "dur": 5.0}]}
+    events = [TraceEvent(token=t, layer=-1, expert=-1, lane="gpu", kind="token", start_ms=t * 0.3333337,
+                         end_ms=(t + 1) * 0.3333337) for t in range(400)]
+    merged = merge_into_profiler_trace(base, events)
+    assert validate_chrome_trace(merged) == []
+    op = next(e for e in merged["traceEvents"] if e.get("name") == "aten::mm")
+    assert 0 <= op["ts"] < 1.0
+    shift_us = merged["baseTimeNanoseconds"] - base["baseTimeNanoseconds"]
+    assert shift_us % 1000 == 0 and abs(op["ts"] + shift_us / 1000 - base_ts) < 1e-3
