@@ -35,8 +35,11 @@ def _config(ap, a) -> dict:
 
     try:
         cfg = load_config_file(a.config)
-        if a.budget is not None:
+        if a.budget is not None:       # for every run: a run's own "budgets" would override the top level's
             cfg["budgets"] = [a.budget]
+            if isinstance(cfg.get("runs"), list):
+                cfg["runs"] = [{k: v for k, v in run.items() if k != "budgets"} if isinstance(run, dict) else run
+                               for run in cfg["runs"]]
         if a.prompts is not None:
             cfg["prompts"] = {"heldout": a.prompts}
             cfg["runs"] = [{"long_prompt": False}]

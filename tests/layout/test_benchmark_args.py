@@ -201,3 +201,17 @@ def test_as_a_command_the_status_is_2_and_no_traceback(argv):
     p = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
     assert p.returncode == 2 and p.stdout == ""
     assert _error_line(p.stderr).startswith("error: ")
+
+
+def test_lane_batches_budget_flag_wins_over_a_runs_budgets(tmp_path):
+    """--budget runs that budget alone: a run entry's own "budgets" (the cpu-lane configs have them) overrode it."""
+    import argparse
+    import json
+
+    from benchmarks.lane_batches import _config
+
+    cfg_path = tmp_path / "config.json"
+    cfg_path.write_text(json.dumps({"model": "assets/spice-mini", "timing": "modeled", "budgets": [0.1, 0.5],
+                                    "runs": [{"budgets": [0.1, 0.5], "long_prompt": False}]}))
+    cfg = _config(argparse.ArgumentParser(), argparse.Namespace(config=cfg_path, budget=0.25, prompts=None, policies=None))
+    assert cfg["budgets"] == [0.25] and cfg["runs"] == [{"long_prompt": False}]
