@@ -311,3 +311,17 @@ def test_a_failed_capture_says_so_once_and_says_nothing_of_the_failed_build_twic
     assert [n for n in s.notes if n.startswith("fast path off")] == \
         ["fast path off: capture refused for this test; decode runs on the eager executor"], s.notes
     assert len(s.notes) == len(set(s.notes)), s.notes
+
+
+@pytest.mark.parametrize("family", ("qwen2_moe", "mixtral"))
+def test_a_repetition_penalty_gives_the_same_tokens_with_and_without_the_step_run_ahead(graphed, family):
+    """`resident`'s one-graph step runs the next step ahead on the raw greedy token; a penalty that picks another
+    token rolls it back. Its penalised tokens are lru's (segments, nothing run ahead), and the penalty changes them."""
+    eng = graphed[family]
+    for ids in PROMPTS:
+        plain, _ = _tokens(eng, ids, "resident", n=16, repetition_penalty=1.0)
+        ref, s = _tokens(eng, ids, "resident", n=16, repetition_penalty=3.0)
+        assert any("fast path:" in n for n in s.notes), s.notes
+        toks, _ = _tokens(eng, ids, "lru", n=16, repetition_penalty=3.0)
+        assert toks == ref
+        assert ref != plain
