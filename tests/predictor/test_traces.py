@@ -123,3 +123,17 @@ def test_a_second_shipped_model_calibrates_on_its_own_heldout_split(tmp_path, mo
     monkeypatch.setattr(shipped, "ASSETS", tmp_path)
     texts, source = calibration_texts(load_model(d, "cpu"))
     assert source.startswith("spice-mini-qwen2's held-out split") and texts == ["the qwen2 story of a cat"]
+
+
+def test_a_users_checkpoint_is_scored_on_text_it_was_not_calibrated_on(tiny_dirs):
+    """A model with no held-out split of its own calibrates on the built-in prompts and the shipped stories; quality
+    and tune score on the "eval" half. Both halves began with the same built-in prompts, so a pick was scored partly
+    on its own training text."""
+    from spice_core.model.loader import load_model
+    from spice_core.predictor.traces import calibration_texts
+
+    lm = load_model(tiny_dirs["mixtral"], "cpu")
+    cal, cal_src = calibration_texts(lm, part="calibration")
+    ev, ev_src = calibration_texts(lm, part="eval")
+    assert cal and ev and set(cal).isdisjoint(ev)
+    assert "calibration half" in cal_src and "eval half" in ev_src
