@@ -549,4 +549,19 @@ def markdown_table(records: list[dict], cfg: dict) -> str:
         rows.append("| " + " | ".join(cells) + f" | {ms.get('approx', '')}/{ms.get('cpu', '')}/{ms.get('copy', '')} | "
                     f"{split_cell} |")
     return (f"timing: **{cfg['timing']}**; model: {records[0]['model'] if records else ''}\n\n" + head
-            + "\n".join(rows) + "\n")
+            + "\n".join(rows) + "\n" + notes_section(records))
+
+
+def notes_section(records: list[dict]) -> str:
+    """What the runs' notes say (a fallback, a lane not offered, an uncalibrated model's predictor), each note once
+    with the rows that carry it: a row reads as its policy's full method unless its notes say otherwise."""
+    rows_of: dict[str, list[str]] = {}
+    for r in records:
+        row = f"{r.get('workload', 'prompts')} {r.get('link', '')} {r.get('budget_frac', 0):.0%} {r['policy']}"
+        for note in r.get("notes") or ():
+            rows_of.setdefault(str(note), []).append(row)
+    if not rows_of:
+        return ""
+    n = len(records)
+    lines = [f"- {note} ({'every row' if len(rows) == n else '; '.join(rows)})" for note, rows in rows_of.items()]
+    return "\nNotes of the runs:\n\n" + "\n".join(lines) + "\n"

@@ -384,3 +384,21 @@ def test_a_damaged_heldout_file_gets_a_one_line_error_naming_it(tmp_path, damage
                      else b"plain text")
     with pytest.raises(ConfigError, match=rf"{HELDOUT_FILENAME} cannot be read .*regenerate it"):
         prompts(1, tmp_path)
+
+
+def test_results_md_says_what_the_runs_notes_say(tmp_path):
+    """An uncalibrated model's spice runs without its draft heads and LoRE, which the record's notes say: the table
+    a reader opens said nothing, so a spice row read as the full method."""
+    cfg = {"model": "random:tiny-deepseek", "policies": ["lru", "spice"], "budgets": [0.3], "links": ["native"],
+           "timing": "modeled", "profile": "h200-pcie5x16", "shape": "deepseek-v2-lite",
+           "prompts": {"random_ids": 1, "length": 8}, "max_new_tokens": 4, "tau_approx": 0.1}
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(cfg))
+    recs = run_bench(_load_config(path), tmp_path / "out", "cpu")
+    spice = next(r for r in recs if r["policy"] == "spice")
+    assert spice["notes"]
+    md = (tmp_path / "out" / "results.md").read_text()
+    notes = md.split("Notes of the runs:")[1]
+    for note in spice["notes"]:
+        line = next(line for line in notes.splitlines() if line.startswith(f"- {note} ("))
+        assert "spice" in line
