@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,8 +44,10 @@ class Artifacts:
     calibration: dict = field(default_factory=dict)  # spice-calibration.json as read
 
 
-def calibrate_command(lm) -> str:
-    return f"python -m spice_core calibrate --model {lm.path}"
+def calibrate_command(lm, *extra: str) -> str:
+    """The command that builds ``lm``'s artifacts (its folder quoted for a shell; ``M`` where it has none)."""
+    path = getattr(lm, "path", None)
+    return " ".join(["python -m spice_core calibrate --model", shlex.quote(str(path)) if path else "M", *extra])
 
 
 def model_fingerprint(lm) -> dict:

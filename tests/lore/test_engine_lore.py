@@ -90,5 +90,5 @@ def test_without_lore_artifacts_tau_approx_runs_exact_and_says_how_to_build_them
     assert eng.artifacts is None or eng.artifacts.lore is None
     run = eng.start_ids(PROMPT, RunSettings(policy="spice", tau_approx=0.5, max_new_tokens=32, cache_frac=0.4))
     assert [s.token_id for s in run] == stock_tokens["qwen3_moe"]
-    assert any("no LoRE artifacts" in n and "python -m spice_core calibrate --model M" in n
-               for n in run.summary().notes)
+    assert any("no LoRE artifacts" in n and f"python -m spice_core calibrate --model {lore_dirs['qwen3_moe']}" in n
+               for n in run.summary().notes)      # the model's own folder, runnable as printed
