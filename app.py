@@ -102,14 +102,17 @@ def _chat_page(ctx: AppContext, tunes: TuneBook) -> chat.ChatPage:
     return page
 
 
-def load_engines(model: str | None, device: str | None) -> list:
-    """``model`` (a shipped model's name or a folder) alone, or every shipped model present in assets/."""
+def load_engines(model: str | None, device: str | None, artifacts: str | None = None) -> list:
+    """``model`` (a shipped model's name or a folder) alone, or every shipped model present in assets/.
+    ``artifacts``: the folder of ``model``'s calibration artifacts when not beside it (`calibrate --out`)."""
     from spice_core.engine import SpiceEngine
-    from spice_core.errors import ModelLoadError
+    from spice_core.errors import ConfigError, ModelLoadError
     from spice_core.model.shipped import NAMES, model_argument, present_models
 
     if model:
-        return [SpiceEngine.load(model_argument(model), device=device)]
+        return [SpiceEngine.load(model_argument(model), device=device, artifacts=artifacts)]
+    if artifacts:
+        raise ConfigError("--artifacts belongs to one model: pass --model too")
     present = present_models()
     if not present:
         raise ModelLoadError(f"no shipped model is in assets/ ({', '.join(NAMES)}): pass --model DIR or restore "
@@ -180,6 +183,9 @@ def main() -> None:
                                                       "checkpoint folder (default: every shipped model, with a picker)")
     parser.add_argument("--device", type=cli_args.device, default=None,
                         help="cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument("--artifacts", default=None, metavar="DIR",
+                        help="--model's calibration artifacts when not beside it: the folder `calibrate --out DIR` "
+                             "wrote (e.g. for a read-only checkpoint)")
     from spice_core.exec.cpu_lane import available_cores
 
     parser.add_argument("--threads", type=cli_args.threads, default=max(1, available_cores() - 1),
@@ -193,7 +199,7 @@ def main() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)     # Gradio polls itself at start-up
     from spice_core.errors import SpiceError
     try:
-        engines = load_engines(args.model, args.device)
+        engines = load_engines(args.model, args.device, args.artifacts)
     except SpiceError as e:                     # a bad --model or --device: one line, no traceback
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(2)

@@ -130,13 +130,14 @@ class SpiceEngine:
 
     @classmethod
     def load(cls, model: str | Path | None = None, device: str | None = None, dtype: torch.dtype | None = None,
-             **kw) -> "SpiceEngine":
+             artifacts: str | Path | None = None, **kw) -> "SpiceEngine":
         """``dtype`` None: the checkpoint's, except on the CPU, where a half-precision checkpoint computes in
-        float32 (several times faster there) and keeps its own dtype for byte accounting and modeled times."""
+        float32 (several times faster there) and keeps its own dtype for byte accounting and modeled times.
+        ``artifacts``: the folder of the model's calibration artifacts (`calibrate --out`), when not beside it."""
         check_lane_offer(kw.get("lane_offer", "auto"))     # before the model loads
         check_copy_issue(kw.get("copy_issue", "direct"))
         engine = cls(load_model(model, device, dtype, float32_on_cpu=True), **kw)
-        engine.load_artifacts()
+        engine.load_artifacts(artifacts)
         # What is alive once the model is loaded (~430k Python objects with the shipped model) stays for the engine's
         # life: out of the cyclic collector's reach (as vLLM does), or every full collection walks it again (~0.3 s
         # on a 2-core CPU) in the middle of a generation. The collection before it frees what loading left behind.
@@ -148,11 +149,11 @@ class SpiceEngine:
         layer = self.lm.model.model.layers[self.lm.moe_layers[0]]
         return sum(p.numel() for p in layer.self_attn.parameters())
 
-    def load_artifacts(self) -> None:
-        """Draft heads and LoRE factors beside the model, when calibrated (optional)."""
-        from spice_core.predictor.artifacts import load_artifacts_if_present
+    def load_artifacts(self, folder: str | Path | None = None) -> None:
+        """Draft heads and LoRE factors beside the model (or in ``folder``), when calibrated (optional)."""
+        from spice_core.predictor.artifacts import check_artifacts_folder, load_artifacts_if_present
 
-        self.artifacts = load_artifacts_if_present(self.lm)
+        self.artifacts = load_artifacts_if_present(self.lm, folder and check_artifacts_folder(folder, self.lm))
 
     # ------------------------------------------------------------------ info
     def info(self) -> EngineInfo:

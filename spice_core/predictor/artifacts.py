@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from spice_core.errors import ArtifactError
+from spice_core.errors import ArtifactError, ConfigError
 from spice_core.model.families import router_weight_rule
 from spice_core.predictor.draft import DraftPredictor
 from spice_core.types import ExpertKey
@@ -168,10 +168,23 @@ def _load_lore(path: Path, lm):
     return load_lore_bank(path, lm)
 
 
-def load_artifacts_if_present(lm) -> Artifacts | None:
-    """The artifacts beside ``lm``'s checkpoint; None when there are none. Raises ArtifactError for
-    unreadable files or files made for another model."""
-    folder = Path(lm.path)
+def check_artifacts_folder(folder, lm) -> Path:
+    """``folder`` given for ``lm``'s artifacts (kept apart from its checkpoint, e.g. one that is read-only): a folder
+    holding at least one of them, else a ConfigError saying how to make them there."""
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise ConfigError(f"--artifacts {folder}: not a folder: pass the folder calibrate wrote "
+                          f"({calibrate_command(lm, '--out', shlex.quote(str(folder)))})")
+    if not any((folder / name).exists() for name in (DRAFT_FILE, LORE_FILE, CALIBRATION_FILE)):
+        raise ConfigError(f"--artifacts {folder}: holds none of {DRAFT_FILE}, {LORE_FILE}, {CALIBRATION_FILE}: "
+                          f"build them there with: {calibrate_command(lm, '--out', shlex.quote(str(folder)))}")
+    return folder
+
+
+def load_artifacts_if_present(lm, folder: Path | None = None) -> Artifacts | None:
+    """The artifacts in ``folder`` (default: beside ``lm``'s checkpoint); None when there are none. Raises
+    ArtifactError for unreadable files or files made for another model."""
+    folder = Path(lm.path) if folder is None else Path(folder)
     draft_p, lore_p, calib_p = folder / DRAFT_FILE, folder / LORE_FILE, folder / CALIBRATION_FILE
     if not (draft_p.exists() or lore_p.exists() or calib_p.exists()):
         return None
@@ -184,6 +197,6 @@ def load_artifacts_if_present(lm) -> Artifacts | None:
         arts.draft = load_draft(draft_p, lm, fp)
     if lore_p.exists():
         arts.lore = _load_lore(lore_p, lm)
-    log.info("artifacts beside %s: draft=%s lore=%s popularity=%s", lm.name, arts.draft is not None,
+    log.info("artifacts in %s for %s: draft=%s lore=%s popularity=%s", folder, lm.name, arts.draft is not None,
              arts.lore is not None, arts.popularity is not None)
     return arts

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import platform
+import shlex
 import shutil
 import time
 from contextlib import contextmanager
@@ -69,7 +70,8 @@ def calibrate_lore_only(model=None, *, device: str = "cpu", text: Path | None = 
     """Fit LoRE beside draft heads that already exist (their calibration record is kept and
     extended): for adding LoRE to a model calibrated with --no-lore without retraining the draft."""
     from spice_core.model.loader import load_model
-    from spice_core.predictor.artifacts import CALIBRATION_FILE, DRAFT_FILE, LORE_FILE
+    from spice_core.predictor.artifacts import (CALIBRATION_FILE, DRAFT_FILE, LORE_FILE, load_draft, model_fingerprint,
+                                                read_calibration)
     from spice_core.predictor.traces import traces_for_model
 
     t0 = time.perf_counter()
@@ -80,6 +82,9 @@ def calibrate_lore_only(model=None, *, device: str = "cpu", text: Path | None = 
     if not (out / DRAFT_FILE).exists() or not cal_path.exists():
         raise ConfigError(f"--lore-only needs draft artifacts in {out}: run `python -m spice_core calibrate "
                           f"--model {model or lm.path}` first (it fits both)")
+    fp = model_fingerprint(lm)      # before the tracing: heads made for another model are refused now, not at use
+    read_calibration(cal_path, lm, fp)
+    load_draft(out / DRAFT_FILE, lm, fp)
     traces = traces_for_model(lm, text_file=text, max_tokens=max_tokens, seq_len=seq_len)
     with _staged(out) as stage:     # the new factors and the record replace the old ones together
         lore_report = _fit_lore(lm, traces, lore_max_rank, stage)
@@ -90,7 +95,8 @@ def calibrate_lore_only(model=None, *, device: str = "cpu", text: Path | None = 
         cal["files_bytes"] = {name: (d / name).stat().st_size for name, d in
                               ((DRAFT_FILE, out), (LORE_FILE, stage)) if (d / name).exists()}
         (stage / CALIBRATION_FILE).write_text(json.dumps(cal, indent=1))
-    return {"lore": lore_report, "files_bytes": cal["files_bytes"], "total_s": round(time.perf_counter() - t0, 1)}
+    return {"lore": lore_report, "files_bytes": cal["files_bytes"], "total_s": round(time.perf_counter() - t0, 1),
+            "folder": str(out), "beside_model": out.resolve() == Path(lm.path).resolve()}
 
 
 def _check_args(args) -> None:
@@ -199,7 +205,8 @@ def calibrate(model=None, *, device: str = "cpu", text: Path | None = None, max_
         report = _report(lm, traces, distances, draft, cfg, draft_report, lore_report, stage, seq_len, t_traces, t0,
                          command)
         write_calibration(stage / CALIBRATION_FILE, fp, traces.popularity(), **report)
-    return report
+    # Where they went, for the summary printed (not in the record: a folder may move)
+    return dict(report, folder=str(out), beside_model=out.resolve() == Path(lm.path).resolve())
 
 
 def _report(lm, traces, distances, draft, cfg, draft_report, lore_report, stage: Path, seq_len: int,
@@ -271,7 +278,7 @@ def run(args) -> int:
                        train_seconds=args.train_seconds, lore_max_rank=args.lore_max_rank, lore=not args.no_lore,
                        out=args.out, seed=args.seed, command=_command_line(args))
     if args.json:
-        print(json.dumps({k: v for k, v in report.items() if k != "expert_frequency"}, indent=1))
+        print(json.dumps({k: v for k, v in report.items() if k not in ("expert_frequency", "beside_model")}, indent=1))
         return 0
     d = report["draft"]
     rec = ", ".join(f"d={k}: {v:.3f}" for k, v in d["heldout_recall_at_k"].items())
@@ -284,8 +291,16 @@ def run(args) -> int:
 
 
 def _print_lore_and_files(report: dict) -> None:
+    from spice_core.predictor.artifacts import LORE_FILE
+
     lo = report["lore"]
     print("LoRE: " + (f"skipped ({lo['skipped']})" if "skipped" in lo else f"{lo['file']} (max rank {lo['max_rank']})"))
+    folder = Path(report["folder"])
+    kept = "skipped" in lo           # --no-lore keeps the factors already there, untouched
     for name, size in report["files_bytes"].items():
-        print(f"wrote {name}: {format_bytes(size)}")
+        what = "kept" if kept and name == LORE_FILE else "wrote"
+        print(f"{what} {folder / name}: {format_bytes(size)}")
+    if not report["beside_model"]:
+        print(f"not beside the model: pass --artifacts {shlex.quote(str(folder))} to generate, tune, quality "
+              "and the app to use them")
     print(f"done in {report['total_s']} s")

@@ -26,6 +26,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Flags shared by every command that loads a model and runs a policy (ranges as RunSettings)."""
     p.add_argument("--model", type=model_argument, default=None, help=MODEL_HELP)
     p.add_argument("--device", type=ca.device, default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--artifacts", type=Path, default=None, metavar="DIR",
+                   help="the model's calibration artifacts (draft heads, LoRE) when not beside it: the folder "
+                        "`calibrate --out DIR` wrote (e.g. for a read-only checkpoint)")
     p.add_argument("--policy", default=DEFAULTS.policy, help=f"one of: {', '.join(POLICIES)}")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--cache-frac", type=ca.float_in(*SETTING_RANGES["cache_frac"]), default=None,
@@ -86,7 +89,7 @@ def load_engine(args):
         from spice_core.timing.profiles import profile_from_file
         hw = profile_from_file(args.hw_profile)
     return SpiceEngine.load(args.model, device=args.device, timing=args.timing, hw_profile=hw,
-                            executor=args.executor)
+                            executor=args.executor, artifacts=args.artifacts)
 
 
 def check_local_model(model) -> None:

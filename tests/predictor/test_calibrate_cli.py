@@ -31,7 +31,8 @@ def calibrate(*args):
 def test_calibrate_writes_artifacts_beside_the_model_and_generate_uses_them(model, text, capsys):
     assert calibrate("--model", model, "--text", text, "--max-tokens", 500, "--seq-len", 64, "--distances", 3) == 0
     out = capsys.readouterr().out
-    assert "draft: 9 heads" in out and "held-out recall@k" in out and "wrote spice-draft.safetensors" in out
+    assert "draft: 9 heads" in out and "held-out recall@k" in out and f"wrote {model / DRAFT_FILE}:" in out
+    assert "--artifacts" not in out                  # beside the model: found without it
     calib = json.loads((model / CALIBRATION_FILE).read_text())
     assert calib["traces"]["tokens"] == 500 and "calib.txt" in calib["traces"]["source"]
     assert calib["command"].startswith("python -m spice_core calibrate --model")
@@ -41,10 +42,38 @@ def test_calibrate_writes_artifacts_beside_the_model_and_generate_uses_them(mode
     assert not any("fell back" in n for n in summary["notes"])
 
 
-def test_calibrate_to_another_folder(model, text, tmp_path, capsys):
+def test_calibrate_to_another_folder_and_use_it_with_artifacts(model, text, tmp_path, capsys):
+    """A read-only checkpoint is calibrated into another folder; --artifacts points every command at it (nothing
+    could use that folder before)."""
     out_dir = tmp_path / "arts"
     assert calibrate("--model", model, "--text", text, "--max-tokens", 400, "--distances", 2, "--out", out_dir) == 0
     assert (out_dir / DRAFT_FILE).exists() and not (model / DRAFT_FILE).exists()
+    assert f"pass --artifacts {out_dir}" in capsys.readouterr().out
+    gen = ["generate", "--model", str(model), "--prompt", "the cat", "--policy", "spice_prefetch", "--max-new-tokens",
+           "3", "--cache-frac", "0.5", "--json"]
+
+    def notes(*extra):
+        assert main(gen + list(extra)) == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])["summary"]["notes"]
+
+    assert any("fell back" in n for n in notes())
+    assert not any("fell back" in n for n in notes("--artifacts", str(out_dir)))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for bad in (empty, tmp_path / "missing"):
+        assert main(gen + ["--artifacts", str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert f"--artifacts {bad}" in err and "--out" in err and "Traceback" not in err
+
+
+def test_lore_only_refuses_draft_heads_of_another_model_before_tracing(model, text, calibrated_dirs, capsys):
+    from spice_core.predictor.artifacts import LORE_FILE
+
+    for name in (DRAFT_FILE, CALIBRATION_FILE):
+        shutil.copy(calibrated_dirs["olmoe"] / name, model / name)
+    assert main(["calibrate", "--threads", "1", "--model", str(model), "--text", str(text), "--lore-only"]) == 2
+    assert "another model" in capsys.readouterr().err
+    assert not (model / LORE_FILE).exists()
 
 
 def test_calibrate_rebuilds_over_stale_artifacts_of_another_model(model, text, calibrated_dirs, capsys):
