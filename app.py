@@ -110,7 +110,11 @@ def load_engines(model: str | None, device: str | None, artifacts: str | None = 
     from spice_core.model.shipped import NAMES, model_argument, present_models
 
     if model:
-        return [SpiceEngine.load(model_argument(model), device=device, artifacts=artifacts)]
+        engine = SpiceEngine.load(model_argument(model), device=device, artifacts=artifacts)
+        if engine.lm.tokenizer is None:            # every message would be refused: say so now, once
+            raise ModelLoadError(f"{model}: has no tokenizer files, and the app chats in text: copy the checkpoint's "
+                                 "tokenizer (tokenizer.json, tokenizer_config.json) into its folder")
+        return [engine]
     if artifacts:
         raise ConfigError("--artifacts belongs to one model: pass --model too")
     present = present_models()

@@ -15,7 +15,8 @@ from spice_core.errors import PromptError
 def build_prompt_ids(tokenizer, *, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
     """Token ids for a plain prompt or a chat (the tokenizer's chat template when it has one)."""
     if tokenizer is None:
-        raise PromptError("this model has no tokenizer files: pass token ids, or use a checkpoint with a tokenizer")
+        raise PromptError("this model has no tokenizer files: copy its tokenizer (tokenizer.json, tokenizer_config.json) "
+                          "into the checkpoint's folder, or pass token ids to the Python API's start_ids")
     if messages is not None:
         msgs = _chat_messages(messages)
         if not msgs or not any(m["content"].strip() for m in msgs if m["role"] == "user"):

@@ -36,3 +36,13 @@ def test_bad_artifacts_arguments_are_one_line_and_exit_2(tmp_path):
     empty.mkdir()
     bad = _app("--model", str(model), "--artifacts", str(empty))
     assert bad.returncode == 2 and f"--artifacts {empty}" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_checkpoint_without_a_tokenizer_is_refused_at_start(tmp_path):
+    """It started, then refused every message ("pass token ids", which the app cannot)."""
+    model = build_tiny("deepseek_v2", tmp_path / "model")
+    for f in model.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")) or f.name == "chat_template.jinja":
+            f.unlink()
+    got = _app("--model", str(model))
+    assert got.returncode == 2 and "has no tokenizer files" in got.stderr and "Traceback" not in got.stderr
