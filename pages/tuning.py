@@ -50,7 +50,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from spice_core.api import (DEFAULT_BUDGET_AGREEMENT, DEFAULT_BUDGET_PPL_PCT, Budget, EngineInfo,
-                            RunSettings, TuneRecord, load_tuned, save_tuned, tune, tuned_path)
+                            RunSettings, TuneRecord, load_tuned, save_tuned, stale_tuned, tune, tuned_path)
 from spice_core.errors import ConfigError, SpiceError
 from pages.limits import bounded_number
 from pages.runner import CANCEL_REASONS
@@ -250,6 +250,10 @@ class TuneBook:
             log.warning("the tuned settings beside %s are not offered: %s", info.model_name, exc)
             return
         for record in records:
+            stale = stale_tuned(record, info.calibration)
+            if stale:
+                log.warning("a tuned setting in %s is not offered: %s", path, stale)
+                continue
             try:
                 key = pick_key(model_key, record, budget_of(record))
             except (SpiceError, KeyError, TypeError) as exc:

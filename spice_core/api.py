@@ -39,6 +39,7 @@ from spice_core.trace.occupancy import (  # noqa: F401 - re-exported: where a de
 from spice_core.tuned import (  # noqa: F401 - re-exported: the tuner's record and its file beside the model
     TUNED_FILE, TuneRecord, tuned_path)
 from spice_core.tuned import find as find_tuned, load_all as load_tuned, save as save_tuned  # noqa: F401
+from spice_core.tuned import stale_reason as stale_tuned  # noqa: F401 - a pick measured with since-rebuilt artifacts
 from spice_core.tuner import (  # noqa: F401 - re-exported: the tuner, its quality budget and confirmation sample
     CONFIRM_PROMPTS, DEFAULT_BUDGET_AGREEMENT, DEFAULT_BUDGET_PPL_PCT, DEFAULT_REPLY_TOKENS, Budget, Confirm, Tuner,
     tune)

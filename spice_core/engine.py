@@ -33,7 +33,7 @@ from spice_core.model.loader import LoadedModel, cache_kwarg, load_model
 from spice_core.policy.cache import cache_slots_for_budget
 from spice_core.policy.planner import LayerPlanner, check_prefetch_admission
 from spice_core.policy.spec import get_spec
-from spice_core.predictor.artifacts import calibrate_command
+from spice_core.predictor.artifacts import calibrate_command, calibration_digest
 from spice_core.runtime.eager import EagerExecutor
 from spice_core.runtime.graph_exec import GraphExecutor
 from spice_core.runtime.graphed import GraphCaptureError
@@ -164,7 +164,8 @@ class SpiceEngine:
             default_timing=self.timing, policies=POLICIES, profiles=profile_names(), shapes=shape_names(),
             has_draft=bool(self.artifacts and self.artifacts.draft is not None),
             has_lore=bool(self.artifacts and self.artifacts.lore is not None),
-            max_context_tokens=lm.max_context_tokens, lore_ranks=self._lore_ranks(), model_dir=str(lm.path))
+            max_context_tokens=lm.max_context_tokens, lore_ranks=self._lore_ranks(), model_dir=str(lm.path),
+            calibration=calibration_digest(self.artifacts))
 
     def _lore_ranks(self) -> tuple[int, ...]:
         lore = self.artifacts.lore if self.artifacts else None

@@ -137,3 +137,4 @@ class EngineInfo:
     max_context_tokens: int
     lore_ranks: tuple[int, ...] = ()   # LoRE ranks the shipped factors offer (empty without LoRE)
     model_dir: str = ""                # the model's folder (where `tune` saves spice-tuned.json); "": none
+    calibration: str = ""              # digest of the calibration its artifacts came from (`calibration_digest`)

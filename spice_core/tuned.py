@@ -53,6 +53,7 @@ class TuneRecord:
     confirmed: bool = False         # a lossy pick's quality held on the confirmation sample (exact picks need none)
     reply_tokens: int = 0           # greedy tokens per prompt of that sample: the reply length the pick holds for
                                     # (0: no confirmation ran)
+    calibration: str = ""           # the artifacts' calibration digest it was measured with ("": none, or unknown)
 
     def settings(self, base: RunSettings) -> RunSettings:
         """``base`` with the picked setting applied (policy spice)."""
@@ -142,16 +143,30 @@ def check_can_save(path: Path, flag: str = "--out") -> None:
         load_all(path)
 
 
-def find(path: Path, *, profile: str, shape: str, cache_frac: float, model: str | None = None) -> TuneRecord:
+def find(path: Path, *, profile: str, shape: str, cache_frac: float, model: str | None = None,
+         calibration: str | None = None) -> TuneRecord:
     """The record for this profile, shape and cache; with ``model``, one tuned on that model only (a file copied
-    from another model's folder holds that model's measured quality, not this one's)."""
+    from another model's folder holds that model's measured quality, not this one's); with ``calibration`` (the
+    engine's artifacts' digest), one measured with those artifacts (`stale_reason`)."""
     records = load_all(path)
     for r in records:
         if r.matches(profile=profile, shape=shape, cache_frac=cache_frac):
             if model is not None and r.model != model:
                 raise ConfigError(f"{path} was tuned on model {r.model}, not {model}: its measured quality says "
                                   f"nothing of this one; run `python -m spice_core tune` on {model}")
+            why = stale_reason(r, calibration)
+            if why:
+                raise ConfigError(f"{path}: {why}")
             return r
     have = "; ".join(f"profile {r.profile}, shape {r.shape}, cache {r.cache_frac:g}" for r in records) or "none"
     raise ConfigError(f"{path} has no tuned setting for profile {profile}, shape {shape}, cache {cache_frac:g} "
                       f"(it has: {have}): run `python -m spice_core tune` with those")
+
+
+def stale_reason(record: TuneRecord, calibration: str | None) -> str:
+    """Why ``record`` no longer describes the model's artifacts ("": it does, or either digest is unknown): its pick's
+    quality was measured with draft heads and LoRE that a later `calibrate` replaced."""
+    if not calibration or not record.calibration or record.calibration == calibration:
+        return ""
+    return ("its pick was tuned with calibration artifacts that were rebuilt since (calibrate ran after tune): its "
+            "measured quality says nothing of the new ones; run `python -m spice_core tune` again")

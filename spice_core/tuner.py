@@ -48,6 +48,7 @@ from typing import Callable, Mapping, Sequence
 
 from spice_core.config import MAX_NEW_TOKENS_LIMIT, RunSettings
 from spice_core.errors import ConfigError
+from spice_core.predictor.artifacts import calibration_digest
 from spice_core.tuned import TuneRecord, find, save, tuned_path  # noqa: F401 - the record and its file, re-exported
 from spice_core.tuned import EXACT, FAILED, HELD, MISSED, RULED_OUT, UNCONFIRMED, WITHIN  # noqa: F401 - verdicts
 
@@ -389,7 +390,7 @@ class Tuner:
                           if self._confirm_data is not None else ""),
             reason=self._reason(pick, trials, stopped), trials=[self._trial_dict(t) for t in trials],
             stopped=stopped, tune_s=round(tune_s, 2), seed=self.base.seed, confirmed=confirmed,
-            reply_tokens=self.reply_tokens)
+            reply_tokens=self.reply_tokens, calibration=calibration_digest(self.engine.artifacts))
 
     def _reason(self, pick: Trial, trials: list[Trial], stopped: bool) -> str:
         exact_best = min((t for t in trials if t.stage == "exact"), key=lambda t: t.speed_ms)

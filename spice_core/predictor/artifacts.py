@@ -168,6 +168,15 @@ def _load_lore(path: Path, lm):
     return load_lore_bank(path, lm)
 
 
+def calibration_digest(artifacts) -> str:
+    """A digest of the calibration record the artifacts came from ("" without one): every `calibrate` (and
+    --lore-only) rewrites it, so a tuned pick can tell the artifacts it was measured with from later ones."""
+    cal = getattr(artifacts, "calibration", None) if artifacts is not None else None
+    if not cal:
+        return ""
+    return hashlib.sha256(json.dumps(cal, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def check_artifacts_folder(folder, lm) -> Path:
     """``folder`` given for ``lm``'s artifacts (kept apart from its checkpoint, e.g. one that is read-only): a folder
     holding at least one of them, else a ConfigError saying how to make them there."""

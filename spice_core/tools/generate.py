@@ -143,7 +143,7 @@ def run(args) -> int:
                            stop=tuple(args.stop))
     tuned_note = ""
     if args.tuned is not None:
-        s, tuned_note = apply_tuned(args, s, model=engine.lm.name)
+        s, tuned_note = apply_tuned(args, s, model=engine.lm.name, calibration=engine.info().calibration)
     # A chat model answers a request only inside its template; as raw text it continues it off topic.
     has_template = bool(getattr(getattr(getattr(engine, "lm", None), "tokenizer", None), "chat_template", None))
     if args.chat or (has_template and not args.raw):
@@ -210,9 +210,10 @@ def default_tuned_path(model) -> Path:
     return tuned_path(resolve_model_path(model))
 
 
-def apply_tuned(args, settings: RunSettings, model: str | None = None) -> tuple[RunSettings, str]:
-    """``--tuned [FILE]``: ``settings`` with the saved pick for its profile, shape and cache (tuned on ``model``, when
-    given), and a note.
+def apply_tuned(args, settings: RunSettings, model: str | None = None,
+                calibration: str | None = None) -> tuple[RunSettings, str]:
+    """``--tuned [FILE]``: ``settings`` with the saved pick for its profile, shape and cache (tuned on ``model``, and
+    with the artifacts of digest ``calibration``, when given), and a note.
 
     A pick not known to be within its budget for replies of ``settings.max_new_tokens`` (a lossy one never confirmed,
     or confirmed on shorter replies: `TuneRecord.caveat`) is applied with a warning on stderr saying why and how to
@@ -225,7 +226,8 @@ def apply_tuned(args, settings: RunSettings, model: str | None = None) -> tuple[
     path = Path(args.tuned) if args.tuned else own
     # The file beside the model is its own whatever the folder is called now; one from elsewhere must name it.
     tuned_on = None if path.resolve() == own.resolve() else model
-    rec = find(path, profile=settings.profile, shape=settings.shape, cache_frac=settings.cache_frac, model=tuned_on)
+    rec = find(path, profile=settings.profile, shape=settings.shape, cache_frac=settings.cache_frac, model=tuned_on,
+               calibration=calibration)
     note = (f"tuned setting from {path}: {rec.reason}; measured quality perplexity {rec.ppl_pct:+.2f} %, "
             f"greedy agreement {rec.agreement:.3f}")
     reply_tokens = settings.max_new_tokens

@@ -137,3 +137,25 @@ def test_stop_ends_a_tune_between_settings(pages):
         assert pages.sweep.tunes.find(("", session.record.cache_frac, session.record.profile, session.record.shape,
                                        0.5, 0.95)) is None, "a stopped tune must not be reused"
     assert pages.ctx.runner.wait_idle(30)
+
+
+def test_a_saved_pick_tuned_with_since_rebuilt_artifacts_is_not_offered(tmp_path):
+    """The app offered a pick saved beside the model after `calibrate` rebuilt its draft heads and LoRE, quoting the
+    old artifacts' measured quality; a pick of the current artifacts (or of unknown ones) is offered as before."""
+    from types import SimpleNamespace
+
+    from spice_core.api import RunSettings, TuneRecord, save_tuned, tuned_path
+
+    def record(cache_frac, calibration):
+        return TuneRecord(model="m", policy="spice", profile="rtx4090-pcie4x16", shape="deepseek-v2-lite",
+                          cache_frac=cache_frac, budget={"ppl_pct": 1.0, "agreement": 0.9},
+                          setting={"tau_approx": 0.05}, speed_ms=1.0, speed_timing="modeled", ppl_pct=0.1,
+                          agreement=0.95, quality_measured_on="t", reason="r", calibration=calibration)
+
+    for frac, cal in ((0.25, "aaaaaaaaaaaaaaaa"), (0.5, "bbbbbbbbbbbbbbbb"), (0.75, "")):
+        save_tuned(record(frac, cal), tuned_path(tmp_path))
+    book = TuneBook()
+    book.offer_saved("m", SimpleNamespace(model_dir=str(tmp_path), model_name="m", calibration="aaaaaaaaaaaaaaaa"))
+    offered = {frac: book.saved_for("m", RunSettings(policy="spice", cache_frac=frac)) is not None
+               for frac in (0.25, 0.5, 0.75)}
+    assert offered == {0.25: True, 0.5: False, 0.75: True}

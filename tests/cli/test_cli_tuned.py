@@ -99,3 +99,31 @@ def test_tune_refuses_an_out_file_it_could_not_save_to_before_the_search(no_long
     code, _, err = run_cli(capsys, ["tune", "--out", other])
     assert code == 2 and "is not a tuned-settings file" in err, err
     assert other.read_text(encoding="utf-8") == '{"something": "else"}'
+
+
+def test_generate_tuned_refuses_a_pick_tuned_before_the_model_was_calibrated_again(tmp_path, capsys):
+    """Regression (review): a pick tuned, then `calibrate` run again, was applied with the new draft heads and LoRE
+    and its note quoted the old ones' measured quality (or failed on a LoRE rank the new factors lack, with a fix
+    that --tuned overrode). A pick records its artifacts' calibration digest, and one that differs is refused."""
+    from spice_core.engine import SpiceEngine
+    from spice_core.tools.calibrate import calibrate
+    from spice_core.tuned import TuneRecord, stale_reason
+    from tiny_models import build_tiny
+
+    model = build_tiny("mixtral", tmp_path / "mixtral")
+    calibrate(model, max_tokens=300, seq_len=64, distances=2, epochs=1, lore=False)
+    digest = SpiceEngine.load(model, device="cpu").info().calibration
+    assert len(digest) == 16
+    code, out, _ = _generate_tuned(capsys, model, lossy_record(reply_tokens=6, calibration=digest), 2)
+    assert code == 0 and "note: tuned setting from" in out
+    calibrate(model, max_tokens=300, seq_len=64, distances=2, epochs=1, lore=False, seed=1)     # rebuilt
+    assert SpiceEngine.load(model, device="cpu").info().calibration != digest
+    from cli_helpers import run_cli
+
+    code, out, err = run_cli(capsys, ["generate", "--model", model, "--device", "cpu", "--policy", "spice",
+                                      "--cache-frac", 0.3, "--profile", "rtx4090-pcie4x16", "--shape",
+                                      "deepseek-v2-lite", "--raw", "--prompt", "hello", "--max-new-tokens", 2, "--tuned"])
+    assert code == 2 and "rebuilt since" in err and "tune" in err and "Traceback" not in err, err
+    # a record from before digests were kept (or a model without calibration) is not judged
+    assert stale_reason(lossy_record(), digest) == "" and stale_reason(lossy_record(calibration=digest), "") == ""
+    assert isinstance(TuneRecord(**lossy_record(calibration=digest).as_dict()), TuneRecord)
