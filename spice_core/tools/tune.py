@@ -65,9 +65,18 @@ def run(args) -> int:
     budget = Budget(ppl_pct=args.budget_ppl, agreement=args.budget_agreement)
     out = args.out if args.out is not None else default_tuned_path(args.model)
     if out.exists() and out.is_dir():
-        raise ConfigError(f"--out {out} is a folder: pass a file path")
+        raise ConfigError(f"--out {out} is a folder: pass a file path, e.g. {out / 'spice-tuned.json'}")
     if not out.parent.is_dir():
         raise ConfigError(f"--out {out}: its folder does not exist: create it or pass another path")
+    if args.out is None:          # the pick goes beside the model: say so if that is what cannot be written
+        from spice_core.user_files import check_writable_file
+
+        try:
+            check_writable_file(out, "--out")
+        except ConfigError as e:
+            raise ConfigError(f"tune saves its pick beside the model, as {out}, and cannot write there "
+                              f"({str(e).split(': ', 1)[-1]}): pass --out FILE in a writable folder, then use it "
+                              "with generate --tuned FILE") from None
     check_can_save(out)           # before the search, which takes minutes: not after it, losing the pick
     engine = load_engine(args)
     base = settings_from_args(args, engine)

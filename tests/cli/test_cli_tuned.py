@@ -127,3 +127,21 @@ def test_generate_tuned_refuses_a_pick_tuned_before_the_model_was_calibrated_aga
     # a record from before digests were kept (or a model without calibration) is not judged
     assert stale_reason(lossy_record(), digest) == "" and stale_reason(lossy_record(calibration=digest), "") == ""
     assert isinstance(TuneRecord(**lossy_record(calibration=digest).as_dict()), TuneRecord)
+
+
+def test_tune_without_out_on_an_unwritable_model_folder_says_to_pass_out(no_long_work, tiny_model, capsys,
+                                                                           monkeypatch):
+    """Regression (review): on a read-only checkpoint `tune` said "--out DIR: ... pass a writable folder", naming a
+    flag the user never passed and asking for a folder where --out takes a file."""
+    import spice_core.user_files as uf
+    from spice_core.errors import ConfigError
+
+    from cli_helpers import run_cli
+
+    def read_only(path, flag):
+        raise ConfigError(f"{flag} {path}: cannot write in {path} (Read-only file system): pass a writable folder")
+
+    monkeypatch.setattr(uf, "check_writable_dir", read_only)
+    code, _, err = run_cli(capsys, ["tune", "--model", tiny_model])
+    assert code == 2 and "tune saves its pick beside the model" in err and "pass --out FILE" in err, err
+    assert "Read-only file system" in err and "generate --tuned FILE" in err
