@@ -146,6 +146,9 @@ def run(args) -> int:
         s, tuned_note = apply_tuned(args, s, model=engine.lm.name, calibration=engine.info().calibration)
     # A chat model answers a request only inside its template; as raw text it continues it off topic.
     has_template = bool(getattr(getattr(getattr(engine, "lm", None), "tokenizer", None), "chat_template", None))
+    if args.chat and not has_template:
+        raise ConfigError("--chat: this model's tokenizer has no chat template, so there is no chat to wrap the prompt "
+                          "in: drop --chat (the prompt is then continued as plain text)")
     if args.chat or (has_template and not args.raw):
         gen = engine.start_chat([{"role": "user", "content": args.prompt}], s)
     else:

@@ -30,3 +30,24 @@ def test_a_qwen2_miniatures_default_shape_is_qwen2_57b_a14b(capsys, tmp_path):
                               shared_expert_intermediate_size=8)
     got = _generate(capsys, "--model", d)["summary"]
     assert got["shape"] == "qwen2-57b-a14b" and not any("sizes only" in n for n in got["notes"])
+
+
+def test_chat_on_a_model_without_a_chat_template_is_refused(tmp_path, capsys):
+    """--chat on a tokenizer with no chat template ran the prompt as plain text without a word."""
+    import json
+
+    from cli_helpers import run_cli
+    from tiny_models import build_tiny
+
+    model = build_tiny("olmoe", tmp_path / "olmoe")
+    cfg_path = model / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.pop("chat_template", None)
+    cfg_path.write_text(json.dumps(cfg))
+    (model / "chat_template.jinja").unlink(missing_ok=True)
+    code, _, err = run_cli(capsys, ["generate", "--model", model, "--device", "cpu", "--prompt", "hello", "--chat",
+                                    "--max-new-tokens", 2])
+    assert code == 2 and "--chat: this model's tokenizer has no chat template" in err and "Traceback" not in err
+    code, _, _ = run_cli(capsys, ["generate", "--model", model, "--device", "cpu", "--prompt", "hello",
+                                  "--max-new-tokens", 2])
+    assert code == 0
