@@ -71,6 +71,7 @@ PLACEHOLDERS = {"heatmap": "send a message to see which experts each token uses"
                 "prefetch": "prefetches appear here while a reply streams",
                 "gantt": "lane activity appears here while a reply streams"}
 TAKE_TIMEOUT_S = 0.1        # how long the chat loop waits for the next token before checking notices
+STOP_WAIT_S = 120.0         # Stop's note waits this long at most for the stopped reply to end (one token, or a prefill)
 CURSOR = " ▍"
 # The shipped model writes short stories (it was trained on stories) about an animal and a thing from its
 # generator's words; these three get three different plots, each ending by itself in 130-160 tokens
@@ -191,6 +192,8 @@ class ChatPage(chat_settings.SettingsEvents):
                                   api_name="stop" + self.ctx.key, show_progress="hidden")
         self.withdraw.after(stopped.then(self.gate_now, inputs=[self.session], outputs=self.withdraw.boxes,
                                          queue=False, api_visibility="private", show_progress="hidden"))
+        stopped.then(self.after_stop, inputs=[self.session, self.ctl.note], outputs=[self.ctl.note], queue=False,
+                     api_visibility="private", show_progress="hidden")
         self.auto.wire(BUSY_ON_JS, BUSY_OFF_JS)
         self.withdraw.wire([*chat_events, self.auto.ran], BUSY_OFF_JS)
         self.switch.wire(self.model_picker)
@@ -251,6 +254,12 @@ class ChatPage(chat_settings.SettingsEvents):
             session.notices.append(transient_note("⚠ Still answering your previous message: your new one stays in "
                                                   "the box. Press Stop to end this reply, or send it when the reply "
                                                   "is done.", kind="busy"))
+
+    def after_stop(self, session: ChatSession, note: str) -> str:
+        """Stop's note once the reply it stopped has ended: the reply's end clears it too (`_after_reply`), but on a
+        loaded server Stop's answer could reach the page after that, and the note stayed for good."""
+        ended = session.wait_until_idle(STOP_WAIT_S)
+        return text.settings_hint() if note == STOPPING_NOTE and ended else note
 
     def stop_reply(self, session: ChatSession) -> str:
         session.withdrew = False

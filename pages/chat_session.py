@@ -9,6 +9,7 @@ engine (queued behind another visitor's reply):
   (`ChatSession.withdrawn`)."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import gradio as gr
@@ -50,6 +51,16 @@ class ChatSession:
 
     def streaming(self) -> bool:
         return self.stream is not None and not self.stream.done
+
+    def wait_until_idle(self, timeout_s: float) -> bool:
+        """Wait until no reply streams (a stopped one ends at its next token); False if one still does after
+        ``timeout_s``."""
+        end = time.monotonic() + timeout_s
+        while self.streaming():
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.05)
+        return True
 
     def withdrawn(self, sent_gate: int | None) -> str:
         """Why a message the page sent with ``sent_gate`` must not run: "cleared" (New chat was pressed since),
