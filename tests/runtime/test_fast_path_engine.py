@@ -56,7 +56,8 @@ def test_the_gate_predictor_runs_on_the_fast_path(graphed, family, monkeypatch):
     real = GatePredictor.predictions_from_readback
     monkeypatch.setattr(GatePredictor, "predictions_from_readback",
                         lambda self, *a: parsed.append(real(self, *a)) or parsed[-1])
-    eng = graphed[family]
+    # Every lookahead planned: on a GPU, measured costs judge the tiny model's plans not worth their host time.
+    eng = SpiceEngine(graphed[family].lm, executor="graphed", timing=graphed[family].timing, host_aware=False)
     toks, s = _tokens(eng, PROMPTS[0], "gate_prefetch", n=8)
     assert any(n.startswith("fast path:") for n in s.notes) and not any("fast path off" in n for n in s.notes)
     assert any(parsed), "the fast path never parsed a gate prediction"
@@ -212,7 +213,7 @@ def test_a_failed_or_stalled_cpu_job_falls_back_to_a_copy_mid_token_and_the_toke
         if stalled is None:
             return op, _Failed(RuntimeError("CPU-lane worker died")), "exact"   # (op, job, kernel) as CpuJobs makes
         gate_up, down = self.lm.host.weights(key)
-        return op, stalled.submit(xs, gate_up, down, act, "cpu"), "exact"
+        return op, stalled.submit(xs, gate_up, down, act, out_device, stream=stream), "exact"   # as CpuJobs would
 
     def slow_expert(*a, **kw):
         import time
