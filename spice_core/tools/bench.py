@@ -457,6 +457,7 @@ def _add_floors(records: list[dict], lm, prof, cfg) -> None:
             continue
         r["routed_bytes_per_token"] = lm.top_k * len(lm.moe_layers) * expert_bytes
         r["link_gbps"] = LINKS_GBPS.get(r["link"]) or prof.h2d_pinned_gbps
+        r["copy_bytes"] = lm.expert_bytes      # one copy, as bytes_per_token counts it: `bench --merge` floors again
     add_floors(records, lm.expert_bytes)
     add_three_lane_floor(records, expert_bytes, expert_bytes / (prof.cpu_mem_gbps * 1e6) if prof.cpu_mem_gbps else None,
                          prof.host_dram_gbps or None, copy_bytes=lm.expert_bytes)

@@ -328,7 +328,9 @@ def merge_records(records: list[dict], sources: list[str] | None = None) -> list
             m.update(derive(m["raw"]))     # also a lone record: what derive reports may have grown since
     out = list(merged.values())
     inputs = next((r["floor3_inputs"] for r in out if r.get("floor3_inputs")), None)
-    add_floors(out, (inputs or {}).get("copy_bytes"))
+    # One copy's bytes, as the shards were floored with (a run without an on_demand record cannot read it off one)
+    copy_bytes = (inputs or {}).get("copy_bytes") or next((r["copy_bytes"] for r in out if r.get("copy_bytes")), None)
+    add_floors(out, copy_bytes)
     if inputs is not None:         # the shards' three-lane floor, again over the merged steps and lane jobs
         add_three_lane_floor(out, inputs["expert_bytes"], inputs["profile_lane_ms"], inputs["dram_gbps"],
                              inputs.get("copy_bytes"))

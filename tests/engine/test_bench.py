@@ -144,12 +144,14 @@ def test_budget_below_one_layers_top_k_is_refused_before_the_model_is_built(tmp_
         _load_config(path)
 
 
-def test_shards_merge_into_the_records_of_one_run(tmp_path):
+@pytest.mark.parametrize("policies", [["resident", "lru", "on_demand"], ["lru", "spice_prefetch"]])
+def test_shards_merge_into_the_records_of_one_run(tmp_path, policies):
     """One process per GPU: --shard K/N runs every policy on prompts K, K+N, ...; --merge recombines
-    them exactly (modeled timing is deterministic, so the merged records equal an unsharded run's)."""
+    them exactly (modeled timing is deterministic, so the merged records equal an unsharded run's), also without an
+    on_demand record to read a copy's bytes off (the merge floored prefetching rows without their prefetches)."""
     from spice_core.tools.cli import main
 
-    cfg = {"model": "random:tiny-deepseek", "policies": ["resident", "lru", "on_demand"], "budgets": [0.3],
+    cfg = {"model": "random:tiny-deepseek", "policies": policies, "budgets": [0.3],
            "timing": "modeled", "prompts": {"random_ids": 3, "length": 6}, "max_new_tokens": 4}
     path = tmp_path / "cfg.json"
     path.write_text(json.dumps(cfg))
