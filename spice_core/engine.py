@@ -381,7 +381,7 @@ class SpiceEngine:
             if draft is None:
                 from spice_core.predictor.gate import GatePredictor
                 predictor = GatePredictor(lm)
-                notes.append("no draft artifacts beside the model: fell back to the training-free gate predictor "
+                notes.append("no draft artifacts for the model: fell back to the training-free gate predictor "
                              f"(build them with: {calibrate_command(lm)})")
             else:
                 predictor = draft
@@ -390,14 +390,14 @@ class SpiceEngine:
             lore_all = self.artifacts.lore if self.artifacts else None
             if lore_all is None:
                 if s.tau_approx > 0:
-                    notes.append("no LoRE artifacts beside the model: misses are never approximated (exact only); "
+                    notes.append("no LoRE artifacts for the model: misses are never approximated (exact only); "
                                  f"build them with: {calibrate_command(lm)}")
             else:
                 rank = s.lore_rank
                 if rank > lore_all.max_rank and rank == DEFAULT_LORE_RANK:
                     # The default means "up to 16": smaller factors (the shipped model's go to 4) are used whole.
                     # A rank asked for explicitly above the factors' is an error (with_rank says how to refit).
-                    notes.append(f"the LoRE factors beside the model go up to rank {lore_all.max_rank}: using "
+                    notes.append(f"the model's LoRE factors go up to rank {lore_all.max_rank}: using "
                                  f"{lore_all.max_rank} (the default asks for up to {DEFAULT_LORE_RANK}; refit with: "
                                  f"{calibrate_command(lm, '--lore-only')})")
                     rank = lore_all.max_rank

@@ -21,7 +21,7 @@ import torch
 
 from spice_core.config import LIVE_FIELDS, RunSettings
 from spice_core.records import RunSummary, StepStats
-from spice_core.errors import ConfigError, SpiceError
+from spice_core.errors import ConfigError, EngineBusyError, SpiceError  # noqa: F401 - EngineBusyError re-exported
 from spice_core.exec.experts import installed
 from spice_core.generation import (RepetitionPenalty, TextStreamer, checkpoint_repetition_penalty, sample_next,
                                    unapplied_generation_fields)
@@ -30,10 +30,6 @@ from spice_core.records import lane_intervals
 from spice_core.runtime.graph_exec import cache_bucket
 from spice_core.runtime.layer import LayerRuntime
 from spice_core.timing.profiles import run_profile_label
-
-
-class EngineBusyError(SpiceError):
-    """Another generation is running on this engine."""
 
 
 @dataclass

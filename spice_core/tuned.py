@@ -127,7 +127,8 @@ def load_all(path: Path) -> list[TuneRecord]:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
         return [TuneRecord(**r) for r in doc["records"]]
     except FileNotFoundError:
-        raise ConfigError(f"no tuned settings at {path}: run `python -m spice_core tune --model M` first") from None
+        raise ConfigError(f"no tuned settings at {path}: run `python -m spice_core tune` on this model first (with the "
+                          "--profile, --shape and --cache-frac you generate with), or pass --tuned FILE") from None
     except (ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"{path} is not a tuned-settings file ({type(e).__name__}: {e}): run the tuner again "
                           "to rewrite it") from None

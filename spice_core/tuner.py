@@ -405,7 +405,7 @@ class Tuner:
                       f"{exact_best.speed_ms:.2f} ms for the fastest exact one, at perplexity {ppl:+.2f} % and greedy "
                       f"agreement {agr:.3f}" + (f" on the confirmation sample ({replies})" if held else ""))
         elif not any(t.stage == "lossy" for t in trials):
-            reason = (f"the fastest exact setting ({pick.speed_ms:.2f} ms); no LoRE factors beside the model: only "
+            reason = (f"the fastest exact setting ({pick.speed_ms:.2f} ms); no LoRE factors for the model: only "
                       "exact settings can run")
         elif failed and not open_:
             reason = (f"the exact setting (tau_approx 0, {pick.speed_ms:.2f} ms): no approximating setting keeps "

@@ -43,7 +43,8 @@ def add_cli(sub) -> None:
                         "within the budget for (generate --max-new-tokens, the chat's Max new tokens); longer "
                         f"replies get a caveat (default {DEFAULT_REPLY_TOKENS}, the chat's default reply length)")
     p.add_argument("--confirm-settings", type=ca.int_in(1, 100), default=3,
-                   help="fastest candidate settings re-measured on it at most (default 3)")
+                   help="screened settings re-measured on it at most: the least lossy of those faster than every "
+                        "exact one first, then a bisection by speed (default 3)")
     p.add_argument("--no-confirm", action="store_true",
                    help="pick on the screening sample alone (faster; the record says it was not confirmed)")
     p.add_argument("--out", type=Path, default=None, help="tuned-settings file to write (default: spice-tuned.json "
