@@ -163,7 +163,9 @@ def fit_host_costs(events: list[dict], prefetch_events: list[dict] | None = None
             if not any(a["start_ms"] < s < b["start_ms"] for s in stall_starts):
                 launch.append(b["start_ms"] - a["start_ms"])
     if not gaps:
-        raise ConfigError("the trace's decode MoE layers launch no experts: pass a measured trace of a full run")
+        raise ConfigError("the trace's decode MoE layers launch no experts, as a fast-path (CUDA-graph) trace does not: "
+                          "pass a measured trace of a run with --executor eager, or fit the fast path's host costs "
+                          "from bench records with --records results.json")
     intercept_ms, copy_ms = fit_line(n_copies, gaps)
     fit = {
         "host_layer_us": 1e3 * (layer_ms + max(0.0, intercept_ms)),

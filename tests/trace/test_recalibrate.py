@@ -183,3 +183,12 @@ def test_recalibrate_cli_fits_the_fast_path_from_bench_records(tmp_path, capsys)
     assert main(["recalibrate", "--profile", str(prof), "--records", str(tmp_path / "results.json"), "--link",
                  "pcie9", "--out", str(out)]) != 0
     assert "no record of that link" in capsys.readouterr().err
+
+
+def test_a_fast_path_trace_is_refused_naming_the_two_ways_that_fit():
+    """A fast-path trace has one segment per layer and no expert launches: the refusal said only "pass a measured
+    trace of a full run", which a fast-path trace of a full run is."""
+    layers = [{"args": {"token": t, "layer": l, "lane": "gpu", "kind": "layer", "start_ms": float(t * 10 + l),
+                        "dur_ms": 0.5}} for t in range(1, 4) for l in range(4)]
+    with pytest.raises(ConfigError, match="--executor eager.*--records"):
+        fit_host_costs(layers)
