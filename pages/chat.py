@@ -192,8 +192,9 @@ class ChatPage(chat_settings.SettingsEvents):
                                   api_name="stop" + self.ctx.key, show_progress="hidden")
         self.withdraw.after(stopped.then(self.gate_now, inputs=[self.session], outputs=self.withdraw.boxes,
                                          queue=False, api_visibility="private", show_progress="hidden"))
-        stopped.then(self.after_stop, inputs=[self.session, self.ctl.note], outputs=[self.ctl.note], queue=False,
-                     api_visibility="private", show_progress="hidden")
+        stopped.then(self.after_stop, inputs=[self.session], queue=False, api_visibility="private",
+                     show_progress="hidden").then(None, inputs=[self.ctl.note], outputs=[self.ctl.note],
+                                                  js=STOPPED_NOTE_JS, queue=False, api_visibility="private")
         self.auto.wire(BUSY_ON_JS, BUSY_OFF_JS)
         self.withdraw.wire([*chat_events, self.auto.ran], BUSY_OFF_JS)
         self.switch.wire(self.model_picker)
@@ -255,11 +256,11 @@ class ChatPage(chat_settings.SettingsEvents):
                                                   "the box. Press Stop to end this reply, or send it when the reply "
                                                   "is done.", kind="busy"))
 
-    def after_stop(self, session: ChatSession, note: str) -> str:
-        """Stop's note once the reply it stopped has ended: the reply's end clears it too (`_after_reply`), but on a
-        loaded server Stop's answer could reach the page after that, and the note stayed for good."""
-        ended = session.wait_until_idle(STOP_WAIT_S)
-        return text.settings_hint() if note == STOPPING_NOTE and ended else note
+    def after_stop(self, session: ChatSession) -> None:
+        """Returns once the reply Stop stopped has ended; the page then swaps a "Stopping…" note still shown for the
+        settings hint (STOPPED_NOTE_JS, as `_after_reply` does): on a loaded server Stop's answer could reach the page
+        after the reply's end had checked the note, and the note stayed for good."""
+        session.wait_until_idle(STOP_WAIT_S)
 
     def stop_reply(self, session: ChatSession) -> str:
         session.withdrew = False
