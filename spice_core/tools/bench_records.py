@@ -324,6 +324,9 @@ def merge_records(records: list[dict], sources: list[str] | None = None) -> list
             m.pop("shard", None)
             if shards:
                 m["shards"] = [list(x) for x in shards]
+            notes = sorted({str(n) for r, _ in parts[key] for n in r.get("notes") or ()})     # every part's
+            if notes:
+                m["notes"] = notes
         if "raw" in m:
             m.update(derive(m["raw"]))     # also a lone record: what derive reports may have grown since
     out = list(merged.values())

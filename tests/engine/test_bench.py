@@ -167,6 +167,16 @@ def test_shards_merge_into_the_records_of_one_run(tmp_path, policies):
     assert s0["lru"]["max_new_tokens"] == 4 and sorted(merged["lru"]["raw"]["units"]) == [[0, 0], [1, 0], [2, 0]]
     # a run merged with one of its own shards would count prompts 0 and 2 twice: refused
     assert main(["bench", "--merge", str(tmp_path / "whole"), str(tmp_path / "s0"), "--out", str(tmp_path / "x")]) == 2
+    # a note raised on one shard alone is the merged record's too (and results.md says it)
+    s1_path = tmp_path / "s1" / "results.json"
+    s1 = json.loads(s1_path.read_text())
+    for r in s1:
+        r["notes"] = sorted(r.get("notes", []) + ["a note only shard 1 raised"])
+    s1_path.write_text(json.dumps(s1))
+    assert main(["bench", "--merge", str(tmp_path / "s0"), str(tmp_path / "s1"), "--out", str(tmp_path / "m2")]) == 0
+    assert all("a note only shard 1 raised" in r["notes"] for r in json.loads((tmp_path / "m2" / "results.json").read_text())
+               if r.get("raw"))
+    assert "a note only shard 1 raised" in (tmp_path / "m2" / "results.md").read_text()
     for pol in whole:
         for key in ("tpot_ms_median", "tpot_ms_p90", "hit_rate", "bytes_per_token", "stall_ms_per_token",
                     "n_decode_tokens", "floor_ms", "greedy_agreement"):
