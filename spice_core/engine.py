@@ -33,7 +33,8 @@ from spice_core.model.loader import LoadedModel, cache_kwarg, load_model
 from spice_core.policy.cache import cache_slots_for_budget
 from spice_core.policy.planner import LayerPlanner, check_prefetch_admission
 from spice_core.policy.spec import get_spec
-from spice_core.predictor.artifacts import calibrate_command, calibration_digest
+from spice_core.predictor.artifacts import (calibrate_command, calibration_digest, check_artifacts_folder,
+                                            load_artifacts_if_present)
 from spice_core.runtime.eager import EagerExecutor
 from spice_core.runtime.graph_exec import GraphExecutor
 from spice_core.runtime.graphed import GraphCaptureError
@@ -136,11 +137,12 @@ class SpiceEngine:
         ``artifacts``: the folder of the model's calibration artifacts (`calibrate --out`), when not beside it."""
         check_lane_offer(kw.get("lane_offer", "auto"))     # before the model loads
         check_copy_issue(kw.get("copy_issue", "direct"))
+        if artifacts is not None:
+            check_artifacts_folder(artifacts, model)
         engine = cls(load_model(model, device, dtype, float32_on_cpu=True), **kw)
         engine.load_artifacts(artifacts)
-        # What is alive once the model is loaded (~430k Python objects with the shipped model) stays for the engine's
-        # life: out of the cyclic collector's reach (as vLLM does), or every full collection walks it again (~0.3 s
-        # on a 2-core CPU) in the middle of a generation. The collection before it frees what loading left behind.
+        # What is alive once the model is loaded (~430k objects with the shipped model) is kept out of the cyclic
+        # collector's reach (as vLLM does), or each full collection walks it again (~0.3 s on 2 cores) mid-generation.
         gc.collect()
         gc.freeze()
         return engine
@@ -151,8 +153,6 @@ class SpiceEngine:
 
     def load_artifacts(self, folder: str | Path | None = None) -> None:
         """Draft heads and LoRE factors beside the model (or in ``folder``), when calibrated (optional)."""
-        from spice_core.predictor.artifacts import check_artifacts_folder, load_artifacts_if_present
-
         self.artifacts = load_artifacts_if_present(self.lm, folder and check_artifacts_folder(folder, self.lm))
 
     # ------------------------------------------------------------------ info

@@ -18,6 +18,7 @@ import shlex
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -45,9 +46,11 @@ class Artifacts:
 
 
 def calibrate_command(lm, *extra: str) -> str:
-    """The command that builds ``lm``'s artifacts (its folder quoted for a shell; ``M`` where it has none)."""
+    """The command that builds ``lm``'s artifacts (its folder quoted for a shell; ``M`` where it has none, e.g. a
+    random bench model)."""
     path = getattr(lm, "path", None)
-    return " ".join(["python -m spice_core calibrate --model", shlex.quote(str(path)) if path else "M", *extra])
+    folder = shlex.quote(str(path)) if path and Path(path).is_dir() else "M"
+    return " ".join(["python -m spice_core calibrate --model", folder, *extra])
 
 
 def model_fingerprint(lm) -> dict:
@@ -177,9 +180,11 @@ def calibration_digest(artifacts) -> str:
     return hashlib.sha256(json.dumps(cal, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def check_artifacts_folder(folder, lm) -> Path:
-    """``folder`` given for ``lm``'s artifacts (kept apart from its checkpoint, e.g. one that is read-only): a folder
-    holding at least one of them, else a ConfigError saying how to make them there."""
+def check_artifacts_folder(folder, model) -> Path:
+    """``folder`` given for a model's artifacts (kept apart from its checkpoint, e.g. one that is read-only): a folder
+    holding at least one of them, else a ConfigError saying how to make them there. ``model``: the loaded model, or
+    before it loads the --model as given."""
+    lm = model if hasattr(model, "path") else SimpleNamespace(path=model)
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise ConfigError(f"--artifacts {folder}: not a folder: pass the folder calibrate wrote "
@@ -197,6 +202,16 @@ def load_artifacts_if_present(lm, folder: Path | None = None) -> Artifacts | Non
     draft_p, lore_p, calib_p = folder / DRAFT_FILE, folder / LORE_FILE, folder / CALIBRATION_FILE
     if not (draft_p.exists() or lore_p.exists() or calib_p.exists()):
         return None
+    if lm.path and folder.resolve() != Path(lm.path).resolve():
+        try:
+            return _load_from(folder, lm, draft_p, lore_p, calib_p)
+        except ArtifactError as e:     # the fix is to rebuild them there, not beside a (maybe read-only) checkpoint
+            raise ArtifactError(str(e).replace(calibrate_command(lm), calibrate_command(
+                lm, "--out", shlex.quote(str(folder))))) from None
+    return _load_from(folder, lm, draft_p, lore_p, calib_p)
+
+
+def _load_from(folder: Path, lm, draft_p: Path, lore_p: Path, calib_p: Path) -> Artifacts:
     fp = model_fingerprint(lm)
     arts = Artifacts()
     if calib_p.exists():

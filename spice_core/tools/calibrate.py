@@ -96,7 +96,7 @@ def calibrate_lore_only(model=None, *, device: str = "cpu", text: Path | None = 
                               ((DRAFT_FILE, out), (LORE_FILE, stage)) if (d / name).exists()}
         (stage / CALIBRATION_FILE).write_text(json.dumps(cal, indent=1))
     return {"lore": lore_report, "files_bytes": cal["files_bytes"], "total_s": round(time.perf_counter() - t0, 1),
-            "folder": str(out), "beside_model": out.resolve() == Path(lm.path).resolve()}
+            "folder": str(out), "beside_model": out.resolve() == Path(lm.path).resolve(), "kept": [DRAFT_FILE]}
 
 
 def _check_args(args) -> None:
@@ -175,8 +175,8 @@ def calibrate(model=None, *, device: str = "cpu", text: Path | None = None, max_
               seed: int = 0, lm=None, command: str = "") -> dict:
     """Build and save the artifacts; returns the report written to spice-calibration.json."""
     from spice_core.model.loader import load_model
-    from spice_core.predictor.artifacts import (CALIBRATION_FILE, DRAFT_FILE, model_fingerprint, save_draft,
-                                                write_calibration)
+    from spice_core.predictor.artifacts import (CALIBRATION_FILE, DRAFT_FILE, LORE_FILE, model_fingerprint,
+                                                save_draft, write_calibration)
     from spice_core.predictor.draft import DraftTrainConfig, train_draft
     from spice_core.predictor.traces import traces_for_model
 
@@ -206,7 +206,8 @@ def calibrate(model=None, *, device: str = "cpu", text: Path | None = None, max_
                          command)
         write_calibration(stage / CALIBRATION_FILE, fp, traces.popularity(), **report)
     # Where they went, for the summary printed (not in the record: a folder may move)
-    return dict(report, folder=str(out), beside_model=out.resolve() == Path(lm.path).resolve())
+    return dict(report, folder=str(out), beside_model=out.resolve() == Path(lm.path).resolve(),
+                kept=[] if lore else [LORE_FILE])      # --no-lore leaves the factors already there as they were
 
 
 def _report(lm, traces, distances, draft, cfg, draft_report, lore_report, stage: Path, seq_len: int,
@@ -291,15 +292,11 @@ def run(args) -> int:
 
 
 def _print_lore_and_files(report: dict) -> None:
-    from spice_core.predictor.artifacts import LORE_FILE
-
     lo = report["lore"]
     print("LoRE: " + (f"skipped ({lo['skipped']})" if "skipped" in lo else f"{lo['file']} (max rank {lo['max_rank']})"))
     folder = Path(report["folder"])
-    kept = "skipped" in lo           # --no-lore keeps the factors already there, untouched
     for name, size in report["files_bytes"].items():
-        what = "kept" if kept and name == LORE_FILE else "wrote"
-        print(f"{what} {folder / name}: {format_bytes(size)}")
+        print(f"{'kept' if name in report.get('kept', ()) else 'wrote'} {folder / name}: {format_bytes(size)}")
     if not report["beside_model"]:
         print(f"not beside the model: pass --artifacts {shlex.quote(str(folder))} to generate, tune, quality "
               "and the app to use them")

@@ -136,7 +136,9 @@ def test_lore_only_adds_lore_beside_an_existing_draft_without_retraining_it(mode
     capsys.readouterr()
     assert main(["calibrate", "--threads", "1", "--model", str(model), "--text", str(text), "--max-tokens", "400",
                  "--lore-only", "--lore-max-rank", "4"]) == 0
-    assert "LoRE: spice-lore.safetensors (max rank 4)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "LoRE: spice-lore.safetensors (max rank 4)" in out
+    assert f"kept {model / DRAFT_FILE}:" in out and f"wrote {model / DRAFT_FILE}" not in out   # not rewritten
     assert (model / DRAFT_FILE).read_bytes() == draft_before
     cal = json.loads((model / CALIBRATION_FILE).read_text())
     assert cal["lore"]["max_rank"] == 4 and "spice-lore.safetensors" in cal["files_bytes"]
@@ -152,3 +154,27 @@ def test_lore_only_adds_lore_beside_an_existing_draft_without_retraining_it(mode
 def test_lore_only_without_a_draft_names_the_full_calibrate_command(model, text, capsys):
     assert main(["calibrate", "--threads", "1", "--model", str(model), "--text", str(text), "--lore-only"]) == 2
     assert "spice_core calibrate" in capsys.readouterr().err
+
+
+def test_another_models_artifacts_in_an_artifacts_folder_name_the_fix_there(model, calibrated_dirs, tmp_path, capsys):
+    """The rebuild hint for a folder given with --artifacts writes there (--out): beside a read-only checkpoint it
+    cannot."""
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    for name in (DRAFT_FILE, CALIBRATION_FILE):
+        shutil.copy(calibrated_dirs["olmoe"] / name, wrong / name)
+    assert main(["generate", "--model", str(model), "--prompt", "the cat", "--max-new-tokens", "2",
+                 "--artifacts", str(wrong)]) == 2
+    err = capsys.readouterr().err
+    assert "another model" in err and f"--out {wrong}" in err and "Traceback" not in err, err
+
+
+def test_a_bad_artifacts_folder_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    import spice_core.engine as engine_mod
+
+    def no_load(*a, **kw):
+        raise AssertionError("the model was loaded before --artifacts was checked")
+
+    monkeypatch.setattr(engine_mod, "load_model", no_load)
+    assert main(["generate", "--prompt", "the cat", "--artifacts", str(tmp_path / "missing")]) == 2
+    assert "--artifacts" in capsys.readouterr().err
