@@ -121,7 +121,13 @@ def _check_event(i: int, ev, problems: list[str]) -> bool:
 def _check_slices(slices: dict, events: list, problems: list[str]) -> None:
     """"X" slices of one (pid, tid) must be properly nested or disjoint."""
     for (pid, tid), idxs in slices.items():
-        span = {i: (_ns(events[i]["ts"]), _ns(events[i]["ts"]) + _ns(events[i]["dur"])) for i in idxs}
+        span = {}
+        for i in list(idxs):
+            if not (math.isfinite(events[i]["ts"] * 1000) and math.isfinite(events[i]["dur"] * 1000)):
+                problems.append(f"{_where(i, events[i])}: ts/dur too large to hold in nanoseconds")
+                idxs.remove(i)
+                continue
+            span[i] = (_ns(events[i]["ts"]), _ns(events[i]["ts"]) + _ns(events[i]["dur"]))
         idxs.sort(key=lambda i: (span[i][0], -span[i][1]))
         stack: list[int] = []           # indices of open slices, outermost first
         for i in idxs:

@@ -17,6 +17,7 @@ is CPU-only and exists to make the file loadable, not to measure SPICE.
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 import threading
 import zipfile
@@ -75,13 +76,16 @@ def _near_zero(trace: dict, base: list[dict]) -> list[dict]:
     """The profiler's events moved back by whole µs to start near 0, ``trace``'s ``baseTimeNanoseconds`` forward by as
     much (the same instants). torch.profiler's clock reads ~5e12 µs, where a double cannot hold µs to 3 decimals: SPICE's
     back-to-back slices placed there came out 1-2 ns overlapping once rounded, which Perfetto reports and moves."""
-    times = [e["ts"] for e in base if _is_time(e.get("ts"))]
+    if any("ts" in e and not _is_time(e["ts"]) for e in base):
+        return base                # a time that is not a number: moving the others would part them from it
+    times = [e["ts"] for e in base if "ts" in e and math.isfinite(e["ts"]) and e.get("ph") != "M"]
     shift_us = int(min(times, default=0.0))
     if shift_us <= 0:
         return base
     if _is_time(trace.get("baseTimeNanoseconds")):
         trace["baseTimeNanoseconds"] = trace["baseTimeNanoseconds"] + shift_us * 1000
-    return [dict(e, ts=e["ts"] - shift_us) if _is_time(e.get("ts")) else e for e in base]
+    # Metadata events may sit at 0: they stay at 0 rather than go negative.
+    return [dict(e, ts=max(0.0, e["ts"] - shift_us)) if "ts" in e and math.isfinite(e["ts"]) else e for e in base]
 
 
 def merge_into_profiler_trace(profiler_trace: dict, events: Iterable[TraceEvent], *,

@@ -44,6 +44,8 @@ def test_slices_are_judged_in_whole_nanoseconds_as_perfetto_reads_them():
     assert validate_chrome_trace(trace(5.0 + 1e-7)) == []         # float noise under half a nanosecond
     problems = validate_chrome_trace(trace(5.001))                # ends 1 ns after its parent: Perfetto moves it
     assert len(problems) == 1 and "[5000, 10001] ns partially overlaps" in problems[0]
+    huge = {"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1e306, "dur": 1.0}]}
+    assert any("too large" in p for p in validate_chrome_trace(huge))     # a problem, not an OverflowError
 
 
 def _event(trace, target):

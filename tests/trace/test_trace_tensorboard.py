@@ -120,3 +120,17 @@ def test_back_to_back_slices_stay_back_to_back_on_the_profilers_clock():
     assert 0 <= op["ts"] < 1.0
     shift_us = merged["baseTimeNanoseconds"] - base["baseTimeNanoseconds"]
     assert shift_us % 1000 == 0 and abs(op["ts"] + shift_us / 1000 - base_ts) < 1e-3
+
+
+def test_the_move_near_zero_keeps_odd_profiler_traces_whole():
+    """Metadata at 0 stays at 0 (and does not turn the move off); a trace with a time that is not a number is left
+    where it is (its events would part); a NaN time is left alone, not a crash."""
+    events = [TraceEvent(token=0, layer=-1, expert=-1, lane="gpu", kind="token", start_ms=0.0, end_ms=1.0)]
+    x = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 7, "tid": 7, "ts": 5787230384222.585, "dur": 5.0}
+    meta = {"ph": "M", "name": "process_name", "pid": 7, "tid": 0, "ts": 0, "args": {"name": "p"}}
+    merged = merge_into_profiler_trace({"traceEvents": [meta, x]}, events)
+    op = next(e for e in merged["traceEvents"] if e.get("name") == "aten::mm")
+    assert op["ts"] < 1.0 and merged["traceEvents"][0]["ts"] == 0
+    as_text = merge_into_profiler_trace({"traceEvents": [dict(x, ts="5787230384222.585"), x]}, events)
+    assert next(e for e in as_text["traceEvents"][1:] if e.get("name") == "aten::mm")["ts"] == x["ts"]
+    merge_into_profiler_trace({"traceEvents": [dict(x, ts=float("nan")), x]}, events)
