@@ -232,7 +232,11 @@ def test_a_failed_or_stalled_cpu_job_falls_back_to_a_copy_mid_token_and_the_toke
         if stalled is not None:
             stalled.close()
     assert toks == ref
-    assert run.record.totals["cpu_fallbacks"] == calls[0] // 3 > 0      # each failed job was copied in instead
+    failed = calls[0] // 3
+    if how == "error" or not torch.cuda.is_available():
+        assert run.record.totals["cpu_fallbacks"] == failed > 0      # each failed job was copied in instead
+    else:       # on a GPU a stalled job whose result is needed only after it finished (in a prefill) is no failure
+        assert 0 < run.record.totals["cpu_fallbacks"] <= failed
 
 
 @pytest.mark.cuda
