@@ -50,11 +50,6 @@ def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def _ns(us: float) -> int:
-    """µs to whole nanoseconds, as Perfetto's importer rounds them."""
-    return round(us * 1000)
-
-
 def _where(i: int, ev: dict) -> str:
     return f"traceEvents[{i}] (ph {ev.get('ph')!r}, name {ev.get('name')!r})"
 
@@ -122,13 +117,13 @@ def _check_slices(slices: dict, events: list, problems: list[str]) -> None:
     """"X" slices of one (pid, tid) must be properly nested or disjoint."""
     for (pid, tid), idxs in slices.items():
         span = {}
-        for i in list(idxs):
-            if not (math.isfinite(events[i]["ts"] * 1000) and math.isfinite(events[i]["dur"] * 1000)):
+        for i in idxs:
+            ts_ns, dur_ns = events[i]["ts"] * 1000, events[i]["dur"] * 1000
+            if math.isfinite(ts_ns) and math.isfinite(dur_ns):
+                span[i] = (round(ts_ns), round(ts_ns) + round(dur_ns))     # whole ns, as Perfetto's importer rounds
+            else:
                 problems.append(f"{_where(i, events[i])}: ts/dur too large to hold in nanoseconds")
-                idxs.remove(i)
-                continue
-            span[i] = (_ns(events[i]["ts"]), _ns(events[i]["ts"]) + _ns(events[i]["dur"]))
-        idxs.sort(key=lambda i: (span[i][0], -span[i][1]))
+        idxs = sorted(span, key=lambda i: (span[i][0], -span[i][1]))
         stack: list[int] = []           # indices of open slices, outermost first
         for i in idxs:
             ts, end = span[i]
