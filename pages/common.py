@@ -21,7 +21,7 @@ from gradio.components.plot import PlotData
 from pydantic import ValidationError, model_validator
 
 from spice_core.api import (DEFAULT_LORE_RANK, DEFAULT_REPLY_TOKENS, EngineInfo, EngineLike, RunSettings,
-                            format_bytes, own_shape)
+                            default_shape, format_bytes, own_shape)
 from spice_core.errors import ConfigError, SpiceError
 from pages.limits import SLIDER_RANGES, Limits, quoted, slider_ranges  # noqa: F401 - SLIDER_RANGES: re-exported
 from pages.models import SwitchBook
@@ -320,7 +320,7 @@ def default_settings(info: EngineInfo) -> RunSettings:
     base = RunSettings()
     policy = base.policy if base.policy in info.policies else info.policies[0]
     profile = base.profile if base.profile in info.profiles else info.profiles[0]
-    own = own_shape(info)
+    own = default_shape(info)
     shape = own if own in info.shapes else base.shape if base.shape in info.shapes else info.shapes[0]
     cache = max(base.cache_frac, slider_ranges(info)["cache_frac"][0])     # a model too large for the default
     return RunSettings(**{f.name: getattr(base, f.name) for f in fields(base)}

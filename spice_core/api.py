@@ -27,7 +27,7 @@ from typing import Iterator, Protocol
 
 from spice_core.config import (  # noqa: F401 - re-exported: the settings a front end passes
     BASELINE_POLICIES, COPY_ISSUES, DEFAULT_LORE_RANK, EXACT_POLICIES, LANE_OFFERS, LIVE_FIELDS, MAX_NEW_TOKENS_LIMIT,
-    POLICIES, SETTING_RANGES, SPICE_POLICIES, RunSettings, own_shape)
+    POLICIES, SETTING_RANGES, SPICE_POLICIES, RunSettings, default_shape, own_shape)
 from spice_core.records import (  # noqa: F401 - re-exported: the records front ends receive
     EngineInfo, ExpertOutcome, LaneInterval, PrefetchRecord, RunSummary, StepStats)
 from spice_core.trace.events import CPU_INT8_OUTCOME, OUTCOMES  # noqa: F401 - re-exported for front ends

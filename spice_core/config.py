@@ -14,7 +14,7 @@ from types import MappingProxyType
 from spice_core.errors import ConfigError, quoted
 from spice_core.policy.spec import POLICY_SPECS
 from spice_core.records import EngineInfo
-from spice_core.timing.profiles import routing_shape
+from spice_core.timing.profiles import NATIVE_SHAPE, routing_shape
 
 # Names a user may pick, derived from the one policy table (policy/spec.py); the engine refuses anything
 # else with a ConfigError. Baselines predict nothing; exact policies never approximate nor run int8 experts.
@@ -150,3 +150,10 @@ def own_shape(info: EngineInfo) -> str | None:
     deepseek-v2-lite for spice-mini), or None: modeled times at it stand for that real model, while any
     other shape only resizes this model's routing."""
     return routing_shape(info.family, len(info.moe_layers), info.n_experts, info.top_k)
+
+
+def default_shape(info: EngineInfo) -> str:
+    """The shape a modeled run of this model times unless told otherwise: its own (`own_shape`: the real model a
+    miniature stands for, routing and all), else ``native``, the model's own sizes (a Mixtral checkpoint's modeled
+    copies are Mixtral's experts, not another model's)."""
+    return own_shape(info) or NATIVE_SHAPE

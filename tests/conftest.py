@@ -17,6 +17,24 @@ from tiny_models import EXTRA_FAMILIES, FAMILIES, build_tiny  # noqa: E402
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _library_logs_to_this_tests_stderr():
+    """transformers' log handler binds the stderr of its first use, an earlier test's capture stream that pytest
+    closes after that test: a later warning then prints "--- Logging error ---" and a traceback into whatever stderr
+    is captured now, failing tests that check a command's stderr has no traceback, depending on test order. Point
+    its stream handlers at the current stderr before each test."""
+    import logging
+    import sys
+
+    for handler in logging.getLogger("transformers").handlers:
+        if type(handler) is logging.StreamHandler:
+            with handler.lock:           # not setStream: it flushes the old stream, which may be closed
+                handler.stream = sys.stderr
+                if "flush" in vars(handler):     # transformers binds its handler's flush to that stream's too
+                    handler.flush = sys.stderr.flush
+    yield
+
+
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
     """{family: directory of a tiny random checkpoint}, safetensors with the real per-expert key names

@@ -58,10 +58,11 @@ from spice_core import heldout
 from spice_core.errors import ConfigError
 from spice_core.heldout import DEFAULT_PROMPTS
 from spice_core.model.loader import _safetensors_files
-from spice_core.timing.profiles import routing_shape, run_profile_label
+from spice_core.timing.profiles import NATIVE_SHAPE, routing_shape, run_profile_label
 
 log = logging.getLogger(__name__)
-DEFAULT_SHAPE = "deepseek-v2-lite"     # a modeled run's shape when the config names none and the model is no miniature
+DEFAULT_SHAPE = NATIVE_SHAPE     # a modeled run's shape when the config names none and the model is no miniature:
+                                 # its own sizes (as generate and the app default it, config.default_shape)
 
 
 def _load_config(path: Path) -> dict:
@@ -448,8 +449,8 @@ def _add_floors(records: list[dict], lm, prof, cfg) -> None:
 
     if cfg["timing"] == "modeled":
         from spice_core.timing.profiles import get_shape
-        expert_bytes = get_shape(cfg.get("shape") or DEFAULT_SHAPE).expert_bytes if cfg.get("shape") != "native" \
-            else lm.layout.nbytes
+        shape = cfg.get("shape") or DEFAULT_SHAPE
+        expert_bytes = lm.layout.nbytes if shape == NATIVE_SHAPE else get_shape(shape).expert_bytes
     else:
         expert_bytes = lm.layout.nbytes
     for r in records:

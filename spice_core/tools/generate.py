@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from spice_core.tools import args as ca
-from spice_core.config import MAX_NEW_TOKENS_LIMIT, POLICIES, SETTING_RANGES, RunSettings, own_shape
+from spice_core.config import MAX_NEW_TOKENS_LIMIT, POLICIES, SETTING_RANGES, RunSettings, default_shape, own_shape
 from spice_core.errors import ConfigError, SpiceError
 from spice_core.model.shipped import NAMES, model_argument
 from spice_core.units import format_bytes
@@ -37,8 +37,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default=DEFAULTS.profile, help="hardware profile for modeled timing")
     p.add_argument("--shape", default=None,
                    help="target model shape for modeled timing, or native (default: the shape of the real model "
-                        "whose routing the model has, e.g. qwen2-57b-a14b for spice-mini-qwen2; else "
-                        f"{DEFAULTS.shape})")
+                        "whose routing the model has, e.g. qwen2-57b-a14b for spice-mini-qwen2; else native, the "
+                        "model's own sizes)")
     p.add_argument("--executor", choices=("auto", "eager", "graphed"), default="auto",
                    help="auto: the CUDA-graph fast path for decode steps on a GPU with measured timing; eager: "
                         "per-expert PyTorch calls and per-expert trace detail (and the CPU lane)")
@@ -66,7 +66,7 @@ def settings_from_args(args, engine, **over) -> RunSettings:
     kw = dict(policy=args.policy, cache_frac=frac, tau_prefetch=args.tau_prefetch, tau_approx=args.tau_approx,
               tau_int8=args.tau_int8,
               max_lookahead=args.max_lookahead, lore_rank=args.lore_rank, cpu_lane=args.cpu_lane,
-              profile=args.profile, shape=args.shape or own_shape(engine.info()) or DEFAULTS.shape)
+              profile=args.profile, shape=args.shape or default_shape(engine.info()))
     kw.update(over)
     return RunSettings(**kw)
 

@@ -5,7 +5,7 @@ import pytest
 
 from spice_core.model.shipped import shipped
 from spice_core.tools.cli import main
-from tiny_models import build_qwen2_miniature
+from tiny_models import build_qwen2_miniature, build_tiny
 
 
 def _generate(capsys, *argv) -> dict:
@@ -30,6 +30,23 @@ def test_a_qwen2_miniatures_default_shape_is_qwen2_57b_a14b(capsys, tmp_path):
                               shared_expert_intermediate_size=8)
     got = _generate(capsys, "--model", d)["summary"]
     assert got["shape"] == "qwen2-57b-a14b" and not any("sizes only" in n for n in got["notes"])
+
+
+def test_a_checkpoint_that_stands_for_no_real_model_is_timed_at_its_own_sizes(capsys, tmp_path):
+    """A checkpoint whose routing is no named real model's (a user's Mixtral, OLMoE, ... or, here, a tiny DeepSeek-V2)
+    is modeled at its own sizes by default, in generate and on the app's pages, not at another model's; another shape
+    stays one flag away and says it is sizes only."""
+    from pages.common import default_settings
+    from spice_core.api import default_shape
+    from spice_core.engine import SpiceEngine
+
+    d = build_tiny("deepseek_v2", tmp_path / "tiny")
+    got = _generate(capsys, "--model", d)["summary"]
+    assert got["shape"] == "native" and not any("sizes only" in n for n in got["notes"]), got
+    info = SpiceEngine.load(d, device="cpu").info()
+    assert default_shape(info) == "native" and default_settings(info).shape == "native"
+    other = _generate(capsys, "--model", d, "--shape", "deepseek-v2-lite")["summary"]
+    assert other["shape"] == "deepseek-v2-lite" and any("sizes only" in n for n in other["notes"])
 
 
 def test_chat_on_a_model_without_a_chat_template_is_refused(tmp_path, capsys):

@@ -167,12 +167,12 @@ def test_a_run_timed_by_a_profile_file_names_that_profile_and_its_bytes_are_the_
     hw = tmp_path / "hw.json"
     hw.write_text(json.dumps(dict(GOOD_PROFILE, name="my-box")))
     code, out, err = run_cli(capsys, ["generate", "--model", tiny_model, "--prompt", "hi", "--max-new-tokens", "3",
-                                      "--hw-profile", hw, "--policy", "on_demand", "--json"])
+                                      "--hw-profile", hw, "--policy", "on_demand", "--shape", "deepseek-v2-lite", "--json"])
     assert code == 0, err
     summary = json.loads(out)["summary"]
     assert summary["profile"] == "my-box"
     assert summary["shape_bytes_per_token"] > summary["bytes_per_token"] > 0, summary
     code, out, err = run_cli(capsys, ["generate", "--model", tiny_model, "--prompt", "hi", "--max-new-tokens", "3",
-                                      "--hw-profile", hw, "--policy", "on_demand"])
+                                      "--hw-profile", hw, "--policy", "on_demand", "--shape", "deepseek-v2-lite"])
     assert code == 0, err
     assert "profile" in out and "my-box" in out and f"bytes copied / token at {summary['shape']}" in out, out

@@ -118,7 +118,7 @@ def test_generate_tuned_runs_with_the_saved_setting(model_dir, record, capsys):
 
     save(record, tuned_path(model_dir))
     rc = main(["generate", "--model", str(model_dir), "--device", "cpu", "--policy", "spice", "--cache-frac", "0.3",
-               "--raw", "--prompt", "hello", "--max-new-tokens", "4", "--tuned"])
+               "--raw", "--prompt", "hello", "--max-new-tokens", "4", "--shape", record.shape, "--tuned"])
     out = capsys.readouterr().out
     assert rc == 0 and "note: tuned setting from" in out and "greedy agreement" in out
     rc = main(["generate", "--model", str(model_dir), "--device", "cpu", "--policy", "lru", "--cache-frac", "0.3",
