@@ -33,7 +33,7 @@ shard 1/2; the long prompt: `cuda-tests-439c009.txt` is that engine's CUDA test 
 `74ed6013e80c19e4` is the engine of bf252b8 (the decode path of 88359a6, bench's teacher forcing):
 its native 25% cell (prompts 0–6, then prompt 7 and the long prompt, both run from `git archive bf252b8 spice_core`)
 replaced the f78ad76e cell, whose records stay in `history/native-25-f78ad76e/`; `aaf9b04551727430` is the engine of
-c4abee0 (bench's held-out text pass added), on which the x8 10% cell has run prompts 0–4 (slices a and b;
+c4abee0 (bench's held-out text pass added), on which the x8 10% and 50% cells ran in four slices (10%: prompts 0–1 in a, 2–4 in b, 5–7 in c; 50%: 0–5 in c, 6–7 in d;
 `cuda-tests-c4abee0.txt`, 28 passed on that engine). Rows of different digests are different engines: compare rows
 within one digest. The timing model against the measured cells is in `model-check/`: the native 25% and x8 10% cells
 modeled with host costs refitted per link from their own records (in-sample: 18 of 20 policies within ±15%, `resident`
@@ -48,8 +48,11 @@ engine `fa4cbd20a9b7570c` with the shipped profile, before any refit (23 of 30).
 report merges only shards of one GPU): no H200 could be had for three sessions, and an H100 holds every policy's slots
 but `resident`'s (~92 GiB). That cell has no `resident` row: its greedy agreement is with `on_demand`, which the fast
 path keeps bitwise identical to `resident` (`tests/runtime`), and its floors take the compute of the native cell's
-`resident` step (an H200's: an H100's would be slower, so these floors are lower and the `× 3-lane floor` ratios larger
-than the same GPU would give). Compare it with the other cells by ratios, not milliseconds."""
+`resident` step (an H200's) and the H200 host's lane fit and DRAM rate. Compute never binds there (the floors are
+several times `resident`'s step); what sets them is the lane and DRAM, and that H100's host ran the lane faster than
+the fitted line (its records: 0.94-1.14 ms per Qwen2 expert against the line's 1.22), so these floors are if anything
+higher, and the `× 3-lane floor` ratios smaller, than that machine's own would give. Compare it with the other cells
+by ratios, not milliseconds."""
 
 FLOOR_NOTE = """`floor ms` is BENCHMARK.md's two-lane floor, max(compute, the bytes a token had to bring ÷ link rate),
 where a token had to bring its exact misses (copied or computed on the CPU, here charged as copies; approximated
@@ -58,9 +61,10 @@ unused are left out, those still unused when a run ended count as used). Records
 this folder charged misses only, (1 − hit rate) × routed bytes per token, which let a prefetch hit move for free:
 `oracle_prefetch` read 26.5× its three-lane floor on x8 at 25% where it is 2.95×. `3-lane floor ms` adds the CPU
 lane (`three_lane_floor` in `spice_core/tools/bench_records.py`): those experts split between the link and the
-lane so that both finish together, the lane at its measured {lane} per expert
-(`docs/benchmarks/cpu-lane/lane-profile/whole-experts.json`), both reading host DRAM at {dram:g} GB/s, and
-compute as `resident`'s step. `× 3-lane floor` is the row's TPOT over it. A policy that never uses the lane
+lane so that both finish together, the lane at its compute time per job, {lane} (fitted on both lifts'
+`cpu_compute` records: `{fit}`, `model-check/README.md`), both reading host DRAM at {dram:g} GB/s, and
+compute as `resident`'s step. `× 3-lane floor` is the row's TPOT over it; a row below 1× beat its floor, which
+then is no floor (its inputs are off for that row), and counts as missing the 1.5× target. A policy that never uses the lane
 (e.g. `lru`) is measured against a floor that would use it: the distance says what the lane would be worth
 there. `host µs/layer` is the host time between two graph segments with the GPU idle; for the policies that
 send misses to the CPU lane it includes the wait for the lane's results (the next segment reads them)."""

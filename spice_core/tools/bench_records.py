@@ -316,7 +316,12 @@ def merge_records(records: list[dict], sources: list[str] | None = None) -> list
         parts.setdefault(key, []).append((r, src))
         if key not in merged:
             merged[key] = dict(r)
-        elif "raw" in r and "raw" in merged[key]:
+        elif ("raw" in r) != ("raw" in merged[key]):     # one part's steps would be dropped from the merged record
+            with_raw, without = (src, parts[key][0][1]) if "raw" in r else (parts[key][0][1], src)
+            raise ConfigError(f"--merge: {with_raw} holds the per-step data (raw) of {r.get('policy')} at budget "
+                              f"{r.get('budget_frac')} and {without} does not: merge records written by bench, not "
+                              "summaries of them")
+        elif "raw" in r:
             merged[key]["raw"] = _combine(merged[key]["raw"], r["raw"])
     for key, m in merged.items():
         if len(parts[key]) > 1:            # a combined record holds every part's shards, not the first part's
@@ -445,13 +450,14 @@ def add_floors(records: list[dict], copy_bytes: float | None = None) -> None:
         r["floor_ms"] = max(min(same) if same else 0.0, transfer)
 
 
-def three_lane_floor(records: list[dict], lane_ms: float | None, dram_gbps: float | None = None,
+def three_lane_floor(records: list[dict], lane_ms, dram_gbps: float | None = None,
                      lane_bytes: float | None = None, expert_bytes: float | None = None,
                      copy_bytes: float | None = None) -> None:
     """`three_lane_floor_one` for each model's records apart (each has its own compute and expert size).
-    ``lane_bytes``: the bytes of the expert ``lane_ms`` was measured on; a model whose experts are larger gets
-    the lane's time scaled by bytes (the lane reads the expert's weights once: its time is near linear in them);
-    None: ``lane_ms`` is taken for every model's expert as it is. ``expert_bytes``: one expert's bytes, where the
+    ``lane_ms``: the lane's ms per expert, or a function of an expert's bytes giving it (a fixed cost per job plus
+    the bytes at a rate: a time measured on one expert size does not scale in proportion to another's).
+    ``lane_bytes`` (with a number): the bytes of the expert ``lane_ms`` was measured on; a model whose experts are
+    larger gets the lane's time scaled by bytes; None: ``lane_ms`` is taken for every model's expert as it is. ``expert_bytes``: one expert's bytes, where the
     caller knows them (else read off the model's `on_demand` record); ``copy_bytes``: one copy's bytes in
     ``bytes_per_token`` (the model as loaded; else read off that record)."""
     groups: dict = {}
@@ -461,7 +467,7 @@ def three_lane_floor(records: list[dict], lane_ms: float | None, dram_gbps: floa
         three_lane_floor_one(rs, lane_ms, dram_gbps, lane_bytes, expert_bytes, copy_bytes)
 
 
-def three_lane_floor_one(records: list[dict], lane_ms: float | None, dram_gbps: float | None = None,
+def three_lane_floor_one(records: list[dict], lane_ms, dram_gbps: float | None = None,
                          lane_bytes: float | None = None, expert_bytes: float | None = None,
                          copy_bytes: float | None = None) -> None:
     """``floor3_ms`` and ``tpot_over_floor3`` on every record with the inputs: the fastest a token could go
@@ -483,7 +489,9 @@ def three_lane_floor_one(records: list[dict], lane_ms: float | None, dram_gbps: 
     expert_bytes = expert_bytes or copy_bytes
     if expert_bytes is None or lane_ms is None:
         return
-    if lane_bytes:
+    if callable(lane_ms):
+        lane_ms = lane_ms(expert_bytes)
+    elif lane_bytes:
         lane_ms = lane_ms * expert_bytes / lane_bytes
     for r in records:
         n_tok = r.get("n_decode_tokens")

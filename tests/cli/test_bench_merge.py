@@ -172,3 +172,15 @@ def test_merged_records_hold_every_shard_and_a_merge_of_merges_misses_none(capsy
     shutil.rmtree(tmp_path / "merged")
     code, err = merge(capsys, tmp_path, tmp_path / "f01", parts[3])
     assert code == 0 and "shard 2/4 not given" in err, err
+
+
+def test_a_record_without_its_steps_is_refused_not_merged_over(capsys, tmp_path):
+    """Regression (review): a record of one configuration without `raw` (its per-step data) beside one with it kept
+    the first one's steps and dropped the other's: half the prompts vanished from the merged median, silently."""
+    summary = {k: v for k, v in record([12.0, 13.0]).items() if k != "raw"}
+    for first, second in (([summary], [record([10.0, 11.0])]), ([record([10.0, 11.0])], [summary])):
+        a, b = shard(tmp_path, "s0", first), shard(tmp_path, "s1", second)
+        code, err = merge(capsys, tmp_path, a, b)
+        assert code == 2 and "Traceback" not in err and "per-step data" in err and "s0" in err and "s1" in err, err
+        assert not (tmp_path / "merged" / "results.json").exists()
+        shutil.rmtree(a), shutil.rmtree(b)

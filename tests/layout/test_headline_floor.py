@@ -58,6 +58,25 @@ def test_each_model_has_its_own_compute_and_the_lane_scales_with_its_expert_byte
     assert rows[2]["floor3_ms"] == 14.0                 # b's compute, not a's
 
 
+def test_a_lane_given_as_a_fixed_cost_plus_a_rate_prices_each_models_expert_by_its_bytes():
+    """Regression (review): the lane's time measured on a 17.3 MB expert, scaled in proportion to a 55 MB one, put
+    the Qwen2 lift's lane at 2.27 ms per expert where its records measured 0.94-1.34, and rows ran below their floor.
+    A lane of a fixed cost per job plus bytes at a rate (the headline's fit) prices each model's expert apart."""
+    from headline_report import lane_ms_for
+
+    big = 3 * EXPERT
+    rows = [rec("resident", 7.0, model="a"), rec("on_demand", 220.0, copy=1560, model="a"),
+            rec("resident", 14.0, model="b"),
+            dict(rec("on_demand", 900.0, copy=1560, model="b"), bytes_per_token=156 * big)]
+    lane = lane_ms_for((0.35, 63.0))
+    assert lane(EXPERT) == pytest.approx(0.35 + EXPERT / 63e6)
+    three_lane_floor(rows, lane_ms=lane, dram_gbps=81.0)
+    for i, nbytes in ((1, EXPERT), (3, big)):
+        a, c = nbytes / 13e6, 0.35 + nbytes / 63e6
+        assert rows[i]["floor3_ms"] == pytest.approx(max(156 * nbytes / 81e6, 156 * a * c / (a + c)))
+    assert 0.35 + big / 63e6 < 3 * (0.35 + EXPERT / 63e6)      # not in proportion: the fixed part is paid once
+
+
 def test_coverage_lists_what_is_still_to_run_per_model():
     from headline_report import coverage
     full = [dict(rec(p, 10.0, model="lift:spice-mini"), link=link, budget_frac=b, n_runs=8,
