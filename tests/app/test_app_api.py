@@ -13,6 +13,7 @@ import httpx
 import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
+from gradio_client.utils import Status
 
 import fake_engine
 from app_helpers import CHAT_DEFAULTS, HeldReply, chat_inputs, content, last_notes, serve, settings_inputs, wait_for
@@ -63,6 +64,7 @@ def test_panels_send_each_figure_once_then_only_changes(served, client):
     """Regression: whole figures re-sent at 2 Hz kept the browser busy 31 of 33 s (typing and Stop lagged)."""
     served.engine.token_delay_s = 0.02
     try:
+        t_start = time.monotonic()
         job = client.submit(*chat_inputs("A long one", max_new_tokens=200), api_name="/chat")
         figures_sent, last, deltas = [0, 0, 0], [None, None, None], []
         for update in job:                 # each update repeats the latest value of every output
@@ -79,8 +81,11 @@ def test_panels_send_each_figure_once_then_only_changes(served, client):
     assert all(1 <= n <= 2 for n in figures_sent), figures_sent
     assert len(deltas) >= 2, "panel changes kept coming while the reply streamed"
     assert set(deltas[0][1]["panels"]) == {"heatmap", "prefetch", "gantt"}
-    gaps = [b[0] - a[0] for a, b in zip(deltas, deltas[1:-1])]
-    assert not gaps or min(gaps) > 0.5, gaps
+    # At most one change a second (the last, at the reply's end, aside), counted rather than timed between arrivals:
+    # a busy client receives updates in bunches, but it cannot receive more than the server sent.
+    from pages.chat import DELTA_INTERVAL_S
+    streamed_s = deltas[-1][0] - t_start
+    assert len(deltas) - 1 <= streamed_s / DELTA_INTERVAL_S + 1, (len(deltas), streamed_s)
 
 
 def test_the_api_gives_and_takes_the_chat_as_typed_and_generated(served, client, monkeypatch):
@@ -396,7 +401,8 @@ def test_full_queue_answers_busy():
         running = clients[0].submit(*chat_inputs("one", max_new_tokens=150), api_name="/chat")
         assert wait_for(lambda: s.engine.generations, 5)
         waiting = clients[1].submit(*chat_inputs("two", max_new_tokens=2), api_name="/chat")
-        time.sleep(0.3)
+        # the server has queued it (a fixed sleep raced with the client's join on a loaded machine)
+        assert wait_for(lambda: waiting.status().code == Status.IN_QUEUE, 20), waiting.status()
         with pytest.raises(Exception, match="(?i)queue is full|busy"):
             clients[2].predict(*chat_inputs("three", max_new_tokens=2), api_name="/chat")
         assert _assistant_text(running.result(timeout=20)[1]) and _assistant_text(waiting.result(timeout=20)[1])

@@ -377,7 +377,7 @@ def test_the_exact_agreement_check_stops_on_stop_and_on_unload(how):
             assert "Stopping" in c.predict(api_name="/stop")
         else:                     # what the page's unload handler does for a closed tab
             assert s.ctx.runner.cancel_owner(c.session_hash, "closed")
-        assert s.wait_idle(2.0) and time.monotonic() - t0 < 2.0
+        assert s.wait_idle(10.0) and time.monotonic() - t0 < 10.0      # a stall, not a slow machine
         out = job.result(timeout=30)
         assert "not measured" in out[2] and "60 of 60" not in out[2]
     finally:
