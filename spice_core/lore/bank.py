@@ -119,9 +119,12 @@ class LoreBank:
     def __init__(self, layers: dict[int, LoreLayer], *, hidden: int, expert_width: int, n_experts: int,
                  act: Callable[[torch.Tensor], torch.Tensor], dtype: torch.dtype, shared_fn: SharedFn | None = None,
                  device: torch.device | str = "cpu", target_device: torch.device | str | None = None,
-                 rank: int | None = None, fingerprint: str = "", info: dict | None = None) -> None:
+                 rank: int | None = None, fingerprint: str = "", info: dict | None = None,
+                 rebuild: str = CALIBRATE_HINT) -> None:
+        """``rebuild``: the command that rebuilds these factors where they were read from (messages quote it)."""
         if not layers:
-            raise ArtifactError(f"a LoRE bank needs at least one MoE layer: rebuild it with: {CALIBRATE_HINT}")
+            raise ArtifactError(f"a LoRE bank needs at least one MoE layer: rebuild it with: {rebuild}")
+        self.rebuild = rebuild
         stored = {ly.rank for ly in layers.values()}
         assert len(stored) == 1, f"all layers must share one rank, got {sorted(stored)}"
         self.layers = dict(sorted(layers.items()))
@@ -176,7 +179,7 @@ class LoreBank:
     def with_rank(self, rank: int, device: torch.device | str | None = None) -> "LoreBank":
         """The first ``rank`` neurons of every surrogate with their least-squares refit, on
         ``device`` (default: the model's device). The last two derived banks are kept."""
-        check_rank(rank, max_rank=self.max_rank, expert_width=self.expert_width)
+        check_rank(rank, max_rank=self.max_rank, expert_width=self.expert_width, rebuild=self.rebuild)
         dev = torch.device(device) if device is not None else self.target_device
         if rank == self.rank and dev == self.device:
             return self
@@ -187,7 +190,7 @@ class LoreBank:
             self._derived[key] = LoreBank(
                 self.layers, hidden=self.hidden, expert_width=self.expert_width, n_experts=self.n_experts,
                 act=self.act, dtype=self.dtype, shared_fn=self.shared_fn, device=dev, target_device=dev, rank=rank,
-                fingerprint=self.fingerprint, info=self.info)
+                fingerprint=self.fingerprint, info=self.info, rebuild=self.rebuild)
         return self._derived[key]
 
     # ------------------------------------------------------------------ the surrogate
@@ -227,9 +230,10 @@ class LoreBank:
                 f"{self.max_rank}, {self.nbytes / 1e6:.2f} MB on {self.device})")
 
 
-def check_rank(rank, *, max_rank: int, expert_width: int, flag: str = "--lore-rank") -> None:
+def check_rank(rank, *, max_rank: int, expert_width: int, flag: str = "--lore-rank",
+               rebuild: str = CALIBRATE_HINT) -> None:
     """ConfigError unless 1 <= rank <= min(max_rank, expert_width); the message names ``flag`` and
-    says what to change."""
+    says what to change (``rebuild``: the command that builds the factors again)."""
     limit = min(max_rank, expert_width)
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
         raise ConfigError(f"{flag} {rank!r} is out of range: use an integer in [1, {limit}]")
@@ -240,7 +244,7 @@ def check_rank(rank, *, max_rank: int, expert_width: int, flag: str = "--lore-ra
     if rank > max_rank:
         raise ConfigError(
             f"{flag} {rank} is above the rank the LoRE factors were built with ({max_rank}): use {flag} "
-            f"<= {max_rank}, or rebuild them with a higher rank: {CALIBRATE_HINT} --lore-max-rank {rank}")
+            f"<= {max_rank}, or rebuild them with a higher rank: {rebuild} --lore-max-rank {rank}")
 
 
 # ---------------------------------------------------------------------- file format
@@ -265,38 +269,38 @@ def save_lore_bank(bank: LoreBank, path: str | Path) -> Path:
     return path
 
 
-def load_lore_bank(path: str | Path, lm) -> LoreBank:
+def load_lore_bank(path: str | Path, lm, rebuild: str = CALIBRATE_HINT) -> LoreBank:
     """Read a bank written by `save_lore_bank` for the loaded model ``lm``. The stored form stays
     in host memory; `with_rank` puts a rank on the device. Missing, unreadable or foreign files
-    raise ArtifactError naming the calibrate command."""
+    raise ArtifactError naming ``rebuild``, the calibrate command that writes the file there."""
     from safetensors import safe_open
 
     path = Path(path)
     if not path.is_file():
-        raise ArtifactError(f"no LoRE factors at {path}: build them with: {CALIBRATE_HINT}")
+        raise ArtifactError(f"no LoRE factors at {path}: build them with: {rebuild}")
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:  # noqa: BLE001 - safetensors raises several types for bad files
-        raise ArtifactError(f"LoRE file {path} is unreadable ({e}): rebuild it with: {CALIBRATE_HINT}") from e
+        raise ArtifactError(f"LoRE file {path} is unreadable ({e}): rebuild it with: {rebuild}") from e
     if meta.get("format") != FORMAT:
-        raise ArtifactError(f"{path} is not a SPICE LoRE file: rebuild it with: {CALIBRATE_HINT}")
+        raise ArtifactError(f"{path} is not a SPICE LoRE file: rebuild it with: {rebuild}")
     if meta.get("version") != FORMAT_VERSION:
         raise ArtifactError(f"LoRE file {path} has format version {meta.get('version')} (this engine reads "
-                            f"{FORMAT_VERSION}): rebuild it with: {CALIBRATE_HINT}")
+                            f"{FORMAT_VERSION}): rebuild it with: {rebuild}")
     want = {"hidden": lm.layout.hidden, "expert_width": lm.layout.intermediate, "n_experts": lm.n_experts}
     try:
         got = {k: int(meta.get(k, -1)) for k in want}
         layers_meta = json.loads(meta.get("layers", "[]"))
     except ValueError as e:
-        raise ArtifactError(f"LoRE file {path} has unreadable metadata ({e}): rebuild it with: {CALIBRATE_HINT}") from e
+        raise ArtifactError(f"LoRE file {path} has unreadable metadata ({e}): rebuild it with: {rebuild}") from e
     if got != want or sorted(layers_meta) != sorted(lm.moe_layers):
         raise ArtifactError(
             f"LoRE file {path} was built for another model shape (hidden {got['hidden']}, expert width "
             f"{got['expert_width']}, {got['n_experts']} experts, MoE layers {layers_meta}) than {lm.name} (hidden "
             f"{want['hidden']}, expert width {want['expert_width']}, {want['n_experts']} experts, MoE layers "
-            f"{list(lm.moe_layers)}): rebuild it with: {CALIBRATE_HINT}")
+            f"{list(lm.moe_layers)}): rebuild it with: {rebuild}")
     fp = expert_weights_hash(lm)
     if meta.get("fingerprint") != fp:
         if lm.layout.dtype not in (torch.bfloat16, torch.float32):      # e.g. float16: it rounds a bf16 checkpoint
@@ -304,25 +308,25 @@ def load_lore_bank(path: str | Path, lm) -> LoreBank:
             raise ArtifactError(f"LoRE file {path} does not match {lm.name}'s weights as loaded in {loaded}, which "
                                 "cannot hold every value of a bfloat16 checkpoint: load the model in its checkpoint's "
                                 f"dtype (bfloat16, or float32 on the CPU); if the file was built for another model, "
-                                f"rebuild it with: {CALIBRATE_HINT}")
+                                f"rebuild it with: {rebuild}")
         raise ArtifactError(f"LoRE file {path} was built for another model (its weights differ from {lm.name}'s): "
-                            f"rebuild it with: {CALIBRATE_HINT}")
+                            f"rebuild it with: {rebuild}")
     layers = {}
     E, H = lm.n_experts, lm.layout.hidden
     for layer in lm.moe_layers:
         try:
             ly = LoreLayer(*(tensors[f"L{layer}.{n}"] for n in _STORED))
         except KeyError as e:
-            raise ArtifactError(f"LoRE file {path} lacks tensor {e}: rebuild it with: {CALIBRATE_HINT}") from e
+            raise ArtifactError(f"LoRE file {path} lacks tensor {e}: rebuild it with: {rebuild}") from e
         R = ly.rank
         shapes = (tuple(ly.G.shape), tuple(ly.U.shape), tuple(ly.T.shape), tuple(ly.C.shape), tuple(ly.alpha.shape))
         if shapes != ((E, R, H), (E, R, H), (E, R + 1, R + 1), (E, R + 1, H), (E,)):
             raise ArtifactError(f"LoRE file {path}: layer {layer}'s factors have inconsistent shapes {shapes}: "
-                                f"rebuild it with: {CALIBRATE_HINT}")
+                                f"rebuild it with: {rebuild}")
         layers[layer] = ly
     # The checkpoint's precision, also where the CPU computes the model in float32: the factors, their budget
     # and the approximations stay those of the model a GPU run holds.
     return LoreBank(layers, hidden=H, expert_width=lm.layout.intermediate, n_experts=E,
                     act=lm.experts_modules[lm.moe_layers[0]].act_fn, dtype=lm.offload_dtype or lm.layout.dtype,
                     shared_fn=shared_fn_for(lm), device="cpu", target_device=lm.device, fingerprint=fp,
-                    info=json.loads(meta.get("info", "{}") or "{}"))
+                    info=json.loads(meta.get("info", "{}") or "{}"), rebuild=rebuild)

@@ -63,10 +63,11 @@ def model_fingerprint(lm) -> dict:
             "top_k": int(lm.top_k), "moe_layers": [int(x) for x in lm.moe_layers], "router_sha256": h.hexdigest()[:24]}
 
 
-def check_fingerprint(found: dict, lm, what: str, expected: dict | None = None) -> None:
-    """Raise ArtifactError when ``found`` (from a file) was not made for ``lm``."""
+def check_fingerprint(found: dict, lm, what: str, expected: dict | None = None, rebuild: str | None = None) -> None:
+    """Raise ArtifactError when ``found`` (from a file) was not made for ``lm`` (``rebuild``: the command that writes
+    it again where it was read from; default: beside the model)."""
     want = expected or model_fingerprint(lm)
-    fix = f"rebuild them with: {calibrate_command(lm)}"
+    fix = f"rebuild them with: {rebuild or calibrate_command(lm)}"
     if not isinstance(found, dict):
         raise ArtifactError(f"{what} has no model fingerprint (not made by spice_core calibrate): {fix}")
     diffs = [f"{k} {found.get(k)!r} != {want[k]!r}" for k in _SHAPE_KEYS if found.get(k) != want[k]]
@@ -88,11 +89,12 @@ def save_draft(path: Path, draft: DraftPredictor, fingerprint: dict) -> Path:
     return path
 
 
-def load_draft(path: Path, lm, fingerprint: dict | None = None) -> DraftPredictor:
+def load_draft(path: Path, lm, fingerprint: dict | None = None, rebuild: str | None = None) -> DraftPredictor:
     from safetensors import safe_open
 
     path = Path(path)
-    fix = f"rebuild it with: {calibrate_command(lm)}"
+    rebuild = rebuild or calibrate_command(lm)
+    fix = f"rebuild it with: {rebuild}"
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
@@ -136,31 +138,31 @@ def write_calibration(path: Path, fingerprint: dict, popularity: list[ExpertKey]
     return path
 
 
-def read_calibration(path: Path, lm, fingerprint: dict | None = None) -> dict:
+def read_calibration(path: Path, lm, fingerprint: dict | None = None, rebuild: str | None = None) -> dict:
     path = Path(path)
+    rebuild = rebuild or calibrate_command(lm)
     try:
         obj = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ArtifactError(f"{path.name} in {path.parent} is unreadable ({e}): "
-                            f"rebuild it with: {calibrate_command(lm)}") from e
+        raise ArtifactError(f"{path.name} in {path.parent} is unreadable ({e}): rebuild it with: {rebuild}") from e
     if not isinstance(obj, dict) or obj.get("format") != CALIBRATION_FORMAT:
-        raise ArtifactError(f"{path.name} is not a {CALIBRATION_FORMAT} file: rebuild it with: {calibrate_command(lm)}")
-    check_fingerprint(obj.get("fingerprint"), lm, path.name, fingerprint)
+        raise ArtifactError(f"{path.name} is not a {CALIBRATION_FORMAT} file: rebuild it with: {rebuild}")
+    check_fingerprint(obj.get("fingerprint"), lm, path.name, fingerprint, rebuild)
     return obj
 
 
-def _popularity(obj: dict, lm) -> list[ExpertKey] | None:
+def _popularity(obj: dict, lm, rebuild: str) -> list[ExpertKey] | None:
     pop = obj.get("popularity")
     if pop is None:
         return None
     keys = [ExpertKey(int(a), int(b)) for a, b in pop]
     if set(keys) != set(lm.host.keys()):
         raise ArtifactError(f"{CALIBRATION_FILE}: its popularity list does not cover {lm.name}'s experts: "
-                            f"rebuild it with: {calibrate_command(lm)}")
+                            f"rebuild it with: {rebuild}")
     return keys
 
 
-def _load_lore(path: Path, lm):
+def _load_lore(path: Path, lm, rebuild: str):
     try:
         from spice_core.lore.bank import load_lore_bank
     except ModuleNotFoundError as e:
@@ -168,7 +170,7 @@ def _load_lore(path: Path, lm):
             raise
         log.warning("%s is present but this build has no LoRE support: misses are never approximated", path.name)
         return None
-    return load_lore_bank(path, lm)
+    return load_lore_bank(path, lm, rebuild)
 
 
 def calibration_digest(artifacts) -> str:
@@ -202,25 +204,18 @@ def load_artifacts_if_present(lm, folder: Path | None = None) -> Artifacts | Non
     draft_p, lore_p, calib_p = folder / DRAFT_FILE, folder / LORE_FILE, folder / CALIBRATION_FILE
     if not (draft_p.exists() or lore_p.exists() or calib_p.exists()):
         return None
-    if lm.path and folder.resolve() != Path(lm.path).resolve():
-        try:
-            return _load_from(folder, lm, draft_p, lore_p, calib_p)
-        except ArtifactError as e:     # the fix is to rebuild them there, not beside a (maybe read-only) checkpoint
-            raise ArtifactError(str(e).replace(calibrate_command(lm), calibrate_command(
-                lm, "--out", shlex.quote(str(folder))))) from None
-    return _load_from(folder, lm, draft_p, lore_p, calib_p)
-
-
-def _load_from(folder: Path, lm, draft_p: Path, lore_p: Path, calib_p: Path) -> Artifacts:
+    # Apart from the checkpoint (maybe read-only), the fix is to rebuild them there: every message says so.
+    apart = lm.path and folder.resolve() != Path(lm.path).resolve()
+    rebuild = calibrate_command(lm, "--out", shlex.quote(str(folder))) if apart else calibrate_command(lm)
     fp = model_fingerprint(lm)
     arts = Artifacts()
     if calib_p.exists():
-        arts.calibration = read_calibration(calib_p, lm, fp)
-        arts.popularity = _popularity(arts.calibration, lm)
+        arts.calibration = read_calibration(calib_p, lm, fp, rebuild)
+        arts.popularity = _popularity(arts.calibration, lm, rebuild)
     if draft_p.exists():
-        arts.draft = load_draft(draft_p, lm, fp)
+        arts.draft = load_draft(draft_p, lm, fp, rebuild)
     if lore_p.exists():
-        arts.lore = _load_lore(lore_p, lm)
+        arts.lore = _load_lore(lore_p, lm, rebuild)
     log.info("artifacts in %s for %s: draft=%s lore=%s popularity=%s", folder, lm.name, arts.draft is not None,
              arts.lore is not None, arts.popularity is not None)
     return arts

@@ -532,5 +532,5 @@ def lift_artifacts(mini_dir: Path, big_lm):
         lifted.lore = LoreBank(layers, hidden=H, expert_width=big_lm.layout.intermediate, n_experts=src.n_experts,
                                act=src.act, dtype=big_lm.layout.dtype, shared_fn=shared_fn_for(big_lm),
                                device="cpu", target_device=big_lm.device, rank=src.rank,
-                               fingerprint="lifted:" + src.fingerprint, info=src.info)
+                               fingerprint="lifted:" + src.fingerprint, info=src.info, rebuild=src.rebuild)
     return lifted

@@ -127,3 +127,25 @@ def test_the_fast_path_s_batched_surrogates_equal_the_eager_bank_s(lore_engines,
             tol = 2 ** -7 if bank.dtype in (torch.bfloat16, torch.float16) else 1e-5
             ref = one[0].float()
             assert torch.allclose(batched[e].float(), ref, rtol=tol, atol=tol * float(ref.abs().max())), (layer, e)
+
+
+def test_a_broken_lore_file_and_a_rank_above_its_factors_name_the_command_for_where_they_are(lore_engines, tmp_path):
+    """Regression (review): the LoRE bank's messages said `calibrate --model M` (no model, and no --out for factors
+    kept in an --artifacts folder), while the draft's and the calibration's named both."""
+    from spice_core.errors import ConfigError
+    from spice_core.predictor.artifacts import LORE_FILE, load_artifacts_if_present
+
+    eng, _ = lore_engines["deepseek_v2"]
+    fix = f"python -m spice_core calibrate --model {eng.lm.path}"
+    beside = save_lore_bank(eng.artifacts.lore, tmp_path / LORE_FILE)
+    apart = tmp_path / "arts"
+    apart.mkdir()
+    beside.rename(apart / LORE_FILE)
+    bank = load_artifacts_if_present(eng.lm, apart).lore
+    with pytest.raises(ConfigError) as e:
+        bank.with_rank(bank.max_rank + 1)
+    assert f"{fix} --out {apart} --lore-max-rank {bank.max_rank + 1}" in str(e.value)
+    (apart / LORE_FILE).write_bytes((apart / LORE_FILE).read_bytes()[:100])
+    with pytest.raises(ArtifactError, match="unreadable") as e:
+        load_artifacts_if_present(eng.lm, apart)
+    assert f"{fix} --out {apart}" in str(e.value) and "--model M" not in str(e.value)
