@@ -33,7 +33,7 @@ from spice_core.model.loader import LoadedModel, cache_kwarg, load_model
 from spice_core.policy.cache import cache_slots_for_budget
 from spice_core.policy.planner import LayerPlanner, check_prefetch_admission
 from spice_core.policy.spec import get_spec
-from spice_core.predictor.artifacts import (calibrate_command, calibration_digest, check_artifacts_folder,
+from spice_core.predictor.artifacts import (calibration_digest, check_artifacts_folder, rebuild_command,
                                             load_artifacts_if_present)
 from spice_core.runtime.eager import EagerExecutor
 from spice_core.runtime.graph_exec import GraphExecutor
@@ -382,7 +382,7 @@ class SpiceEngine:
                 from spice_core.predictor.gate import GatePredictor
                 predictor = GatePredictor(lm)
                 notes.append("no draft artifacts for the model: fell back to the training-free gate predictor "
-                             f"(build them with: {calibrate_command(lm)})")
+                             f"(build them with: {rebuild_command(self.artifacts, lm)})")
             else:
                 predictor = draft
                 reserved += draft.budget_bytes(lm.expert_bytes, costs.shape)   # sized for the modeled shape
@@ -391,7 +391,7 @@ class SpiceEngine:
             if lore_all is None:
                 if s.tau_approx > 0:
                     notes.append("no LoRE artifacts for the model: misses are never approximated (exact only); "
-                                 f"build them with: {calibrate_command(lm)}")
+                                 f"build them with: {rebuild_command(self.artifacts, lm)}")
             else:
                 rank = s.lore_rank
                 if rank > lore_all.max_rank and rank == DEFAULT_LORE_RANK:
@@ -399,7 +399,7 @@ class SpiceEngine:
                     # A rank asked for explicitly above the factors' is an error (with_rank says how to refit).
                     notes.append(f"the model's LoRE factors go up to rank {lore_all.max_rank}: using "
                                  f"{lore_all.max_rank} (the default asks for up to {DEFAULT_LORE_RANK}; refit with: "
-                                 f"{calibrate_command(lm, '--lore-only')})")
+                                 f"{rebuild_command(self.artifacts, lm, '--lore-only')})")
                     rank = lore_all.max_rank
                 lore = lore_all.with_rank(rank)
                 reserved += lore.budget_bytes(lm.expert_bytes, costs.shape)   # sized for the modeled shape

@@ -75,6 +75,9 @@ class TuneRecord:
         """Why the pick is not within its budget for such replies, in words ("" when it is)."""
         if self.within_budget_for(reply_tokens):
             return ""
+        if not self.confirmed and self.confirmed_on and not self.reply_tokens:    # written before those two fields
+            return (f"its quality was confirmed ({self.confirmed_on}) before picks recorded the reply length they "
+                    f"hold for, so it is not known to hold for replies of {reply_tokens} tokens")
         if not self.confirmed:
             return (f"its quality was never confirmed on replies as long as yours ({reply_tokens} tokens): it stands on "
                     "a sample of a few greedy tokens per prompt, where agreement runs higher than over a whole reply")

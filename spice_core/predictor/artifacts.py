@@ -43,6 +43,7 @@ class Artifacts:
     lore: object | None = None                      # spice_core.lore.bank's bank, when present
     popularity: list[ExpertKey] | None = None       # every expert, most often routed first (cpu_compute placement)
     calibration: dict = field(default_factory=dict)  # spice-calibration.json as read
+    rebuild: str = ""               # the calibrate command that writes them where they were read (--out for a folder)
 
 
 def calibrate_command(lm, *extra: str) -> str:
@@ -51,6 +52,11 @@ def calibrate_command(lm, *extra: str) -> str:
     path = getattr(lm, "path", None)
     folder = shlex.quote(str(path)) if path and Path(path).is_dir() else "M"
     return " ".join(["python -m spice_core calibrate --model", folder, *extra])
+
+
+def rebuild_command(artifacts, lm, *extra: str) -> str:
+    """The calibrate command for ``lm``'s artifacts where they are (``artifacts``: as loaded, or None: beside it)."""
+    return " ".join([getattr(artifacts, "rebuild", "") or calibrate_command(lm), *extra])
 
 
 def model_fingerprint(lm) -> dict:
@@ -208,7 +214,7 @@ def load_artifacts_if_present(lm, folder: Path | None = None) -> Artifacts | Non
     apart = lm.path and folder.resolve() != Path(lm.path).resolve()
     rebuild = calibrate_command(lm, "--out", shlex.quote(str(folder))) if apart else calibrate_command(lm)
     fp = model_fingerprint(lm)
-    arts = Artifacts()
+    arts = Artifacts(rebuild=rebuild)
     if calib_p.exists():
         arts.calibration = read_calibration(calib_p, lm, fp, rebuild)
         arts.popularity = _popularity(arts.calibration, lm, rebuild)

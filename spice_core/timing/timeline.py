@@ -14,7 +14,7 @@ GPU, a task on the CPU lane. The timeline turns that into `TraceEvent`s:
   copy issue and lookahead plan advances the host's clock, a GPU op cannot start before the
   host launches it nor end before the host has finished launching it, and the host waits for
   the GPU at each MoE layer's routing readback and at the end of a token. That is eager batch-1
-  decoding, where Python is often the bottleneck (timing/recalibrate.py fits the costs). Without
+  decoding, where Python is often the bottleneck (tools/recalibrate.py fits the costs). Without
   host costs the model is the classic one, in which the host is always ahead.
 - `MeasuredTimeline` (measured.py) records CUDA events around the same operations.
 

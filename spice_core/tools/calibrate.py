@@ -134,6 +134,13 @@ def _check_against_model(lm, seq_len: int, lore_max_rank: int | None) -> None:
                           f"use --lore-max-rank <= {limit}")
 
 
+def _umask() -> int:
+    """This process's file-creation mask (read by setting it back at once: calibrate runs one thread)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def _staged(out: Path):
     """A scratch folder inside ``out`` the artifacts are written to; when the block ends without an error (or a
@@ -145,7 +152,9 @@ def _staged(out: Path):
     stage.mkdir(exist_ok=True)
     try:
         yield stage
+        mode = 0o666 & ~_umask()        # as any new file: safetensors writes its files readable by the owner only
         for path in sorted(stage.iterdir(), key=lambda p: p.name == CALIBRATION_FILE):   # the record last
+            path.chmod(mode)
             os.replace(path, out / path.name)
     finally:
         shutil.rmtree(stage, ignore_errors=True)

@@ -51,9 +51,21 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`timeout`, a container stopping): unwound as Ctrl-C is, so a command's clean-up runs (calibrate's
+    scratch folder, a partial trace export), and the process ends with 128 + SIGTERM."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated("terminated")
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
+    except Terminated as e:
+        print(f"{_one_line(e)}", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt as e:      # Ctrl-C at any point, start-up (imports, parsing) included
         return interrupted(e)
 
@@ -95,6 +107,8 @@ def _main(argv: list[str] | None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         return int(args.func(args) or 0)
     except SpiceError as e:
@@ -112,3 +126,6 @@ def _main(argv: list[str] | None) -> int:
         print(f"error: cannot read or write{where}: {e.strerror or e}: check the path, its permissions "
               "and free space", file=sys.stderr)
         return 2
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

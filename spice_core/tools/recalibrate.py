@@ -314,7 +314,7 @@ def recalibrated_profile(profile: HardwareProfile, fit: dict, note: str = "", sh
 
 
 def add_cli(sub) -> None:
-    p = sub.add_parser("recalibrate", help="fit a profile's host costs from measured traces (see timing/recalibrate.py)")
+    p = sub.add_parser("recalibrate", help="fit a profile's host costs from measured traces (see spice_core/tools/recalibrate.py)")
     p.add_argument("--profile", type=Path, required=True, help="profile JSON from calibrate-hw")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--trace", type=Path, nargs="+",

@@ -149,3 +149,22 @@ def test_a_broken_lore_file_and_a_rank_above_its_factors_name_the_command_for_wh
     with pytest.raises(ArtifactError, match="unreadable") as e:
         load_artifacts_if_present(eng.lm, apart)
     assert f"{fix} --out {apart}" in str(e.value) and "--model M" not in str(e.value)
+
+
+def test_the_engines_notes_for_artifacts_in_their_own_folder_name_that_folder(lore_engines, tmp_path):
+    """Regression (review): with `--artifacts A` the notes said to refit with `calibrate --model M --lore-only`, which
+    fails (--lore-only needs the draft heads, kept in A): they now say `--out A`, as every other hint does."""
+    from spice_core.api import RunSettings
+    from spice_core.engine import SpiceEngine
+    from spice_core.predictor.artifacts import LORE_FILE
+
+    eng, _ = lore_engines["deepseek_v2"]
+    apart = tmp_path / "arts"
+    apart.mkdir()
+    save_lore_bank(eng.artifacts.lore, apart / LORE_FILE)         # rank 8: below the default's "up to 16"
+    other = SpiceEngine.load(eng.lm.path, device="cpu", artifacts=apart)
+    notes = []
+    other.build_runtime(RunSettings(policy="spice", tau_approx=0.1), notes=notes, modeled=True)
+    fix = f"python -m spice_core calibrate --model {eng.lm.path} --out {apart}"
+    assert any(f"{fix} --lore-only" in n for n in notes), notes
+    assert any("no draft artifacts" in n and fix in n for n in notes), notes

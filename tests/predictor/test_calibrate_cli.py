@@ -178,3 +178,48 @@ def test_a_bad_artifacts_folder_is_refused_before_the_model_loads(tmp_path, caps
     monkeypatch.setattr(engine_mod, "load_model", no_load)
     assert main(["generate", "--prompt", "the cat", "--artifacts", str(tmp_path / "missing")]) == 2
     assert "--artifacts" in capsys.readouterr().err
+
+
+def test_calibrate_writes_files_anyone_the_umask_allows_can_read(model, text):
+    """Regression (review): the draft and LoRE files came out mode 0600 (safetensors' own), beside a 0644 calibration
+    record: an app running as another user could not read them."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        assert main(["calibrate", "--threads", "1", "--model", str(model), "--text", str(text), "--max-tokens", "400",
+                     "--distances", "2", "--lore-max-rank", "2"]) == 0
+    finally:
+        os.umask(old)
+    for name in (DRAFT_FILE, "spice-lore.safetensors", CALIBRATION_FILE):
+        assert stat.S_IMODE((model / name).stat().st_mode) == 0o644, name
+
+
+def test_sigterm_mid_calibration_unwinds_leaving_no_scratch_folder_and_the_old_set_whole(model, text, tmp_path):
+    """Regression (review): `timeout` (SIGTERM) during calibrate left its `.spice-calibrate-<pid>.part` folder behind;
+    SIGTERM now unwinds as Ctrl-C does: one line, exit 143, the scratch folder gone, the artifacts as they were."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    assert calibrate("--model", model, "--text", text, "--max-tokens", 400, "--distances", 2) == 0
+    before = (model / DRAFT_FILE).read_bytes()
+    repo = Path(__file__).resolve().parents[2]
+    p = subprocess.Popen([sys.executable, "-m", "spice_core", "calibrate", "--threads", "1", "--model", str(model),
+                          "--text", str(text), "--max-tokens", "2000", "--distances", "4", "--epochs", "400"],
+                         cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(model.glob(".spice-calibrate-*.part")) and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert list(model.glob(".spice-calibrate-*.part")), "calibrate never started writing"
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith("terminated"), err
+    assert not list(model.glob(".spice-calibrate-*.part")) and (model / DRAFT_FILE).read_bytes() == before

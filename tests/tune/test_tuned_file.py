@@ -46,6 +46,11 @@ def test_only_an_exact_or_confirmed_pick_is_within_its_budget_and_only_for_repli
     confirmed = TuneRecord(**{**lossy.as_dict(), "confirmed": True, "reply_tokens": 192})
     assert confirmed.within_budget_for(192) and confirmed.within_budget_for(16) and confirmed.caveat(192) == ""
     assert not confirmed.within_budget_for(193) and "confirmed on replies of 192 tokens" in confirmed.caveat(512)
+    # Regression (review): a record written after the confirmation but before its length was recorded (it names the
+    # sample it held on, `confirmed_on`) was said to stand "on a sample of a few greedy tokens"
+    held_before = TuneRecord(**{**lossy.as_dict(), "confirmed_on": "8 prompts x 32 greedy tokens"})
+    assert not held_before.within_budget_for(32) and "never confirmed" not in held_before.caveat(192)
+    assert "confirmed (8 prompts x 32 greedy tokens) before picks recorded the reply length" in held_before.caveat(192)
     exact = TuneRecord(**{**lossy.as_dict(), "setting": {**lossy.setting, "tau_approx": 0.0}})
     assert exact.exact and exact.within_budget_for(100_000)
 
