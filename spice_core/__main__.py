@@ -4,10 +4,11 @@ import sys
 
 
 def _exit(code: int) -> None:
-    if code == 130:
-        # Interrupted. A Ctrl-C that lands while a C extension runs Python code (torch's import does) leaves
-        # Python about to re-kill itself with SIGINT as it exits (status -2, as if nothing had caught it), so
-        # finish here: run the exit handlers, flush, and exit with the 130 that shells expect.
+    if code in (130, 143):
+        # Interrupted (Ctrl-C) or terminated (SIGTERM). A Ctrl-C that lands while a C extension runs Python code
+        # (torch's import does) leaves Python about to re-kill itself with SIGINT as it exits (status -2, as if
+        # nothing had caught it), and a stopped run need not wait for worker threads: finish here: run the exit
+        # handlers, flush, and exit with the status shells expect.
         atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
