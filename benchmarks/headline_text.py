@@ -59,7 +59,7 @@ where a token had to bring its exact misses (copied or computed on the CPU, here
 ones move nothing) and the prefetched experts it used (they crossed the link too, only earlier; prefetches evicted
 unused are left out, those still unused when a run ended count as used). Records floored before 2026-12-07 outside
 this folder charged misses only, (1 − hit rate) × routed bytes per token, which let a prefetch hit move for free:
-`oracle_prefetch` read 26.5× its three-lane floor on x8 at 25% where it is 2.95×. `3-lane floor ms` adds the CPU
+`oracle_prefetch` read 26.5× its three-lane floor on x8 at 25% where it is {oracle}. `3-lane floor ms` adds the CPU
 lane (`three_lane_floor` in `spice_core/tools/bench_records.py`): those experts split between the link and the
 lane so that both finish together, the lane at its compute time per job, {lane} (fitted on both lifts'
 `cpu_compute` records: `{fit}`, `model-check/README.md`), both reading host DRAM at {dram:g} GB/s, and

@@ -17,9 +17,10 @@ def _exit(code: int) -> None:
 
 
 try:
-    from spice_core.tools.cli import main
+    from spice_core.tools.cli import main, unwind_on_sigterm
 except KeyboardInterrupt:       # Ctrl-C while the tools are still importing
     print("interrupted", file=sys.stderr)
     _exit(130)
 
+unwind_on_sigterm()
 _exit(main())

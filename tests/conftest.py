@@ -17,21 +17,33 @@ from tiny_models import EXTRA_FAMILIES, FAMILIES, build_tiny  # noqa: E402
 torch.set_num_threads(1)
 
 
+class _CurrentStderr:
+    """Whatever ``sys.stderr`` is when written to (pytest swaps in each test's capture, capsys's included)."""
+
+    def write(self, text: str) -> int:
+        import sys
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        import sys
+        sys.stderr.flush()
+
+
 @pytest.fixture(autouse=True)
 def _library_logs_to_this_tests_stderr():
     """transformers' log handler binds the stderr of its first use, an earlier test's capture stream that pytest
-    closes after that test: a later warning then prints "--- Logging error ---" and a traceback into whatever stderr
-    is captured now, failing tests that check a command's stderr has no traceback, depending on test order. Point
-    its stream handlers at the current stderr before each test."""
+    closes after that test: a later warning then printed "--- Logging error ---" and a traceback into whatever stderr
+    was captured, failing tests that check a command's stderr has no traceback, depending on test order. Its stream
+    handlers write to the stderr of the moment instead (this fixture runs before capsys swaps it, so not a fixed one)."""
     import logging
-    import sys
 
+    current = _CurrentStderr()
     for handler in logging.getLogger("transformers").handlers:
         if type(handler) is logging.StreamHandler:
             with handler.lock:           # not setStream: it flushes the old stream, which may be closed
-                handler.stream = sys.stderr
+                handler.stream = current
                 if "flush" in vars(handler):     # transformers binds its handler's flush to that stream's too
-                    handler.flush = sys.stderr.flush
+                    handler.flush = current.flush
     yield
 
 

@@ -113,7 +113,7 @@ def load_draft(path: Path, lm, fingerprint: dict | None = None, rebuild: str | N
         found = json.loads(meta.get("fingerprint", "null"))
     except json.JSONDecodeError:
         found = None
-    check_fingerprint(found, lm, path.name, fingerprint)
+    check_fingerprint(found, lm, path.name, fingerprint, rebuild)
     missing = {"weight", "bias", "calib"} - set(tensors)
     if missing:
         raise ArtifactError(f"{path.name} lacks tensors {sorted(missing)}: {fix}")

@@ -60,11 +60,18 @@ def _terminate(signum, frame) -> None:
     raise Terminated("terminated")
 
 
+def unwind_on_sigterm() -> None:
+    """Make SIGTERM raise `Terminated` in the main thread, for the process that runs the command line
+    (`python -m spice_core`); a program that calls `main` keeps its own SIGTERM handling."""
+    signal.signal(signal.SIGTERM, _terminate)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
     except Terminated as e:
-        print(f"{_one_line(e)}", file=sys.stderr)
+        detail = _one_line(e)
+        print(f"terminated{': ' + detail if detail and detail != 'terminated' else ''}", file=sys.stderr)
         return 128 + signal.SIGTERM
     except KeyboardInterrupt as e:      # Ctrl-C at any point, start-up (imports, parsing) included
         return interrupted(e)
@@ -107,8 +114,6 @@ def _main(argv: list[str] | None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         return int(args.func(args) or 0)
     except SpiceError as e:
@@ -126,6 +131,3 @@ def _main(argv: list[str] | None) -> int:
         print(f"error: cannot read or write{where}: {e.strerror or e}: check the path, its permissions "
               "and free space", file=sys.stderr)
         return 2
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

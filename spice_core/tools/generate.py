@@ -279,8 +279,8 @@ def export_traces(engine, run_id: str, out_dir: Path) -> None:
         for p in out_dir.glob(f"spice-{run_id}*"):
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
         what = f"the trace export to {out_dir} was incomplete, so its files (spice-{run_id}*) were removed"
-        if isinstance(e, KeyboardInterrupt):
-            raise KeyboardInterrupt(what) from None
+        if isinstance(e, KeyboardInterrupt):        # Ctrl-C, or SIGTERM (cli.Terminated): the same kind, now saying so
+            raise type(e)(what) from None
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise ConfigError(f"--trace-dir {out_dir}: writing failed ({reason}): {what}; check free space and "
                           "permissions") from e

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from spice_core.tools.cli import main
+from spice_core.tools.cli import Terminated, main
 
 from cli_helpers import GOOD_PROFILE, REPO, run_cli  # noqa: E402,F401 - shared by the CLI tests
 
@@ -104,9 +104,10 @@ def test_a_run_cut_short_by_the_context_says_so(capsys, tmp_path, tiny_model):
     assert "context" not in out
 
 
-@pytest.mark.parametrize("failure", [KeyboardInterrupt, OSError])
+@pytest.mark.parametrize("failure", [KeyboardInterrupt, Terminated, OSError])
 def test_an_interrupted_export_leaves_no_partial_set_and_says_so(capsys, tmp_path, tiny_model, monkeypatch, failure):
-    """Regression: Ctrl-C (or a full disk) during --trace-dir left two of three files, unannounced."""
+    """Regression: Ctrl-C (or a full disk) during --trace-dir left two of three files, unannounced; a SIGTERM there
+    (`Terminated`) was then reported as a Ctrl-C, exit 130."""
     from spice_core.engine import SpiceEngine
 
     def fail(self, run_id, out_dir):
@@ -117,9 +118,21 @@ def test_an_interrupted_export_leaves_no_partial_set_and_says_so(capsys, tmp_pat
     out_dir = tmp_path / "traces"
     code, _, err = run_cli(capsys, ["generate", "--model", tiny_model, "--prompt", "hi", "--max-new-tokens", "2",
                                     "--trace-dir", out_dir])
-    one_line(code, err, "incomplete", "removed", rc=130 if failure is KeyboardInterrupt else 2)
-    assert err.startswith("interrupted: " if failure is KeyboardInterrupt else "error: --trace-dir")
+    rc, start = {KeyboardInterrupt: (130, "interrupted: "), Terminated: (143, "terminated: ")}.get(
+        failure, (2, "error: --trace-dir"))
+    one_line(code, err, "incomplete", "removed", rc=rc)
+    assert err.startswith(start), err
     assert list(out_dir.iterdir()) == []
+
+
+def test_a_program_calling_main_keeps_its_own_sigterm_handler(capsys, tiny_model):
+    """Regression (review): main() installed its own SIGTERM handler in any caller's main thread, so a program (a
+    test run, a script) that called it turned a SIGTERM into a return value of 143 and carried on; only `python -m
+    spice_core` unwinds on SIGTERM."""
+    before = signal.getsignal(signal.SIGTERM)
+    code, _, err = run_cli(capsys, ["generate", "--model", tiny_model, "--prompt", "hi", "--max-new-tokens", "2"])
+    assert code == 0, err
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def _wait_until_torch_is_loading(pid: int, timeout_s: float = 60.0) -> None:

@@ -223,3 +223,26 @@ def test_sigterm_mid_calibration_unwinds_leaving_no_scratch_folder_and_the_old_s
     assert p.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err
     assert err.strip().splitlines()[-1].startswith("terminated"), err
     assert not list(model.glob(".spice-calibrate-*.part")) and (model / DRAFT_FILE).read_bytes() == before
+
+
+def test_every_hint_for_artifacts_kept_apart_names_their_folder(model, calibrated_dirs, tmp_path, capsys):
+    """Regressions (a review): draft heads of another model alone in an --artifacts folder, and `calibrate --lore-only
+    --out A` without a draft in A or with another model's, hinted `calibrate --model M` without `--out A`."""
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(calibrated_dirs["olmoe"] / DRAFT_FILE, alone / DRAFT_FILE)
+    assert main(["generate", "--model", str(model), "--prompt", "the cat", "--max-new-tokens", "2",
+                 "--artifacts", str(alone)]) == 2
+    err = capsys.readouterr().err
+    assert "another model" in err and f"--out {alone}" in err, err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["calibrate", "--threads", "1", "--model", str(model), "--lore-only", "--out", str(empty)]) == 2
+    assert f"--model {model} --out {empty}`" in capsys.readouterr().err
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    for name in (DRAFT_FILE, CALIBRATION_FILE):
+        shutil.copy(calibrated_dirs["olmoe"] / name, wrong / name)
+    assert main(["calibrate", "--threads", "1", "--model", str(model), "--lore-only", "--out", str(wrong)]) == 2
+    err = capsys.readouterr().err
+    assert "another model" in err and f"--model {model} --out {wrong}" in err, err
