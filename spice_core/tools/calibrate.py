@@ -137,7 +137,14 @@ def _check_against_model(lm, seq_len: int, lore_max_rank: int | None) -> None:
 
 
 def _umask() -> int:
-    """This process's file-creation mask (read by setting it back at once: calibrate runs one thread)."""
+    """This process's file-creation mask: read from /proc where it is there, else by setting it back at once (for
+    an instant another thread's new file would get 022)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
