@@ -136,8 +136,9 @@ def test_a_program_calling_main_keeps_its_own_sigterm_handler(capsys, tiny_model
 
 
 def _wait_until_torch_is_loading(pid: int, timeout_s: float = 60.0) -> None:
-    """Until process ``pid`` has mapped torch's library: it is then importing the tools inside `__main__`'s guard
-    (a fixed sleep raced with a slow start: a SIGINT before that guard is Python's own traceback, not ours)."""
+    """Until process ``pid`` has mapped torch's library: the CLI is then registering its commands, where a Ctrl-C is
+    held back and answered in one line (a fixed sleep raced with a slow start: a SIGINT before `__main__` runs is
+    Python's own traceback, not ours)."""
     maps, deadline = Path(f"/proc/{pid}/maps"), time.monotonic() + timeout_s
     if not maps.exists():
         time.sleep(1.0)             # no /proc: about when the import is under way on a slow machine
