@@ -536,9 +536,8 @@ def render_readme(records, target_table, figs, quality, history, lane, repeats=N
         split = time_split_table(mine)
         if split:
             per_model.append(f"## {name}: where a decode token's time goes\n\n" + split + "\n\n" + TIME_SPLIT_NOTE)
-    oracle = next((r.get("tpot_over_floor3") for r in records if r.get("model") == "lift:spice-mini"
-                   and r["policy"] == "oracle_prefetch" and r["link"] == "pcie4x8" and r["workload"] == "prompts"
-                   and round(r["budget_frac"], 3) == 0.25), None)
+    oracle = (by_key(records).get(("lift:spice-mini", "prompts", "pcie4x8", 0.25, "oracle_prefetch")) or {}).get(
+        "tpot_over_floor3")
     per_model[0] += "\n\n" + FLOOR_NOTE.format(
         lane=f"{lane[0] * 1e3:.0f} µs + an expert's bytes ÷ {lane[1]:g} GB/s" if lane else "not fitted (no floor)",
         dram=HOST_DRAM_GBPS, fit=CPU_LANE_FIT, oracle=f"{oracle:.2f}×" if oracle else "not measured")

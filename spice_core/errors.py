@@ -35,6 +35,5 @@ class ArtifactError(SpiceError):
     """Calibration artifacts (draft heads, LoRE factors) are missing or belong to another model."""
 
 
-
 class EngineBusyError(SpiceError):
     """Another generation is running on this engine: wait for it to finish, or stop it."""

@@ -54,6 +54,14 @@ def calibrate_command(lm, *extra: str) -> str:
     return " ".join(["python -m spice_core calibrate --model", folder, *extra])
 
 
+def calibrate_command_at(lm, folder) -> str:
+    """`calibrate_command` writing into ``folder``: with ``--out`` where it is not the model's own folder."""
+    path = getattr(lm, "path", None)
+    if path and Path(folder).resolve() == Path(path).resolve():
+        return calibrate_command(lm)
+    return calibrate_command(lm, "--out", shlex.quote(str(folder)))
+
+
 def rebuild_command(artifacts, lm, *extra: str) -> str:
     """The calibrate command for ``lm``'s artifacts where they are (``artifacts``: as loaded, or None: beside it)."""
     return " ".join([getattr(artifacts, "rebuild", "") or calibrate_command(lm), *extra])
@@ -196,10 +204,10 @@ def check_artifacts_folder(folder, model) -> Path:
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise ConfigError(f"--artifacts {folder}: not a folder: pass the folder calibrate wrote "
-                          f"({calibrate_command(lm, '--out', shlex.quote(str(folder)))})")
+                          f"({calibrate_command_at(lm, folder)})")
     if not any((folder / name).exists() for name in (DRAFT_FILE, LORE_FILE, CALIBRATION_FILE)):
         raise ConfigError(f"--artifacts {folder}: holds none of {DRAFT_FILE}, {LORE_FILE}, {CALIBRATION_FILE}: "
-                          f"build them there with: {calibrate_command(lm, '--out', shlex.quote(str(folder)))}")
+                          f"build them there with: {calibrate_command_at(lm, folder)}")
     return folder
 
 
@@ -210,9 +218,7 @@ def load_artifacts_if_present(lm, folder: Path | None = None) -> Artifacts | Non
     draft_p, lore_p, calib_p = folder / DRAFT_FILE, folder / LORE_FILE, folder / CALIBRATION_FILE
     if not (draft_p.exists() or lore_p.exists() or calib_p.exists()):
         return None
-    # Apart from the checkpoint (maybe read-only), the fix is to rebuild them there: every message says so.
-    apart = lm.path and folder.resolve() != Path(lm.path).resolve()
-    rebuild = calibrate_command(lm, "--out", shlex.quote(str(folder))) if apart else calibrate_command(lm)
+    rebuild = calibrate_command_at(lm, folder)   # apart from a (maybe read-only) checkpoint: rebuilt there, --out
     fp = model_fingerprint(lm)
     arts = Artifacts(rebuild=rebuild)
     if calib_p.exists():

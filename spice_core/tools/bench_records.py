@@ -457,9 +457,10 @@ def three_lane_floor(records: list[dict], lane_ms, dram_gbps: float | None = Non
     ``lane_ms``: the lane's ms per expert, or a function of an expert's bytes giving it (a fixed cost per job plus
     the bytes at a rate: a time measured on one expert size does not scale in proportion to another's).
     ``lane_bytes`` (with a number): the bytes of the expert ``lane_ms`` was measured on; a model whose experts are
-    larger gets the lane's time scaled by bytes; None: ``lane_ms`` is taken for every model's expert as it is. ``expert_bytes``: one expert's bytes, where the
-    caller knows them (else read off the model's `on_demand` record); ``copy_bytes``: one copy's bytes in
-    ``bytes_per_token`` (the model as loaded; else read off that record)."""
+    larger gets the lane's time scaled by bytes; None: ``lane_ms`` is taken for every model's expert as it is.
+    ``expert_bytes``: one expert's bytes, where the caller knows them (else read off the model's `on_demand`
+    record); ``copy_bytes``: one copy's bytes in ``bytes_per_token`` (the model as loaded; else read off that
+    record)."""
     groups: dict = {}
     for r in records:
         groups.setdefault(r.get("model"), []).append(r)

@@ -70,17 +70,15 @@ def calibrate_lore_only(model=None, *, device: str = "cpu", text: Path | None = 
     """Fit LoRE beside draft heads that already exist (their calibration record is kept and
     extended): for adding LoRE to a model calibrated with --no-lore without retraining the draft."""
     from spice_core.model.loader import load_model
-    from spice_core.predictor.artifacts import (CALIBRATION_FILE, DRAFT_FILE, LORE_FILE, calibrate_command,
+    from spice_core.predictor.artifacts import (CALIBRATION_FILE, DRAFT_FILE, LORE_FILE, calibrate_command_at,
                                                 load_draft, model_fingerprint, read_calibration)
     from spice_core.predictor.traces import traces_for_model
 
     t0 = time.perf_counter()
     lm = load_model(model, device)
     _check_against_model(lm, seq_len, lore_max_rank)
-    apart = out is not None and Path(out).resolve() != Path(lm.path).resolve()
     out = Path(out) if out is not None else Path(lm.path)
-    # The command that writes the whole set where --lore-only looks for it (--out for a folder apart)
-    rebuild = calibrate_command(lm, "--out", shlex.quote(str(out))) if apart else calibrate_command(lm)
+    rebuild = calibrate_command_at(lm, out)      # the whole set, where --lore-only looks for it
     cal_path = out / CALIBRATION_FILE
     if not (out / DRAFT_FILE).exists() or not cal_path.exists():
         raise ConfigError(f"--lore-only needs draft artifacts in {out}: run `{rebuild}` first (it fits both)")
