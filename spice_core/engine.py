@@ -2,8 +2,9 @@
 
     SpiceEngine.load(model, device) ─► LoadedModel (experts in HostStore, rest on device; float32 on the CPU)
     start_prompt / start_chat / start_ids ─► GenerationRun (run.py: the loop, an iterator of StepStats)
-        per run: build_runtime ─► LayerRuntime(LayerPlanner (policy state, decisions), EagerExecutor (slots sized
-                 from the budget, copy stream, CPU lane, LoRE), clock (modeled or measured), Recorder, predictor)
+        per run: build_runtime (assembly.py) ─► LayerRuntime(LayerPlanner (policy state, decisions), an executor
+                 (slots sized from the budget, copy stream, CPU lane, LoRE), clock (modeled or measured), Recorder,
+                 predictor)
         per token: runtime.begin_token ─► model forward (OffloadedExperts call runtime.run_layer) ─► sample
                    ─► end_token ─► the recorder's TokenRecord ─► StepStats
     finished runs ─► RunRegistry ─► summaries, events, exports
@@ -16,34 +17,28 @@ from __future__ import annotations
 import gc
 import logging
 import threading
-import time
 from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from spice_core.config import DEFAULT_LORE_RANK, LANE_OFFERS, POLICIES, RunSettings, check_copy_issue
+from spice_core.assembly import build_runtime
+from spice_core.config import LANE_OFFERS, POLICIES, RunSettings, check_copy_issue
 from spice_core.records import EngineInfo, RunSummary, StepStats
 from spice_core.errors import ConfigError, PromptError, SpiceError
 from spice_core.exec.experts import installed
 from spice_core.generation import build_prompt_ids, check_prompt_ids
 from spice_core.machine import Machine
 from spice_core.model.loader import LoadedModel, cache_kwarg, load_model
-from spice_core.policy.cache import cache_slots_for_budget
-from spice_core.policy.planner import LayerPlanner, check_prefetch_admission
+from spice_core.policy.planner import check_prefetch_admission
 from spice_core.policy.spec import get_spec
-from spice_core.predictor.artifacts import (calibration_digest, check_artifacts_folder, rebuild_command,
-                                            load_artifacts_if_present)
-from spice_core.runtime.eager import EagerExecutor
-from spice_core.runtime.graph_exec import GraphExecutor
-from spice_core.runtime.graphed import GraphCaptureError
+from spice_core.predictor.artifacts import calibration_digest, check_artifacts_folder, load_artifacts_if_present
 from spice_core.runtime.layer import LayerRuntime
 from spice_core.run import EngineBusyError, GenerationRun, RunRecord
 from spice_core.timing.costs import CostModel
 from spice_core.timing.profiles import ModelShape, get_profile, get_shape, profile_names, shape_names
-from spice_core.timing.timeline import ONE_GRAPH_NOTE, ModeledTimeline
-from spice_core.trace.recorder import Recorder
+from spice_core.timing.timeline import ModeledTimeline
 from spice_core.types import ExpertKey
 from spice_core.units import format_bytes, round_up
 
@@ -62,21 +57,10 @@ def record_bytes(rec: "RunRecord") -> int:
     return ITEM_BYTES_ESTIMATE * items
 
 
-def lane_pays(costs: CostModel) -> bool:
-    """Does the CPU lane beat a copy of one expert over an idle link (the planner's costs)? Where it does not,
-    offering it cost more than it saved (measured, docs/benchmarks/cpu-lane/ab)."""
-    return costs.cpu_expert_ms(1) < costs.copy_ms()
-
-
 def check_lane_offer(value: str) -> str:
     if value not in LANE_OFFERS:
         raise ConfigError(f"lane_offer={value!r}: use one of {', '.join(LANE_OFFERS)}")
     return value
-
-
-def int8_pays(costs: CostModel) -> bool:
-    """`lane_pays` for the lossy int8 kernel (half the bytes, the same task overhead)."""
-    return costs.cpu_int8_expert_ms(1) < costs.copy_ms()
 
 
 class SpiceEngine:
@@ -363,170 +347,10 @@ class SpiceEngine:
 
     def build_runtime(self, s: RunSettings, *, notes: list, oracle_routing=None, modeled: bool = False,
                       max_cache_len: int | None = None, eager: bool = False) -> LayerRuntime:
-        """The run's runtime. ``max_cache_len``: tokens the run may hold (prompt + new), which sizes the
-        fast path's StaticCache; ``eager`` forces the eager executor."""
-        spec = get_spec(s.policy)
-        costs = self._costs(s)
-        lm = self.lm
-        reserved, first_note = 0, len(notes)
-        predictor = lore = None
-        if spec.predictor == "gate":
-            from spice_core.predictor.gate import GatePredictor
-            predictor = GatePredictor(lm)
-        elif spec.predictor == "oracle":
-            from spice_core.predictor.oracle import OraclePredictor
-            predictor = OraclePredictor(lm, oracle_routing or {})
-        elif spec.predictor == "draft":
-            draft = self.artifacts.draft if self.artifacts else None
-            if draft is None:
-                from spice_core.predictor.gate import GatePredictor
-                predictor = GatePredictor(lm)
-                notes.append("no draft artifacts for the model: fell back to the training-free gate predictor "
-                             f"(build them with: {rebuild_command(self.artifacts, lm)})")
-            else:
-                predictor = draft
-                reserved += draft.budget_bytes(lm.expert_bytes, costs.shape)   # sized for the modeled shape
-        if spec.use_lore:
-            lore_all = self.artifacts.lore if self.artifacts else None
-            if lore_all is None:
-                if s.tau_approx > 0:
-                    notes.append("no LoRE artifacts for the model: misses are never approximated (exact only); "
-                                 f"build them with: {rebuild_command(self.artifacts, lm)}")
-            else:
-                rank = s.lore_rank
-                if rank > lore_all.max_rank and rank == DEFAULT_LORE_RANK:
-                    # The default means "up to 16": smaller factors (the shipped model's go to 4) are used whole.
-                    # A rank asked for explicitly above the factors' is an error (with_rank says how to refit).
-                    notes.append(f"the model's LoRE factors go up to rank {lore_all.max_rank}: using "
-                                 f"{lore_all.max_rank} (the default asks for up to {DEFAULT_LORE_RANK}; refit with: "
-                                 f"{rebuild_command(self.artifacts, lm, '--lore-only')})")
-                    rank = lore_all.max_rank
-                lore = lore_all.with_rank(rank)
-                reserved += lore.budget_bytes(lm.expert_bytes, costs.shape)   # sized for the modeled shape
-        cpu_lane = None
-        real_lane = self.machine.run_timing(modeled) == "measured"   # else the CPU lane is modeled inline
-        if spec.use_cpu and s.cpu_lane and real_lane:
-            cpu_lane = self._get_cpu_lane()
-            if cpu_lane is not None:
-                notes.append(f"CPU lane: {cpu_lane.shape} (workers x intra-op threads)")
-            if cpu_lane is None and spec.miss_mode == "cpu":
-                raise ConfigError(f"policy cpu_compute needs the CPU lane, which is unavailable here "
-                                  f"({self._cpu_lane_error}): pick another policy")
-        if spec.use_cpu and not s.cpu_lane and spec.miss_mode == "cpu":
-            raise ConfigError("policy cpu_compute needs the CPU lane: turn the CPU lane on or pick another policy")
-        if spec.preload_all:
-            n_slots = len(lm.host)
-        else:
-            budget = int(s.cache_frac * self.routed_bytes)
-            n_slots = cache_slots_for_budget(budget, lm.expert_bytes, reserved)
-            n_slots = min(n_slots, len(lm.host))
-            if n_slots < lm.top_k and reserved and cache_slots_for_budget(budget, lm.expert_bytes) >= lm.top_k:
-                # The draft heads and LoRE factors do not fit beside one layer's experts (a miniature timed at
-                # its own, native shape: its heads are about an expert each). Run without them, and say so.
-                need = (reserved + lm.top_k * lm.expert_bytes) / self.routed_bytes
-                notes.append(f"the draft heads and LoRE factors ({format_bytes(reserved)}) do not fit in this GPU "
-                             "cache beside one layer's experts: running without them (the gate predictor, exact "
-                             f"misses); raise the GPU cache to >= {round_up(need)} of the experts to use them")
-                if spec.predictor == "draft":
-                    from spice_core.predictor.gate import GatePredictor
-                    predictor = GatePredictor(lm)
-                lore, reserved = None, 0
-                n_slots = min(cache_slots_for_budget(budget, lm.expert_bytes), len(lm.host))
-            if n_slots < lm.top_k:
-                raise ConfigError(
-                    f"cache budget {format_bytes(budget)} leaves room for {n_slots} experts after "
-                    f"{format_bytes(reserved)} of draft/LoRE memory, fewer than top-{lm.top_k}: raise --cache-frac")
-        fast = not eager and max_cache_len is not None and self._wants_fast_path(modeled)
-        modeled_cpu = spec.use_cpu and not real_lane
-        if spec.miss_mode == "orchestrate":
-            can_cpu = s.cpu_lane and (cpu_lane is not None or modeled_cpu)
-        else:
-            can_cpu = cpu_lane is not None or modeled_cpu
-        if spec.use_cpu and s.cpu_lane and cpu_lane is None and real_lane:
-            notes.append(f"CPU lane unavailable ({self._cpu_lane_error}): exact misses are copied")
-        if fast and self.machine.run_timing(modeled) == "measured":
-            costs = self._costs(s, fast=True)       # the fast path's GPU and host costs decide
-        if can_cpu and cpu_lane is not None and spec.miss_mode == "orchestrate" and self.lane_offer == "auto" \
-                and not lane_pays(costs):
-            # Measured on the H200's native link (docs/benchmarks/cpu-lane/ab): spice with the lane offered ran
-            # 34.6 ms a token against 26.4 without it, though it sent only ~0.2 misses a token there.
-            can_cpu = False
-            notes.append(f"CPU lane not offered: one expert takes ~{costs.cpu_expert_ms(1):.2f} ms there against a "
-                         f"{costs.copy_ms():.2f} ms copy on this link, so misses are approximated or copied "
-                         "(on a slower link, e.g. --link pcie4x8, the lane pays)")
-        elif can_cpu and cpu_lane is not None and spec.miss_mode == "orchestrate" and not lane_pays(costs):
-            notes.append(f"CPU lane offered on this link by lane_offer=always: one expert takes ~{costs.cpu_expert_ms(1):.2f} "
-                         f"ms there against a {costs.copy_ms():.2f} ms copy")
-        int8 = self._offer_int8(s, spec, costs, cpu_lane, modeled_cpu, notes) if s.tau_int8 > 0 else None
-        if can_cpu or int8 is not None:     # the planner (and a modeled clock) price the lane's shape
-            from spice_core.exec.cpu_lane import lane_side_from
-            costs = replace(costs, lane_side_from=lane_side_from(cpu_lane))
-        planner = LayerPlanner(spec, n_slots=n_slots, n_experts=lm.n_experts, top_k=lm.top_k, moe_layers=lm.moe_layers,
-                               costs=costs, tau_prefetch=s.tau_prefetch, tau_approx=s.tau_approx if lore else 0.0,
-                               max_lookahead=s.max_lookahead, can_approx=lore is not None,
-                               can_cpu=can_cpu, host_aware=self.host_aware,
-                               tau_int8=s.tau_int8 if int8 is not None else 0.0, can_int8=int8 is not None,
-                               prefetch_admission=self.prefetch_admission)
-        clock = self._timeline(costs, modeled)
-        recorder = Recorder(clock, lm.expert_bytes, costs.expert_bytes if clock.mode == "modeled" else None)
-        measured = clock.mode == "measured"
-        kw = dict(copy_stream=getattr(clock, "copy_stream", None), cpu_lane=cpu_lane,
-                  lore=lore, int8=int8, direct_copies=self.copy_issue == "direct",
-                  **(self._link_pacing() if measured else {}))
-        if fast:
-            executor = GraphExecutor(lm, n_slots, clock, recorder, max_cache_len=max_cache_len,
-                                     readback_predictor=predictor if hasattr(predictor, "head_readback") else None,
-                                     use_graphs=lm.device.type == "cuda", cpu_rows=can_cpu or int8 is not None, **kw)
-        else:
-            executor = EagerExecutor(lm, n_slots, clock, recorder, **kw)
-        if kw["copy_stream"] is not None:
-            notes.append("slot copies: cudaMemcpyAsync called directly" if executor.copies.direct is not None
-                         else f"slot copies: Tensor.copy_ ({executor.copies.direct_off_why})")
-        if spec.preload_all:
-            executor.copies.load_static(planner.place_static(list(lm.host.keys())))
-        elif spec.static_cache:
-            executor.copies.load_static(planner.place_static(self._popular_experts()))
-        after = self.prefetch_after_experts
-        if after is None:
-            after = measured
-        rt = LayerRuntime(lm, planner, executor, clock, recorder, predictor=predictor, prefetch_after_experts=after)
-        if fast:
-            t0 = time.perf_counter()
-            try:
-                executor.attach(rt)
-            except GraphCaptureError as err:       # the eager build below says again what this one said
-                del notes[first_note:]
-                notes.append(f"fast path off: {err}; decode runs on the eager executor")
-                return self.build_runtime(s, notes=notes, oracle_routing=oracle_routing, modeled=modeled, eager=True)
-            n_graphs = executor.decoder.n_graphs
-            if executor.decoder.static is not None and clock.mode == "modeled" and clock.one_graph_step(lm.top_k):
-                notes.append("modeled: the step is one graph run ahead of the host (the profile's "
-                             f"graph_step_kernel_us, {costs.profile.graph_step_kernel_us:g} µs a kernel)")
-            shape = ONE_GRAPH_NOTE if n_graphs == 1 else f"{n_graphs} segments"
-            notes.append(f"fast path: decode steps replay CUDA graphs ({shape}, "
-                         f"captured in {time.perf_counter() - t0:.2f} s)" if executor.decoder.use_graphs else
-                         "fast path: decode steps run the graphed executor's step op by op (no CUDA here)")
-        return rt
-
-    def _offer_int8(self, s: RunSettings, spec, costs: CostModel, cpu_lane, modeled_cpu: bool, notes: list):
-        """The experts' int8 copy when this run (tau_int8 > 0) may take the lossy cpu_int8 miss action, else None;
-        either way a note says what happened to tau_int8."""
-        if not spec.use_int8:
-            notes.append(f"tau_int8 {s.tau_int8:g} is ignored: policy {s.policy} never runs the lossy int8 experts "
-                         "(only spice does)")
-            return None
-        if not s.cpu_lane or (cpu_lane is None and not modeled_cpu):
-            notes.append(f"tau_int8 {s.tau_int8:g} is ignored: the int8 experts run on the CPU lane, which is off here")
-            return None
-        if cpu_lane is not None and not int8_pays(costs):
-            notes.append(f"tau_int8 {s.tau_int8:g} is ignored: an int8 expert takes ~{costs.cpu_int8_expert_ms(1):.2f} "
-                         f"ms on the CPU lane against a {costs.copy_ms():.2f} ms copy on this link")
-            return None
-        store = self.int8_store()
-        notes.append(f"cpu_int8 (lossy): a miss below router weight {s.tau_int8:g} (and not below tau_approx) may run "
-                     f"on the CPU lane from an int8 weight-only copy of the experts ({format_bytes(store.total_bytes)} "
-                     f"of host memory, {store.total_bytes / self.routed_bytes:.0%} of the experts' bytes)")
-        return store
+        """The run's runtime (assembly.py). ``max_cache_len``: tokens the run may hold (prompt + new), which sizes
+        the fast path's StaticCache; ``eager`` forces the eager executor."""
+        return build_runtime(self, s, notes=notes, oracle_routing=oracle_routing, modeled=modeled,
+                             max_cache_len=max_cache_len, eager=eager)
 
     def int8_store(self):
         """The int8 weight-only copy of every routed expert (memory/int8_store.py), made on first use and kept."""

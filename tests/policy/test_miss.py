@@ -162,7 +162,7 @@ def test_the_cpu_lane_is_offered_only_where_it_beats_an_idle_link_copy():
     on the emulated PCIe 4.0 x8 link it made spice 3.25x faster than on_demand."""
     from dataclasses import replace
 
-    from spice_core.engine import lane_pays
+    from spice_core.assembly import lane_pays
     from spice_core.timing.costs import CostModel
     from spice_core.timing.profiles import get_profile, get_shape
 
