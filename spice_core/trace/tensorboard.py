@@ -16,8 +16,11 @@ is CPU-only and exists to make the file loadable, not to measure SPICE.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import sys
 import tempfile
 import threading
 import zipfile
@@ -47,7 +50,7 @@ def _profiler_trace() -> dict:
     global _template_json
     with _TEMPLATE_LOCK:
         if _template_json is None:
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
+            with _without_profiler_chatter(), profile(activities=[ProfilerActivity.CPU]) as prof:
                 with record_function("spice.export"):
                     a = torch.ones(4, 4)
                     torch.relu(a @ a).sum()
@@ -56,6 +59,37 @@ def _profiler_trace() -> dict:
                 prof.export_chrome_trace(str(path))
                 _template_json = path.read_text(encoding="utf-8")
         return json.loads(_template_json)
+
+
+# The profiler's native library prints these to file descriptor 2 at every start and stop, whatever its log level.
+PROFILER_CHATTER = (b"USDT:", b"STAGE:")
+
+
+@contextlib.contextmanager
+def _without_profiler_chatter():
+    """Run the block with file descriptor 2 going to a scratch file, then write back to it every line but the
+    profiler's own start/stop lines (`PROFILER_CHATTER`): what anything else wrote meanwhile is delayed, not lost."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):          # no usable descriptor 2 (a closed or replaced stderr): nothing to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as scratch:
+        os.dup2(scratch.fileno(), 2)
+        try:
+            yield
+        finally:
+            try:
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+            os.dup2(saved, 2)
+            os.close(saved)
+            scratch.seek(0)
+            kept = [line for line in scratch.read().splitlines(keepends=True) if not line.startswith(PROFILER_CHATTER)]
+            if kept:
+                os.write(2, b"".join(kept))
 
 
 def warm_profiler_template() -> None:

@@ -5,6 +5,7 @@ import gzip
 import json
 import re
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -134,3 +135,33 @@ def test_the_move_near_zero_keeps_odd_profiler_traces_whole():
     as_text = merge_into_profiler_trace({"traceEvents": [dict(x, ts="5787230384222.585"), x]}, events)
     assert next(e for e in as_text["traceEvents"][1:] if e.get("name") == "aten::mm")["ts"] == x["ts"]
     merge_into_profiler_trace({"traceEvents": [dict(x, ts=float("nan")), x]}, events)
+
+
+
+def _run_python(code: str):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=str(Path(__file__).resolve().parents[2]))
+
+
+def test_the_profiler_template_prints_none_of_the_profilers_start_stop_lines():
+    """The profiler's native library prints USDT/STAGE lines to descriptor 2 at start and stop; a user exporting a
+    TensorBoard run saw them (in a fresh process: the template is recorded once per process)."""
+    out = _run_python("from spice_core.trace import tensorboard as tb\n"
+                      "tb.warm_profiler_template()\n"
+                      "print(len(tb._profiler_trace()['traceEvents']) > 0)\n")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"
+    assert "USDT" not in out.stderr and "STAGE:" not in out.stderr, out.stderr
+
+
+def test_other_stderr_output_written_while_the_profiler_runs_comes_through():
+    out = _run_python("import os, sys\n"
+                      "from spice_core.trace import tensorboard as tb\n"
+                      "with tb._without_profiler_chatter():\n"
+                      "    os.write(2, b'USDT: a start line\\nstill here\\n')\n"
+                      "    print('python stderr', file=sys.stderr)\n")
+    assert out.returncode == 0, out.stderr
+    assert "USDT" not in out.stderr, out.stderr
+    assert "still here" in out.stderr and "python stderr" in out.stderr, out.stderr
