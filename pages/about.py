@@ -1,4 +1,5 @@
-"""About page: what SPICE does, how to read the panels, the engine in use, and the latest benchmark.
+"""About page: what SPICE does, how to read the panels, the engine in use, the measured headline and the other
+benchmark files.
 
 The benchmark table is read from the Markdown files under ``docs/benchmarks/`` each time the page
 opens (so a new benchmark shows without a restart): the newest file by the latest ISO date it
@@ -72,8 +73,8 @@ Qwen2-57B-A14B): its own shape times that real model's layout; another shape onl
 ## Quality
 On the CPU every policy except approximation gives the same greedy tokens as the stock model. On a GPU the fast
 path's exact policies give `resident`'s tokens bit for bit, except where a miss runs on the CPU lane: the lane sums
-an expert's products in another order than the GPU's kernel, so a near-tie can flip a token (`cpu_compute` agreed
-with `resident` on 0.87–0.88 of 64 tokens), and the main page measures such replies instead of claiming them
+an expert's products in another order than the GPU's kernel, so a near-tie can flip a token (`cpu_compute`'s
+greedy agreement with `resident` is measured in `docs/benchmarks/headline/`), and the main page measures such replies instead of claiming them
 identical. `resident` itself sums in another order than stock transformers' loop on the GPU. Lossy settings are reported as
 speed–quality pairs: the main page can measure greedy agreement with exact settings after each reply, and the
 *Sweep* page plots agreement against time per token for a grid of thresholds. **Greedy agreement** is one number
@@ -308,7 +309,9 @@ class AboutPage:
                             elem_id="about-routing")
         gr.Markdown("## Measured headline")
         self.headline = gr.Markdown("", elem_id="about-headline")
-        gr.Markdown("## Latest benchmark")
+        gr.Markdown("## Other benchmark files\nOne experiment or A/B a file, each on the machine and engine of its day "
+                    "(newest first): its numbers compare with its own rows only. The measured headline above is the "
+                    "comparison this project quotes.")
         self.pick = gr.Dropdown(choices=[], value=None, label="Benchmark file", elem_id="about-bench-pick",
                                 info="newest first")
         self.bench = gr.Markdown("", elem_id="about-bench")

@@ -42,7 +42,8 @@ def agreement_line(settings: RunSettings, check_exact: bool, changes=(), device:
     mid-reply makes the reply lossy, and then the agreement is measured (a claim of "identical by
     design" would be false). On a GPU an exact setting that may send misses to the CPU lane is measured too: the
     lane sums an expert's products in another order than the GPU's kernel, and a near-tie can flip a token
-    (measured on the GPU: `cpu_compute` 0.87–0.88 against `resident` over 64 tokens).
+    (measured on the GPU in the headline: `cpu_compute` 0.87–0.88 against `resident` over 64 tokens at
+    DeepSeek-V2-Lite's shapes, 1.00 at Qwen2-57B-A14B's).
     """
     ran_with = [settings] + [c.settings_after for c in changes if getattr(c, "settings_after", None) is not None]
     lane_on_gpu = device == "cuda" and any(s.cpu_lane and s.policy in CPU_LANE_POLICIES for s in ran_with)
