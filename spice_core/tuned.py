@@ -13,8 +13,9 @@ no `confirmed` flag and count as not confirmed: they are offered with that cavea
 from __future__ import annotations
 
 import json
+import math
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from spice_core.config import RunSettings
@@ -125,16 +126,48 @@ def save(record: TuneRecord, path: Path) -> None:
         part.unlink(missing_ok=True)
 
 
+# What each field of a record must be in the file: (Python types, in words). JSON numbers are int or float, never bool.
+_JSON_TYPES = {"str": (str, "a string"), "float": ((int, float), "a number"), "int": (int, "an integer"),
+               "bool": (bool, "true or false"), "dict": (dict, "an object"), "list": (list, "a list")}
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _record(r, i: int) -> TuneRecord:
+    """Record ``i`` of a tuned file, with its fields' types, its budget and its setting checked (ValueError says which
+    is wrong): a hand-edited value (``"cache_frac": "0.25"``) used to fail only where it was used, after a whole tune."""
+    if not isinstance(r, dict):
+        raise ValueError(f"record {i} is {json.dumps(r)[:60]}, not an object")
+    rec = TuneRecord(**r)         # TypeError: a missing or unknown field
+    for f in fields(TuneRecord):
+        v, (want, said) = getattr(rec, f.name), _JSON_TYPES[f.type]
+        if (isinstance(v, bool) and want is not bool) or not isinstance(v, want) or (isinstance(v, float) and not
+                                                                                     math.isfinite(v)):
+            raise ValueError(f"record {i}: {f.name} is {json.dumps(v)[:60]}, not {said}")
+    for key in ("ppl_pct", "agreement"):
+        if key in rec.budget and rec.budget[key] is not None and not _is_number(rec.budget[key]):
+            raise ValueError(f"record {i}: budget {key} is {json.dumps(rec.budget[key])[:60]}, not a number")
+    if not all(isinstance(t, dict) for t in rec.trials):
+        raise ValueError(f"record {i}: trials hold something other than objects")
+    try:
+        rec.settings(RunSettings())
+    except (ConfigError, TypeError) as e:
+        raise ValueError(f"record {i}: its setting {json.dumps(rec.setting)[:120]} is not one spice runs ({e})") from None
+    return rec
+
+
 def load_all(path: Path) -> list[TuneRecord]:
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
-        return [TuneRecord(**r) for r in doc["records"]]
+        return [_record(r, i) for i, r in enumerate(doc["records"])]
     except FileNotFoundError:
         raise ConfigError(f"no tuned settings at {path}: run `python -m spice_core tune` on this model first (with the "
                           "--profile, --shape and --cache-frac you generate with), or pass --tuned FILE") from None
     except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{path} is not a tuned-settings file ({type(e).__name__}: {e}): run the tuner again "
-                          "to rewrite it") from None
+        raise ConfigError(f"{path} is not a tuned-settings file ({type(e).__name__}: {e}): move it aside or delete it, "
+                          "then run `python -m spice_core tune` again (or pass --out with another file)") from None
 
 
 def check_can_save(path: Path, flag: str = "--out") -> None:

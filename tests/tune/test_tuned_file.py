@@ -62,3 +62,34 @@ def test_an_old_records_trials_get_their_verdicts_from_met_and_the_confirmations
            {"tau_approx": 0.05, "stage": "lossy", "met": True}, {"tau_approx": 0.15, "stage": "lossy", "met": False}]
     assert [TuneRecord.verdict(t) for t in old] == ["exact", "held", "failed", "unconfirmed", "missed"]
     assert TuneRecord.verdict({**old[3], "verdict": "ruled out"}) == "ruled out"
+
+
+@pytest.mark.parametrize("field, value, said", [
+    ("cache_frac", "0.25", 'cache_frac is "0.25", not a number'),
+    ("ppl_pct", "x", "ppl_pct is \"x\", not a number"),
+    ("speed_ms", float("nan"), "speed_ms is NaN, not a number"),
+    ("confirmed", 1, "confirmed is 1, not true or false"),
+    ("reply_tokens", 2.5, "reply_tokens is 2.5, not an integer"),
+    ("budget", {"ppl_pct": "1"}, 'budget ppl_pct is "1", not a number'),
+    ("trials", [1], "trials hold something other than objects"),
+    ("setting", {"tau_approx": "a"}, "is not one spice runs"),
+    ("setting", {"no_such_knob": 1}, "is not one spice runs"),
+])
+def test_a_hand_edited_record_is_refused_when_read_naming_the_field(tmp_path, field, value, said):
+    """Regression (review): a tuned file with a wrong-typed value ("cache_frac": "0.25") read back without complaint,
+    then failed with a traceback where the value was used: `tune --out` after its whole search (the pick lost),
+    `generate --tuned` at once. Now reading it says which field is wrong, and what to do."""
+    import json
+
+    from spice_core.errors import ConfigError
+
+    path = tmp_path / tuned.TUNED_FILE
+    save(_record(0.25), path)
+    doc = json.loads(path.read_text())
+    doc["records"][0][field] = value
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError) as err:
+        load_all(path)
+    assert said in str(err.value) and "move it aside or delete it" in str(err.value), str(err.value)
+    with pytest.raises(ConfigError):
+        tuned.check_can_save(path)       # what `tune --out` runs before its search
