@@ -288,14 +288,17 @@ def run(args) -> int:
         rep = calibrate_lore_only(args.model, device=args.device, text=args.text, max_tokens=args.max_tokens,
                                   seq_len=args.seq_len, lore_max_rank=args.lore_max_rank, out=args.out,
                                   command=_command_line(args))
-        _print_lore_and_files(rep)
+        if args.json:
+            print(json.dumps(_json_report(rep), indent=1))
+        else:
+            _print_lore_and_files(rep)
         return 0
     report = calibrate(args.model, device=args.device, text=args.text, max_tokens=args.max_tokens,
                        seq_len=args.seq_len, distances=args.distances, epochs=args.epochs,
                        train_seconds=args.train_seconds, lore_max_rank=args.lore_max_rank, lore=not args.no_lore,
                        out=args.out, seed=args.seed, command=_command_line(args))
     if args.json:
-        print(json.dumps({k: v for k, v in report.items() if k not in ("expert_frequency", "beside_model")}, indent=1))
+        print(json.dumps(_json_report(report), indent=1))
         return 0
     d = report["draft"]
     rec = ", ".join(f"d={k}: {v:.3f}" for k, v in d["heldout_recall_at_k"].items())
@@ -305,6 +308,11 @@ def run(args) -> int:
           f"(best epoch {d['best_epoch']}); held-out recall@k {rec}")
     _print_lore_and_files(report)
     return 0
+
+
+def _json_report(report: dict) -> dict:
+    """What --json prints of a calibration's report (the per-expert frequencies and the placement flag left out)."""
+    return {k: v for k, v in report.items() if k not in ("expert_frequency", "beside_model")}
 
 
 def _print_lore_and_files(report: dict) -> None:

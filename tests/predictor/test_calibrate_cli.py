@@ -142,6 +142,11 @@ def test_lore_only_adds_lore_beside_an_existing_draft_without_retraining_it(mode
     assert (model / DRAFT_FILE).read_bytes() == draft_before
     cal = json.loads((model / CALIBRATION_FILE).read_text())
     assert cal["lore"]["max_rank"] == 4 and "spice-lore.safetensors" in cal["files_bytes"]
+    # --json prints the report as JSON here too (review: it printed the text lines)
+    assert main(["calibrate", "--threads", "1", "--model", str(model), "--text", str(text), "--max-tokens", "400",
+                 "--lore-only", "--lore-max-rank", "4", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["lore"]["max_rank"] == 4 and "expert_frequency" not in rep
     eng = SpiceEngine.load(model, device="cpu")
     info = eng.info()
     assert info.has_draft and info.has_lore and info.lore_ranks == (1, 2, 4)
