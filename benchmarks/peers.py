@@ -324,7 +324,8 @@ def run_peers(cfg: dict, opts: Options, out: Path, device: torch.device | None =
     """Every row of ``opts`` on the config's model; ``device`` is the current GPU unless a test passes the CPU
     (the offload row needs a GPU)."""
     from spice_core.api import RunSettings
-    from spice_core.timing.profiles import get_profile, profile_from_file
+    from spice_core.timing.profile_file import profile_from_file
+    from spice_core.timing.profiles import get_profile
     from spice_core.tools.bench import _prompt_ids, build_model, code_digest, model_folder
 
     device = device or torch.device("cuda", torch.cuda.current_device())

@@ -183,7 +183,7 @@ def main(argv=None) -> int:
     bench_args.check_timing(ap, args.timing, args.device)
     hw = None
     if args.hw_profile is not None:
-        from spice_core.timing.profiles import profile_from_file
+        from spice_core.timing.profile_file import profile_from_file
         try:
             hw = profile_from_file(args.hw_profile)
         except SpiceError as e:

@@ -75,6 +75,11 @@ class Machine:
         prof = self.hw_profile or get_profile(name)
         return replace(prof, h2d_pinned_gbps=self.link_gbps) if self.link_gbps else prof
 
+    def profile_key(self, named: str) -> str:
+        """The profile a run's modeled numbers and tuned picks are filed under: modeled, the profile it is timed with
+        (a calibrated file's own name, else ``named``); measured, ``named`` (measured picks have always been filed so)."""
+        return self.modeled_profile(named).name if self.timing == "modeled" else named
+
     def pace_extra_ms_per_byte(self) -> float:
         """Link emulation: extra copy-stream time per byte, when the link is slower than the native one."""
         if not self.link_gbps:

@@ -208,7 +208,7 @@ def rule_out(trials: Sequence[Trial], failed: Setting) -> list[Trial]:
 def _speed_words(engine, base: RunSettings) -> str:
     if engine.timing == "measured":
         return f"measured ({engine.lm.device})"
-    return f"modeled (profile {base.profile}, shape {base.shape})"
+    return f"modeled (profile {engine.machine.profile_key(base.profile)}, shape {base.shape})"
 
 
 class Tuner:
@@ -380,7 +380,8 @@ class Tuner:
         confirmed = pick.verdict == HELD
         return TuneRecord(
             model=self.engine.lm.name, policy="spice",
-            profile=self.base.profile, shape=self.base.shape, cache_frac=self.base.cache_frac,
+            profile=self.engine.machine.profile_key(self.base.profile), shape=self.base.shape,
+            cache_frac=self.base.cache_frac,
             budget={"ppl_pct": self.budget.ppl_pct, "agreement": self.budget.agreement},
             setting=asdict(pick.setting), speed_ms=pick.speed_ms, speed_timing=_speed_words(self.engine, self.base),
             ppl_pct=pick.confirm_ppl_pct if confirmed else pick.ppl_pct,

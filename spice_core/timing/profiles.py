@@ -165,17 +165,6 @@ def profile_from_dict(d: dict, where: str = "profile file") -> HardwareProfile:
         raise ConfigError(f"{where}: {e}") from e
 
 
-def profile_from_file(path, flag: str = "--hw-profile") -> HardwareProfile:
-    """A profile JSON written by `calibrate-hw` or `recalibrate`; ``flag`` names the option in errors."""
-    from spice_core.user_files import read_json
-
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"{flag} {path}: no such file: write one with `python -m spice_core calibrate-hw --out FILE` "
-                          "(then `recalibrate`)")
-    return profile_from_dict(read_json(path, flag, dict, limit_bytes=1_000_000), where=f"{flag} {path}")
-
-
 def get_shape(name: str, native: ModelShape | None = None) -> ModelShape:
     """The named shape; ``native`` returns the loaded model's own (passed in by the engine)."""
     if name == NATIVE_SHAPE:

@@ -49,6 +49,7 @@ import torch
 from spice_core.api import EXACT_POLICIES, POLICIES, RunSettings, greedy_agreement
 from spice_core.tools.bench_blocks import SETTING_DEFAULTS, block_units, resolve_blocks
 from spice_core.tools.bench_config import LINKS_GBPS, load_config_file, load_results
+from spice_core.tools.bench_merge import merge_folders
 from spice_core.tools.bench_quality import QualityPasses, heldout_windows
 from spice_core.tools.bench_records import (add_floors, add_three_lane_floor, divergence_totals, markdown_table,
                                            provenance, split_totals)
@@ -199,7 +200,8 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
     process per GPU; `merge_records` (bench --merge) combines the shards' records exactly."""
     from spice_core.engine import SpiceEngine
     from spice_core.model.loader import offload_model
-    from spice_core.timing.profiles import get_profile, profile_from_file
+    from spice_core.timing.profile_file import profile_from_file
+    from spice_core.timing.profiles import get_profile
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     policies = cfg.get("policies", ["on_demand", "lru"])
@@ -533,39 +535,6 @@ def _parse_shard(text: str | None) -> tuple[int, int]:
     return k, n
 
 
-def _merge(dirs: list[Path], out: Path) -> list[dict]:
-    from spice_core.tools.bench_records import merge_records, missing_shards
-
-    records, sources = [], []
-    seen: dict[Path, Path] = {}
-    for d in dirs:
-        if d.resolve() == out.resolve():
-            raise ConfigError(f"--out {out} is one of the --merge folders: write the merge to a folder of its own "
-                              "(it would replace that shard's results)")
-        path = d / "results.json"
-        if not path.is_file():
-            path = d / "results.partial.json"
-        if not path.is_file():
-            raise ConfigError(f"--merge {d}: no results.json or results.partial.json there: run the shard first")
-        real = path.resolve()
-        if real in seen:
-            raise ConfigError(f"--merge {d}: given twice (as {seen[real].parent} too): give each shard once")
-        seen[real] = path
-        shard = load_results(path, "--merge")
-        records += shard
-        sources += [str(path)] * len(shard)
-    merged = merge_records(records, sources)
-    missing = missing_shards(records)
-    if missing:
-        print(f"note: shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} not given: the merged records hold "
-              "only the prompts of the shards given", file=sys.stderr)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(merged, indent=1, default=float))
-    timing = merged[0]["timing"] if merged else "measured"
-    (out / "results.md").write_text(markdown_table(merged, {"timing": timing}))
-    return merged
-
-
 def run(args) -> int:
     from spice_core.user_files import check_writable_dir
 
@@ -578,7 +547,7 @@ def run(args) -> int:
         return 0
     check_writable_dir(args.out, "--out")
     if args.merge:
-        records = _merge(args.merge, args.out)
+        records = merge_folders(args.merge, args.out)
         write_figures(records, args.out)
         print(markdown_table(records, {"timing": records[0]["timing"] if records else "measured"}))
         return 0
@@ -588,7 +557,7 @@ def run(args) -> int:
     cfg = _load_config(args.config)
     hw_path = args.hw_profile or cfg.get("hw_profile")
     if hw_path is not None:
-        from spice_core.timing.profiles import profile_from_file
+        from spice_core.timing.profile_file import profile_from_file
         profile_from_file(hw_path)      # a missing or broken profile fails before the model is built
     records = run_bench(cfg, args.out, args.device, args.hw_profile, shard=shard)
     write_figures(records, args.out)

@@ -118,7 +118,11 @@ def _check_common(where: str, d: dict) -> None:
     if "links" in d:
         _list_of(where, "links", d["links"], _link(where))
     if "max_new_tokens" in d:
-        _int(where, "max_new_tokens", d["max_new_tokens"], 1, MAX_NEW_TOKENS_LIMIT)
+        if d["max_new_tokens"] == 1 and not isinstance(d["max_new_tokens"], bool):
+            # The first new token is the TTFT: TPOT (bench's number, and the stock reference's) needs a second one.
+            raise ConfigError(f"{where} \"max_new_tokens\" is 1: a time per output token needs at least 2 new tokens "
+                              "(the first one's time is the TTFT): use 2 or more")
+        _int(where, "max_new_tokens", d["max_new_tokens"], 2, MAX_NEW_TOKENS_LIMIT)
     if "repetitions" in d:
         _int(where, "repetitions", d["repetitions"], 1, 10_000)
     if "host_aware" in d:
@@ -249,7 +253,7 @@ def load_config_file(path) -> dict:
 
 
 # What --replot and --merge read from every record.
-_RECORD_KEYS = {"policy": str, "link": str, "timing": str, "budget_frac": (int, float)}
+_RECORD_KEYS = {"policy": str, "link": str, "timing": str, "budget_frac": (int, float), "model": str}
 
 
 def load_results(path: Path, flag: str) -> list[dict]:

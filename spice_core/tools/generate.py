@@ -86,7 +86,7 @@ def load_engine(args):
     check_local_model(args.model)
     hw = None
     if getattr(args, "hw_profile", None) is not None:
-        from spice_core.timing.profiles import profile_from_file
+        from spice_core.timing.profile_file import profile_from_file
         hw = profile_from_file(args.hw_profile)
     return SpiceEngine.load(args.model, device=args.device, timing=args.timing, hw_profile=hw,
                             executor=args.executor, artifacts=args.artifacts)
@@ -143,7 +143,8 @@ def run(args) -> int:
                            stop=tuple(args.stop))
     tuned_note = ""
     if args.tuned is not None:
-        s, tuned_note = apply_tuned(args, s, model=engine.lm.name, calibration=engine.info().calibration)
+        s, tuned_note = apply_tuned(args, s, model=engine.lm.name, calibration=engine.info().calibration,
+                                    profile=engine.machine.profile_key(s.profile))
     # A chat model answers a request only inside its template; as raw text it continues it off topic.
     has_template = bool(getattr(getattr(getattr(engine, "lm", None), "tokenizer", None), "chat_template", None))
     if args.chat and not has_template:
@@ -214,9 +215,10 @@ def default_tuned_path(model) -> Path:
 
 
 def apply_tuned(args, settings: RunSettings, model: str | None = None,
-                calibration: str | None = None) -> tuple[RunSettings, str]:
-    """``--tuned [FILE]``: ``settings`` with the saved pick for its profile, shape and cache (tuned on ``model``, and
-    with the artifacts of digest ``calibration``, when given), and a note.
+                calibration: str | None = None, profile: str | None = None) -> tuple[RunSettings, str]:
+    """``--tuned [FILE]``: ``settings`` with the saved pick for its profile (``profile``, the engine's `profile_key`:
+    a --hw-profile file's own name; else ``settings.profile``), shape and cache (tuned on ``model``, and with the
+    artifacts of digest ``calibration``, when given), and a note.
 
     A pick not known to be within its budget for replies of ``settings.max_new_tokens`` (a lossy one never confirmed,
     or confirmed on shorter replies: `TuneRecord.caveat`) is applied with a warning on stderr saying why and how to
@@ -229,7 +231,7 @@ def apply_tuned(args, settings: RunSettings, model: str | None = None,
     path = Path(args.tuned) if args.tuned else own
     # The file beside the model is its own whatever the folder is called now; one from elsewhere must name it.
     tuned_on = None if path.resolve() == own.resolve() else model
-    rec = find(path, profile=settings.profile, shape=settings.shape, cache_frac=settings.cache_frac, model=tuned_on,
+    rec = find(path, profile=profile or settings.profile, shape=settings.shape, cache_frac=settings.cache_frac, model=tuned_on,
                calibration=calibration)
     note = (f"tuned setting from {path}: {rec.reason}; measured quality perplexity {rec.ppl_pct:+.2f} %, "
             f"greedy agreement {rec.agreement:.3f}")

@@ -273,15 +273,16 @@ def evaluate(engine, settings: RunSettings, ref: ExactReference) -> QualityRepor
         total += matching_tokens(exact_toks, toks)[1]
         firsts.append(first)
     ppl, ppl_exact = math.exp(nll / n), math.exp(nll_exact / n)
+    profile = engine.machine.modeled_profile(settings.profile).name      # a --hw-profile file's own name
     return QualityReport(
         policy=settings.policy, tau_approx=settings.tau_approx, lore_rank=settings.lore_rank,
-        cpu_lane=settings.cpu_lane, cache_frac=settings.cache_frac, profile=settings.profile, tokens=n, ppl=ppl,
+        cpu_lane=settings.cpu_lane, cache_frac=settings.cache_frac, profile=profile, tokens=n, ppl=ppl,
         ppl_exact=ppl_exact, ppl_delta_pct=100.0 * (ppl / ppl_exact - 1.0), mean_kl=kls / n, top1_agreement=top1 / n,
         miss_split=dict(sorted(split.items())), prompts=len(ref.data.prompts),
         new_tokens=ref.new_tokens, greedy_agreement=same / total if total else 1.0, first_divergence=tuple(firsts),
         source=ref.data.source, notes=tuple(sorted(notes)),
         step_ms_median=statistics.median(step_ms) if step_ms else 0.0, tau_int8=settings.tau_int8,
-        step_ms_timing=f"modeled (profile {settings.profile}, shape {settings.shape})")
+        step_ms_timing=f"modeled (profile {profile}, shape {settings.shape})")
 
 
 # ---------------------------------------------------------------------- CLI

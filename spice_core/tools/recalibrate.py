@@ -344,7 +344,8 @@ def add_cli(sub) -> None:
 
 
 def run(args) -> int:
-    from spice_core.timing.profiles import get_shape, profile_from_file
+    from spice_core.timing.profile_file import profile_from_file
+    from spice_core.timing.profiles import get_shape
     from spice_core.user_files import check_writable_file
 
     shape = get_shape(args.shape)

@@ -398,10 +398,11 @@ REPLOT = {
     "an-object": ({"records": []}, ["--replot", "list"]),
     "numbers": ([1, 2], ["record 0"]),
     "empty-records": ([{}], ["record 0", "policy"]),
-    "string-tpot": ([{"policy": "lru", "link": "native", "timing": "modeled", "budget_frac": 0.25,
+    "string-tpot": ([{"policy": "lru", "link": "native", "timing": "modeled", "budget_frac": 0.25, "model": "m",
                       "tpot_ms_median": "fast"}], ["tpot_ms_median"]),
-    "bad-raw": ([{"policy": "lru", "link": "native", "timing": "modeled", "budget_frac": 0.25, "raw": {"hits": 1}}],
-                ["raw"]),
+    "bad-raw": ([{"policy": "lru", "link": "native", "timing": "modeled", "budget_frac": 0.25, "model": "m",
+                  "raw": {"hits": 1}}], ["raw"]),
+    "no-model": ([{"policy": "lru", "link": "native", "timing": "modeled", "budget_frac": 0.25}], ["model"]),
 }
 
 

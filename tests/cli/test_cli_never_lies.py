@@ -76,8 +76,22 @@ def test_a_profile_whose_numbers_make_times_infinite_is_refused(capsys, tmp_path
     argv = ["generate", "--model", tiny_model, "--prompt", "hi", "--max-new-tokens", "3", "--hw-profile", hw,
             "--cache-frac", "0.3", "--policy", "lru", *(["--json"] if as_json else [])]
     code, out, err = run_cli(capsys, argv)
-    one_line(code, err, "--hw-profile", "infinite, NaN, zero or longer than a day")
+    one_line(code, err, "--hw-profile", "its numbers price", "calibrate-hw")
     assert "TPOT" not in out
+
+
+@pytest.mark.parametrize("command", [["tune", "--no-confirm"], ["quality"], ["generate", "--prompt", "hi"]])
+@pytest.mark.parametrize("value", [1e308, 1e-300])
+def test_every_command_refuses_a_profile_that_prices_work_absurdly_before_any_work(capsys, tmp_path, tiny_model,
+                                                                                    command, value):
+    """Regression (review): every number 1e308 (or 1e-300) passed the profile's checks; `tune` then searched and failed
+    with a NaN in its JSON (the pick lost), `quality` with a traceback, and bench wrote NaN into its results."""
+    hw = tmp_path / "hw.json"
+    hw.write_text(json.dumps({k: (value if isinstance(v, float) and v > 0 else v) for k, v in GOOD_PROFILE.items()}))
+    code, out, err = run_cli(capsys, [*command, "--model", tiny_model, "--hw-profile", hw, "--out" if command[0] == "tune"
+                                      else "--json", *([tmp_path / "t.json"] if command[0] == "tune" else [])])
+    one_line(code, err, "--hw-profile", "its numbers price")
+    assert not (tmp_path / "t.json").exists()
 
 
 def test_a_sane_profile_still_gives_finite_times(capsys, tmp_path, tiny_model):

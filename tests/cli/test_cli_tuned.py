@@ -145,3 +145,32 @@ def test_tune_without_out_on_an_unwritable_model_folder_says_to_pass_out(no_long
     code, _, err = run_cli(capsys, ["tune", "--model", tiny_model])
     assert code == 2 and "tune saves its pick beside the model" in err and "pass --out FILE" in err, err
     assert "Read-only file system" in err and "generate --tuned FILE" in err
+
+
+def test_a_pick_tuned_on_a_profile_file_is_filed_under_that_profile_and_only_applied_with_it(tiny_model, capsys,
+                                                                                             tmp_path):
+    """Regression (review): `tune --hw-profile FILE` saved its pick as the default profile's (and `quality` labelled its
+    numbers so), then `generate --tuned` with the stock profile applied a pick timed on another machine's numbers."""
+    import json
+
+    from cli_helpers import GOOD_PROFILE, run_cli
+
+    hw = tmp_path / "hw.json"
+    hw.write_text(json.dumps(dict(GOOD_PROFILE, name="my-box")))
+    out = tmp_path / "tuned.json"
+    code, _, err = run_cli(capsys, ["tune", "--model", tiny_model, "--hw-profile", hw, "--out", out, "--no-confirm",
+                                    "--max-tokens", "16", "--n-prompts", "1", "--new-tokens", "2", "--cache-frac", "0.5",
+                                    "--shape", "deepseek-v2-lite"])
+    assert code == 0, err
+    (rec,) = json.loads(out.read_text())["records"]
+    assert rec["profile"] == "my-box" and "profile my-box" in rec["speed_timing"], rec
+    gen = ["generate", "--model", tiny_model, "--policy", "spice", "--cache-frac", "0.5", "--shape", "deepseek-v2-lite",
+           "--prompt", "hi", "--max-new-tokens", "2", "--tuned", out]
+    code, _, err = run_cli(capsys, gen)                      # the stock profile: not this pick's
+    assert code == 2 and "no tuned setting for profile rtx4090-pcie4x16" in err and "my-box" in err, err
+    code, text, err = run_cli(capsys, [*gen, "--hw-profile", hw])
+    assert code == 0 and "tuned setting from" in text, err
+    code, text, err = run_cli(capsys, ["quality", "--model", tiny_model, "--hw-profile", hw, "--json", "--max-tokens", "16",
+                                       "--n-prompts", "1", "--new-tokens", "2", "--cache-frac", "0.5"])
+    assert code == 0, err
+    assert "my-box" in json.loads(text)["step_ms_timing"] and "rtx4090" not in text, text

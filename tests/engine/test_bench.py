@@ -45,7 +45,10 @@ def test_bench_writes_records_with_the_documented_keys(tmp_path):
                                           ({"teacher_forced": ["fifo"]}, "teacher_forced"),
                                           ({"runs": [{"teacher_forced": "yes"}]}, "teacher_forced"),
                                           ({"heldout_text_tokens": 256}, "heldout_text_tokens"),
-                                          ({"teacher_forced": True, "heldout_text_window": 1}, "heldout_text_window")])
+                                          ({"teacher_forced": True, "heldout_text_window": 1}, "heldout_text_window"),
+                                          # review: the stock reference then divided by zero (UnboundLocalError)
+                                          ({"max_new_tokens": 1}, "at least 2 new tokens"),
+                                          ({"runs": [{"max_new_tokens": 1}]}, "at least 2 new tokens")])
 def test_bad_config_is_refused_before_any_work(tmp_path, patch, needle):
     import torch
 
@@ -414,3 +417,30 @@ def test_results_md_says_what_the_runs_notes_say(tmp_path):
     for note in spice["notes"]:
         line = next(line for line in notes.splitlines() if line.startswith(f"- {note} ("))
         assert "spice" in line
+
+
+def test_merge_refuses_a_folder_whose_later_run_was_cut_short(tmp_path, capsys):
+    """Regression (review): a run into a folder that held an earlier run's results, interrupted, left its
+    results.partial.json beside the old results.json, and --merge took the old one without a word."""
+    import os
+
+    from spice_core.tools.cli import main
+
+    cfg = {"model": "random:tiny-deepseek", "policies": ["lru"], "budgets": [0.3], "timing": "modeled",
+           "prompts": {"random_ids": 2, "length": 6}, "max_new_tokens": 3}
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(cfg))
+    d = tmp_path / "run"
+    assert main(["bench", "--config", str(path), "--out", str(d)]) == 0
+    capsys.readouterr()
+    partial = d / "results.partial.json"
+    partial.write_text((d / "results.json").read_text())        # what a later, interrupted run leaves
+    done = (d / "results.json").stat().st_mtime
+    os.utime(partial, (done + 5, done + 5))
+    assert main(["bench", "--merge", str(d), "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert "newer than its results.json" in err and "Traceback" not in err, err
+    assert not (tmp_path / "m" / "results.json").exists()
+    os.utime(partial, (done - 5, done - 5))                      # an older partial: the finished run stands
+    assert main(["bench", "--merge", str(d), "--out", str(tmp_path / "m")]) == 0
+
