@@ -164,8 +164,6 @@ def run(args) -> int:
         print()                     # ends the streamed text's line, before a summary or an error
     summ = gen.summary()
     check_times(steps, summ.timing, args)
-    if args.trace_dir is not None:
-        export_traces(engine, gen.run_id, args.trace_dir)
     rec = engine.get_record(gen.run_id)
     notes = [n for n in (tuned_note, shape_note(summ.timing, summ.shape, engine.info()),
                          context_note(summ, args.max_new_tokens, engine.info().max_context_tokens)) if n]
@@ -203,6 +201,9 @@ def run(args) -> int:
         t = rec.totals
         print(f"GPU expert cache: {t.get('cache_slots')} slots = {format_bytes(t.get('cache_capacity_bytes', 0))} "
               f"of {format_bytes(t.get('routed_bytes', 0))} routed experts (native sizes)")
+    if args.trace_dir is not None:      # after the result is out: a failed export (a full disk) must not lose it
+        sys.stdout.flush()
+        export_traces(engine, gen.run_id, args.trace_dir)
     return 0
 
 
