@@ -85,21 +85,22 @@ def _online(host: str = "huggingface.co", timeout_s: float = 2.0) -> bool:
         return False
 
 
-def resolve_model_path(model: str | Path | None) -> Path:
-    """A local directory, or a hub id fetched only when online (fails fast offline)."""
+def resolve_model_path(model: str | Path | None, flag: str = "--model") -> Path:
+    """A local directory, or a hub id fetched only when online (fails fast offline). ``flag``: what errors call the
+    value (a bench config's key rather than a command-line option)."""
     if model is None or str(model) == "":
         path = DEFAULT_MODEL_DIR
         if not path.is_dir():
-            raise ModelLoadError(f"the shipped model is missing at {path}: pass --model DIR or restore assets/")
+            raise ModelLoadError(f"the shipped model is missing at {path}: pass {flag} DIR or restore assets/")
         return path
     path = Path(model).expanduser()
     if path.is_dir():
         return path
     if path.exists():
-        raise ModelLoadError(f"--model {model}: is a file, not a checkpoint directory: pass the folder holding config.json")
+        raise ModelLoadError(f"{flag} {model}: is a file, not a checkpoint directory: pass the folder holding config.json")
     s = str(model)
     if not _HUB_ID.match(s) or s.startswith((".", "/", "~")):
-        raise ModelLoadError(f"--model {model}: no such directory: pass an existing checkpoint folder or a hub id like org/name")
+        raise ModelLoadError(f"{flag} {model}: no such directory: pass an existing checkpoint folder or a hub id like org/name")
     return _resolve_hub(s)
 
 

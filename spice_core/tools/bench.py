@@ -538,6 +538,13 @@ def _parse_shard(text: str | None) -> tuple[int, int]:
 def run(args) -> int:
     from spice_core.user_files import check_writable_dir
 
+    mode = "--replot" if args.replot else "--merge" if args.merge else None
+    given = [flag for flag, v in (("--merge", args.replot and args.merge), ("--config", args.config),
+                                  ("--shard", args.shard), ("--hw-profile", args.hw_profile), ("--device", args.device))
+             if v]
+    if mode and given:          # they run nothing: a flag for a run would be ignored without a word
+        raise ConfigError(f"{mode} runs no benchmark, so {' and '.join(given)} would do nothing: drop "
+                          f"{'it' if len(given) == 1 else 'them'}")
     if args.replot:
         path = args.out / "results.json"
         if not path.exists():
@@ -558,7 +565,8 @@ def run(args) -> int:
     hw_path = args.hw_profile or cfg.get("hw_profile")
     if hw_path is not None:
         from spice_core.timing.profile_file import profile_from_file
-        profile_from_file(hw_path)      # a missing or broken profile fails before the model is built
+        # a missing or broken profile fails before the model is built, naming where it was given
+        profile_from_file(hw_path, "--hw-profile" if args.hw_profile else f"{args.config} \"hw_profile\"")
     records = run_bench(cfg, args.out, args.device, args.hw_profile, shard=shard)
     write_figures(records, args.out)
     print(markdown_table(records, cfg))

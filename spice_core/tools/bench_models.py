@@ -179,9 +179,10 @@ def cpu_float32_offload_dtype(path: Path, device: str) -> torch.dtype | None:
     return HALF_DTYPES.get(str(cfg.get("dtype") or cfg.get("torch_dtype") or ""))
 
 
-def model_folder(spec: str) -> Path | None:
-    """The checkpoint folder behind a bench model spec (a lift:'s miniature); None for random: models."""
+def model_folder(spec: str, flag: str = 'the config\'s "model"') -> Path | None:
+    """The checkpoint folder behind a bench model spec (a lift:'s miniature); None for random: models. ``flag``: what
+    errors call the spec."""
     if spec.startswith("random:"):
         return None
     from spice_core.model.loader import resolve_model_path
-    return resolve_model_path(spec.split(":", 1)[1] if spec.startswith("lift:") else spec)
+    return resolve_model_path(spec.split(":", 1)[1] if spec.startswith("lift:") else spec, flag)

@@ -421,6 +421,27 @@ def test_bench_replot_and_merge_refuse_garbage(case, mode, capsys, tmp_path):
     assert_one_clear_line(code, err, needles)
 
 
+@pytest.mark.parametrize("extra, needles", [(["--shard", "1/2"], ["--merge", "--shard", "drop it"]),
+                                            (["--config", "c.json", "--hw-profile", "hw.json"],
+                                             ["--config and --hw-profile", "drop them"])])
+def test_bench_merge_refuses_run_flags_it_would_ignore(extra, needles, capsys, tmp_path):
+    """Regression (review): --merge (and --replot) with --config, --shard, ... returned 0, the flags ignored unsaid."""
+    code, _, err = run_cli(capsys, ["bench", "--merge", tmp_path, "--out", tmp_path / "m", *extra])
+    assert_one_clear_line(code, err, needles)
+
+
+@pytest.mark.parametrize("cfg, needles", [({"model": "/no/such/model", "timing": "modeled"},
+                                           ['config\'s "model"', "no such directory"]),
+                                          ({"model": "random:tiny-deepseek", "timing": "modeled",
+                                            "hw_profile": "/no/such/hw.json"}, ['"hw_profile"', "no such file"])])
+def test_bench_config_errors_name_the_config_key_not_a_flag_bench_lacks(cfg, needles, capsys, tmp_path):
+    """Regression (review): a bad "model" in a bench config said `--model X` (bench has no --model), a bad
+    "hw_profile" said `--hw-profile X` though no such flag was given."""
+    code, _, err = run_cli(capsys, bench_cfg(tmp_path, cfg))
+    assert_one_clear_line(code, err, needles)
+    assert "--model" not in err and "--hw-profile" not in err, err
+
+
 # ---------------------------------------------------------------- lift host memory
 def test_lift_refuses_a_model_larger_than_host_memory_before_loading(capsys, monkeypatch, no_long_work):
     """Regression (hostile review): lift tried 31.6 GB on a 17.9 GB machine; it now says how much it
