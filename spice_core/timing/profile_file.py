@@ -8,6 +8,7 @@ after the work (a tune's whole search), or wrote NaN into a benchmark's results.
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 from pathlib import Path
 
 from spice_core.errors import ConfigError
@@ -35,12 +36,21 @@ def check_prices(profile: HardwareProfile, where: str) -> None:
     """ConfigError when ``profile`` prices an expert's copy, an expert or a layer on the GPU, an expert on the CPU
     lane or the host's step outside (0, a day) ms, or at NaN, for any of the shipped shapes (the host's step may
     be 0: a profile that does not model the host)."""
+    for f in fields(profile):           # the host's and the kernels' fixed costs, priced as they are given
+        if f.name.endswith("_us") and getattr(profile, f.name) / 1e3 >= MAX_MODELED_MS:
+            raise ConfigError(f"{where}: {f.name}={getattr(profile, f.name):g} µs is more than a day: use measured "
+                              "values (python -m spice_core calibrate-hw)")
     for name in shape_names():
         if name == NATIVE_SHAPE:
             continue
         c = CostModel(profile, get_shape(name))
-        prices = {"an expert's copy": c.copy_ms(), "an expert on the GPU": c.gpu_expert_ms(1),
-                  "a layer on the GPU": c.gpu_layer_ms(1), "an expert on the CPU lane": c.cpu_expert_ms(1)}
+        try:
+            prices = {"an expert's copy": c.copy_ms(), "an expert on the GPU": c.gpu_expert_ms(1),
+                      "a layer on the GPU": c.gpu_layer_ms(1), "an expert on the CPU lane": c.cpu_expert_ms(1),
+                      "an expert on the CPU lane beside others": c.cpu_expert_ms(1) / profile.cpu_side_speedup}
+        except ZeroDivisionError:       # a rate of 0 (gpu_tflops, cpu_gflops, d2h_gbps may be 0 as fields)
+            raise ConfigError(f"{where}: a rate of 0 prices some operation at infinity for {name}'s shape: use "
+                              "measured values (python -m spice_core calibrate-hw)") from None
         for what, ms in prices.items():
             if not (math.isfinite(ms) and 0 < ms < MAX_MODELED_MS):
                 raise ConfigError(f"{where}: its numbers price {what} at {ms:g} ms for {name}'s shape (a rate near 0 "

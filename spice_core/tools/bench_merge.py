@@ -26,10 +26,8 @@ def merge_folders(dirs: list[Path], out: Path) -> list[dict]:
             raise ConfigError(f"--out {out} is one of the --merge folders: write the merge to a folder of its own "
                               "(it would replace that shard's results)")
         path, partial = d / "results.json", d / "results.partial.json"
-        if path.is_file() and partial.is_file() and partial.stat().st_mtime >= path.stat().st_mtime:
-            raise ConfigError(f"--merge {d}: its results.partial.json is newer than its results.json: a later run into "
-                              "that folder was cut short, so results.json is an older run's. Move the one you do not "
-                              "mean out of the folder, then merge again")
+        if path.is_file() and partial.is_file():
+            _check_same_run(d, path, partial)
         if not path.is_file():
             path = partial
         if not path.is_file():
@@ -51,3 +49,23 @@ def merge_folders(dirs: list[Path], out: Path) -> list[dict]:
     timing = merged[0]["timing"] if merged else "measured"
     (out / "results.md").write_text(markdown_table(merged, {"timing": timing}))
     return merged
+
+
+def _runs_of(path: Path) -> set[str]:
+    """The provenances (config, prompts, code digests) of a results file's records, as comparable strings."""
+    return {json.dumps(r.get("provenance"), sort_keys=True) for r in load_results(path, "--merge")}
+
+
+def _check_same_run(d: Path, done: Path, partial: Path) -> None:
+    """A results.partial.json beside a results.json: what a run leaves if it stops between writing the one and
+    removing the other (the same run: results.json stands), or what a later run into the folder left when it was
+    cut short. Then results.json is an older run's, of another config or code: refused rather than merged unsaid."""
+    try:
+        later = _runs_of(partial)
+    except ConfigError:
+        later = {"unreadable"}
+    if not later <= _runs_of(done):
+        raise ConfigError(f"--merge {d}: its results.partial.json is from another run than its results.json (another "
+                          "config, prompts or code): a later run into that folder was cut short. Move the one you do "
+                          "not mean out of the folder, then merge again")
+

@@ -69,10 +69,10 @@ PROFILER_CHATTER = (b"USDT:", b"STAGE:")
 def _without_profiler_chatter():
     """Run the block with file descriptor 2 going to a scratch file, then write back to it every line but the
     profiler's own start/stop lines (`PROFILER_CHATTER`): what anything else wrote meanwhile is delayed, not lost."""
+    _flush_stderr()
     try:
-        sys.stderr.flush()
         saved = os.dup(2)
-    except (OSError, ValueError):          # no usable descriptor 2 (a closed or replaced stderr): nothing to filter
+    except OSError:                        # no descriptor 2 (a process started without one): nothing to filter
         yield
         return
     with tempfile.TemporaryFile() as scratch:
@@ -80,16 +80,23 @@ def _without_profiler_chatter():
         try:
             yield
         finally:
-            try:
-                sys.stderr.flush()
-            except (OSError, ValueError):
-                pass
+            _flush_stderr()
             os.dup2(saved, 2)
             os.close(saved)
             scratch.seek(0)
             kept = [line for line in scratch.read().splitlines(keepends=True) if not line.startswith(PROFILER_CHATTER)]
             if kept:
                 os.write(2, b"".join(kept))
+
+
+def _flush_stderr() -> None:
+    """Flush Python's stderr, whatever it is now: None (a process started without one), closed, or replaced."""
+    try:
+        flush = getattr(sys.stderr, "flush", None)
+        if flush is not None:
+            flush()
+    except (OSError, ValueError):
+        pass
 
 
 def warm_profiler_template() -> None:

@@ -90,7 +90,7 @@ def test_every_command_refuses_a_profile_that_prices_work_absurdly_before_any_wo
     hw.write_text(json.dumps({k: (value if isinstance(v, float) and v > 0 else v) for k, v in GOOD_PROFILE.items()}))
     code, out, err = run_cli(capsys, [*command, "--model", tiny_model, "--hw-profile", hw, "--out" if command[0] == "tune"
                                       else "--json", *([tmp_path / "t.json"] if command[0] == "tune" else [])])
-    one_line(code, err, "--hw-profile", "its numbers price")
+    one_line(code, err, "--hw-profile", "calibrate-hw")
     assert not (tmp_path / "t.json").exists()
 
 
@@ -225,3 +225,15 @@ def test_a_run_timed_by_a_profile_file_names_that_profile_and_its_bytes_are_the_
                                       "--hw-profile", hw, "--policy", "on_demand", "--shape", "deepseek-v2-lite"])
     assert code == 0, err
     assert "profile" in out and "my-box" in out and f"bytes copied / token at {summary['shape']}" in out, out
+
+
+@pytest.mark.parametrize("patch", [{"gpu_tflops": 0.0}, {"cpu_gflops": 0.0}, {"d2h_gbps": 0.0},
+                                   {"host_layer_us": 1e300}, {"cpu_side_speedup": 1e-300}])
+def test_a_profile_with_a_zero_rate_or_an_absurd_fixed_cost_is_refused_in_one_line(capsys, tmp_path, tiny_model,
+                                                                                     patch):
+    """Regression (review): a rate of 0 (allowed as a field) was a ZeroDivisionError traceback when priced, and the
+    host's fixed costs and the lane's side-by-side speed-up were not priced at all (tune saved a 2.7e298 ms pick)."""
+    hw = tmp_path / "hw.json"
+    hw.write_text(json.dumps({**GOOD_PROFILE, **patch}))
+    code, _, err = run_cli(capsys, ["quality", "--model", tiny_model, "--hw-profile", hw, "--json"])
+    one_line(code, err, "--hw-profile", "calibrate-hw")

@@ -419,11 +419,10 @@ def test_results_md_says_what_the_runs_notes_say(tmp_path):
         assert "spice" in line
 
 
-def test_merge_refuses_a_folder_whose_later_run_was_cut_short(tmp_path, capsys):
+def test_merge_refuses_a_folder_whose_later_run_of_another_config_was_cut_short(tmp_path, capsys):
     """Regression (review): a run into a folder that held an earlier run's results, interrupted, left its
-    results.partial.json beside the old results.json, and --merge took the old one without a word."""
-    import os
-
+    results.partial.json beside the old results.json, and --merge took the old one without a word. The same run's
+    partial (a stop between writing results.json and removing it; files copied with equal times) is no such case."""
     from spice_core.tools.cli import main
 
     cfg = {"model": "random:tiny-deepseek", "policies": ["lru"], "budgets": [0.3], "timing": "modeled",
@@ -432,15 +431,17 @@ def test_merge_refuses_a_folder_whose_later_run_was_cut_short(tmp_path, capsys):
     path.write_text(json.dumps(cfg))
     d = tmp_path / "run"
     assert main(["bench", "--config", str(path), "--out", str(d)]) == 0
-    capsys.readouterr()
     partial = d / "results.partial.json"
-    partial.write_text((d / "results.json").read_text())        # what a later, interrupted run leaves
-    done = (d / "results.json").stat().st_mtime
-    os.utime(partial, (done + 5, done + 5))
-    assert main(["bench", "--merge", str(d), "--out", str(tmp_path / "m")]) == 2
-    err = capsys.readouterr().err
-    assert "newer than its results.json" in err and "Traceback" not in err, err
-    assert not (tmp_path / "m" / "results.json").exists()
-    os.utime(partial, (done - 5, done - 5))                      # an older partial: the finished run stands
+    partial.write_text((d / "results.json").read_text())        # the same run's
     assert main(["bench", "--merge", str(d), "--out", str(tmp_path / "m")]) == 0
-
+    other = tmp_path / "other"
+    path.write_text(json.dumps(dict(cfg, max_new_tokens=4)))
+    assert main(["bench", "--config", str(path), "--out", str(other)]) == 0
+    partial.write_text((other / "results.json").read_text())    # what a later run of another config leaves
+    capsys.readouterr()
+    assert main(["bench", "--merge", str(d), "--out", str(tmp_path / "m2")]) == 2
+    err = capsys.readouterr().err
+    assert "from another run than its results.json" in err and "Traceback" not in err, err
+    assert not (tmp_path / "m2" / "results.json").exists()
+    partial.write_text("[{")                                     # cut short mid-write: not known to be the same run
+    assert main(["bench", "--merge", str(d), "--out", str(tmp_path / "m2")]) == 2

@@ -165,3 +165,17 @@ def test_other_stderr_output_written_while_the_profiler_runs_comes_through():
     assert out.returncode == 0, out.stderr
     assert "USDT" not in out.stderr, out.stderr
     assert "still here" in out.stderr and "python stderr" in out.stderr, out.stderr
+
+
+def test_the_profiler_template_is_made_in_a_process_started_without_stderr():
+    """Regression (review): with descriptor 2 closed at start (a daemon), sys.stderr is None and the chatter filter's
+    flush raised AttributeError, so a TensorBoard export failed."""
+    import os
+    import subprocess
+    import sys
+    code = ("from spice_core.trace import tensorboard as tb\n"
+            "tb.warm_profiler_template()\n"
+            "print(len(tb._profiler_trace()['traceEvents']) > 0)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=False, stdout=subprocess.PIPE, text=True,
+                         timeout=300, cwd=str(Path(__file__).resolve().parents[2]), preexec_fn=lambda: os.close(2))
+    assert out.returncode == 0 and out.stdout.strip() == "True", out
