@@ -15,6 +15,8 @@ and "which executor?" question, so no module decides them again on its own:
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import numbers
 import platform
 from dataclasses import dataclass, replace
@@ -76,9 +78,13 @@ class Machine:
         return replace(prof, h2d_pinned_gbps=self.link_gbps) if self.link_gbps else prof
 
     def profile_key(self, named: str) -> str:
-        """The profile a run's modeled numbers and tuned picks are filed under: modeled, the profile it is timed with
-        (a calibrated file's own name, else ``named``); measured, ``named`` (measured picks have always been filed so)."""
-        return self.modeled_profile(named).name if self.timing == "modeled" else named
+        """The profile a modeled run's tuned picks are filed under: a calibrated file's name and a digest of its numbers
+        (two files called "this-machine", or one file calibrated again, are other machines to a pick timed on one),
+        else ``named``; measured runs, ``named`` (measured picks have always been filed so)."""
+        if self.timing != "modeled" or self.hw_profile is None:
+            return named
+        digest = hashlib.sha256(json.dumps(self.hw_profile.as_dict(), sort_keys=True).encode()).hexdigest()[:8]
+        return f"{self.hw_profile.name}#{digest}"
 
     def pace_extra_ms_per_byte(self) -> float:
         """Link emulation: extra copy-stream time per byte, when the link is slower than the native one."""

@@ -163,13 +163,17 @@ def test_a_pick_tuned_on_a_profile_file_is_filed_under_that_profile_and_only_app
                                     "--shape", "deepseek-v2-lite"])
     assert code == 0, err
     (rec,) = json.loads(out.read_text())["records"]
-    assert rec["profile"] == "my-box" and "profile my-box" in rec["speed_timing"], rec
+    assert rec["profile"].startswith("my-box#") and f"profile {rec['profile']}" in rec["speed_timing"], rec
     gen = ["generate", "--model", tiny_model, "--policy", "spice", "--cache-frac", "0.5", "--shape", "deepseek-v2-lite",
            "--prompt", "hi", "--max-new-tokens", "2", "--tuned", out]
     code, _, err = run_cli(capsys, gen)                      # the stock profile: not this pick's
     assert code == 2 and "no tuned setting for profile rtx4090-pcie4x16" in err and "my-box" in err, err
     code, text, err = run_cli(capsys, [*gen, "--hw-profile", hw])
     assert code == 0 and "tuned setting from" in text, err
+    again = tmp_path / "hw2.json"        # the same name, other numbers (calibrated again): another machine to the pick
+    again.write_text(json.dumps(dict(GOOD_PROFILE, name="my-box", h2d_pinned_gbps=GOOD_PROFILE["h2d_pinned_gbps"] / 2)))
+    code, _, err = run_cli(capsys, [*gen, "--hw-profile", again])
+    assert code == 2 and "no tuned setting for profile my-box#" in err, err
     code, text, err = run_cli(capsys, ["quality", "--model", tiny_model, "--hw-profile", hw, "--json", "--max-tokens", "16",
                                        "--n-prompts", "1", "--new-tokens", "2", "--cache-frac", "0.5"])
     assert code == 0, err
