@@ -442,6 +442,16 @@ def test_bench_config_errors_name_the_config_key_not_a_flag_bench_lacks(cfg, nee
     assert "--model" not in err and "--hw-profile" not in err, err
 
 
+def test_bench_refuses_a_prompt_past_the_context_in_the_configs_words(capsys, tmp_path):
+    """Regression (review): a bench prompt longer than the context was refused mid-run with the chat's advice ("or
+    start a new chat"); it is refused before any run, naming the prompt and the config's keys."""
+    code, _, err = run_cli(capsys, bench_cfg(tmp_path, {"model": "random:tiny-deepseek", "timing": "modeled",
+                                                        "prompts": {"random_ids": 1, "length": 510},
+                                                        "max_new_tokens": 8}))
+    assert_one_clear_line(code, err, ["prompt 0", "max_new_tokens 8", "context of 512"])
+    assert "chat" not in err
+
+
 # ---------------------------------------------------------------- lift host memory
 def test_lift_refuses_a_model_larger_than_host_memory_before_loading(capsys, monkeypatch, no_long_work):
     """Regression (hostile review): lift tried 31.6 GB on a 17.9 GB machine; it now says how much it
