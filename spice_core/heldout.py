@@ -61,12 +61,13 @@ def load_heldout(model_dir: Path | None = None) -> dict | None:
     return _read(path.resolve()) if path.is_file() else None
 
 
-def _require(model_dir: Path | None) -> dict:
+def _require(model_dir: Path | None, instead: str = "list the prompts as text") -> dict:
+    """The held-out data, or ConfigError saying how to write it or what to do ``instead``."""
     data = load_heldout(model_dir)
     if data is None:
         where = Path(model_dir or _default_dir()) / HELDOUT_FILENAME
         raise ConfigError(f"no held-out data at {where}: write it with python -m training.export_heldout, "
-                          "or list the prompts as text")
+                          f"or {instead}")
     return data
 
 
@@ -93,4 +94,4 @@ def prompts(n: int, model_dir: Path | None = None) -> list[dict]:
 
 def long_stories(model_dir: Path | None = None) -> list[str]:
     """Held-out stories for the long-context prompt, in order."""
-    return list(_require(model_dir)["long_stories"])
+    return list(_require(model_dir, instead='drop "long_prompt_tokens" (the long prompt is made of them)')["long_stories"])

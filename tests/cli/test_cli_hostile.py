@@ -452,6 +452,16 @@ def test_bench_refuses_a_prompt_past_the_context_in_the_configs_words(capsys, tm
     assert "chat" not in err
 
 
+def test_bench_long_prompt_without_held_out_data_says_to_drop_it(capsys, tmp_path, tiny_model):
+    """Regression (review): the advice was "or list the prompts as text", which does not make a long prompt."""
+    code, _, err = run_cli(capsys, bench_cfg(tmp_path, {"model": str(tiny_model), "timing": "modeled",
+                                                        "prompts": ["hello there"], "long_prompt_tokens": 64,
+                                                        "max_new_tokens": 4}))
+    assert code == 2 and "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]          # after the model's loading bar
+    assert last.startswith("error: no held-out data") and 'drop "long_prompt_tokens"' in last, last
+
+
 # ---------------------------------------------------------------- lift host memory
 def test_lift_refuses_a_model_larger_than_host_memory_before_loading(capsys, monkeypatch, no_long_work):
     """Regression (hostile review): lift tried 31.6 GB on a 17.9 GB machine; it now says how much it
