@@ -74,8 +74,8 @@ Qwen2-57B-A14B): its own shape times that real model's layout; another shape onl
 On the CPU every policy except approximation gives the same greedy tokens as the stock model. On a GPU the fast
 path's exact policies give `resident`'s tokens bit for bit, except where a miss runs on the CPU lane: the lane sums
 an expert's products in another order than the GPU's kernel, so a near-tie can flip a token (`cpu_compute`'s
-greedy agreement with `resident` is measured in `docs/benchmarks/headline/`), and the main page measures such replies instead of claiming them
-identical. `resident` itself sums in another order than stock transformers' loop on the GPU. Lossy settings are reported as
+greedy agreement with `resident` is measured in `docs/benchmarks/headline/`), and the main page measures such
+replies instead of claiming them identical. `resident` itself sums in another order than stock transformers' loop on the GPU. Lossy settings are reported as
 speed–quality pairs: the main page can measure greedy agreement with exact settings after each reply, and the
 *Sweep* page plots agreement against time per token for a grid of thresholds. **Greedy agreement** is one number
 everywhere (chat, sweep, benchmarks): the share of positions where a reply has the exact run's token, over the

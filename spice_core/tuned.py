@@ -20,6 +20,7 @@ from pathlib import Path
 
 from spice_core.config import RunSettings
 from spice_core.errors import ConfigError
+from spice_core.user_files import is_number
 
 TUNED_FILE = "spice-tuned.json"
 
@@ -131,10 +132,6 @@ _JSON_TYPES = {"str": (str, "a string"), "float": ((int, float), "a number"), "i
                "bool": (bool, "true or false"), "dict": (dict, "an object"), "list": (list, "a list")}
 
 
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _record(r, i: int) -> TuneRecord:
     """Record ``i`` of a tuned file, with its fields' types, its budget and its setting checked (ValueError says which
     is wrong): a hand-edited value (``"cache_frac": "0.25"``) used to fail only where it was used, after a whole tune."""
@@ -147,7 +144,7 @@ def _record(r, i: int) -> TuneRecord:
                                                                                      math.isfinite(v)):
             raise ValueError(f"record {i}: {f.name} is {json.dumps(v)[:60]}, not {said}")
     for key in ("ppl_pct", "agreement"):
-        if key in rec.budget and rec.budget[key] is not None and not _is_number(rec.budget[key]):
+        if key in rec.budget and rec.budget[key] is not None and not is_number(rec.budget[key]):
             raise ValueError(f"record {i}: budget {key} is {json.dumps(rec.budget[key])[:60]}, not a number")
     if not all(isinstance(t, dict) for t in rec.trials):
         raise ValueError(f"record {i}: trials hold something other than objects")

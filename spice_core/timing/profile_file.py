@@ -33,13 +33,15 @@ def profile_from_file(path, flag: str = "--hw-profile") -> HardwareProfile:
 
 
 def check_prices(profile: HardwareProfile, where: str) -> None:
-    """ConfigError when ``profile`` prices an expert's copy, an expert or a layer on the GPU, an expert on the CPU
-    lane or the host's step outside (0, a day) ms, or at NaN, for any of the shipped shapes (the host's step may
-    be 0: a profile that does not model the host)."""
-    for f in fields(profile):           # the host's and the kernels' fixed costs, priced as they are given
+    """ConfigError when ``profile`` gives a fixed cost (``*_us``) over a day, or prices an expert's copy, an expert or a
+    layer on the GPU, an expert on the CPU lane (alone or beside others) or the host's step outside (0, a day) ms, or
+    at NaN, for any of the shipped shapes (the host's step may be 0: a profile that does not model the host)."""
+    def refuse(what: str):
+        return ConfigError(f"{where}: {what}: use measured values (python -m spice_core calibrate-hw)")
+
+    for f in fields(profile):
         if f.name.endswith("_us") and getattr(profile, f.name) / 1e3 >= MAX_MODELED_MS:
-            raise ConfigError(f"{where}: {f.name}={getattr(profile, f.name):g} µs is more than a day: use measured "
-                              "values (python -m spice_core calibrate-hw)")
+            raise refuse(f"{f.name}={getattr(profile, f.name):g} µs is more than a day")
     for name in shape_names():
         if name == NATIVE_SHAPE:
             continue
@@ -47,15 +49,12 @@ def check_prices(profile: HardwareProfile, where: str) -> None:
         try:
             prices = {"an expert's copy": c.copy_ms(), "an expert on the GPU": c.gpu_expert_ms(1),
                       "a layer on the GPU": c.gpu_layer_ms(1), "an expert on the CPU lane": c.cpu_expert_ms(1),
-                      "an expert on the CPU lane beside others": c.cpu_expert_ms(1) / profile.cpu_side_speedup}
+                      "an expert on the CPU lane beside others": c.cpu_expert_ms(1) / profile.cpu_side_speedup,
+                      "the host's step": c.host_step_ms()}
         except ZeroDivisionError:       # a rate of 0 (gpu_tflops, cpu_gflops, d2h_gbps may be 0 as fields)
-            raise ConfigError(f"{where}: a rate of 0 prices some operation at infinity for {name}'s shape: use "
-                              "measured values (python -m spice_core calibrate-hw)") from None
+            raise refuse(f"a rate of 0 prices some operation at infinity for {name}'s shape") from None
         for what, ms in prices.items():
-            if not (math.isfinite(ms) and 0 < ms < MAX_MODELED_MS):
-                raise ConfigError(f"{where}: its numbers price {what} at {ms:g} ms for {name}'s shape (a rate near 0 "
-                                  "or near the largest float): use measured values (python -m spice_core calibrate-hw)")
-        host = c.host_step_ms()
-        if not (math.isfinite(host) and 0 <= host < MAX_MODELED_MS):
-            raise ConfigError(f"{where}: its numbers price the host's step at {host:g} ms (a rate near 0 or near the "
-                              "largest float): use measured values (python -m spice_core calibrate-hw)")
+            low_ok = what == "the host's step" and ms == 0
+            if not (math.isfinite(ms) and (0 < ms or low_ok) and ms < MAX_MODELED_MS):
+                raise refuse(f"its numbers price {what} at {ms:g} ms for {name}'s shape (a rate near 0 or near the "
+                             "largest float)")

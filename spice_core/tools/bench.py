@@ -221,9 +221,8 @@ def run_bench(cfg: dict, out: Path, device: str | None = None, hw_profile: Path 
         hf, tok, desc = build_model(cfg["model"], device, cfg.get("lift_overrides"))
     prompts = _prompt_ids(cfg, tok, hf.config.vocab_size, folder)
     max_ctx = int(getattr(hf.config, "max_position_embeddings", 0) or 0)
-    too_long = [i for i, ids in enumerate(prompts) if max_ctx and len(ids) + max_new > max_ctx]
-    if too_long:        # before any run, and in the config's words (the engine's own refusal speaks of a chat)
-        i = too_long[0]
+    i = next((i for i, ids in enumerate(prompts) if max_ctx and len(ids) + max_new > max_ctx), None)
+    if i is not None:       # before any run, and in the config's words (the engine's own refusal speaks of a chat)
         raise ConfigError(f"prompt {i} of the config is {len(prompts[i])} tokens, which with max_new_tokens {max_new} "
                           f"exceeds the model's context of {max_ctx} tokens: shorten it or lower max_new_tokens")
     workloads = [("prompts", i, ids) for i, ids in enumerate(prompts)]

@@ -218,7 +218,7 @@ def default_tuned_path(model) -> Path:
 def apply_tuned(args, settings: RunSettings, model: str | None = None,
                 calibration: str | None = None, profile: str | None = None) -> tuple[RunSettings, str]:
     """``--tuned [FILE]``: ``settings`` with the saved pick for its profile (``profile``, the engine's `profile_key`:
-    a --hw-profile file's own name; else ``settings.profile``), shape and cache (tuned on ``model``, and with the
+    a --hw-profile file's name and digest; else ``settings.profile``), shape and cache (tuned on ``model``, and with the
     artifacts of digest ``calibration``, when given), and a note.
 
     A pick not known to be within its budget for replies of ``settings.max_new_tokens`` (a lossy one never confirmed,
@@ -232,8 +232,8 @@ def apply_tuned(args, settings: RunSettings, model: str | None = None,
     path = Path(args.tuned) if args.tuned else own
     # The file beside the model is its own whatever the folder is called now; one from elsewhere must name it.
     tuned_on = None if path.resolve() == own.resolve() else model
-    rec = find(path, profile=profile or settings.profile, shape=settings.shape, cache_frac=settings.cache_frac, model=tuned_on,
-               calibration=calibration)
+    rec = find(path, profile=profile or settings.profile, shape=settings.shape, cache_frac=settings.cache_frac,
+               model=tuned_on, calibration=calibration)
     note = (f"tuned setting from {path}: {rec.reason}; measured quality perplexity {rec.ppl_pct:+.2f} %, "
             f"greedy agreement {rec.agreement:.3f}")
     reply_tokens = settings.max_new_tokens

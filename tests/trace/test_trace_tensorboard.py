@@ -137,12 +137,12 @@ def test_the_move_near_zero_keeps_odd_profiler_traces_whole():
     merge_into_profiler_trace({"traceEvents": [dict(x, ts=float("nan")), x]}, events)
 
 
-
-def _run_python(code: str):
+def _run_python(code: str, **kw):
     import subprocess
     import sys
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          cwd=str(Path(__file__).resolve().parents[2]))
+    kw.setdefault("stderr", subprocess.PIPE)
+    return subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, timeout=300,
+                          cwd=str(Path(__file__).resolve().parents[2]), **kw)
 
 
 def test_the_profiler_template_prints_none_of_the_profilers_start_stop_lines():
@@ -171,11 +171,7 @@ def test_the_profiler_template_is_made_in_a_process_started_without_stderr():
     """Regression (review): with descriptor 2 closed at start (a daemon), sys.stderr is None and the chatter filter's
     flush raised AttributeError, so a TensorBoard export failed."""
     import os
-    import subprocess
-    import sys
-    code = ("from spice_core.trace import tensorboard as tb\n"
-            "tb.warm_profiler_template()\n"
-            "print(len(tb._profiler_trace()['traceEvents']) > 0)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=False, stdout=subprocess.PIPE, text=True,
-                         timeout=300, cwd=str(Path(__file__).resolve().parents[2]), preexec_fn=lambda: os.close(2))
+    out = _run_python("from spice_core.trace import tensorboard as tb\n"
+                      "tb.warm_profiler_template()\n"
+                      "print(len(tb._profiler_trace()['traceEvents']) > 0)\n", stderr=None, preexec_fn=lambda: os.close(2))
     assert out.returncode == 0 and out.stdout.strip() == "True", out
