@@ -21,16 +21,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-import gradio as gr
+from pages import serve_port
 
-from pages import about, chat, guard, links, sweep, trace_explorer
-from pages.chat_js import KEEP_STORE_JS
-from pages.common import AppContext, quiet_page_loads
-from pages.keyboard import KEYBOARD_JS
-from pages.models import EngineSet, keep_nav, model_pages
-from pages.owners import OWNER_JS
-from pages.tuning import TuneBook
-from spice_core.tools import args as cli_args
+PORT_ENV_PROBLEM = serve_port.take_bad_port_env()     # before Gradio's import, which int()s the port (a traceback)
+
+import gradio as gr  # noqa: E402
+
+from pages import about, chat, guard, links, sweep, trace_explorer  # noqa: E402
+from pages.chat_js import KEEP_STORE_JS  # noqa: E402
+from pages.common import AppContext, quiet_page_loads  # noqa: E402
+from pages.keyboard import KEYBOARD_JS  # noqa: E402
+from pages.models import EngineSet, keep_nav, model_pages  # noqa: E402
+from pages.owners import OWNER_JS  # noqa: E402
+from pages.tuning import TuneBook  # noqa: E402
+from spice_core.tools import args as cli_args  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 CSS_PATH = ROOT / "assets" / "static" / "spice.css"
@@ -196,6 +200,13 @@ def main() -> None:
                         help="torch CPU threads (default: all cores this process may use, within its container's "
                              "CPU quota, but one, which the web server keeps)")
     args = parser.parse_args()
+    try:
+        if PORT_ENV_PROBLEM:
+            raise ValueError(PORT_ENV_PROBLEM)
+        host, port = serve_port.asked_address()
+    except ValueError as e:                     # a bad or taken port: before minutes of loading
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     import torch
 
     torch.set_num_threads(max(1, args.threads))
@@ -209,7 +220,7 @@ def main() -> None:
         sys.exit(2)
     demo, ctx = build_app(engines)
     install_sigterm_cleanup(ctx)
-    demo.launch(**launch_kwargs())
+    demo.launch(server_name=host, server_port=port, **launch_kwargs())
 
 
 if __name__ == "__main__":

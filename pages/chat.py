@@ -32,12 +32,13 @@ from pathlib import Path
 import gradio as gr
 
 from spice_core.api import RunSettings
-from spice_core.errors import PromptError, SpiceError
+from spice_core.errors import SpiceError
 from pages import chat_check, figures, models
 from pages import chat_text as text
 from pages import chat_settings
 from pages.chat_auto import AutoTune
 from pages.chat_controls import SETTINGS_JS, ChatControls
+from pages.chat_fit import FittedStart
 from pages.chat_reload import LEFT_DURING_CHECK, ReplyPanels
 from pages.chat_switch import ModelSwitch
 from pages.chat_js import (BUSY_OFF_JS, BUSY_ON_JS, NARROW_JS, SENT_JS, STOPPED_NOTE_JS, STOPPING_NOTE, TYPED_TEXT_JS,
@@ -47,13 +48,13 @@ from pages.chat_session import (WITHDRAWN_CHAT_NOTE, WITHDRAWN_NOTE, ChatSession
                                  gate_of)
 from pages.common import (ENGINE_GROUP, LORE_RANKS, SETTING_FIELDS, AppContext, ChatHistory, as_plot,
                           default_settings, settings_from_values, spice_error_text)
+from pages.limits import strict_bool
 from pages.live import LiveRun
 from pages.messages import (TRANSIENT_TAG, as_shown, as_typed, clean_message, content_text, cut_at_last_user,
-                            drop_oldest_exchanges, engine_turns, keep_newest, n_exchanges, normalize_history, note,
-                            problem_with, reply, run_note, shown_text, transient_note, typed_text, untag_replies,
-                            without_transient)
+                            engine_turns, keep_newest, normalize_history, note, problem_with, reply, run_note,
+                            shown_text, transient_note, typed_text, untag_replies, without_transient)
 from pages.owners import esc, owner_of
-from pages.runner import CANCEL_REASONS, RunStream
+from pages.runner import CANCEL_REASONS
 from pages.tuning import TuneBook
 
 log = logging.getLogger(__name__)
@@ -373,6 +374,8 @@ class ChatPage(chat_settings.SettingsEvents):
 
         try:
             settings = settings_from_values(self.info, dict(zip(SETTING_FIELDS, values)), self.ctx.limits)
+            live_panels = strict_bool(live_panels, "Update the panels while a reply streams (live_panels)")
+            check_exact = strict_bool(check_exact, "Measure greedy agreement (check_exact)")
         except SpiceError as exc:
             yield only_chat(history, f"⚠ Settings not applied: {esc(spice_error_text(exc))}")
             return
@@ -401,7 +404,9 @@ class ChatPage(chat_settings.SettingsEvents):
         session.owner = owner_of(request) or owner
         epoch = session.epoch
         try:
-            stream, turns, dropped = self._start(owner, turns, settings)
+            fit = FittedStart(self.ctx.engine, turns, settings, self.info.max_context_tokens)
+            stream = self.ctx.runner.start(owner, settings, fit, kind="chat reply")
+            turns, dropped = fit.turns, fit.dropped
         except SpiceError as exc:     # not sent: the text stays in the box to be fixed
             refused = [m for m in history if m.get("role") != "user" or m is not history[user_at]]
             yield only_chat(refused, f"⚠ The engine refused this message: {esc(spice_error_text(exc))}")
@@ -417,7 +422,7 @@ class ChatPage(chat_settings.SettingsEvents):
         self.ctx.label_run(stream.run_id, "chat: " + text.preview(cleaned.text), session.owner)
         if dropped:
             history.append(note(f"ℹ Left out the {dropped} oldest exchange{'s' if dropped > 1 else ''} to fit the "
-                                f"model's context ({self.info.max_context_tokens:,} tokens)"))
+                                f"model's context ({self.info.max_context_tokens:,} tokens) with room for the reply"))
         reply_at = len(history)
         history.append(reply(CURSOR, stream.run_id))
         live = LiveRun.for_engine(self.info)
@@ -482,48 +487,6 @@ class ChatPage(chat_settings.SettingsEvents):
         base_drawn = bool(base_due) and not any(base_due)
         yield from self._finish(history, reply_at, live, stream, settings, session, turns, check_exact,
                                 first_wall, live_panels, base_drawn, tag, seq, epoch)
-
-    # Without asking the tokenizer, history beyond this many characters per context token cannot fit
-    # (a byte-level BPE token of the shipped tokenizer covers far fewer): dropped up front, in one pass.
-    MAX_CHARS_PER_TOKEN = 16
-
-    def _start(self, owner: str, turns: list[dict], settings: RunSettings) -> tuple[RunStream, list[dict], int]:
-        """Start a chat generation with as many of the newest exchanges as fit the model's context.
-
-        Linear in the history: one pass drops what cannot fit by length, then a binary search over
-        how many oldest exchanges to drop asks the engine O(log n) times (each ask tokenises the
-        already-bounded history once).
-        """
-        turns, dropped = drop_oldest_exchanges(turns, max_chars=self.MAX_CHARS_PER_TOKEN * self.info.max_context_tokens)
-        chosen: dict = {}
-
-        def attempt(k: int):
-            candidate, _ = drop_oldest_exchanges(turns, count=k)
-            try:
-                return candidate, self.ctx.engine.start_chat(candidate, settings)
-            except PromptError as exc:
-                return candidate, exc
-
-        def start_fn():
-            candidate, result = attempt(0)
-            if isinstance(result, PromptError):
-                lo, hi = 1, n_exchanges(turns) - 1          # the last exchange (the new message) always stays
-                best, best_k = None, None
-                while lo <= hi:
-                    mid = (lo + hi) // 2
-                    c, r = attempt(mid)
-                    if isinstance(r, PromptError):
-                        lo = mid + 1
-                    else:
-                        best, best_k, hi = (c, r), mid, mid - 1
-                if best is None:
-                    raise result
-                (candidate, result), chosen["k"] = best, best_k
-            chosen["turns"] = candidate
-            return result
-
-        stream = self.ctx.runner.start(owner, settings, start_fn, kind="chat reply")
-        return stream, chosen["turns"], dropped + chosen.get("k", 0)
 
     def _finish(self, history, reply_at, live, stream, settings, session, turns, check_exact, first_wall,
                 live_panels=False, base_drawn=False, tag="", seq=0, epoch=0):

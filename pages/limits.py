@@ -22,6 +22,14 @@ def quoted(value, limit: int = 20) -> str:
     return errors.quoted(value, limit)
 
 
+def as_typed(value) -> str:
+    """A number as a note quotes it: as typed (a string without quotes), at most 20 characters, except an integer,
+    which is never cut to another number (`quoted`: longer ones shortened with "..." or described by size)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return quoted(value, 40)
+    return str(value)[:20]
+
+
 @dataclass(frozen=True)
 class Limits:
     chat_max_new_tokens: int = 512         # "Max new tokens" slider
@@ -149,10 +157,12 @@ def bounded_number(value, control: str, lo: float, hi: float, *, integer: bool =
         raise ConfigError(f"{control}: the box is empty; use a value from {lo:g} to {hi:g}")
     try:
         number = float(value)
-    except (TypeError, ValueError, OverflowError):
+    except OverflowError:       # an integer like 10**400 sent by an API client
+        raise ConfigError(f"{control}={as_typed(value)} is out of range: use a value from {lo:g} to {hi:g}") from None
+    except (TypeError, ValueError):
         raise ConfigError(f"{control}: {quoted(value)} is not a number; use a value from {lo:g} to {hi:g}") from None
     if number != number or number in (float("inf"), float("-inf")) or not lo <= number <= hi:
-        raise ConfigError(f"{control}={str(value)[:20]} is out of range: use a value from {lo:g} to {hi:g}")
+        raise ConfigError(f"{control}={as_typed(value)} is out of range: use a value from {lo:g} to {hi:g}")
     if integer:
         if not number.is_integer():
             raise ConfigError(f"{control}={number:g} must be a whole number from {lo:g} to {hi:g}")

@@ -170,8 +170,8 @@ class EngineSet:
     def infos(self) -> list[EngineInfo]:
         return [e.info() for e in self.engines]
 
-    def start_chat(self, messages: list[dict], settings: RunSettings):
-        return self.engines[0].start_chat(messages, settings)
+    def start_chat(self, messages: list[dict], settings: RunSettings, *, min_reply_tokens: int = 1):
+        return self.engines[0].start_chat(messages, settings, min_reply_tokens=min_reply_tokens)
 
     def start_prompt(self, prompt: str, settings: RunSettings):
         return self.engines[0].start_prompt(prompt, settings)

@@ -15,7 +15,9 @@ Not thread-safe by design: one generation at a time (a second concurrent start r
 from __future__ import annotations
 
 import gc
+import inspect
 import logging
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import replace
@@ -26,11 +28,12 @@ import torch
 from spice_core.assembly import build_runtime
 from spice_core.config import LANE_OFFERS, POLICIES, RunSettings, check_copy_issue
 from spice_core.records import EngineInfo, RunSummary, StepStats
-from spice_core.errors import ConfigError, PromptError, SpiceError
+from spice_core.errors import ConfigError, PromptError, SpiceError, quoted
 from spice_core.exec.experts import installed
 from spice_core.generation import build_prompt_ids, check_prompt_ids
 from spice_core.machine import Machine
-from spice_core.model.loader import LoadedModel, cache_kwarg, load_model
+from spice_core.model.loader import LoadedModel, cache_kwarg, load_model, resolve_device
+from spice_core.model.shipped import model_argument
 from spice_core.policy.planner import check_prefetch_admission
 from spice_core.policy.spec import get_spec
 from spice_core.predictor.artifacts import calibration_digest, check_artifacts_folder, load_artifacts_if_present
@@ -119,8 +122,7 @@ class SpiceEngine:
         """``dtype`` None: the checkpoint's, except on the CPU, where a half-precision checkpoint computes in
         float32 (several times faster there) and keeps its own dtype for byte accounting and modeled times.
         ``artifacts``: the folder of the model's calibration artifacts (`calibrate --out`), when not beside it."""
-        check_lane_offer(kw.get("lane_offer", "auto"))     # before the model loads
-        check_copy_issue(kw.get("copy_issue", "direct"))
+        model = cls._check_load_args(model, device, artifacts, kw)     # before the model loads (seconds to minutes)
         if artifacts is not None:
             check_artifacts_folder(artifacts, model)
         engine = cls(load_model(model, device, dtype, float32_on_cpu=True), **kw)
@@ -130,6 +132,26 @@ class SpiceEngine:
         gc.collect()
         gc.freeze()
         return engine
+
+    @classmethod
+    def _check_load_args(cls, model, device, artifacts, kw: dict):
+        """`load`'s arguments checked as the engine will check them, before any loading; returns the model as the
+        loader takes it (a shipped model's name, as the command line takes it, becomes its folder)."""
+        for name, value in (("model", model), ("artifacts", artifacts)):
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                also = ", a shipped model's name or a hub id" if name == "model" else ""
+                raise ConfigError(f"{name}={quoted(value)}: pass a folder (str or Path){also}, or None")
+        allowed = set(inspect.signature(cls.__init__).parameters) - {"self", "lm"}
+        unknown = sorted(set(kw) - allowed)
+        if unknown:
+            raise ConfigError(f"SpiceEngine.load: unknown argument(s) {', '.join(unknown)}: use {', '.join(sorted(allowed))}")
+        check_lane_offer(kw.get("lane_offer", "auto"))
+        check_copy_issue(kw.get("copy_issue", "direct"))
+        check_prefetch_admission(kw.get("prefetch_admission", "exact"))
+        Machine.resolve(resolve_device(device).type, kw.get("timing"), hw_profile=kw.get("hw_profile"),
+                        link_gbps=kw.get("link_gbps"), host_aware=kw.get("host_aware", True),
+                        executor=kw.get("executor", "auto"))
+        return model_argument(model, flag="model") if isinstance(model, str) else model
 
     def _attention_params(self) -> int:
         layer = self.lm.model.model.layers[self.lm.moe_layers[0]]
@@ -169,18 +191,27 @@ class SpiceEngine:
         self._validate(settings)
         return self.start_ids(build_prompt_ids(self.lm.tokenizer, prompt=prompt), settings)
 
-    def start_chat(self, messages: list[dict], settings: RunSettings) -> "GenerationRun":
+    def start_chat(self, messages: list[dict], settings: RunSettings, *, min_reply_tokens: int = 1) -> "GenerationRun":
+        """``min_reply_tokens``: refuse (PromptError) a conversation that leaves the reply less room than this
+        in the model's context (a chat front end that leaves out old exchanges asks for room to answer in)."""
         self._validate(settings)
-        return self.start_ids(build_prompt_ids(self.lm.tokenizer, messages=messages), settings)
+        return self.start_ids(build_prompt_ids(self.lm.tokenizer, messages=messages), settings,
+                              min_reply_tokens=min_reply_tokens)
 
-    def start_ids(self, input_ids: list[int], settings: RunSettings) -> "GenerationRun":
+    def start_ids(self, input_ids: list[int], settings: RunSettings, *, min_reply_tokens: int = 1) -> "GenerationRun":
         if not input_ids:
             raise PromptError("the prompt is empty: pass some text")
         check_prompt_ids(input_ids, self.lm.model.get_input_embeddings().num_embeddings)
-        ctx = self.lm.max_context_tokens
-        if len(input_ids) >= ctx:
-            raise PromptError(f"the prompt is {len(input_ids)} tokens but the model's context is {ctx} tokens: "
+        ctx, n = self.lm.max_context_tokens, len(input_ids)
+        if n >= ctx:
+            raise PromptError(f"the prompt is {n} tokens but the model's context is {ctx} tokens: "
                               "shorten the prompt (or start a new chat)")
+        if isinstance(min_reply_tokens, bool) or not isinstance(min_reply_tokens, int) or min_reply_tokens < 1:
+            raise ConfigError(f"min_reply_tokens={min_reply_tokens!r}: use an integer >= 1")
+        if ctx - n < min_reply_tokens:
+            raise PromptError(f"the prompt is {n} tokens, which leaves {ctx - n} of the model's {ctx}-token context "
+                              f"for the reply, fewer than the {min_reply_tokens} asked: shorten the prompt "
+                              "(or start a new chat)")
         self._validate(settings)
         return GenerationRun(self, list(input_ids), settings)
 

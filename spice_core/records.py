@@ -83,7 +83,7 @@ class StepStats:
     prefetches: tuple[PrefetchRecord, ...] = ()
     intervals: tuple[LaneInterval, ...] = ()
     finished: bool = False
-    finish_reason: str = ""        # "eos" | "stop" | "length" | "cancelled" | ""
+    finish_reason: str = ""        # "eos" | "stop" | "length" | "cancelled" | "error" | ""
     shape_bytes_copied: int = 0    # what the timed shape would copy: the modeled shape's bytes (modeled
                                    # timing), the native bytes (measured); trace events carry these
     lookahead_stops: tuple[str, ...] = ()   # why each MoE layer's lookahead stopped ("confidence", "time",

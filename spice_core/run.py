@@ -10,6 +10,7 @@ Holds the engine's one-generation lock while it is iterated; settings changes ar
 from __future__ import annotations
 
 import inspect
+import logging
 import threading
 import time
 import uuid
@@ -30,6 +31,8 @@ from spice_core.records import lane_intervals
 from spice_core.runtime.graph_exec import cache_bucket
 from spice_core.runtime.layer import LayerRuntime
 from spice_core.timing.profiles import run_profile_label
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -70,7 +73,6 @@ class GenerationRun:
         self.record = RunRecord(self.run_id, settings, prompt_ids=list(input_ids))
         self._started = False
         self._iterator: weakref.ref | None = None     # to the `_RunIterator` the consumer holds
-        self._closed_finish = ""
         self._context_note = ""
         self._penalty: RepetitionPenalty | None = None      # set when decoding starts
         self.last_logits: torch.Tensor | None = None
@@ -117,15 +119,19 @@ class GenerationRun:
         if not eng._lock.acquire(blocking=False):
             if not self._register and eng._lock_owner == threading.get_ident():
                 # An inner pass (the oracle's routing probe) of the run this thread is iterating: it holds the engine.
-                yield from self._run()
+                last = yield from self._run()
+                if last is not None:
+                    yield last
                 return
             raise EngineBusyError("the engine is busy with another generation: wait for it to finish or stop it")
         eng._lock_owner, eng._running_id = threading.get_ident(), self.run_id
         try:
-            yield from self._run()
+            last = yield from self._run()
         finally:
             eng._lock_owner, eng._running_id = None, ""
             eng._lock.release()
+        if last is not None:          # the step that ends the run, delivered once it is recorded and the engine free
+            yield last
 
     def _apply_pending(self, rt: LayerRuntime) -> None:
         s = self._pending_settings
@@ -152,7 +158,7 @@ class GenerationRun:
         rt.layer_observers.extend(self.layer_observers)
         with installed(lm, rt):
             try:
-                yield from self._decode(rt, notes)
+                return (yield from self._decode(rt, notes))
             finally:                  # finished, failed or cancelled: the run's GPU buffers go now
                 rt.executor.close()
 
@@ -172,14 +178,31 @@ class GenerationRun:
         timing = eng.machine.run_timing(self._modeled)
         self._penalty = self._repetition_penalty(notes)
         try:
-            finish = yield from self._steps(rt, stepper, streamer, eos, max_new, timing)
+            finish, last = yield from self._steps(rt, stepper, streamer, eos, max_new, timing)
         except GeneratorExit:         # closed between tokens: a cancel(), a break, or a dropped iterator
-            self._wrap_up(rt, streamer, self._closed_finish or "cancelled", notes)
+            self._wrap_up(rt, streamer, "cancelled", notes)
+            raise
+        except BaseException as exc:  # a step failed, or Ctrl-C (KeyboardInterrupt) reached the thread mid-token
+            self._wrap_up_failed(rt, streamer, exc, notes)
             raise
         self._wrap_up(rt, streamer, finish, notes)
+        return last
+
+    def _wrap_up_failed(self, rt: LayerRuntime, streamer: TextStreamer, exc: BaseException, notes: list[str]) -> None:
+        """Record a run that an exception ended mid-token with the tokens it delivered: "cancelled" for Ctrl-C,
+        "error" for anything else, the exception in its notes. A wrap-up that fails too (a broken device) leaves the
+        run unrecorded rather than hide the first exception."""
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        what = "interrupted (KeyboardInterrupt)" if interrupted else f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        notes.append(f"the run stopped after {len(self.record.steps)} tokens: {what[:300]}")
+        try:
+            self._wrap_up(rt, streamer, "cancelled" if interrupted else "error", notes)
+        except Exception:         # noqa: BLE001 - the original exception is what the caller must see
+            log.warning("run %s: could not record the failed run", self.run_id, exc_info=True)
 
     def _steps(self, rt: LayerRuntime, stepper, streamer: TextStreamer, eos: set[int], max_new: int, timing: str):
-        """Yield the run's StepStats, one per token; returns why it ended."""
+        """Yield the run's StepStats, one per token, but the last; returns why it ended and the last step (None when
+        a cancel ended it before a token), which the run delivers once it is recorded (`_iterate`)."""
         forced, wall = self.forced_ids, time.perf_counter
         gen = None                    # the sampler's generator, seeded once the run samples
         cur = list(self.input_ids)
@@ -231,15 +254,14 @@ class GenerationRun:
                              finished=bool(finish), finish_reason=finish,
                              lookahead_stops=tuple(c.stop_reasons))
             steps.append(step)
-            self._closed_finish = finish        # what a close at this yield ends the run as ("" : cancelled)
+            if finish:
+                return finish, step
             yield step
             t_resume = wall()
-            if finish:
-                break
             cur = [tok if forced is None else forced[i]]
             if self._penalty is not None:
                 self._penalty.saw(cur[0])
-        return finish or "length"
+        return finish or "length", None
 
     def _repetition_penalty(self, notes: list[str]) -> RepetitionPenalty | None:
         """The run's repetition penalty (its setting, else the checkpoint's generation_config, as `generate` does),

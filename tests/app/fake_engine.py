@@ -286,7 +286,7 @@ class FakeEngine:
                           has_draft=True, has_lore=True, max_context_tokens=self.max_context_tokens,
                           model_dir=self.model_dir)
 
-    def start_chat(self, messages: list[dict], settings: RunSettings) -> FakeGeneration:
+    def start_chat(self, messages: list[dict], settings: RunSettings, *, min_reply_tokens: int = 1) -> FakeGeneration:
         if not messages:
             raise PromptError("The conversation is empty: send a message first.")
         lines = []
@@ -296,7 +296,11 @@ class FakeEngine:
             lines.append(f"{m['role']}: {m['content']}")
         if not messages[-1]["content"].strip():
             raise PromptError("The last message is empty: type something to send.")
-        return self.start_prompt("\n".join(lines) + "\nassistant:", settings)
+        prompt = "\n".join(lines) + "\nassistant:"
+        n_tokens = len(prompt) // 4 + 1
+        if n_tokens <= self.max_context_tokens and self.max_context_tokens - n_tokens < min_reply_tokens:
+            raise PromptError(f"The prompt is {n_tokens} tokens, which leaves fewer than {min_reply_tokens} for the reply.")
+        return self.start_prompt(prompt, settings)
 
     def start_prompt(self, prompt: str, settings: RunSettings) -> FakeGeneration:
         if not isinstance(settings, RunSettings):

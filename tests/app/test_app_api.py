@@ -212,7 +212,25 @@ BAD_SETTINGS = [
     (dict(max_lookahead=40), "max_lookahead=40 is out of range: use an integer in [1, 16]"),
     (dict(max_lookahead=0), "max_lookahead=0 is out of range: use an integer in [1, 16]"),
     (dict(max_new_tokens=0), "max_new_tokens=0 is out of range: use an integer in [1, 512]"),
+    # Regression (review): 10**400 was "not a number", quoted cut to 20 digits (another number).
+    (dict(max_new_tokens=10**400), "max_new_tokens=an integer of about 401 digits is out of range: use an integer"),
+    (dict(max_new_tokens=10**30), "max_new_tokens=1000000000000000000000000000000 is out of range"),
+    # Regression (review): "no" and "false" were true (an exact re-run nobody asked for, on the shared engine).
+    (dict(check_exact="no"), "check_exact): 'no' is not true or false"),
+    (dict(check_exact=0), "check_exact): '0' is not true or false"),
+    (dict(live_panels="yes"), "live_panels): 'yes' is not true or false"),
+    (dict(cpu_lane="yes"), "cpu_lane: 'yes' is not true or false"),
 ]
+
+
+def test_a_checkbox_sent_as_the_text_false_is_false(served, client):
+    """Regression (review): check_exact="false" ran the exact re-run; "true"/"false" are read as the words say."""
+    before = len(served.engine.generations)
+    out = client.predict(*chat_inputs("hello", tau_approx=0.1, check_exact="false", cpu_lane="false",
+                                      live_panels="false", max_new_tokens=3), api_name="/chat")
+    assert len(served.engine.generations) == before + 1, "one reply, no exact re-run"
+    assert not served.engine.generations[-1]._settings.cpu_lane
+    assert _assistant_text(out[1])
 
 
 @pytest.mark.parametrize("message,title,words", BAD_MESSAGES, ids=["empty", "whitespace", "100k", "controls",

@@ -185,3 +185,53 @@ def test_asking_for_a_running_runs_summary_says_it_is_still_generating(engine):
         engine.get_summary(run.run_id)
     list(it)
     assert engine.get_summary(run.run_id).n_tokens == 4
+
+
+def test_a_chat_can_ask_for_room_to_reply(engine):
+    """`min_reply_tokens`: a prompt that leaves the reply less room in the context is a PromptError saying how much
+    it leaves; one that leaves enough starts; a bad value is a ConfigError naming it."""
+    ctx = engine.lm.max_context_tokens
+    ids = [5] * (ctx - 10)
+    with pytest.raises(PromptError, match=rf"leaves 10 of the model's {ctx}-token context for the reply, fewer than "
+                                          r"the 11 asked"):
+        engine.start_ids(ids, RunSettings(max_new_tokens=2), min_reply_tokens=11)
+    run = engine.start_ids(ids, RunSettings(policy="lru", max_new_tokens=2), min_reply_tokens=10)
+    assert len(list(run)) == 2
+    for bad in (0, 2.5, True, "8"):
+        with pytest.raises(ConfigError, match="min_reply_tokens"):
+            engine.start_ids(ids, RunSettings(max_new_tokens=2), min_reply_tokens=bad)
+    with pytest.raises(PromptError, match=rf"fewer than the {ctx - 1} asked"):
+        engine.start_chat([{"role": "user", "content": "hello there"}], RunSettings(max_new_tokens=2),
+                          min_reply_tokens=ctx - 1)
+
+
+def test_the_finished_step_comes_once_the_run_is_recorded_and_the_engine_free(engine):
+    """Regression (review): after the step marked finished, summary() said "not finished yet" and the next run got
+    EngineBusyError until the consumer called next() once more."""
+    run = engine.start_ids([5, 6, 7], RunSettings(policy="lru", max_new_tokens=3))
+    it = iter(run)
+    steps = [next(it) for _ in range(3)]
+    assert steps[-1].finished and run.summary().finish_reason == "length"
+    assert len(list(engine.start_ids([5, 6], RunSettings(policy="lru", max_new_tokens=2)))) == 2
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+@pytest.mark.parametrize("raised, finish, said", [(RuntimeError("observer bug"), "error", "RuntimeError: observer bug"),
+                                                  (KeyboardInterrupt(), "cancelled", "interrupted (KeyboardInterrupt)")])
+def test_a_run_an_exception_ends_mid_token_is_recorded_with_its_tokens(engine, raised, finish, said):
+    """Regression (review): a step that raised, or Ctrl-C mid-token, left the run unrecorded (summary() "not
+    finished yet", get_summary "unknown"). The exception reaches the caller; the run is recorded; the engine works."""
+    run = engine.start_ids([5, 6, 7], RunSettings(policy="lru", max_new_tokens=8))
+
+    def observer(*_):
+        if run.token_index == 2:
+            raise raised
+
+    run.observers.append(observer)
+    with pytest.raises(type(raised)):
+        list(run)
+    summary = engine.get_summary(run.run_id)
+    assert summary.finish_reason == finish and summary is run.summary()
+    assert f"the run stopped after 2 tokens: {said}" in summary.notes[-1], summary.notes
+    assert len(list(engine.start_ids([5, 6], RunSettings(policy="lru", max_new_tokens=2)))) == 2

@@ -227,3 +227,62 @@ def test_the_app_refuses_a_mistyped_device_in_one_line(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "'gpu' is not a device: use cpu, cuda or cuda:N" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_the_app_refuses_a_taken_or_bad_port_in_one_line_before_loading(tmp_path):
+    """Regression (review): with GRADIO_SERVER_PORT taken the app served on the next port without a word (a
+    script polling the port asked for talked to the old app), and a port that is not a number was a traceback
+    from Gradio's import. Both are one line, exit 2."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for value, said in ((str(port), f"port {port} on 127.0.0.1 (GRADIO_SERVER_PORT) is not free"),
+                            ("http", "GRADIO_SERVER_PORT='http' is not a port: use a number from 1 to 65535")):
+            env = dict(os.environ, GRADIO_SERVER_PORT=value, GRADIO_SERVER_NAME="127.0.0.1")
+            proc = subprocess.run([sys.executable, str(root / "app.py"), "--model", "spice-mini"], env=env,
+                                  capture_output=True, text=True, timeout=120, cwd=tmp_path)
+            assert proc.returncode == 2, proc.stderr
+            assert "Traceback" not in proc.stderr
+            assert said in proc.stderr.strip().splitlines()[-1], proc.stderr
+            assert "offloaded" not in proc.stderr, "refused before the model loads"
+
+
+@pytest.mark.parametrize("args, kw, said", [
+    (("",), {}, "model is empty: pass a shipped model's name"),
+    ((123,), {}, "model=123: pass a folder (str or Path), a shipped model's name or a hub id, or None"),
+    (("no-such-model",), {}, "model 'no-such-model' is neither a shipped model"),
+    (("spice-mini",), {"artifacts": 7}, "artifacts=7: pass a folder (str or Path), or None"),
+    (("spice-mini",), {"timing": "foo"}, "timing='foo'"),
+    (("spice-mini",), {"executor": "bad"}, "executor='bad' is unknown"),
+    (("spice-mini",), {"link_gbps": -1.0}, "link_gbps=-1.0 must be a positive number"),
+    (("spice-mini",), {"prefetch_admission": "zzz"}, "prefetch_admission='zzz' is unknown"),
+    (("spice-mini",), {"bogus": 1}, "SpiceEngine.load: unknown argument(s) bogus"),
+])
+def test_engine_load_refuses_bad_arguments_before_loading(monkeypatch, args, kw, said):
+    """Regression (review): these were refused only after the model had loaded (seconds, minutes at full scale),
+    or as a TypeError, or (an empty name) loaded the default model."""
+    from spice_core import engine as engine_module
+    from spice_core.engine import SpiceEngine
+
+    def no_loading(*_a, **_k):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(engine_module, "load_model", no_loading)
+    with pytest.raises(ConfigError) as info:
+        SpiceEngine.load(*args, device="cpu", **kw)
+    assert said in str(info.value), str(info.value)
+
+
+def test_engine_load_takes_a_shipped_models_name_as_the_command_line_does():
+    """Regression (review): SpiceEngine.load("spice-mini") said "no such directory"; only the CLI knew the names."""
+    from spice_core.engine import SpiceEngine
+
+    assert SpiceEngine.load("spice-mini", device="cpu").info().model_name == "spice-mini"
