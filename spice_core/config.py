@@ -62,10 +62,15 @@ def _check_range(name: str, value: float) -> None:
 SEED_MAX = 2**63 - 1          # torch.manual_seed takes a signed 64-bit value
 
 
-def _check_int_range(name: str, value: int) -> None:
-    lo, hi = SETTING_RANGES[name]
-    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
-        raise ConfigError(f"{name}={value!r} is out of range: use an integer in [{lo}, {hi}]")
+def _checked_int(name: str, value, lo: int, hi: int | None) -> int:
+    """``value`` as a Python int in [lo, hi] (hi None: no upper bound); numpy's integers are Integral too.
+    ConfigError naming the setting: "not an integer" for another type, "out of range" for one outside."""
+    span = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"{name}={quoted(value)} is not an integer: use an integer {'in ' if hi is not None else ''}{span}")
+    if not lo <= value <= (hi if hi is not None else value):
+        raise ConfigError(f"{name}={quoted(int(value))} is out of range: use an integer {'in ' if hi is not None else ''}{span}")
+    return int(value)
 
 
 DEFAULT_LORE_RANK = 16
@@ -127,13 +132,9 @@ class RunSettings:
                 and low <= self.tau_int8 <= high):
             raise ConfigError(f"tau_int8={self.tau_int8!r} is out of range: use a value in [{low:g}, {high:g}] "
                               "(--tau-int8; 0 = no int8 CPU runs)")
-        _check_int_range("max_lookahead", self.max_lookahead)
-        if isinstance(self.lore_rank, bool) or not isinstance(self.lore_rank, int) or self.lore_rank < 1:
-            raise ConfigError(f"lore_rank={self.lore_rank!r} is out of range: use an integer >= 1")
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
-                or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
-            raise ConfigError(
-                f"max_new_tokens={self.max_new_tokens!r} is out of range: use an integer in [1, {MAX_NEW_TOKENS_LIMIT}]")
+        for name, lo, hi in (("max_lookahead", *SETTING_RANGES["max_lookahead"]), ("lore_rank", 1, None),
+                             ("max_new_tokens", 1, MAX_NEW_TOKENS_LIMIT)):
+            object.__setattr__(self, name, _checked_int(name, getattr(self, name), lo, hi))
         _check_range("temperature", self.temperature)
         _check_range("top_p", self.top_p)
         if self.repetition_penalty is not None:

@@ -10,8 +10,8 @@ is sliced into per-expert buffers and then dropped. Safetensors only; never
 """
 from __future__ import annotations
 
+import hashlib
 import inspect
-
 import json
 import logging
 import re
@@ -148,6 +148,10 @@ def _checkpoint_keys(path: Path, files: list[Path]) -> set[str]:
         missing = sorted(w for w in wanted if not (path / w).exists())
         if missing:
             raise ModelLoadError(f"checkpoint shard {missing[0]} is missing from {path}: restore it or re-save the checkpoint")
+        files = [path / w for w in sorted(wanted)]      # the shards transformers reads: not calibration files beside
+    elif (path / "model.safetensors").is_file():
+        files = [path / "model.safetensors"]
+    _check_digests(path, [path / "config.json", *([index] if index.exists() else []), *files])
     keys: set[str] = set()
     for f in files:
         try:
@@ -156,6 +160,38 @@ def _checkpoint_keys(path: Path, files: list[Path]) -> set[str]:
         except Exception as e:  # noqa: BLE001 - safetensors raises several types for bad files
             raise ModelLoadError(f"checkpoint shard {f.name} is corrupted or truncated ({e}): restore or re-save it") from e
     return keys
+
+
+CHECKSUMS = "checksums.sha256"       # `sha256sum` lines a checkpoint may ship (the shipped models do)
+
+
+def _check_digests(path: Path, files: list[Path]) -> None:
+    """Where the checkpoint ships `checksums.sha256`, each of ``files`` it lists must match (a shard whose bytes
+    changed but whose header still reads, e.g. NaN weights, loads and generates nothing otherwise). Lines that are
+    not `sha256sum`'s and files it does not list are left alone."""
+    sums = path / CHECKSUMS
+    if not sums.is_file():
+        return
+    try:
+        text = sums.read_text("utf-8", "replace")
+    except OSError as e:
+        raise ModelLoadError(f"--model {path}: {CHECKSUMS} cannot be read ({e.strerror or e}): fix its permissions") from e
+    listed = {}
+    for line in text.splitlines():
+        parts = line.split(None, 1)
+        if len(parts) == 2 and re.fullmatch(r"[0-9a-fA-F]{64}", parts[0]):
+            listed[parts[1].strip().lstrip("*")] = parts[0].lower()    # "*name": sha256sum's binary mode
+    for f in files:
+        want = listed.get(f.name)
+        if want is None:
+            continue
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                h.update(block)
+        if h.hexdigest() != want:
+            raise ModelLoadError(f"checkpoint file {f.name} in {path} does not match its digest in {CHECKSUMS} "
+                                 "(corrupted or changed): restore it")
 
 
 def read_config(path: Path) -> dict:

@@ -235,3 +235,16 @@ def test_a_run_an_exception_ends_mid_token_is_recorded_with_its_tokens(engine, r
     assert summary.finish_reason == finish and summary is run.summary()
     assert f"the run stopped after 2 tokens: {said}" in summary.notes[-1], summary.notes
     assert len(list(engine.start_ids([5, 6], RunSettings(policy="lru", max_new_tokens=2)))) == 2
+
+
+def test_numpy_integers_are_integers_for_the_integer_settings():
+    """Regression (review): np.int64(4) for max_new_tokens, max_lookahead or lore_rank was "out of range" (4 is in
+    range) while numpy values for seed and the float settings were taken. Another type is "not an integer"."""
+    import numpy as np
+
+    s = RunSettings(max_new_tokens=np.int64(4), max_lookahead=np.int32(3), lore_rank=np.int64(2))
+    assert (s.max_new_tokens, s.max_lookahead, s.lore_rank) == (4, 3, 2) and type(s.max_new_tokens) is int
+    with pytest.raises(ConfigError, match=r"max_new_tokens=2.0 is not an integer: use an integer in \[1, "):
+        RunSettings(max_new_tokens=2.0)
+    with pytest.raises(ConfigError, match=r"lore_rank=0 is out of range: use an integer >= 1"):
+        RunSettings(lore_rank=np.int64(0))

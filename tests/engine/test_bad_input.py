@@ -286,3 +286,35 @@ def test_engine_load_takes_a_shipped_models_name_as_the_command_line_does():
     from spice_core.engine import SpiceEngine
 
     assert SpiceEngine.load("spice-mini", device="cpu").info().model_name == "spice-mini"
+
+
+def test_a_shard_whose_bytes_changed_is_named_by_its_checksum(tmp_path, tiny_dirs):
+    """Regression (review): a shard with its data overwritten (header intact, NaN weights) loaded and generated an
+    empty text, although the checkpoint's checksums.sha256 flagged it. Where that file lists a shard, it must match;
+    an unchanged checkpoint with the file loads."""
+    import hashlib
+    import struct
+
+    d = tmp_path / "sums"
+    shutil.copytree(tiny_dirs["mixtral"], d)
+    f = d / "model.safetensors"
+    (d / "checksums.sha256").write_text("not a checksum line\n" + "".join(
+        f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in (f, d / "config.json")))
+    assert load_model(d, "cpu").n_experts > 0
+    data = bytearray(f.read_bytes())
+    header = struct.unpack("<Q", data[:8])[0]
+    data[8 + header:] = b"\xff" * (len(data) - 8 - header)
+    f.write_bytes(bytes(data))
+    with pytest.raises(ModelLoadError, match=r"checkpoint file model.safetensors in .* does not match its digest in "
+                                             r"checksums.sha256 \(corrupted or changed\): restore it"):
+        load_model(d, "cpu")
+
+
+def test_a_stray_safetensors_file_beside_the_checkpoint_is_not_read(tmp_path, tiny_dirs):
+    """Regression (review): the loader opened every *.safetensors in the folder, so a stray or truncated calibration
+    file there was "checkpoint shard ... corrupted" and the model did not load. It reads the shards transformers
+    reads: the index's, else model.safetensors."""
+    d = tmp_path / "stray"
+    shutil.copytree(tiny_dirs["mixtral"], d)
+    (d / "notes.safetensors").write_bytes(b"garbage")
+    assert load_model(d, "cpu").n_experts > 0
