@@ -30,7 +30,7 @@ from spice_core.config import LANE_OFFERS, POLICIES, RunSettings, check_copy_iss
 from spice_core.records import EngineInfo, RunSummary, StepStats
 from spice_core.errors import ConfigError, PromptError, SpiceError, quoted
 from spice_core.exec.experts import installed
-from spice_core.generation import build_prompt_ids, check_prompt_ids
+from spice_core.generation import build_prompt_ids, check_prompt_ids, prompt_id_list
 from spice_core.machine import Machine
 from spice_core.model.loader import LoadedModel, cache_kwarg, load_model, resolve_device
 from spice_core.model.shipped import model_argument
@@ -199,6 +199,7 @@ class SpiceEngine:
                               min_reply_tokens=min_reply_tokens)
 
     def start_ids(self, input_ids: list[int], settings: RunSettings, *, min_reply_tokens: int = 1) -> "GenerationRun":
+        input_ids = prompt_id_list(input_ids)
         if not input_ids:
             raise PromptError("the prompt is empty: pass some text")
         check_prompt_ids(input_ids, self.lm.model.get_input_embeddings().num_embeddings)
@@ -216,6 +217,9 @@ class SpiceEngine:
         return GenerationRun(self, list(input_ids), settings)
 
     def _validate(self, s: RunSettings) -> None:
+        if not isinstance(s, RunSettings):
+            raise ConfigError(f"settings is a {type(s).__name__}: pass a RunSettings (RunSettings(**fields) from a "
+                              "dict of its fields)")
         get_spec(s.policy)
         get_profile(s.profile)
         get_shape(s.shape, self.native_shape)

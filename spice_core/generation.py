@@ -21,6 +21,8 @@ def build_prompt_ids(tokenizer, *, prompt: str | None = None, messages: list[dic
         msgs = _chat_messages(messages)
         if not msgs or not any(m["content"].strip() for m in msgs if m["role"] == "user"):
             raise PromptError("the message is empty: type some text")
+        for i, m in enumerate(msgs, 1):
+            _check_unicode(m["content"], f"message {i}")
         if _spells_a_marker(tokenizer, msgs):
             return _chat_ids_literal(tokenizer, msgs)
         text = _chat_text(tokenizer, msgs)
@@ -30,6 +32,7 @@ def build_prompt_ids(tokenizer, *, prompt: str | None = None, messages: list[dic
             raise PromptError(f"the prompt is not text ({type(prompt).__name__}): pass a str, or token ids to start_ids")
         if prompt is None or not prompt.strip():
             raise PromptError("the prompt is empty: pass some text with --prompt")
+        _check_unicode(prompt, "the prompt")
         text, templated = prompt, False
     # A chat template writes the special tokens it wants (its {{ bos_token }}); plain text gets the tokenizer's own,
     # as `tokenizer(prompt)` before `generate` does (a BOS for Mixtral's and DeepSeek-V2's base tokenizers).
@@ -37,6 +40,30 @@ def build_prompt_ids(tokenizer, *, prompt: str | None = None, messages: list[dic
     if not ids:
         raise PromptError("the prompt produced no tokens: pass some text")
     return list(ids)
+
+
+def _check_unicode(text: str, what: str) -> None:
+    """PromptError for text that is not valid Unicode (a lone surrogate, e.g. from a bad decode): the tokenizer
+    cannot encode it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise PromptError(f"{what} holds {e.object[e.start]!r} at character {e.start}, a lone surrogate that is not "
+                          "text: decode the input as UTF-8 (errors='replace') or remove it") from None
+
+
+def prompt_id_list(input_ids) -> list:
+    """Token ids as a list: a list or tuple, or a 1-D numpy array or torch tensor (what tokenizers return).
+    PromptError for anything else (a generator, a 2-D batch, a string)."""
+    if hasattr(input_ids, "tolist") and not isinstance(input_ids, (list, tuple)):
+        if getattr(input_ids, "ndim", 1) != 1:
+            raise PromptError(f"input_ids has {input_ids.ndim} dimensions: pass one prompt's ids (1-D), e.g. "
+                              "tokenizer(text)['input_ids'] or ids[0] of a batch")
+        input_ids = input_ids.tolist()
+    if isinstance(input_ids, (str, bytes)) or not isinstance(input_ids, (list, tuple)):
+        raise PromptError(f"input_ids is a {type(input_ids).__name__}: pass a list of token ids (start_prompt takes "
+                          "text)")
+    return list(input_ids)
 
 
 def _chat_text(tokenizer, msgs: list[dict]) -> str:

@@ -3,6 +3,7 @@ and never leaves the engine held or another generation changed."""
 import threading
 
 import pytest
+import torch
 
 from spice_core.api import RunSettings
 from spice_core.errors import ConfigError, PromptError
@@ -120,6 +121,12 @@ def test_numpy_numbers_are_numbers():
     (lambda e, s: e.start_chat([["user", "hi"]], s), "message 1 is a list"),
     (lambda e, s: e.start_chat([{"role": "user", "content": "hi"}, {"role": "wizard", "content": "x"}], s),
      "message 2 has role 'wizard'"),
+    # Regression (review): these were a generator's TypeError, a tensor's RuntimeError and the tokenizer's TypeError.
+    (lambda e, s: e.start_ids((t for t in [5, 6]), s), "input_ids is a generator: pass a list of token ids"),
+    (lambda e, s: e.start_ids(torch.tensor([[5, 6]]), s), "input_ids has 2 dimensions"),
+    (lambda e, s: e.start_ids("hello", s), "input_ids is a str"),
+    (lambda e, s: e.start_prompt("a\ud800b", s), r"the prompt holds '\\ud800' at character 1, a lone surrogate"),
+    (lambda e, s: e.start_chat([{"role": "user", "content": "\udc80"}], s), "message 1 holds .* a lone surrogate"),
 ])
 def test_a_bad_prompt_is_a_prompt_error_naming_it(engine, call, match):
     with pytest.raises(PromptError, match=match):
@@ -248,3 +255,18 @@ def test_numpy_integers_are_integers_for_the_integer_settings():
         RunSettings(max_new_tokens=2.0)
     with pytest.raises(ConfigError, match=r"lore_rank=0 is out of range: use an integer >= 1"):
         RunSettings(lore_rank=np.int64(0))
+
+
+def test_token_ids_from_a_tokenizer_as_arrays_or_tensors_are_taken(engine):
+    """Regression (review): a 1-D numpy array or torch tensor of ids (what tokenizers return) was a ValueError."""
+    import numpy as np
+
+    for ids in (np.array([5, 6, 7]), torch.tensor([5, 6, 7]), (5, 6, 7)):
+        assert len(list(engine.start_ids(ids, RunSettings(policy="lru", max_new_tokens=2)))) == 2
+
+
+@pytest.mark.parametrize("settings", [None, {"max_new_tokens": 2}])
+def test_settings_that_are_not_run_settings_are_a_config_error(engine, settings):
+    """Regression (review): None or a dict of fields was an AttributeError."""
+    with pytest.raises(ConfigError, match=f"settings is a {type(settings).__name__}: pass a RunSettings"):
+        engine.start_prompt("Once", settings)
