@@ -141,11 +141,12 @@ def _lore(eng, spec, s: RunSettings, costs: CostModel, notes: list):
         return None, 0
     rank = s.lore_rank
     if rank > lore_all.max_rank and rank == DEFAULT_LORE_RANK:
-        # The default means "up to 16": smaller factors (the shipped model's go to 4) are used whole.
-        # A rank asked for explicitly above the factors' is an error (with_rank says how to refit).
-        notes.append(f"the model's LoRE factors go up to rank {lore_all.max_rank}: using "
-                     f"{lore_all.max_rank} (the default asks for up to {DEFAULT_LORE_RANK}; refit with: "
-                     f"{rebuild_command(eng.artifacts, lm, '--lore-only')})")
+        # The default means "up to 16": smaller factors (the shipped model's go to 4) are used whole, as the default
+        # asks, so nothing needs refitting; said only where the run may approximate (tau_approx > 0). A rank asked
+        # for explicitly above the factors' is an error (with_rank says how to refit).
+        if s.tau_approx > 0:
+            notes.append(f"LoRE at rank {lore_all.max_rank}, the largest of the model's factors (the default rank "
+                         f"means up to {DEFAULT_LORE_RANK})")
         rank = lore_all.max_rank
     lore = lore_all.with_rank(rank)
     return lore, lore.budget_bytes(lm.expert_bytes, costs.shape)

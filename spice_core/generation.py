@@ -36,7 +36,9 @@ def build_prompt_ids(tokenizer, *, prompt: str | None = None, messages: list[dic
         text, templated = prompt, False
     # A chat template writes the special tokens it wants (its {{ bos_token }}); plain text gets the tokenizer's own,
     # as `tokenizer(prompt)` before `generate` does (a BOS for Mixtral's and DeepSeek-V2's base tokenizers).
-    ids = tokenizer(text, add_special_tokens=not templated)["input_ids"]
+    # verbose=False: a prompt past the model's length is refused by the engine in its own words, without
+    # transformers' "indexing errors" warning first.
+    ids = tokenizer(text, add_special_tokens=not templated, verbose=False)["input_ids"]
     if not ids:
         raise PromptError("the prompt produced no tokens: pass some text")
     return list(ids)
@@ -94,7 +96,7 @@ def _chat_ids_literal(tokenizer, msgs: list[dict]) -> list[int]:
         elif piece:
             for m, mark in zip(msgs, marks):
                 piece = piece.replace(mark, m["content"])
-            ids += tokenizer(piece, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+            ids += tokenizer(piece, add_special_tokens=False, split_special_tokens=True, verbose=False)["input_ids"]
     return ids
 
 

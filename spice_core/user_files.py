@@ -27,13 +27,25 @@ DEFAULT_LIMIT_BYTES = 256 * 1024 * 1024
 _CHUNK_BYTES = 1 << 20
 
 
+def file_problem(path) -> str:
+    """Why ``path`` is not a regular file to read ("" when it is): missing, a folder, or something else that exists
+    (/dev/null, a pipe, a socket), each said as it is."""
+    p = Path(path)
+    if p.is_file():
+        return ""
+    if p.is_dir():
+        return "is a directory, not a file"
+    if p.exists():
+        return "is not a regular file (a device, pipe or socket)"
+    return "no such file"
+
+
 def require_file(path, flag: str, hint: str = "") -> Path:
     """``path`` as a Path that is an existing regular file, else a ConfigError naming ``flag``."""
     p = Path(path)
-    if p.is_dir():
-        raise ConfigError(f"{flag} {p}: is a directory, not a file{': ' + hint if hint else ''}")
-    if not p.is_file():
-        raise ConfigError(f"{flag} {p}: no such file{': ' + hint if hint else ''}")
+    problem = file_problem(p)
+    if problem:
+        raise ConfigError(f"{flag} {p}: {problem}{': ' + hint if hint else ''}")
     return p
 
 

@@ -32,6 +32,7 @@ from spice_core import heldout
 from spice_core.errors import ArtifactError, ConfigError
 from spice_core.exec.experts import expert_forward, installed
 from spice_core.types import ExpertKey
+from spice_core.user_files import file_problem
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +285,7 @@ def read_text_file(path: Path) -> list[str]:
     """A user's calibration text: documents separated by blank lines."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"--text {path}: no such file: pass a UTF-8 text file")
+        raise ConfigError(f"--text {path}: {file_problem(path)}: pass a UTF-8 text file")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from spice_core.config import SEED_MAX
 from spice_core.errors import ConfigError
+from spice_core.user_files import file_problem
 
 
 
@@ -109,7 +110,7 @@ def existing_file(text: str) -> Path:
     if p.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder: pass a file")
     if not p.is_file():
-        raise argparse.ArgumentTypeError(f"{text}: no such file")
+        raise argparse.ArgumentTypeError(f"{text}: {file_problem(p)}")
     return p
 
 

@@ -29,7 +29,7 @@ from spice_core.errors import ConfigError
 from spice_core.model.shipped import model_argument
 from spice_core.tools.generate import MODEL_HELP
 from spice_core.units import format_bytes
-from spice_core.user_files import check_writable_dir
+from spice_core.user_files import check_writable_dir, file_problem
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def _check_args(args) -> None:
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads {args.threads} is out of range: use an integer >= 1")
     if args.text is not None and not Path(args.text).is_file():
-        raise ConfigError(f"--text {args.text}: no such file: pass a UTF-8 text file")
+        raise ConfigError(f"--text {args.text}: {file_problem(args.text)}: pass a UTF-8 text file")
     if args.lore_only and args.no_lore:
         raise ConfigError("--lore-only and --no-lore contradict each other: pass one of them")
     if args.out is not None:

@@ -155,11 +155,16 @@ def run(args) -> int:
     else:
         gen = engine.start_prompt(args.prompt, s)
     steps = []
-    for step in gen:
-        steps.append(step)
-        if not args.json:
-            sys.stdout.write(step.text)
-            sys.stdout.flush()
+    try:
+        for step in gen:
+            steps.append(step)
+            if not args.json:
+                sys.stdout.write(step.text)
+                sys.stdout.flush()
+    except BaseException:           # Ctrl-C or an error mid-reply: its message goes on a line of its own
+        if steps and not args.json:
+            print(flush=True)
+        raise
     if not args.json:
         print()                     # ends the streamed text's line, before a summary or an error
     summ = gen.summary()

@@ -316,13 +316,19 @@ def memory_needs(cfg, device: str, whole: bool, dtype: torch.dtype = torch.bfloa
     return routed + 2 * one_expert + on_device, 0
 
 
-def check_memory(cfg, device: str, whole: bool, what: str, dtype: torch.dtype = torch.bfloat16) -> None:
-    """Refuse, before anything is built, a lift the host (MemAvailable) or the GPU cannot hold."""
+# What a lift that does not fit can change: a bench config's lift may be narrowed; the `lift` command's may not.
+NARROW_IN_CONFIG = ("free host memory or use a machine with more; a dry run can narrow the lift with "
+                    "\"lift_overrides\" in the bench config")
+FULL_SIZE_ONLY = "free host memory or use a machine with more (the lift command builds the real model's full shapes)"
+
+
+def check_memory(cfg, device: str, whole: bool, what: str, dtype: torch.dtype = torch.bfloat16,
+                 fix: str = NARROW_IN_CONFIG) -> None:
+    """Refuse, before anything is built, a lift the host (MemAvailable) or the GPU cannot hold (``fix``: what the
+    caller's user can do about it)."""
     from spice_core.tools.bench_models import check_host_memory
 
     host, dev = memory_needs(cfg, device, whole, dtype)
-    fix = ("free host memory or use a machine with more; a dry run can narrow the lift with \"lift_overrides\" "
-           "in the bench config")
     check_host_memory(host, f"{what} (its routed experts in one host slab)", fix)
     if dev and str(device).startswith("cuda"):
         free, _ = torch.cuda.mem_get_info(torch.device(device))
@@ -378,9 +384,10 @@ class PaddedExperts(nn.Module):
         raise RuntimeError("PaddedExperts only stand in until offload_model copies them into host memory")
 
 
-def lifted_model(mini_dir: Path, device: str, overrides: dict | None = None, dtype: torch.dtype = torch.bfloat16):
+def lifted_model(mini_dir: Path, device: str, overrides: dict | None = None, dtype: torch.dtype = torch.bfloat16,
+                 memory_fix: str = NARROW_IN_CONFIG):
     """(lifted model offloaded as `load_model` gives it, tokenizer, description), its routed experts
-    streamed into host memory one at a time (see the module docstring)."""
+    streamed into host memory one at a time (see the module docstring). ``memory_fix``: `check_memory`'s advice."""
     from transformers import AutoModelForCausalLM
 
     from spice_core.model.loader import _load_tokenizer, offload_model
@@ -388,7 +395,7 @@ def lifted_model(mini_dir: Path, device: str, overrides: dict | None = None, dty
 
     path, mini_cfg = _read_mini(mini_dir)
     cfg = lift_config(mini_cfg, overrides)      # the topology is checked before any weight is read
-    check_memory(cfg, device, whole=False, what=f"lift:{path.name}", dtype=dtype)
+    check_memory(cfg, device, whole=False, what=f"lift:{path.name}", dtype=dtype, fix=memory_fix)
     mini = load_safetensors_model(path, dtype=dtype).eval()
     with torch.device("meta"):
         big = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
@@ -445,7 +452,7 @@ def verify(mini_dir: Path, device: str, prompts: list[str], max_new_tokens: int 
     from spice_core.exec.experts import installed
     from spice_core.tools.bench_models import load_safetensors_model
 
-    lm = lifted if lifted is not None else lifted_model(mini_dir, device)[0]
+    lm = lifted if lifted is not None else lifted_model(mini_dir, device, memory_fix=FULL_SIZE_ONLY)[0]
     if lm.tokenizer is None:
         raise ConfigError(f"--model {mini_dir}: has no tokenizer files: lift verifies with text prompts")
     mini = load_safetensors_model(Path(mini_dir), dtype=lm.layout.dtype, experts_implementation="eager")

@@ -34,6 +34,7 @@ from spice_core.config import DEFAULT_LORE_RANK, SETTING_RANGES, RunSettings
 from spice_core.trace.metrics import first_divergence, matching_tokens
 from spice_core.exec.experts import installed
 from spice_core.errors import ConfigError
+from spice_core.user_files import file_problem
 
 EXACT_REFERENCE_POLICY = "resident"
 DEFAULT_MAX_TOKENS = 1024      # teacher-forced tokens scored
@@ -325,7 +326,7 @@ def run_cli(args) -> int:
     _check_args(args)
     for flag, path in (("--text", args.text), ("--prompts", args.prompts)):
         if path is not None and not Path(path).is_file():    # before the model loads
-            raise ConfigError(f"{flag} {path}: no such file: pass a UTF-8 text file"
+            raise ConfigError(f"{flag} {path}: {file_problem(path)}: pass a UTF-8 text file"
                               + (" with one prompt per line" if flag == "--prompts" else ""))
     engine = load_engine(args)
     settings = settings_from_args(args, engine)

@@ -29,10 +29,13 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 import re
+import tempfile
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import pandas as pd
 
@@ -266,17 +269,34 @@ def build_chrome_trace(events: Iterable[TraceEvent], *, metadata: dict) -> dict:
             "displayTimeUnit": "ms", "otherData": meta}
 
 
-def write_json(obj: dict, path: Path) -> Path:
-    """Write ``obj`` as strict JSON (no NaN); gzip it when ``path`` ends in ``.gz``."""
+@contextmanager
+def written_whole(path: Path) -> Iterator[Path]:
+    """A scratch file beside ``path`` to write into: it becomes ``path`` (``os.replace``) when the block ends
+    normally and is removed when it raises (a full disk, Ctrl-C), so ``path`` is never a cut-short file, and an
+    earlier export there is kept until the new one is whole. The folder is made if needed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    os.close(fd)
+    try:
+        yield Path(scratch)
+        os.replace(scratch, path)
+    except BaseException:
+        Path(scratch).unlink(missing_ok=True)
+        raise
+
+
+def write_json(obj: dict, path: Path) -> Path:
+    """Write ``obj`` as strict JSON (no NaN); gzip it when ``path`` ends in ``.gz``. Whole or not at all."""
+    path = Path(path)
     data = json.dumps(obj, allow_nan=False, separators=(",", ":")).encode("utf-8")
-    if path.suffix == ".gz":
-        # mtime=0: the same trace gives the same bytes.
-        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
-            gz.write(data)
-    else:
-        path.write_bytes(data)
+    with written_whole(path) as scratch:
+        if path.suffix == ".gz":
+            # mtime=0: the same trace gives the same bytes.
+            with open(scratch, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
+                gz.write(data)
+        else:
+            scratch.write_bytes(data)
     return path
 
 
@@ -308,8 +328,9 @@ def per_token_frame(steps: Sequence[StepStats]) -> pd.DataFrame:
 
 def write_per_token_csv(steps: Sequence[StepStats], path: Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    per_token_frame(steps).to_csv(path, index=False)
+    frame = per_token_frame(steps)
+    with written_whole(path) as scratch:
+        frame.to_csv(scratch, index=False)
     return path
 
 
@@ -321,6 +342,7 @@ def events_frame(events: Iterable[TraceEvent]) -> pd.DataFrame:
 
 def write_events_csv(events: Iterable[TraceEvent], path: Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    events_frame(events).to_csv(path, index=False)
+    frame = events_frame(events)
+    with written_whole(path) as scratch:
+        frame.to_csv(scratch, index=False)
     return path

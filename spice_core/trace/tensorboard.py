@@ -31,7 +31,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from spice_core.trace.events import TraceEvent
-from spice_core.trace.export import chrome_trace_events, jsonable, write_json
+from spice_core.trace.export import chrome_trace_events, jsonable, write_json, written_whole
 
 TRACE_SUFFIX = ".pt.trace.json.gz"
 
@@ -178,10 +178,9 @@ def zip_dir(run_dir: Path, zip_path: Path) -> Path:
     run_dir, zip_path = Path(run_dir), Path(zip_path)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run_dir={str(run_dir)!r} is not a directory")
-    zip_path.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(zip_path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+    with written_whole(zip_path) as scratch, zipfile.ZipFile(scratch, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for file in sorted(p for p in run_dir.rglob("*") if p.is_file()):
-            if file.resolve() == zip_path.resolve():
+            if file.resolve() in (zip_path.resolve(), scratch.resolve()):
                 continue
             zf.write(file, arcname=str(Path(run_dir.name) / file.relative_to(run_dir)))
     return zip_path

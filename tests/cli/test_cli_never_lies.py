@@ -237,3 +237,31 @@ def test_a_profile_with_a_zero_rate_or_an_absurd_fixed_cost_is_refused_in_one_li
     hw.write_text(json.dumps({**GOOD_PROFILE, **patch}))
     code, _, err = run_cli(capsys, ["quality", "--model", tiny_model, "--hw-profile", hw, "--json"])
     one_line(code, err, "--hw-profile", "calibrate-hw")
+
+
+@pytest.mark.parametrize("command", ["calibrate", "quality"])
+def test_a_text_file_that_is_a_device_is_said_to_be_one(capsys, tiny_model, command):
+    """Regression (review): `--text /dev/null` was "no such file"; it exists, and is not a regular file."""
+    code, _, err = run_cli(capsys, [command, "--model", tiny_model, "--device", "cpu", "--text", "/dev/null"])
+    one_line(code, err, "--text /dev/null: is not a regular file (a device, pipe or socket)")
+
+
+def test_lifts_memory_advice_is_one_the_lift_command_can_follow(monkeypatch, tmp_path):
+    """Regression (review): `lift` on a machine without the memory told the user to edit "lift_overrides" in a bench
+    config, which the lift command does not take."""
+    from spice_core.errors import ConfigError
+    from spice_core.tools import bench_models, lift
+
+    said = []
+
+    def refuse(need, what, fix):
+        said.append(fix)
+        raise ConfigError(f"{what}: {fix}")
+
+    monkeypatch.setattr(bench_models, "check_host_memory", refuse)
+    with pytest.raises(ConfigError):
+        lift.verify(REPO / "assets" / "spice-mini", "cpu", ["hi"], 1)
+    with pytest.raises(ConfigError):
+        lift.lifted_model(REPO / "assets" / "spice-mini", "cpu")
+    assert "lift_overrides" not in said[0] and "full shapes" in said[0], said
+    assert "lift_overrides" in said[1], said

@@ -37,3 +37,15 @@ def test_only_routing_pure_policies_replay():
         replay_tpot_ms([{}], "spice", None, moe_layers=(1,), n_layers=2, n_experts=4, top_k=1, cache_frac=0.5,
                        native_expert_bytes=10)
     assert routing_of([]) == []
+
+
+def test_the_default_lore_rank_is_noted_only_where_the_run_may_approximate_and_never_asks_to_refit(shipped):
+    """Regression (review): every default run on a shipped model (tau_approx 0 included) told the user to refit LoRE,
+    although the default rank means "up to 16" and the shipped factors (rank 4) are used whole as asked."""
+    exact = shipped.start_prompt("Once", RunSettings(policy="spice", tau_approx=0.0, max_new_tokens=2))
+    list(exact)
+    lossy = shipped.start_prompt("Once", RunSettings(policy="spice", tau_approx=0.05, max_new_tokens=2))
+    list(lossy)
+    exact_notes, lossy_notes = " ".join(exact.summary().notes), " ".join(lossy.summary().notes)
+    assert "LoRE at rank" not in exact_notes and "refit" not in exact_notes, exact_notes
+    assert "LoRE at rank 4, the largest of the model's factors" in lossy_notes and "refit" not in lossy_notes
