@@ -1,7 +1,7 @@
 """SPICE web app: chat with an offloaded MoE model, watch and tune the engine. Wiring only.
 
     python app.py [--model NAME|DIR] [--device cpu|cuda] [--threads N]     serves on 127.0.0.1:7860
-    (GRADIO_SERVER_NAME / GRADIO_SERVER_PORT override host and port, as on Hugging Face Spaces)
+    (GRADIO_SERVER_NAME / GRADIO_SERVER_PORT override host and port, as on Hugging Face Spaces; pages/serve_port.py)
 
 Without --model the app serves every shipped model found in assets/ (spice-mini, spice-mini-qwen2):
 the first at "/" and "/sweep", the others on pages of their own that a model picker opens

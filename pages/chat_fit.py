@@ -2,7 +2,7 @@
 
     turns ──► drop what cannot fit by length alone (one pass, no tokenizer)
           ──► the fewest oldest exchanges dropped so that the prompt leaves the reply `reply_room` tokens
-              (binary search; the engine counts the tokens and refuses with PromptError)
+              (binary search; the engine counts the tokens and refuses with ContextError)
           ──► none does (the new message alone is that long): every earlier exchange dropped, the most room there is
 
 The room asked for is the reply's token limit, capped at half the context, so a long chat keeps its newest
@@ -13,7 +13,7 @@ stays.
 from __future__ import annotations
 
 from spice_core.api import RunSettings
-from spice_core.errors import PromptError
+from spice_core.errors import ContextError
 from pages.messages import drop_oldest_exchanges, n_exchanges
 
 # Without asking the tokenizer, history beyond this many characters per context token cannot fit
@@ -39,26 +39,26 @@ class FittedStart:
         candidate, _ = drop_oldest_exchanges(self.turns, count=k)
         try:
             return candidate, self.engine.start_chat(candidate, self.settings, min_reply_tokens=room)
-        except PromptError as exc:
+        except ContextError as exc:     # too long: fewer exchanges may fit. Any other refusal is the visitor's to see.
             return candidate, exc
 
     def __call__(self):
         """Linear in the history: O(log n) asks of the engine, each tokenising the already bounded turns once."""
         candidate, result = self._attempt(0, self.room)
         k = 0
-        if isinstance(result, PromptError):
+        if isinstance(result, ContextError):
             lo, hi = 1, n_exchanges(self.turns) - 1          # the last exchange (the new message) always stays
             best = None
             while lo <= hi:
                 mid = (lo + hi) // 2
                 c, r = self._attempt(mid, self.room)
-                if isinstance(r, PromptError):
+                if isinstance(r, ContextError):
                     lo = mid + 1
                 else:
                     best, hi = (mid, c, r), mid - 1
             if best is None:           # no drop leaves that room: the most there is, if the message fits at all
                 best = (max(0, n_exchanges(self.turns) - 1), *self._attempt(max(0, n_exchanges(self.turns) - 1), 1))
-                if isinstance(best[2], PromptError):
+                if isinstance(best[2], ContextError):
                     raise best[2]
             k, candidate, result = best
         self.turns, self.dropped = candidate, self.dropped + k

@@ -23,7 +23,7 @@ from pydantic import ValidationError, model_validator
 from spice_core.api import (DEFAULT_LORE_RANK, DEFAULT_REPLY_TOKENS, EngineInfo, EngineLike, RunSettings,
                             default_shape, format_bytes, own_shape)
 from spice_core.errors import ConfigError, SpiceError
-from pages.limits import SLIDER_RANGES, Limits, as_typed, quoted, slider_ranges, strict_bool  # noqa: F401 - SLIDER_RANGES: re-exported
+from pages.limits import SLIDER_RANGES, Limits, number_as_typed, quoted, slider_ranges, strict_bool  # noqa: F401 - SLIDER_RANGES: re-exported
 from pages.models import SwitchBook
 from pages.owners import RunBook, valid_run_id
 from pages.runner import EngineRunner
@@ -263,16 +263,16 @@ def _settings_from_values(info: EngineInfo, values: dict, ranges: dict) -> RunSe
             try:
                 number = float(value)
             except OverflowError:       # an integer like 10**400 sent by an API client
-                raise ConfigError(f"{name}={as_typed(value)} is out of range: use an integer{span}") from None
+                raise ConfigError(f"{name}={number_as_typed(value)} is out of range: use an integer{span}") from None
             except ValueError:
                 raise ConfigError(f"{name}={str(value)[:20]!r} is not a number: use an integer{span}") from None
             if number != number or abs(number) == float("inf"):
-                raise ConfigError(f"{name}={as_typed(value)} is out of range: use an integer{span}")
+                raise ConfigError(f"{name}={number_as_typed(value)} is out of range: use an integer{span}")
             if not number.is_integer():
                 raise ConfigError(f"{name}={number:g} is not a whole number: use an integer{span}")
             typed, value = value, int(number)
             if low is not None and not low <= value <= high:
-                shown = value if isinstance(typed, float) else as_typed(typed)     # 40.0 from a slider: 40
+                shown = value if isinstance(typed, float) else number_as_typed(typed)     # 40.0 from a slider: 40
                 raise ConfigError(f"{name}={shown} is out of range: use an integer{span}")
         elif name in _FLOAT_FIELDS:
             if isinstance(value, bool) or not isinstance(value, (int, float, str)):
@@ -281,7 +281,7 @@ def _settings_from_values(info: EngineInfo, values: dict, ranges: dict) -> RunSe
                 value = float(value)
             except OverflowError:       # an integer like 10**400 sent by an API client
                 span = f": use a value in [{low:g}, {high:g}]" if low is not None else ""
-                raise ConfigError(f"{name}={as_typed(value)} is out of range{span}") from None
+                raise ConfigError(f"{name}={number_as_typed(value)} is out of range{span}") from None
             except ValueError:
                 raise ConfigError(f"{name}={quoted(value)} is not a number") from None
             if value != value:

@@ -22,7 +22,7 @@ def quoted(value, limit: int = 20) -> str:
     return errors.quoted(value, limit)
 
 
-def as_typed(value) -> str:
+def number_as_typed(value) -> str:
     """A number as a note quotes it: as typed (a string without quotes), at most 20 characters, except an integer,
     which is never cut to another number (`quoted`: longer ones shortened with "..." or described by size)."""
     if isinstance(value, int) and not isinstance(value, bool):
@@ -158,11 +158,11 @@ def bounded_number(value, control: str, lo: float, hi: float, *, integer: bool =
     try:
         number = float(value)
     except OverflowError:       # an integer like 10**400 sent by an API client
-        raise ConfigError(f"{control}={as_typed(value)} is out of range: use a value from {lo:g} to {hi:g}") from None
+        raise ConfigError(f"{control}={number_as_typed(value)} is out of range: use a value from {lo:g} to {hi:g}") from None
     except (TypeError, ValueError):
         raise ConfigError(f"{control}: {quoted(value)} is not a number; use a value from {lo:g} to {hi:g}") from None
     if number != number or number in (float("inf"), float("-inf")) or not lo <= number <= hi:
-        raise ConfigError(f"{control}={as_typed(value)} is out of range: use a value from {lo:g} to {hi:g}")
+        raise ConfigError(f"{control}={number_as_typed(value)} is out of range: use a value from {lo:g} to {hi:g}")
     if integer:
         if not number.is_integer():
             raise ConfigError(f"{control}={number:g} must be a whole number from {lo:g} to {hi:g}")
@@ -177,4 +177,4 @@ def strict_bool(value, control: str) -> bool:
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
-    raise ConfigError(f"{control}: {str(value)[:20]!r} is not true or false")
+    raise ConfigError(f"{control}: {quoted(value)} is not true or false: use true or false")

@@ -168,7 +168,7 @@ class RunStream:
                         break
                 self._tokens += 1
                 self._queue.put(step)
-                # No break on step.finished: the engine registers the run after its last yield.
+                # No break on step.finished: the run's generator ends itself right after (it is recorded by then).
                 self._between_tokens()
         except SpiceError as exc:
             self.error = str(exc)

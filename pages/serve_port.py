@@ -8,6 +8,7 @@ where.
 """
 from __future__ import annotations
 
+import errno
 import os
 import socket
 
@@ -35,11 +36,20 @@ def asked_address() -> tuple[str, int | None]:
     if not raw:
         return host, None
     port = int(raw)
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)     # as the server binds: TIME_WAIT is free
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ValueError(f"GRADIO_SERVER_NAME={host[:60]!r} is not an address of this machine ({exc}): use 127.0.0.1, "
+                         "0.0.0.0 or a name that resolves") from None
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        if os.name != "nt":     # as the server binds (TIME_WAIT is free); on Windows it would let a taken port bind
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((host, port))
+            sock.bind(address)
         except OSError as exc:
-            raise ValueError(f"port {port} on {host} ({PORT_ENV}) is not free ({exc.strerror or exc}): stop what "
-                             "uses it or set another port") from None
+            if exc.errno == errno.EADDRINUSE:
+                raise ValueError(f"port {port} on {host} ({PORT_ENV}) is not free: stop what uses it or set another "
+                                 "port") from None
+            raise ValueError(f"cannot listen on {host} port {port} ({exc.strerror or exc}): set another "
+                             f"{PORT_ENV} or GRADIO_SERVER_NAME") from None
     return host, port

@@ -62,7 +62,7 @@ def _check_range(name: str, value: float) -> None:
 SEED_MAX = 2**63 - 1          # torch.manual_seed takes a signed 64-bit value
 
 
-def _checked_int(name: str, value, lo: int, hi: int | None) -> int:
+def checked_int(name: str, value, lo: int, hi: int | None) -> int:
     """``value`` as a Python int in [lo, hi] (hi None: no upper bound); numpy's integers are Integral too.
     ConfigError naming the setting: "not an integer" for another type, "out of range" for one outside."""
     span = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
@@ -134,7 +134,7 @@ class RunSettings:
                               "(--tau-int8; 0 = no int8 CPU runs)")
         for name, lo, hi in (("max_lookahead", *SETTING_RANGES["max_lookahead"]), ("lore_rank", 1, None),
                              ("max_new_tokens", 1, MAX_NEW_TOKENS_LIMIT)):
-            object.__setattr__(self, name, _checked_int(name, getattr(self, name), lo, hi))
+            object.__setattr__(self, name, checked_int(name, getattr(self, name), lo, hi))
         _check_range("temperature", self.temperature)
         _check_range("top_p", self.top_p)
         if self.repetition_penalty is not None:

@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 
 from spice_core.assembly import build_runtime
-from spice_core.config import LANE_OFFERS, POLICIES, RunSettings, check_copy_issue
+from spice_core.config import LANE_OFFERS, POLICIES, RunSettings, check_copy_issue, checked_int
 from spice_core.records import EngineInfo, RunSummary, StepStats
-from spice_core.errors import ConfigError, PromptError, SpiceError, quoted
+from spice_core.errors import ConfigError, ContextError, PromptError, SpiceError, quoted
 from spice_core.exec.experts import installed
 from spice_core.generation import build_prompt_ids, check_prompt_ids, prompt_id_list
 from spice_core.machine import Machine
@@ -141,9 +141,10 @@ class SpiceEngine:
             if value is not None and not isinstance(value, (str, os.PathLike)):
                 also = ", a shipped model's name or a hub id" if name == "model" else ""
                 raise ConfigError(f"{name}={quoted(value)}: pass a folder (str or Path){also}, or None")
-        allowed = set(inspect.signature(cls.__init__).parameters) - {"self", "lm"}
+        params = inspect.signature(cls.__init__).parameters
+        allowed = set(params) - {"self", "lm"}
         unknown = sorted(set(kw) - allowed)
-        if unknown:
+        if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):     # a subclass taking **kw: its own
             raise ConfigError(f"SpiceEngine.load: unknown argument(s) {', '.join(unknown)}: use {', '.join(sorted(allowed))}")
         check_lane_offer(kw.get("lane_offer", "auto"))
         check_copy_issue(kw.get("copy_issue", "direct"))
@@ -205,14 +206,13 @@ class SpiceEngine:
         check_prompt_ids(input_ids, self.lm.model.get_input_embeddings().num_embeddings)
         ctx, n = self.lm.max_context_tokens, len(input_ids)
         if n >= ctx:
-            raise PromptError(f"the prompt is {n} tokens but the model's context is {ctx} tokens: "
-                              "shorten the prompt (or start a new chat)")
-        if isinstance(min_reply_tokens, bool) or not isinstance(min_reply_tokens, int) or min_reply_tokens < 1:
-            raise ConfigError(f"min_reply_tokens={min_reply_tokens!r}: use an integer >= 1")
+            raise ContextError(f"the prompt is {n} tokens but the model's context is {ctx} tokens: "
+                               "shorten the prompt (or start a new chat)")
+        min_reply_tokens = checked_int("min_reply_tokens", min_reply_tokens, 1, None)
         if ctx - n < min_reply_tokens:
-            raise PromptError(f"the prompt is {n} tokens, which leaves {ctx - n} of the model's {ctx}-token context "
-                              f"for the reply, fewer than the {min_reply_tokens} asked: shorten the prompt "
-                              "(or start a new chat)")
+            raise ContextError(f"the prompt is {n} tokens, which leaves {ctx - n} of the model's {ctx}-token context "
+                               f"for the reply, fewer than the {quoted(min_reply_tokens)} asked: shorten the prompt "
+                               "(or start a new chat)")
         self._validate(settings)
         return GenerationRun(self, list(input_ids), settings)
 

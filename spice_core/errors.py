@@ -9,7 +9,7 @@ def quoted(value, limit: int = 40) -> str:
     """A caller's value as an error message quotes it (its repr), at most ``limit`` characters: it may be megabytes.
     An integer past ~60 digits is described by its size (its repr may even be refused: Python's digit limit)."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
-        return f"{'-' if value < 0 else ''}an integer of about {int(value.bit_length() * 0.30103) + 1:,} digits"
+        return f"{'a negative' if value < 0 else 'an'} integer of about {int(value.bit_length() * 0.30103) + 1:,} digits"
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
@@ -32,6 +32,10 @@ class UnsupportedModelError(ModelLoadError):
 
 class PromptError(SpiceError):
     """The prompt is empty, too long or otherwise unusable."""
+
+
+class ContextError(PromptError):
+    """The prompt does not fit the model's context (or leaves the reply less room than asked): shorter text fits."""
 
 
 class ArtifactError(SpiceError):

@@ -4,7 +4,8 @@
         DynamicCache, or the graphed executor's step) with the runtime installed on the experts modules
         ─► sample ─► the recorder's TokenRecord ─► StepStats ─► at the end a RunSummary in the registry
 
-Holds the engine's one-generation lock while it is iterated; settings changes arrive between tokens
+Holds the engine's one-generation lock while it is iterated, up to its last step, which comes once the run is
+recorded and the lock released; settings changes arrive between tokens
 (`update_settings`), cancellation too. Knows the engine only through what it calls on it.
 """
 from __future__ import annotations
@@ -201,8 +202,9 @@ class GenerationRun:
             log.warning("run %s: could not record the failed run", self.run_id, exc_info=True)
 
     def _steps(self, rt: LayerRuntime, stepper, streamer: TextStreamer, eos: set[int], max_new: int, timing: str):
-        """Yield the run's StepStats, one per token, but the last; returns why it ended and the last step (None when
-        a cancel ended it before a token), which the run delivers once it is recorded (`_iterate`)."""
+        """Yield the run's StepStats, one per token, but the last; returns why it ended and the last step, which the
+        run delivers once it is recorded (`_iterate`): None when no step ended it (a cancel seen between two tokens,
+        or no token to make)."""
         forced, wall = self.forced_ids, time.perf_counter
         gen = None                    # the sampler's generator, seeded once the run samples
         cur = list(self.input_ids)

@@ -136,7 +136,10 @@ def _checkpoint_keys(path: Path, files: list[Path]) -> set[str]:
     from safetensors import safe_open
 
     index = path / "model.safetensors.index.json"
-    if index.exists():
+    single = path / "model.safetensors"
+    if single.is_file():        # what transformers loads first, an index beside it or not
+        files = [single]
+    elif index.exists():
         try:
             weight_map = json.loads(index.read_bytes().decode("utf-8"))["weight_map"]
         except (UnicodeDecodeError, ValueError, RecursionError, KeyError, TypeError) as e:
@@ -149,9 +152,7 @@ def _checkpoint_keys(path: Path, files: list[Path]) -> set[str]:
         if missing:
             raise ModelLoadError(f"checkpoint shard {missing[0]} is missing from {path}: restore it or re-save the checkpoint")
         files = [path / w for w in sorted(wanted)]      # the shards transformers reads: not calibration files beside
-    elif (path / "model.safetensors").is_file():
-        files = [path / "model.safetensors"]
-    _check_digests(path, [path / "config.json", *([index] if index.exists() else []), *files])
+    _check_digests(path, [path / "config.json", *([index] if index.exists() and not single.is_file() else []), *files])
     keys: set[str] = set()
     for f in files:
         try:
@@ -173,14 +174,15 @@ def _check_digests(path: Path, files: list[Path]) -> None:
     if not sums.is_file():
         return
     try:
-        text = sums.read_text("utf-8", "replace")
+        text = sums.read_text("utf-8-sig", "replace")
     except OSError as e:
         raise ModelLoadError(f"--model {path}: {CHECKSUMS} cannot be read ({e.strerror or e}): fix its permissions") from e
     listed = {}
     for line in text.splitlines():
         parts = line.split(None, 1)
         if len(parts) == 2 and re.fullmatch(r"[0-9a-fA-F]{64}", parts[0]):
-            listed[parts[1].strip().lstrip("*")] = parts[0].lower()    # "*name": sha256sum's binary mode
+            name = parts[1].strip().removeprefix("*")      # "*name": sha256sum's binary mode
+            listed[name.removeprefix("./")] = parts[0].lower()     # "./name": `sha256sum ./*`
     for f in files:
         want = listed.get(f.name)
         if want is None:
@@ -191,7 +193,8 @@ def _check_digests(path: Path, files: list[Path]) -> None:
                 h.update(block)
         if h.hexdigest() != want:
             raise ModelLoadError(f"checkpoint file {f.name} in {path} does not match its digest in {CHECKSUMS} "
-                                 "(corrupted or changed): restore it")
+                                 f"(corrupted or changed): restore it, or if you changed it on purpose, update or "
+                                 f"remove {CHECKSUMS}")
 
 
 def read_config(path: Path) -> dict:

@@ -31,6 +31,7 @@ import json
 import math
 import os
 import re
+import stat
 import tempfile
 from collections import defaultdict
 from contextlib import contextmanager
@@ -274,16 +275,33 @@ def written_whole(path: Path) -> Iterator[Path]:
     """A scratch file beside ``path`` to write into: it becomes ``path`` (``os.replace``) when the block ends
     normally and is removed when it raises (a full disk, Ctrl-C), so ``path`` is never a cut-short file, and an
     earlier export there is kept until the new one is whole. The folder is made if needed."""
-    path = Path(path)
+    path = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)    # a link: write its target
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=".export-", suffix=".part")    # short: any name fits
     os.close(fd)
     try:
+        os.chmod(scratch, _mode_for(path))       # mkstemp's 0600 would make every export private
         yield Path(scratch)
         os.replace(scratch, path)
     except BaseException:
         Path(scratch).unlink(missing_ok=True)
         raise
+
+
+def _mode_for(path: Path) -> int:
+    """The permissions a plain write would give ``path``: an existing file's own, else 0666 less the umask (read
+    from /proc on Linux; 0644 where it cannot be read without changing it)."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        pass
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o644
 
 
 def write_json(obj: dict, path: Path) -> Path:

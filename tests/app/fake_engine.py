@@ -31,7 +31,7 @@ from pathlib import Path
 
 from spice_core.api import (EXACT_POLICIES, POLICIES, EngineInfo, LaneInterval, PrefetchRecord,
                             RunSettings, RunSummary, StepStats)
-from spice_core.errors import ConfigError, PromptError, SpiceError
+from spice_core.errors import ConfigError, ContextError, PromptError, SpiceError
 from spice_core.trace.events import CPU_INT8_OUTCOME, CPU_INT8_RUN, TraceEvent
 from spice_core.trace.metrics import summarize
 from spice_core.trace.recorder import Recorder
@@ -299,7 +299,7 @@ class FakeEngine:
         prompt = "\n".join(lines) + "\nassistant:"
         n_tokens = len(prompt) // 4 + 1
         if n_tokens <= self.max_context_tokens and self.max_context_tokens - n_tokens < min_reply_tokens:
-            raise PromptError(f"The prompt is {n_tokens} tokens, which leaves fewer than {min_reply_tokens} for the reply.")
+            raise ContextError(f"The prompt is {n_tokens} tokens, which leaves fewer than {min_reply_tokens} for the reply.")
         return self.start_prompt(prompt, settings)
 
     def start_prompt(self, prompt: str, settings: RunSettings) -> FakeGeneration:
@@ -309,8 +309,8 @@ class FakeEngine:
             raise PromptError("The prompt is empty: type something to send.")
         n_tokens = len(prompt) // 4 + 1
         if n_tokens > self.max_context_tokens:
-            raise PromptError(f"The prompt is {n_tokens} tokens; the model reads at most "
-                              f"{self.max_context_tokens}: shorten it or start a new chat.")
+            raise ContextError(f"The prompt is {n_tokens} tokens; the model reads at most "
+                               f"{self.max_context_tokens}: shorten it or start a new chat.")
         run = _Run(f"run-{self._next_id:04d}", settings)
         self._next_id += 1
         self._runs[run.run_id] = run

@@ -217,7 +217,7 @@ BAD_SETTINGS = [
     (dict(max_new_tokens=10**30), "max_new_tokens=1000000000000000000000000000000 is out of range"),
     # Regression (review): "no" and "false" were true (an exact re-run nobody asked for, on the shared engine).
     (dict(check_exact="no"), "check_exact): 'no' is not true or false"),
-    (dict(check_exact=0), "check_exact): '0' is not true or false"),
+    (dict(check_exact=0), "check_exact): 0 is not true or false: use true or false"),
     (dict(live_panels="yes"), "live_panels): 'yes' is not true or false"),
     (dict(cpu_lane="yes"), "cpu_lane: 'yes' is not true or false"),
 ]

@@ -65,3 +65,23 @@ def test_a_new_message_past_the_context_is_refused_as_before():
     with pytest.raises(PromptError, match="at most 1024"):
         fit()
     assert not engine.generations
+
+
+def test_a_refusal_that_is_not_about_length_drops_nothing_and_reaches_the_visitor():
+    """Regression (review of this module): every PromptError was taken for "too long", so an old message the engine
+    refused for another reason (a lone surrogate) made the search drop every exchange up to it, and the note said
+    they were left out to fit the context."""
+    from spice_core.errors import PromptError
+
+    class Refusing(FakeEngine):
+        def start_chat(self, messages, settings, *, min_reply_tokens=1):
+            if any("\ud800" in m["content"] for m in messages):
+                raise PromptError("message holds a lone surrogate")
+            return super().start_chat(messages, settings, min_reply_tokens=min_reply_tokens)
+
+    engine = Refusing(max_context_tokens=4096)
+    turns = _chat(6)
+    turns[6] = dict(turns[6], content="bad \ud800 text")
+    with pytest.raises(PromptError, match="lone surrogate"):
+        FittedStart(engine, turns, SETTINGS, 4096)()
+    assert not engine.generations

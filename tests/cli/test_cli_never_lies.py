@@ -39,6 +39,7 @@ def copy_model(tiny_model, tmp_path, **config):
 def test_a_checkpoint_index_whose_weight_map_is_not_an_object_is_one_line(capsys, tmp_path, tiny_model, weight_map):
     """Regression: `"weight_map": [1, 2]` was an AttributeError traceback."""
     d = copy_model(tiny_model, tmp_path)
+    (d / "model.safetensors").rename(d / "model-00001-of-00001.safetensors")   # a sharded checkpoint: its index rules
     (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     code, _, err = run_cli(capsys, ["generate", "--model", d, "--prompt", "hi", "--max-new-tokens", "1"])
     one_line(code, err, "model.safetensors.index.json", "re-save")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from spice_core.api import RunSettings
-from spice_core.errors import ConfigError, PromptError
+from spice_core.errors import ConfigError, ContextError, PromptError
 from spice_core.run import EngineBusyError
 
 PROMPT = [5, 6, 7, 8]
@@ -195,15 +195,21 @@ def test_asking_for_a_running_runs_summary_says_it_is_still_generating(engine):
 
 
 def test_a_chat_can_ask_for_room_to_reply(engine):
-    """`min_reply_tokens`: a prompt that leaves the reply less room in the context is a PromptError saying how much
+    """`min_reply_tokens`: a prompt that leaves the reply less room in the context is a ContextError saying how much
     it leaves; one that leaves enough starts; a bad value is a ConfigError naming it."""
+    import numpy as np
+
     ctx = engine.lm.max_context_tokens
     ids = [5] * (ctx - 10)
     with pytest.raises(PromptError, match=rf"leaves 10 of the model's {ctx}-token context for the reply, fewer than "
                                           r"the 11 asked"):
         engine.start_ids(ids, RunSettings(max_new_tokens=2), min_reply_tokens=11)
-    run = engine.start_ids(ids, RunSettings(policy="lru", max_new_tokens=2), min_reply_tokens=10)
+    run = engine.start_ids(ids, RunSettings(policy="lru", max_new_tokens=2), min_reply_tokens=np.int64(10))
     assert len(list(run)) == 2
+    with pytest.raises(ContextError, match="fewer than the an integer of about 5,001 digits asked"):
+        engine.start_ids(ids, RunSettings(max_new_tokens=2), min_reply_tokens=10**5000)
+    with pytest.raises(ConfigError, match="max_new_tokens=a negative integer of about 401 digits is out of range"):
+        RunSettings(max_new_tokens=-10**400)
     for bad in (0, 2.5, True, "8"):
         with pytest.raises(ConfigError, match="min_reply_tokens"):
             engine.start_ids(ids, RunSettings(max_new_tokens=2), min_reply_tokens=bad)

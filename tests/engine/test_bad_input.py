@@ -318,3 +318,20 @@ def test_a_stray_safetensors_file_beside_the_checkpoint_is_not_read(tmp_path, ti
     shutil.copytree(tiny_dirs["mixtral"], d)
     (d / "notes.safetensors").write_bytes(b"garbage")
     assert load_model(d, "cpu").n_experts > 0
+
+
+def test_checksums_written_as_sha256sum_does_are_read_and_an_index_beside_a_single_file_is_ignored(tmp_path, tiny_dirs):
+    """Review of the checksum check: `sha256sum ./*` lines ("./name") and a byte-order mark were skipped (the file went
+    unchecked); with model.safetensors and a stale index side by side the index's shards were checked, though
+    transformers loads model.safetensors."""
+    import hashlib
+
+    d = tmp_path / "sums2"
+    shutil.copytree(tiny_dirs["mixtral"], d)
+    f = d / "model.safetensors"
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "model-00009-of-00009.safetensors"}}))
+    (d / "checksums.sha256").write_text("\ufeff" + "0" * 64 + "  ./model.safetensors\r\n", encoding="utf-8")
+    with pytest.raises(ModelLoadError, match="model.safetensors .* or if you changed it on purpose, update or remove"):
+        load_model(d, "cpu")
+    (d / "checksums.sha256").write_text(f"{hashlib.sha256(f.read_bytes()).hexdigest()}  ./model.safetensors\n")
+    assert load_model(d, "cpu").n_experts > 0

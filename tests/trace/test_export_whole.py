@@ -53,3 +53,23 @@ def test_a_failed_zip_leaves_nothing_at_its_name(tmp_path, monkeypatch):
     monkeypatch.undo()
     zpath = zip_dir(run, tmp_path / "out" / "tb.zip")
     assert zipfile.ZipFile(zpath).namelist() == ["run/w.pt.trace.json.gz"] and _only(tmp_path / "out", "tb.zip")
+
+
+def test_an_export_has_a_plain_writes_permissions_and_goes_through_a_link(tmp_path):
+    """Regression (review): the scratch file's 0600 stayed on every export, and a symlinked name was replaced by a file
+    while its target kept the old export."""
+    import os
+    import stat
+
+    fresh = export.write_json({"a": 1}, tmp_path / "fresh.json")
+    plain = tmp_path / "plain.json"
+    plain.write_text("{}")
+    assert stat.S_IMODE(fresh.stat().st_mode) == stat.S_IMODE(plain.stat().st_mode)
+    os.chmod(plain, 0o640)
+    export.write_json({"b": 2}, plain)
+    assert stat.S_IMODE(plain.stat().st_mode) == 0o640
+    target, link = tmp_path / "target.json", tmp_path / "link.json"
+    target.write_text("old")
+    link.symlink_to(target)
+    export.write_json({"c": 3}, link)
+    assert link.is_symlink() and json.loads(target.read_text()) == {"c": 3}
