@@ -57,9 +57,11 @@ class FittedStart:
                 else:
                     best, hi = (mid, c, r), mid - 1
             if best is None:           # no drop leaves that room: the most there is, if the message fits at all
-                best = (max(0, n_exchanges(self.turns) - 1), *self._attempt(max(0, n_exchanges(self.turns) - 1), 1))
-                if isinstance(best[2], ContextError):
-                    raise best[2]
+                alone = max(0, n_exchanges(self.turns) - 1)
+                c, r = self._attempt(alone, 1)
+                if isinstance(r, ContextError):
+                    raise r
+                best = (alone, c, r)
             k, candidate, result = best
         self.turns, self.dropped = candidate, self.dropped + k
         return result

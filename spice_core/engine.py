@@ -193,8 +193,8 @@ class SpiceEngine:
         return self.start_ids(build_prompt_ids(self.lm.tokenizer, prompt=prompt), settings)
 
     def start_chat(self, messages: list[dict], settings: RunSettings, *, min_reply_tokens: int = 1) -> "GenerationRun":
-        """``min_reply_tokens``: refuse (PromptError) a conversation that leaves the reply less room than this
-        in the model's context (a chat front end that leaves out old exchanges asks for room to answer in)."""
+        """``min_reply_tokens``: refuse (`ContextError`, a PromptError) a conversation that leaves the reply less room
+        than this in the model's context (a chat front end that leaves out old exchanges asks for room to answer in)."""
         self._validate(settings)
         return self.start_ids(build_prompt_ids(self.lm.tokenizer, messages=messages), settings,
                               min_reply_tokens=min_reply_tokens)
