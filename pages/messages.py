@@ -221,8 +221,10 @@ def restore_kept(saved, cursor: str) -> list[dict]:
 
 def engine_turns(history: list[dict]) -> list[dict]:
     """The turns the model sees: user and assistant text as typed or generated (`typed_text`), without the app's
-    notes or empty turns."""
-    turns = [{"role": m["role"], "content": typed_text(m["content"])} for m in history if not is_app_note(m)]
+    notes or empty turns, cleaned as a new message is (`clean_message`: an API client's history may hold control
+    characters or lone surrogates, which the engine would refuse)."""
+    turns = [{"role": m["role"], "content": clean_message(typed_text(m["content"])).text} for m in history
+             if not is_app_note(m)]
     return [t for t in turns if t["content"].strip()]
 
 

@@ -571,3 +571,16 @@ def test_stop_while_the_message_waits_inside_the_engine_queue_cancels_it_before_
     assert outs and _notes(outs[0][1]) == [WITHDRAWN_CHAT_NOTE] and outs[0][1][:-1] == [], outs
     assert list(gen) == []
     assert served.wait_idle(10)
+
+
+def test_an_api_historys_control_characters_and_lone_surrogates_are_cleaned_as_a_new_message_is(served, client):
+    """An API client's old turns are not the browser's: they are cleaned as the new message is (a lone surrogate,
+    which raw JSON can carry as an escape, was the engine's refusal of the whole message)."""
+    from pages.messages import engine_turns
+
+    history = [{"role": "user", "content": "first question\x00\x07"}, {"role": "assistant", "content": "ok"}]
+    out = client.predict(*chat_inputs("and now?", history, max_new_tokens=3), api_name="/chat")
+    assert _assistant_text(out[1]), last_notes(out[1])
+    prompt = served.engine.generations[-1]._prompt
+    assert "first question" in prompt and "\x00" not in prompt and "\x07" not in prompt
+    assert engine_turns([{"role": "user", "content": "a\ud800b"}]) == [{"role": "user", "content": "ab"}]
