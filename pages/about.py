@@ -201,7 +201,8 @@ def benchmark_tables(folder: Path) -> list[BenchmarkTable]:
     for path in sorted(Path(folder).rglob("*.md")):
         try:
             text = path.read_text(encoding="utf-8")
-        except OSError:
+        except (OSError, UnicodeDecodeError):      # one unreadable or non-UTF-8 file: left out, not the whole list
+            log.warning("about: left out %s (not readable as UTF-8 text)", path)
             continue
         heading, table = first_table(text)
         if not table:
@@ -365,7 +366,7 @@ class AboutPage:
         heading = f"**{b.heading}**\n\n" if b.heading else ""
         try:
             model = model_named(b.path.read_text(encoding="utf-8"), self._infos())
-        except OSError:
+        except (OSError, UnicodeDecodeError):
             model = self._infos()[0]
         table, dropped, named = rows_for_lore_ranks(b.table, tuple(model.lore_ranks))
         note = lore_rank_note(model, dropped, named)

@@ -73,6 +73,8 @@ def parse_values(text: str, field: str, ranges: Mapping[str, tuple] = SETTING_RA
     values = []
     for t in items:
         try:
+            if "_" in t:         # float() reads "0_1" as 1.0: not a value anyone typed as such
+                raise ValueError(t)
             v = float(t)
         except ValueError:
             raise ConfigError(f"{name}: {quoted(t.strip())} is not a number; separate values with commas") from None
@@ -107,6 +109,8 @@ def plan_sweep(info: EngineInfo, limits: Limits, defaults: RunSettings, max_prom
                policies, tau_prefetch_text, tau_approx_text, cache_frac, max_new_tokens, profile,
                shape) -> SweepPlan:
     """The sweep the boxes ask for, within this server's limits; ConfigError naming the box to change otherwise."""
+    if prompts_text is not None and not isinstance(prompts_text, str):     # an API client's list: not str() of it
+        raise ConfigError(f"Prompts: send them as text, one per line, not as a {type(prompts_text).__name__}")
     prompts = [p.strip() for p in str(prompts_text or "").splitlines() if p.strip()]
     if not prompts:
         raise ConfigError("Prompts: write at least one prompt, one per line")
@@ -124,7 +128,16 @@ def plan_sweep(info: EngineInfo, limits: Limits, defaults: RunSettings, max_prom
     if not info.has_lore and tau_approx != [0.0]:
         tau_approx = [0.0]
         notes.append("τ_approx was left at 0: this model has no LoRE factors, so nothing is approximated.")
-    settings = grid(policies, parse_values(tau_prefetch_text, "tau_prefetch"), tau_approx, base)
+    tau_prefetch = parse_values(tau_prefetch_text, "tau_prefetch")
+    # Counted before the grid is built: a few kB of values would otherwise build millions of settings, on the
+    # engine's queue, only to be refused (review: 1,200 values a box took 53 s, and the cost grows with the square).
+    n_settings = sum((len(tau_prefetch) if p in PREFETCHING else 1) * (1 if p in EXACT_POLICIES else len(tau_approx))
+                     for p in policies)
+    if n_settings * len(prompts) > limits.sweep_max_runs:
+        raise ConfigError(f"it would make at least {n_settings * len(prompts):,} runs ({n_settings:,} settings × "
+                          f"{len(prompts)} prompts); the limit is {limits.sweep_max_runs}. Use fewer values, policies "
+                          "or prompts.")
+    settings = grid(policies, tau_prefetch, tau_approx, base)
     plan = SweepPlan(tuple(prompts), tuple(settings), base, tuple(notes))
     _check_size(plan, limits)
     return plan
@@ -139,7 +152,7 @@ def _policies(info: EngineInfo, policies) -> list[str]:
     unknown = [p for p in policies if p not in info.policies]
     if unknown:
         raise ConfigError(f"Policies: {unknown[0][:40]!r} is unknown; choose from {', '.join(info.policies)}")
-    return list(policies)
+    return list(dict.fromkeys(policies))
 
 
 def _check_size(plan: SweepPlan, limits: Limits) -> None:

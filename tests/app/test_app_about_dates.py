@@ -92,3 +92,11 @@ def test_the_picker_and_the_source_line_name_no_date_for_an_undated_file(tmp_pat
         assert page.show("a.md").endswith("Source: `a.md`")
     finally:
         ctx.exports.cleanup()
+
+
+def test_a_file_that_is_not_utf8_is_left_out_not_the_whole_list(tmp_path):
+    """Regression (review): one benchmark file with a Latin-1 byte was a UnicodeDecodeError traceback that emptied the
+    About page's whole benchmark section."""
+    (tmp_path / "good.md").write_text("| a | b |\n|---|---|\n| 1 | 2 |\n")
+    (tmp_path / "latin1.md").write_bytes(b"| caf\xe9 | 1 |\n|---|---|\n| 1 | 2 |\n")
+    assert [t.path.name for t in benchmark_tables(tmp_path)] == ["good.md"]

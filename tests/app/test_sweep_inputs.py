@@ -98,3 +98,37 @@ def test_a_sweep_of_a_tokens_count_the_box_does_not_take_is_refused_in_the_notes
     gen.close()
     assert status == "⚠ Sweep not started: Tokens per run=500 is out of range: use a value from 4 to 128", status
     assert page.ctx.engine.generations == []
+
+
+def _plan(prompts="a\nb", policies=("spice",), tp="0.2", ta="0.05", **kw):
+    from pages.limits import Limits
+    from pages.sweep_inputs import plan_sweep
+
+    info = FakeEngine(token_delay_s=0).info()
+    return plan_sweep(info, Limits(), RunSettings(), 2048, prompts, list(policies), tp, ta, kw.get("cache_frac", 0.25),
+                      kw.get("tokens", 8), "rtx4090-pcie4x16", "deepseek-v2-lite")
+
+
+def test_a_sweep_too_large_is_refused_before_its_grid_is_built(monkeypatch):
+    """Regression (review): 1,200 values in each τ box (22 kB) built a 1.44-million-setting grid on the engine's queue,
+    53 s, before the size check refused it; the cost grows with the square of the values."""
+    from pages import sweep_inputs
+
+    def no_grid(*_a, **_k):
+        raise AssertionError("the grid was built before the size was checked")
+
+    monkeypatch.setattr(sweep_inputs, "grid", no_grid)
+    values = ", ".join(f"{i / 10_000:.4f}" for i in range(1, 1201))
+    with pytest.raises(ConfigError, match=r"it would make at least 2,880,000 runs \(1,440,000 settings × 2 prompts\); "
+                                          r"the limit is 120"):
+        _plan(tp=values, ta=", ".join(f"{i / 10_000:.4f}" for i in range(1, 1201)).replace("0.1200", "0.0000"))
+
+
+def test_sweep_inputs_an_api_client_could_send_by_mistake_are_refused_by_name():
+    """Regression (review): a list for Prompts ran as the one literal prompt "['a', 'b']", "0_1" was read as 1.0, and
+    a policy ticked twice counted twice."""
+    with pytest.raises(ConfigError, match="Prompts: send them as text, one per line, not as a list"):
+        _plan(prompts=["a", "b"])
+    with pytest.raises(ConfigError, match="'0_1' is not a number"):
+        parse_values("0_1", "tau_prefetch")
+    assert len(_plan(policies=("lru", "lru")).settings) == 1
