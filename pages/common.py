@@ -499,17 +499,20 @@ class AppContext:
 
     def bound_owner(self, owner: str) -> list[str]:
         """Keep one visitor's finished runs within a share of what the engine keeps (1/OWNER_SHARE_DIVISOR of its
-        budget, never fewer than their newest OWNER_MIN_RUNS), so that one visitor's long replies cannot expire
-        everyone else's: their oldest go first. Returns the run ids dropped."""
+        bytes and of its count of runs, never fewer than their newest OWNER_MIN_RUNS), so that one visitor's long
+        replies, or a sweep's many small runs, cannot expire everyone else's: their oldest go first. Returns the run
+        ids dropped."""
         budget = getattr(self.engine, "max_retained_bytes", None)
         size, forget = getattr(self.engine, "run_bytes", None), getattr(self.engine, "forget_run", None)
         if not owner or budget is None or size is None or forget is None:
             return []
         mine = [e.run_id for e in self.runs.list_for(owner)]          # newest first
         share, held, dropped = budget // OWNER_SHARE_DIVISOR, 0, []
+        kept_max = getattr(self.engine, "max_runs_kept", None)
+        count_share = max(OWNER_MIN_RUNS, kept_max // OWNER_SHARE_DIVISOR) if kept_max else len(mine)
         for i, run_id in enumerate(mine):
             held += size(run_id)
-            if i >= OWNER_MIN_RUNS and held > share:
+            if i >= OWNER_MIN_RUNS and (held > share or i >= count_share):
                 forget(run_id)
                 self.runs.drop(run_id)
                 dropped.append(run_id)

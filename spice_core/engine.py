@@ -238,12 +238,13 @@ class SpiceEngine:
         with self._runs_lock:
             self._runs[rec.run_id] = rec
             self._runs_bytes[rec.run_id] = size
-            while len(self._runs) > 1 and (len(self._runs) > MAX_RUNS_KEPT
+            while len(self._runs) > 1 and (len(self._runs) > self.max_runs_kept
                                            or sum(self._runs_bytes.values()) > self.max_retained_bytes):
                 old, _ = self._runs.popitem(last=False)
                 self._runs_bytes.pop(old, None)
 
     max_retained_bytes = MAX_RETAINED_BYTES     # what the kept runs may hold together (estimated)
+    max_runs_kept = MAX_RUNS_KEPT               # and how many they may be
 
     def run_bytes(self, run_id: str) -> int:
         """What a kept run holds (the estimate the retention budget counts); 0 for an unknown or running one."""

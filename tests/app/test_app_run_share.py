@@ -58,3 +58,18 @@ def test_forget_run_drops_a_kept_run_and_says_so(engine):
     assert engine.run_bytes(run.run_id) == 0 and not engine.forget_run(run.run_id)
     with pytest.raises(SpiceError, match="unknown or expired"):
         engine.get_summary(run.run_id)
+
+
+def test_a_visitors_many_small_runs_cannot_expire_another_visitors_run(engine, monkeypatch):
+    """Regression (review): the per-visitor share counted bytes only, so a 40-run sweep of small runs (far under its
+    byte share) pushed everyone else's runs out of the engine's 32 kept runs. The share counts runs too."""
+    from pages.common import OWNER_MIN_RUNS, OWNER_SHARE_DIVISOR, AppContext
+
+    ctx = AppContext.create(engine)
+    monkeypatch.setattr(engine, "max_runs_kept", 8)
+    bobs = _run(ctx, engine, "browser:bob", tokens=2)
+    alices = [_run(ctx, engine, "browser:alice", tokens=2) for _ in range(10)]
+    kept = {s.run_id for s in engine.list_runs()}
+    assert bobs in kept
+    mine = [r for r in alices if r in kept]
+    assert mine == alices[-len(mine):] and len(mine) <= max(OWNER_MIN_RUNS, 8 // OWNER_SHARE_DIVISOR)
