@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import secrets
 import shutil
 import tempfile
 import threading
@@ -388,7 +389,10 @@ class ExportStore:
                 cached = self._paths.get(key)
             if cached is not None and cached.exists():
                 return cached
-            out = self._root / self.folder_name(run_id) / kind
+            # A new unguessable folder per export: a link handed out while a run was shared stays dead once it is
+            # private again, though its owner exports the same kind again (review: the path was fixed per run and
+            # kind, so the owner's next export brought an old link back to life).
+            out = self._root / self.folder_name(run_id) / f"{kind}-{secrets.token_hex(8)}"
             out.mkdir(parents=True, exist_ok=True)
             try:
                 path = Path(getattr(self._engine, EXPORT_METHODS[kind])(run_id, out))
@@ -423,11 +427,12 @@ class ExportStore:
     def _drop(self, key: tuple[str, str]) -> None:
         path = self._paths.pop(key, None)
         self._key_locks.pop(key, None)
-        folder = self._root / self.folder_name(key[0]) / key[1]
-        shutil.rmtree(folder, ignore_errors=True)
+        run_folder = self._root / self.folder_name(key[0])
+        for folder in run_folder.glob(f"{key[1]}-*"):      # this kind's exports of the run, whatever their token
+            shutil.rmtree(folder, ignore_errors=True)
         if path is not None and path.exists() and path.is_file():
             path.unlink(missing_ok=True)
-        self._remove_empty(folder.parent)
+        self._remove_empty(run_folder)
 
     @staticmethod
     def _remove_empty(folder: Path) -> None:

@@ -339,3 +339,23 @@ def test_a_lore_rank_the_models_factors_lack_is_refused_naming_the_ranks_it_has(
     assert settings_from_values(info, CHAT_DEFAULTS | {"lore_rank": 2}).lore_rank == 2
     # A model without LoRE factors names no ranks: any rank in range is taken (approximation is off there).
     assert settings_from_values(replace(info, lore_ranks=()), CHAT_DEFAULTS).lore_rank == CHAT_DEFAULTS["lore_rank"]
+
+
+def test_an_export_made_again_after_its_run_goes_private_has_a_new_unguessable_path(tmp_path):
+    """Regression (review): an export's path was fixed per run and kind, so after Share was unticked (`drop_run`) the
+    owner's next export of the same kind rewrote the very file an old shared link named, and the link worked again."""
+    class Engine:
+        def list_runs(self):
+            return [SimpleNamespace(run_id="r-1")]
+
+        def export_csv(self, run_id, out_dir):
+            path = out_dir / "t.csv"
+            path.write_text("a\n")
+            return path
+    store = ExportStore(Engine(), tmp_path)
+    shared = store.get("r-1", "csv")
+    assert store.get("r-1", "csv") == shared          # the same export while nothing changed
+    store.drop_run("r-1")
+    again = store.get("r-1", "csv")
+    assert again != shared and not shared.exists() and again.exists()
+    assert len(again.parent.name) >= len("csv-") + 16, again
