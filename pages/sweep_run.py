@@ -58,9 +58,9 @@ def run_sweep(ctx: AppContext, plan: SweepPlan, session: SweepSession, visitor: 
             progress((done, total), desc=f"reference {i + 1}/{len(plan.prompts)}")
             ids, ref_summary, error = yield from _one(ctx, owner, visitor, session, prompt, ref_settings,
                                                       f"sweep reference {i + 1}", (done, total))
-            done += 1
-            if session.stop:
+            if session.stop:          # the run Stop cut short is not counted as done
                 break
+            done += 1
             if error:
                 yield f"⚠ Reference run failed: {esc(error)}", skip, skip, skip
                 return
@@ -70,15 +70,16 @@ def run_sweep(ctx: AppContext, plan: SweepPlan, session: SweepSession, visitor: 
             if session.stop:
                 break
             per_prompt = []
-            for prompt, ref in zip(plan.prompts, references):
+            for j, (prompt, ref) in enumerate(zip(plan.prompts, references)):
                 if session.stop:
                     break
                 progress((done, total), desc=f"{s.policy} τp={s.tau_prefetch:g} τa={s.tau_approx:g}")
-                ids, summary, error = yield from _one(ctx, owner, visitor, session, prompt, s, f"sweep {s.policy}",
-                                                      (done, total))
-                done += 1
+                ids, summary, error = yield from _one(ctx, owner, visitor, session, prompt, s,
+                                                      f"sweep {s.policy} τp={s.tau_prefetch:g} τa={s.tau_approx:g} "
+                                                      f"· prompt {j + 1}", (done, total))
                 if session.stop:
                     break
+                done += 1
                 if error:
                     yield f"⚠ {s.policy} failed: {esc(error)}", skip, skip, skip
                     continue
@@ -89,12 +90,17 @@ def run_sweep(ctx: AppContext, plan: SweepPlan, session: SweepSession, visitor: 
                 yield sweep_views(f"{len(rows)} of {len(plan.settings)} settings done · {done}/{total} runs · "
                                   f"{time.perf_counter() - started:.0f} s", rows, timing)
         verb = (f"Stopped ({session.reason})" if session.reason else "Stopped") if session.stop else "Done"
-        yield sweep_views(f"{verb}: {len(rows)} settings, {done} runs in {time.perf_counter() - started:.0f} s "
+        yield sweep_views(f"{verb}: {_count(len(rows), 'setting')}, {_count(done, 'run')} in "
+                          f"{time.perf_counter() - started:.0f} s "
                           f"({timing} timing, {plan.base.profile}, {plan.base.shape}). {' '.join(plan.notes)}".strip(),
                           rows, timing)
     finally:
         session.running = False
         ctx.runner.cancel_owner(owner, "closed")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _one(ctx: AppContext, owner: str, visitor: str, session: SweepSession, prompt: str, settings: RunSettings,

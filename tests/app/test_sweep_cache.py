@@ -126,3 +126,26 @@ def test_a_number_the_cache_slider_takes_brings_its_own_line_back():
     for typed in (0.25, 0.5, "0.33", 1):
         update = page.on_cache_typed(TypedData(page.cache_frac, typed))
         assert update == gr.update(info=page.cache_info), update
+
+
+def test_a_sweeps_runs_are_labelled_by_their_setting_and_prompt_and_counted_in_words():
+    """Regression (review): every run of a sweep was labelled "sweep spice" in the trace explorer (grid points could
+    not be told apart), and the status said "1 runs"."""
+    page = _page(large_k())
+    gen = page.run("one prompt", ["lru"], "0.2", "0", 0.25, 4, PROFILE, SHAPE, SweepSession(), lambda *a, **k: None)
+    *_, last = gen
+    assert last[0].startswith("Done: 1 setting, 2 runs in"), last[0]
+    runs = [page.ctx.runs.get(g._run.run_id) for g in page.ctx.engine.generations]
+    labels = [e.label for e in runs if e is not None]
+    assert "sweep lru τp=0.2 τa=0 · prompt 1" in labels and "sweep reference 1" in labels, labels
+
+
+def test_a_stopped_sweep_does_not_count_the_run_it_cut_short():
+    """Regression (review): Stop during a run counted that cancelled run as done ("1 runs")."""
+    session = SweepSession()
+    page = _page(FakeEngine(token_delay_s=0.05, n_layers=3, n_experts=8, top_k=4))
+    gen = page.run("one prompt", ["lru"], "0.2", "0", 0.25, 128, PROFILE, SHAPE, session, lambda *a, **k: None)
+    first = next(gen)            # a progress line while the reference run streams (it takes ~6 s)
+    session.stop = True
+    *_, last = gen
+    assert last[0].startswith("Stopped") and "0 runs in" in last[0], (first[0], last[0])
