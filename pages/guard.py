@@ -157,7 +157,10 @@ class FairQueue:
         data = getattr(body, "data", None)
         if isinstance(data, list) and len(data) < len(fn.inputs):
             # Gradio would refuse it later, logging every value sent ("Received inputs: ...").
-            return False, f"This endpoint takes {len(fn.inputs)} inputs and {len(data)} came: see the API page.", \
+            hidden = sum(1 for c in fn.inputs if type(c).__name__ == "State")     # gradio_client sends them itself
+            why = (f" ({hidden} of them the page's hidden state, which the API page leaves out: send null there)"
+                   if hidden else "")
+            return False, f"This endpoint takes {len(fn.inputs)} inputs{why} and {len(data)} came: see the API page.", \
                 "error"
         if self.max_size is not None and fn.queue:
             waiting = sum(1 for e in self._events(running=False) if getattr(e.fn, "queue", True))

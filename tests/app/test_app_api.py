@@ -584,3 +584,15 @@ def test_an_api_historys_control_characters_and_lone_surrogates_are_cleaned_as_a
     prompt = served.engine.generations[-1]._prompt
     assert "first question" in prompt and "\x00" not in prompt and "\x07" not in prompt
     assert engine_turns([{"role": "user", "content": "a\ud800b"}]) == [{"role": "user", "content": "ab"}]
+
+
+def test_too_few_inputs_are_refused_naming_the_hidden_state_the_api_page_leaves_out(served):
+    """Review: "takes 15 inputs" beside an API page listing one fewer (the page's gr.State, which gradio_client sends
+    by itself) read as a contradiction; the refusal says which input is hidden and what to send there."""
+    fn_index = next(i for i, fn in served.demo.fns.items() if fn.api_name == "chat")
+    n = len(served.demo.fns[fn_index].inputs)
+    payload = {"data": ["hi"], "fn_index": fn_index, "session_hash": "too-few", "trigger_id": None, "event_data": None}
+    r = httpx.post(served.url.rstrip("/") + "/gradio_api/queue/join", json=payload, timeout=10)
+    assert r.status_code == 400, r.text
+    assert f"This endpoint takes {n} inputs (1 of them the page's hidden state, which the API page leaves out: send " \
+           "null there) and 1 came" in r.text, r.text
