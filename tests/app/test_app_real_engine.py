@@ -168,3 +168,30 @@ def test_api_chat_takes_odd_histories_without_an_error(real):
                         api_name="/chat")
         assert any(n.startswith("Run ") for n in last_notes(out[1])), (history, out[1])
     c.close()
+
+
+def test_a_long_chat_leaves_the_real_engines_reply_its_room(real):
+    """The chat's history fitting (pages/chat_fit.py) on the real engine's own token count: a chat longer than the
+    context loses its oldest exchanges until the prompt leaves the reply its room, and no more than that."""
+    from pages.chat_fit import FittedStart
+    from spice_core.api import RunSettings
+    from spice_core.errors import ContextError
+
+    engine = real.engine
+    ctx = engine.info().max_context_tokens
+    settings = RunSettings(policy="lru", max_new_tokens=min(32, ctx // 4))
+    turn = "tell me more about the cat and the dog " * 3
+    turns = []
+    while True:
+        turns += [{"role": "user", "content": turn}, {"role": "assistant", "content": turn}]
+        try:
+            engine.start_chat(turns + [{"role": "user", "content": "and now?"}], settings, min_reply_tokens=1)
+        except ContextError:
+            break
+    turns.append({"role": "user", "content": "and now?"})
+    fit = FittedStart(engine, turns, settings, ctx)
+    run = fit()
+    assert fit.dropped > 0 and ctx - len(run.input_ids) >= fit.room == settings.max_new_tokens
+    with pytest.raises(ContextError):         # one exchange fewer dropped would not leave that room
+        engine.start_chat(turns[2 * (fit.dropped - 1):], settings, min_reply_tokens=fit.room)
+    assert len(list(run)) == settings.max_new_tokens or run.summary().finish_reason in ("eos", "stop")

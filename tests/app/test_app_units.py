@@ -198,16 +198,25 @@ def test_starting_a_run_supersedes_only_the_same_owners_previous_one():
 
 
 # --- exports, tables, about --------------------------------------------------------------------------
-def test_exports_go_to_a_folder_named_from_the_run_id_only_and_malformed_ids_never_touch_the_disk(tmp_path):
-    class Engine:
-        def list_runs(self):
-            return [SimpleNamespace(run_id="r-1")]
+class _OneRunExports:
+    """An engine with one run, "r-1", whose exports are small files (what ExportStore needs of an engine)."""
 
-        def export_chrome_trace(self, run_id, out_dir):
-            path = out_dir / "t.json"
-            path.write_text("{}")
-            return path
-    store = ExportStore(Engine(), tmp_path)
+    def list_runs(self):
+        return [SimpleNamespace(run_id="r-1")]
+
+    def export_chrome_trace(self, run_id, out_dir):
+        path = out_dir / "t.json"
+        path.write_text("{}")
+        return path
+
+    def export_csv(self, run_id, out_dir):
+        path = out_dir / "t.csv"
+        path.write_text("a\n")
+        return path
+
+
+def test_exports_go_to_a_folder_named_from_the_run_id_only_and_malformed_ids_never_touch_the_disk(tmp_path):
+    store = ExportStore(_OneRunExports(), tmp_path)
     path = store.get("r-1", "chrome")
     assert path.is_relative_to(tmp_path / "r-1")
     for bad in ("../../etc/x", "x" * 5000, "a/b", ""):
@@ -344,15 +353,7 @@ def test_a_lore_rank_the_models_factors_lack_is_refused_naming_the_ranks_it_has(
 def test_an_export_made_again_after_its_run_goes_private_has_a_new_unguessable_path(tmp_path):
     """Regression (review): an export's path was fixed per run and kind, so after Share was unticked (`drop_run`) the
     owner's next export of the same kind rewrote the very file an old shared link named, and the link worked again."""
-    class Engine:
-        def list_runs(self):
-            return [SimpleNamespace(run_id="r-1")]
-
-        def export_csv(self, run_id, out_dir):
-            path = out_dir / "t.csv"
-            path.write_text("a\n")
-            return path
-    store = ExportStore(Engine(), tmp_path)
+    store = ExportStore(_OneRunExports(), tmp_path)
     shared = store.get("r-1", "csv")
     assert store.get("r-1", "csv") == shared          # the same export while nothing changed
     store.drop_run("r-1")
