@@ -274,10 +274,24 @@ def build_chrome_trace(events: Iterable[TraceEvent], *, metadata: dict) -> dict:
 def written_whole(path: Path) -> Iterator[Path]:
     """A scratch file beside ``path`` to write into: it becomes ``path`` (``os.replace``) when the block ends
     normally and is removed when it raises (a full disk, Ctrl-C), so ``path`` is never a cut-short file, and an
-    earlier export there is kept until the new one is whole. The folder is made if needed."""
+    earlier export there is kept until the new one is whole. The folder is made if needed.
+
+    Where no scratch file can stand in for ``path``, it is written in place, as a plain write would: a device or
+    a pipe (``/dev/stdout``), and a writable file in a folder this process may not add files to."""
     path = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)    # a link: write its target
+    if path.exists() and not path.is_file() and not path.is_dir():
+        yield path
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=".export-", suffix=".part")    # short: any name fits
+    try:
+        fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=".export-", suffix=".part")    # short: any name fits
+    except PermissionError:
+        if not (path.is_file() and os.access(path, os.W_OK)):
+            raise
+        scratch = None
+    if scratch is None:
+        yield path
+        return
     os.close(fd)
     try:
         os.chmod(scratch, _mode_for(path))       # mkstemp's 0600 would make every export private

@@ -73,3 +73,34 @@ def test_an_export_has_a_plain_writes_permissions_and_goes_through_a_link(tmp_pa
     link.symlink_to(target)
     export.write_json({"c": 3}, link)
     assert link.is_symlink() and json.loads(target.read_text()) == {"c": 3}
+
+
+
+def test_an_export_to_a_pipe_or_over_a_file_in_a_folder_it_cannot_add_to_is_written_in_place(tmp_path, monkeypatch):
+    """Regression (review): with the scratch file, exporting to a pipe or device (/dev/stdout) replaced it by a
+    regular file or failed, and so did exporting over a writable file in a folder this process may not add to,
+    where a plain write works; both are written in place again."""
+    import os
+    import stat
+    import tempfile
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    export.write_json({"d": 1}, fifo)
+    reader.join(10)
+    assert got and json.loads(got[0]) == {"d": 1} and stat.S_ISFIFO(fifo.stat().st_mode)
+
+    def refused(*_a, **_k):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    kept = tmp_path / "kept.json"
+    kept.write_text("{}")
+    monkeypatch.setattr(tempfile, "mkstemp", refused)      # the folder takes no new file (as for a non-root user)
+    export.write_json({"e": 2}, kept)
+    assert json.loads(kept.read_text()) == {"e": 2}
+    with pytest.raises(PermissionError):
+        export.write_json({"f": 3}, tmp_path / "new.json")    # no file to write in place: the plain error
