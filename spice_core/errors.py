@@ -30,6 +30,10 @@ class UnsupportedModelError(ModelLoadError):
     """The checkpoint is not one of the supported MoE families."""
 
 
+class ModelOutputError(ModelLoadError):
+    """The loaded model computes logits that are not finite (NaN or infinity): its weights are damaged."""
+
+
 class PromptError(SpiceError):
     """The prompt is empty, too long or otherwise unusable."""
 

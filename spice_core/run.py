@@ -23,7 +23,7 @@ import torch
 
 from spice_core.config import LIVE_FIELDS, RunSettings
 from spice_core.records import RunSummary, StepStats
-from spice_core.errors import ConfigError, EngineBusyError, SpiceError  # noqa: F401 - EngineBusyError re-exported
+from spice_core.errors import ConfigError, EngineBusyError, ModelOutputError, SpiceError  # noqa: F401 - EngineBusyError re-exported
 from spice_core.exec.experts import installed
 from spice_core.generation import (RepetitionPenalty, TextStreamer, checkpoint_repetition_penalty, sample_next,
                                    unapplied_generation_fields)
@@ -222,6 +222,8 @@ class GenerationRun:
                 # Greedy with another token to come: the graphed static step may start the next step early.
                 logits = stepper.forward(cur, run_ahead=self.settings.temperature <= 0 and i < max_new - 1
                                          and forced is None)
+                if i == 0:
+                    _check_finite(logits)
                 if gen is None and self.settings.temperature > 0:    # sampling from here on (also when raised
                     gen = torch.Generator().manual_seed(self.settings.seed)   # mid-run): reproducible by the seed
                 scores = logits if self._penalty is None else self._penalty(logits)
@@ -370,3 +372,11 @@ def _eos_ids(lm) -> set[int]:
     if lm.tokenizer is not None and lm.tokenizer.eos_token_id is not None:
         ids.add(int(lm.tokenizer.eos_token_id))
     return ids
+
+
+def _check_finite(logits: torch.Tensor) -> None:
+    """The first token's logits must be finite: a checkpoint whose weights are NaN (damaged, with no checksum file to
+    catch it at load) otherwise "generates" an empty text. Asked once a run (one reduction and one sync)."""
+    if not bool(torch.isfinite(logits).all()):
+        raise ModelOutputError("the model's logits for the first token are not finite (NaN or infinity): its weights "
+                               "are damaged; restore the checkpoint (re-download it, or re-train a shipped model)")

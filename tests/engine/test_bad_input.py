@@ -335,3 +335,29 @@ def test_checksums_written_as_sha256sum_does_are_read_and_an_index_beside_a_sing
         load_model(d, "cpu")
     (d / "checksums.sha256").write_text(f"{hashlib.sha256(f.read_bytes()).hexdigest()}  ./model.safetensors\n")
     assert load_model(d, "cpu").n_experts > 0
+
+
+def test_a_checkpoint_whose_weights_are_nan_is_refused_at_its_first_token(tmp_path, tiny_dirs):
+    """Regression (review): without a checksums file, a checkpoint whose weights were NaN loaded and generated an
+    empty text with exit 0. The first token's logits are checked: the run stops with a ModelOutputError that says
+    what to do, it is recorded as an error, and the engine stays usable for another model's runs."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from spice_core.engine import SpiceEngine
+    from spice_core.errors import ModelOutputError
+    from spice_core.run import RunSettings
+
+    d = tmp_path / "nan"
+    shutil.copytree(tiny_dirs["mixtral"], d)
+    f = d / "model.safetensors"
+    weights = load_file(f)
+    save_file({k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in weights.items()},
+              f, metadata={"format": "pt"})
+    engine = SpiceEngine.load(d, device="cpu")
+    run = engine.start_ids([5, 6, 7], RunSettings(policy="lru", max_new_tokens=4))
+    with pytest.raises(ModelOutputError, match=r"logits for the first token are not finite .*restore the checkpoint"):
+        list(run)
+    assert engine.get_summary(run.run_id).finish_reason == "error"
+    good = SpiceEngine.load(tiny_dirs["mixtral"], device="cpu")
+    assert len(list(good.start_ids([5, 6, 7], RunSettings(policy="lru", max_new_tokens=4)))) == 4
