@@ -154,7 +154,7 @@ class AutoTune:
             p._use(session, settings)
             note, banner, stats = p._report(session, before, [])
         controls = [gr.update(value=getattr(settings, f)) for f in SETTING_FIELDS]
-        applied = "Applied to your next message. " if not session.streaming() else \
+        applied = "Applied to your next message. " if not session.replying() else \
             "τ_approx, τ_prefetch and max lookahead apply from the next token of this reply; the rest from your " \
             "next message. "
         return (applied + tuning.pick_markdown(record, how, settings.max_new_tokens), note, banner, stats, *controls)

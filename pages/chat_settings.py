@@ -230,7 +230,7 @@ class SettingsEvents:
         if settings == (session.settings or self.defaults):
             return
         session.settings = settings
-        if session.streaming():
+        if session.replying():
             session.stream.request_settings(settings)
 
     def _report(self, session, before: RunSettings, notes: list[str]):
@@ -250,6 +250,9 @@ class SettingsEvents:
                                     wall_tps=view.get("wall_tps", 0.0), agreement=view.get("agreement"),
                                     next_settings=settings)
             return " ".join(p for p in (refused, text.settings_hint()) if p), banner, stats
+        if not session.replying():      # the reply's exact re-run: its numbers row says "checking…" until it ends
+            return " ".join(p for p in (refused, "Applies to your next message: the exact re-run that measures the "
+                                        "reply's greedy agreement keeps its exact settings.") if p), banner, gr.skip()
         stream = session.stream
         changed = [f for f in RunSettings.__dataclass_fields__ if getattr(settings, f) != getattr(stream.settings, f)]
         live = [f for f in changed if f in LIVE_FIELDS]
