@@ -67,7 +67,7 @@ def agreement_value(exact: list[int], reply: list[int]) -> tuple[str, str]:
     run (over the longer of the two, as the benchmarks count it), and where the two first differ."""
     same, total = api.matching_tokens(exact, reply)
     first = api.first_divergence(exact, reply)
-    where = "identical" if first is None else f"first differs at token {first + 1}"
+    where = "identical" if first is None else f"first differs at token {first} (counted from 0, as the panels do)"
     return f"{100 * same / total if total else 100:.0f}%", f"measured: {same} of {total} tokens match · {where}"
 
 

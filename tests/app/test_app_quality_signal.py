@@ -18,7 +18,8 @@ def test_the_chat_card_is_greedy_agreement_not_the_identical_prefix():
     value, detail = agreement_value(exact, reply)
     assert value == f"{100 * greedy_agreement(exact, reply):.0f}%" == "98%"
     assert identical_prefix_share(exact, reply) < 0.05
-    assert "63 of 64" in detail and "token 2" in detail
+    # The token index the heatmap, trace explorer and settings notes show (from 0); it said "token 2" (review).
+    assert "63 of 64" in detail and "first differs at token 1 (counted from 0" in detail
     assert agreement_value(exact, exact) == ("100%", "measured: 64 of 64 tokens match · identical")
     # A reply that stops early disagrees on the rest (the longer length counts).
     assert agreement_value(exact, exact[:32])[0] == "50%"
