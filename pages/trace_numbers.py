@@ -31,9 +31,10 @@ LAYER_COLUMNS = ["layer", "selections", "hit %", "prefetched hit %", "late prefe
 
 
 def per_layer_frame(events, n_tokens: int) -> pd.DataFrame:
-    """One row per layer that routed anything: outcome shares over the decode tokens (the run summary's
-    scope, trace.metrics), prefetch counts, bytes and stalls per token."""
-    table = metrics.per_layer_counts(metrics.outcomes_from_events(events, metrics.scope_tokens(n_tokens)))
+    """One row per layer that routed anything: outcome shares, bytes and stalls per token over the decode tokens
+    (the run summary's scope, trace.metrics: its cards and this table agree), prefetch counts over the run."""
+    scope = metrics.scope_tokens(n_tokens)
+    table = metrics.per_layer_counts(metrics.outcomes_from_events(events, scope))
     outcome_rows = {int(r.layer): r for r in table.itertuples(index=False)}
     rows: dict[int, dict] = defaultdict(lambda: defaultdict(float))
     for e in events:
@@ -44,12 +45,14 @@ def per_layer_frame(events, n_tokens: int) -> pd.DataFrame:
             r["prefetches"] += 1
         elif e.kind == "prefetch_wasted":
             r["wasted"] += 1
+        if e.token not in scope:         # the prefill's copies and stalls are not a decode token's
+            continue
         if e.kind in ("copy", "prefetch"):
             r["bytes"] += e.bytes
         if e.kind == "stall":
             r["stall_ms"] += e.end_ms - e.start_ms
     out = []
-    tokens = max(n_tokens, 1)
+    tokens = max(len(scope), 1)
     for layer in sorted(set(rows) | set(outcome_rows)):
         r, o = rows[layer], outcome_rows.get(layer)
         sel = int(o.selections) if o is not None else 0

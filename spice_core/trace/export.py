@@ -323,9 +323,11 @@ def write_json(obj: dict, path: Path) -> Path:
     path = Path(path)
     data = json.dumps(obj, allow_nan=False, separators=(",", ":")).encode("utf-8")
     with written_whole(path) as scratch:
-        if path.suffix == ".gz":
-            # mtime=0: the same trace gives the same bytes.
-            with open(scratch, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
+        if path.suffix.lower() == ".gz":
+            # mtime=0: the same trace gives the same bytes; the name stored is the export's own (gzip takes the
+            # scratch file's by default, which `gunzip -N` restores: a hidden .part file).
+            with open(scratch, "wb") as raw, \
+                    gzip.GzipFile(filename=path.stem, fileobj=raw, mode="wb", mtime=0) as gz:
                 gz.write(data)
         else:
             scratch.write_bytes(data)

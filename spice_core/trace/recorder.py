@@ -109,7 +109,7 @@ class Recorder:
             self.totals["prefetch_bytes"] += self.expert_bytes
 
     def evicted(self, key: ExpertKey) -> None:
-        self.clock.mark("evict", key, self.expert_bytes, lane="copy")
+        self.clock.mark("evict", key, self.shape_expert_bytes, lane="copy")
 
     def wasted(self, key: ExpertKey, inflight) -> None:
         """A prefetched expert left the cache unused; ``inflight`` its in-flight entry, if any."""
@@ -118,7 +118,7 @@ class Recorder:
             self.token.prefetches.append(PrefetchRecord(key.layer, key.expert, inflight.issued_at_layer,
                                                         inflight.issued_ms, inflight.arrival_ms, None,
                                                         inflight.confidence))
-        self.clock.mark("prefetch_wasted", key, self.expert_bytes, lane="copy")
+        self.clock.mark("prefetch_wasted", key, self.shape_expert_bytes, lane="copy")
 
     def prefetch_used(self, key: ExpertKey, inflight, needed_ms: float) -> None:
         self.token.prefetches.append(PrefetchRecord(key.layer, key.expert, inflight.issued_at_layer, inflight.issued_ms,

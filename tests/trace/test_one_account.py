@@ -43,6 +43,10 @@ def test_summary_explorer_chrome_counters_and_csv_agree(shipped_engine, policy, 
         hits_pct = row[2] + row[3]                                      # hit % + prefetched hit % (in time)
         assert hits_pct == pytest.approx(100 * summary.hit_rate_per_layer[row.layer], abs=0.1)
         assert sum(row[2:9]) == pytest.approx(100.0, abs=0.3)     # ... + late prefetch %, approx, CPU, CPU int8, copied
+    # Its bytes and stall per token are the summary cards' (decode tokens): they counted the prefill too (review).
+    assert table["MB copied / token (timed shape)"].sum() == pytest.approx(summary.shape_bytes_per_token / 1e6,
+                                                                           rel=1e-3, abs=0.05)
+    assert table["stall ms / token"].sum() == pytest.approx(summary.stall_ms_per_token, rel=1e-3, abs=0.05)
 
     # The Chrome trace's counters, per token.
     trace = json.loads(eng.export_chrome_trace(run.run_id, tmp_path).read_text())
@@ -172,3 +176,37 @@ def test_each_tokens_counters_and_evictions_sit_inside_that_tokens_slice(shipped
     for m in marks:
         start, end = spans[m["args"]["token"]]
         assert start <= m["ts"] <= end, m
+
+
+def test_a_modeled_trace_gives_every_event_s_bytes_in_the_timed_shape(shipped_engine, tmp_path):
+    """Regression (review): in a modeled trace the copy and prefetch slices carried the timed shape's bytes and the
+    evict and prefetch_wasted instants the miniature's own, so wasted prefetch bytes read ~1000x too small. Every
+    byte-carrying event of one run is one expert of the timed shape (events.py's unit)."""
+    eng = shipped_engine
+    run = eng.start_prompt(PROMPT, RunSettings(policy="spice_prefetch", cache_frac=0.25, max_new_tokens=10))
+    list(run)
+    events = eng.get_record(run.run_id).events
+    per_kind = {}
+    for ev in events:
+        if ev.kind in ("copy", "prefetch", "evict", "prefetch_wasted"):
+            per_kind.setdefault(ev.kind, set()).add(ev.bytes)
+    assert {"prefetch", "evict"} <= set(per_kind), per_kind           # the run copied and evicted
+    sizes = set().union(*per_kind.values())
+    assert len(sizes) == 1 and sizes.pop() > eng.lm.expert_bytes, per_kind     # the shape's expert, not the miniature's
+
+
+def test_a_gzipped_trace_stores_its_own_name_and_the_same_trace_gives_the_same_bytes(shipped_engine, tmp_path):
+    """Regression (review): the .json.gz header named the scratch file (.export-XXXX.part), so `gunzip -N` unpacked a
+    download into a hidden .part file, and two exports of one trace differed."""
+    import gzip
+
+    from spice_core.trace.export import write_json
+
+    a = write_json({"traceEvents": []}, tmp_path / "a" / "spice-run.trace.json.gz")
+    b = write_json({"traceEvents": []}, tmp_path / "b" / "spice-run.trace.json.gz")
+    raw = a.read_bytes()
+    assert raw == b.read_bytes() and raw[3] & 0x08                    # FLG.FNAME set
+    assert raw[10:raw.index(b"\0", 10)] == b"spice-run.trace.json"
+    assert gzip.decompress(raw) == b'{"traceEvents":[]}'
+    upper = write_json({"x": 1}, tmp_path / "T.JSON.GZ")              # the suffix in capitals is still gzipped
+    assert gzip.decompress(upper.read_bytes()) == b'{"x":1}'
