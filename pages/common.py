@@ -393,12 +393,17 @@ class ExportStore:
             # private again, though its owner exports the same kind again (review: the path was fixed per run and
             # kind, so the owner's next export brought an old link back to life).
             out = self._root / self.folder_name(run_id) / f"{kind}-{secrets.token_hex(8)}"
-            out.mkdir(parents=True, exist_ok=True)
             try:
+                out.mkdir(parents=True, exist_ok=True)
                 path = Path(getattr(self._engine, EXPORT_METHODS[kind])(run_id, out))
-            except BaseException:
+            except BaseException as exc:
                 shutil.rmtree(out, ignore_errors=True)
                 self._remove_empty(out.parent)
+                if isinstance(exc, (OSError, MemoryError)):      # the server's disk or memory, not the visitor's input
+                    log.warning("export %s of run %s failed: %r", kind, run_id, exc)
+                    why = "out of memory" if isinstance(exc, MemoryError) else (exc.strerror or str(exc)).lower()
+                    raise SpiceError(f"the server could not write this export ({why}); nothing was kept: try again "
+                                     "later, or a smaller export (the .json.gz trace, or a shorter run)") from exc
                 raise
             with self._lock:
                 self._paths[key] = path

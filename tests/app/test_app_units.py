@@ -227,6 +227,23 @@ def test_exports_go_to_a_folder_named_from_the_run_id_only_and_malformed_ids_nev
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r-1"]
 
 
+@pytest.mark.parametrize("failure", [OSError(28, "No space left on device"), MemoryError()])
+def test_an_export_the_server_cannot_write_is_a_message_and_leaves_nothing(tmp_path, failure):
+    """Regression (review): a full disk (or memory) while an export was written escaped the trace explorer's
+    "Export failed" note as Gradio's bare error with a traceback in the log. It is a SpiceError naming the cause."""
+    class Failing(_OneRunExports):
+        def export_csv(self, run_id, out_dir):
+            (out_dir / "half.csv").write_text("a")
+            raise failure
+
+    store = ExportStore(Failing(), tmp_path)
+    with pytest.raises(SpiceError, match=r"the server could not write this export \((no space left on device|out of "
+                                         r"memory)\); nothing was kept"):
+        store.get("r-1", "csv")
+    assert list(tmp_path.iterdir()) == []
+    assert store.get("r-1", "chrome").exists()        # the next export works
+
+
 def test_per_layer_frame_and_per_token_series_from_trace_events():
     engine = FakeEngine(token_delay_s=0)
     gen = engine.start_prompt("tables", settings(max_new_tokens=6))
