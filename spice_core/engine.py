@@ -329,7 +329,13 @@ class SpiceEngine:
         return {"run_id": rec.run_id, "model": self.lm.name, "policy": s.policy, "timing": self.timing,
                 "profile": s.profile if self.timing == "modeled" else "this machine", "shape": s.shape,
                 "cache_frac": s.cache_frac, "tau_prefetch": s.tau_prefetch, "tau_approx": s.tau_approx,
-                "tau_int8": s.tau_int8, "max_lookahead": s.max_lookahead}
+                "tau_int8": s.tau_int8, "max_lookahead": s.max_lookahead, "lore_rank": s.lore_rank,
+                "cpu_lane": s.cpu_lane, "temperature": s.temperature, "seed": s.seed,
+                "max_new_tokens": s.max_new_tokens, "prompt_tokens": len(rec.prompt_ids), "n_tokens": len(rec.steps),
+                # how the run ended ("cancelled": the trace stops there) and what the engine said of it (the fast
+                # path or not, a lane left off, a fallback)
+                "finish_reason": rec.summary.finish_reason if rec.summary is not None else "not finished",
+                "notes": list(rec.summary.notes if rec.summary is not None else rec.notes)}
 
     # ------------------------------------------------------------------ the machine, as the engine's callers see it
     @property

@@ -105,6 +105,14 @@ def threads(text: str) -> int:
     return int_in(1, max(64, 4 * cores))(text)
 
 
+def path(text: str) -> Path:
+    """A path typed on the command line; an empty one is refused (``Path("")`` is the current folder, so
+    ``--trace-dir ""`` wrote there without a word)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty: pass a file or folder path")
+    return Path(utf8_text(text))
+
+
 def existing_file(text: str) -> Path:
     p = Path(text)
     if p.is_dir():

@@ -515,14 +515,14 @@ def add_cli(sub) -> None:
     from spice_core.tools import args as ca
 
     p = sub.add_parser("bench", help="compare policies in one run (see docs/benchmarks/)")
-    p.add_argument("--config", type=Path, default=None)
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--config", type=ca.path, default=None)
+    p.add_argument("--out", type=ca.path, required=True)
     p.add_argument("--replot", action="store_true", help="only re-render figures from OUT/results.json")
     p.add_argument("--device", type=ca.device, default=None)
-    p.add_argument("--hw-profile", type=Path, default=None, help="profile JSON from calibrate-hw (measured mode)")
+    p.add_argument("--hw-profile", type=ca.path, default=None, help="profile JSON from calibrate-hw (measured mode)")
     p.add_argument("--shard", default=None, metavar="K/N",
                    help="run only prompts k, k+n, k+2n, ... (e.g. one process per GPU); combine with --merge")
-    p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="DIR",
+    p.add_argument("--merge", type=ca.path, nargs="+", default=None, metavar="DIR",
                    help="merge the results.json of shard runs into OUT (no model is loaded)")
     p.set_defaults(func=run)
 

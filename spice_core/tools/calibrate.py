@@ -56,7 +56,7 @@ def add_cli(sub) -> None:
     p.add_argument("--no-lore", action="store_true", help="skip LoRE fitting")
     p.add_argument("--lore-only", action="store_true",
                    help="keep the existing draft heads and only (re)fit LoRE beside them")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default: beside the model, where the "
+    p.add_argument("--out", type=ca.path, default=None, help="output folder (default: beside the model, where the "
                                                           "engine looks for them)")
     p.add_argument("--threads", type=ca.threads, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--seed", type=ca.seed, default=0)

@@ -105,7 +105,7 @@ def add_cli(sub) -> None:
     p = sub.add_parser("calibrate-hw", help="measure this machine's hardware profile (CUDA)")
     p.add_argument("--name", type=ca.nonempty_text, default="this-machine")
     p.add_argument("--shape", default="deepseek-v2-lite")
-    p.add_argument("--out", type=Path, default=Path("runs/hw-profile.json"))
+    p.add_argument("--out", type=ca.path, default=Path("runs/hw-profile.json"))
     p.add_argument("--reps", type=ca.int_in(1, 10_000), default=20)
     p.set_defaults(func=run)
 

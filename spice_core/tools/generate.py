@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from spice_core.tools import args as ca
+from spice_core.tools.cli import Terminated
 from spice_core.config import MAX_NEW_TOKENS_LIMIT, POLICIES, SETTING_RANGES, RunSettings, default_shape, own_shape
 from spice_core.errors import ConfigError, SpiceError
 from spice_core.model.shipped import NAMES, model_argument
@@ -17,6 +18,9 @@ from spice_core.units import format_bytes
 from spice_core.user_files import check_writable_dir
 
 log = logging.getLogger(__name__)
+# Past this many trace events (~200 MB of plain JSON at ~280 bytes an event) --trace-dir writes the Chrome trace
+# gzipped (~15x smaller).
+GZIP_TRACE_EVENTS = 700_000
 MAX_MODELED_STEP_MS = 86_400_000.0   # a modeled token slower than a day comes from a profile's absurd numbers
 DEFAULTS = RunSettings()          # the one set of defaults the app and the API use too
 MODEL_HELP = (f"a shipped model's name ({', '.join(NAMES)}), a checkpoint folder or a hub id "
@@ -26,7 +30,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Flags shared by every command that loads a model and runs a policy (ranges as RunSettings)."""
     p.add_argument("--model", type=model_argument, default=None, help=MODEL_HELP)
     p.add_argument("--device", type=ca.device, default=None, help="cuda or cpu (default: cuda when available)")
-    p.add_argument("--artifacts", type=Path, default=None, metavar="DIR",
+    p.add_argument("--artifacts", type=ca.path, default=None, metavar="DIR",
                    help="the model's calibration artifacts (draft heads, LoRE) when not beside it: the folder "
                         "`calibrate --out DIR` wrote (e.g. for a read-only checkpoint)")
     p.add_argument("--policy", default=DEFAULTS.policy, help=f"one of: {', '.join(POLICIES)}")
@@ -53,7 +57,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-lookahead", type=ca.int_in(*SETTING_RANGES["max_lookahead"]), default=DEFAULTS.max_lookahead)
     p.add_argument("--lore-rank", type=ca.positive_int, default=DEFAULTS.lore_rank)
     p.add_argument("--cpu-lane", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--hw-profile", type=Path, default=None,
+    p.add_argument("--hw-profile", type=ca.path, default=None,
                    help="profile JSON (calibrate-hw / recalibrate) that times modeled runs and drives decisions "
                         "in measured ones, in place of --profile")
 
@@ -123,7 +127,7 @@ def add_cli(sub) -> None:
     p.add_argument("--seed", type=ca.seed, default=0)
     p.add_argument("--stop", type=ca.nonempty_text, action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--trace-dir", type=Path, default=None, help="write Chrome trace, TensorBoard run and CSV here")
+    p.add_argument("--trace-dir", type=ca.path, default=None, help="write Chrome trace, TensorBoard run and CSV here")
     p.add_argument("--tuned", nargs="?", const="", default=None, metavar="FILE",
                    help="use the setting `tune` saved for this profile, shape and cache (default file: spice-tuned.json "
                         "in the model's folder); overrides the threshold flags")
@@ -161,9 +165,15 @@ def run(args) -> int:
             if not args.json:
                 sys.stdout.write(step.text)
                 sys.stdout.flush()
-    except BaseException:           # Ctrl-C or an error mid-reply: its message goes on a line of its own
+    except BaseException as e:      # Ctrl-C or an error mid-reply: its message goes on a line of its own
         if steps and not args.json:
             print(flush=True)
+        if isinstance(e, KeyboardInterrupt) and not isinstance(e, Terminated) and args.trace_dir is not None:
+            # The engine recorded the cut-short run ("cancelled"): its traces are what a long run stopped early
+            # is traced for. A second Ctrl-C while they are written removes them (export_traces).
+            files = export_traces(engine, gen.run_id, args.trace_dir)
+            raise KeyboardInterrupt(f"the run's first {len(steps)} tokens were recorded; their traces: "
+                                    + ", ".join(str(f) for f in files)) from None
         raise
     if not args.json:
         print()                     # ends the streamed text's line, before a summary or an error
@@ -175,6 +185,7 @@ def run(args) -> int:
     if args.json:
         steps = engine.get_steps(gen.run_id)
         obj = {
+            "run_id": gen.run_id,       # the exports' names (spice-<run id>*) under --trace-dir
             "text": summ.text,
             "tokens": rec.token_ids,
             "summary": {
@@ -208,7 +219,8 @@ def run(args) -> int:
               f"of {format_bytes(t.get('routed_bytes', 0))} routed experts (native sizes)")
     if args.trace_dir is not None:      # after the result is out: a failed export (a full disk) must not lose it
         sys.stdout.flush()
-        export_traces(engine, gen.run_id, args.trace_dir)
+        files = export_traces(engine, gen.run_id, args.trace_dir)
+        print("traces written: " + ", ".join(str(f) for f in files), file=sys.stderr)
     return 0
 
 
@@ -275,14 +287,16 @@ def context_note(summ, asked_tokens: int, context_tokens: int) -> str:
             f"{context_tokens - summ.n_tokens}, so {summ.n_tokens} of the {asked_tokens} new tokens asked for fit")
 
 
-def export_traces(engine, run_id: str, out_dir: Path) -> None:
+def export_traces(engine, run_id: str, out_dir: Path) -> list[Path]:
     """The run's Chrome trace, TensorBoard run and CSV, all or none: an interrupted or failed export removes
-    what it wrote (spice-<run id>*) and says so, so a partial set is never left looking complete."""
+    what it wrote (spice-<run id>*) and says so, so a partial set is never left looking complete. The Chrome trace
+    is gzipped (Perfetto and chrome://tracing open it as is) when plain JSON would pass GZIP_TRACE_EVENTS' size:
+    a long run's (~180 kB a token) reaches the ~512 MB a browser can parse as one string."""
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        engine.export_chrome_trace(run_id, out_dir)
-        engine.export_tensorboard_zip(run_id, out_dir)
-        engine.export_csv(run_id, out_dir)
+        gzipped = len(engine.get_record(run_id).events) > GZIP_TRACE_EVENTS
+        return [engine.export_chrome_trace(run_id, out_dir, gzipped=gzipped),
+                engine.export_tensorboard_zip(run_id, out_dir), engine.export_csv(run_id, out_dir)]
     except (KeyboardInterrupt, OSError, SpiceError) as e:
         for p in out_dir.glob(f"spice-{run_id}*"):
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)

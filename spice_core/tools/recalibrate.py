@@ -314,12 +314,14 @@ def recalibrated_profile(profile: HardwareProfile, fit: dict, note: str = "", sh
 
 
 def add_cli(sub) -> None:
+    from spice_core.tools import args as ca
+
     p = sub.add_parser("recalibrate", help="fit a profile's host costs from measured traces (see spice_core/tools/recalibrate.py)")
-    p.add_argument("--profile", type=Path, required=True, help="profile JSON from calibrate-hw")
+    p.add_argument("--profile", type=ca.path, required=True, help="profile JSON from calibrate-hw")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--trace", type=Path, nargs="+",
+    src.add_argument("--trace", type=ca.path, nargs="+",
                      help="measured Chrome trace(s) of a policy without prefetching (lru), e.g. one per prompt")
-    src.add_argument("--records", type=Path, nargs="+",
+    src.add_argument("--records", type=ca.path, nargs="+",
                      help="results.json of measured fast-path bench runs (one link; on_demand and lru, with "
                           "prefetching policies for the plan cost): fits the fast path's host step")
     p.add_argument("--link", default=None, help="with --records: the link whose records to fit (default: the only one)")
@@ -332,14 +334,14 @@ def add_cli(sub) -> None:
     p.add_argument("--top-k", type=int, default=6,
                    help="with --records: the measured model's experts per token (6 for DeepSeek-V2-Lite, 8 for "
                         "Qwen2-57B-A14B), for resident's one-graph step")
-    p.add_argument("--prefetch-trace", type=Path, nargs="+", default=None,
+    p.add_argument("--prefetch-trace", type=ca.path, nargs="+", default=None,
                    help="measured trace(s) of a prefetching policy")
-    p.add_argument("--lane-records", type=Path, nargs="+", default=None,
+    p.add_argument("--lane-records", type=ca.path, nargs="+", default=None,
                    help="results.json of measured runs with cpu_compute on two expert sizes (both models' lifts, "
                         "any link): fits the CPU lane's cpu_mem_gbps and cpu_job_compute_us, and "
                         "cpu_side_speedup where they measured it (tools/lane_fit.py)")
     p.add_argument("--shape", default="deepseek-v2-lite", help="the measured model's shape (for CPU-lane tasks)")
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=ca.path, required=True)
     p.set_defaults(func=run)
 
 

@@ -47,7 +47,7 @@ def add_cli(sub) -> None:
                         "exact one first, then a bisection by speed (default 3)")
     p.add_argument("--no-confirm", action="store_true",
                    help="pick on the screening sample alone (faster; the record says it was not confirmed)")
-    p.add_argument("--out", type=Path, default=None, help="tuned-settings file to write (default: spice-tuned.json "
+    p.add_argument("--out", type=ca.path, default=None, help="tuned-settings file to write (default: spice-tuned.json "
                                                           "in the model's folder)")
     p.add_argument("--json", action="store_true", help="print the record as one JSON object")
     p.set_defaults(func=run, policy="spice")

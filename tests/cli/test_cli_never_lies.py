@@ -266,3 +266,46 @@ def test_lifts_memory_advice_is_one_the_lift_command_can_follow(monkeypatch, tmp
         lift.lifted_model(REPO / "assets" / "spice-mini", "cpu")
     assert "lift_overrides" not in said[0] and "full shapes" in said[0], said
     assert "lift_overrides" in said[1], said
+
+
+def test_ctrl_c_mid_reply_with_a_trace_dir_writes_the_runs_traces_and_names_them(capsys, tmp_path, tiny_model,
+                                                                                   monkeypatch):
+    """Regression (review): Ctrl-C mid-reply printed "interrupted" and wrote no trace, though the engine had recorded
+    the cut-short run; a long run stopped early is what a trace is wanted for. Its traces are written and named, the
+    trace says it was cancelled; a finished run's files are named too, and --json gives the run id."""
+    from spice_core.engine import SpiceEngine
+
+    real_start = SpiceEngine.start_prompt
+
+    def start_then_ctrl_c(self, *a, **k):
+        run = real_start(self, *a, **k)
+
+        def observer(*_):
+            if run.token_index == 2:
+                raise KeyboardInterrupt
+
+        run.observers.append(observer)
+        return run
+
+    monkeypatch.setattr(SpiceEngine, "start_prompt", start_then_ctrl_c)
+    out_dir = tmp_path / "traces"
+    code, out, err = run_cli(capsys, ["generate", "--model", tiny_model, "--prompt", "hi", "--raw",
+                                      "--max-new-tokens", "8", "--trace-dir", out_dir])
+    one_line(code, err, "interrupted: the run's first 2 tokens were recorded; their traces: ", rc=130)
+    files = sorted(out_dir.iterdir())
+    assert [f.name.split("-", 2)[-1] if f.name.count("-") > 1 else f.suffix for f in files] == \
+        ["per-token.csv", "tensorboard.zip", ".json"] and all(str(f) in err for f in files), (files, err)
+    trace = json.loads(next(f for f in files if f.suffix == ".json").read_text())
+    assert trace["otherData"]["finish_reason"] == "cancelled" and trace["otherData"]["n_tokens"] == 2
+
+    monkeypatch.undo()
+    code, out, err = run_cli(capsys, ["generate", "--model", tiny_model, "--prompt", "hi", "--raw",
+                                      "--max-new-tokens", "2", "--trace-dir", out_dir, "--json"])
+    run_id = json.loads(out)["run_id"]
+    assert code == 0 and err.startswith("traces written: ") and f"spice-{run_id}.trace.json" in err, err
+
+
+def test_an_empty_path_is_refused_not_taken_for_the_current_folder(capsys):
+    """Regression (review): --trace-dir "" wrote three exports into the current folder without a word."""
+    code, _, err = run_cli(capsys, ["generate", "--prompt", "hi", "--trace-dir", ""])
+    assert code == 2 and "--trace-dir: the path is empty" in err and "Traceback" not in err, err
