@@ -71,6 +71,8 @@ PANELS = ("heatmap", "prefetch", "gantt")   # in output order
 PLACEHOLDERS = {"heatmap": "send a message to see which experts each token uses",   # before a reply's figures
                 "prefetch": "prefetches appear here while a reply streams",
                 "gantt": "lane activity appears here while a reply streams"}
+WAITING_LIVE = "this reply's panel is drawn from its first tokens"
+WAITING_END = "this reply's panel is drawn when it ends (live panel updates are off)"
 TAKE_TIMEOUT_S = 0.1        # how long the chat loop waits for the next token before checking notices
 STOP_WAIT_S = 120.0         # Stop's note waits this long at most for the stopped reply to end (one token, or a prefill)
 CURSOR = " ▍"
@@ -331,7 +333,7 @@ class ChatPage(chat_settings.SettingsEvents):
         the history it gives and gets back holds what was typed and generated, never the chat's escaped copy."""
         for out in self.chat(message, as_shown(history), policy, cache_frac, tau_prefetch, tau_approx,
                              max_lookahead, lore_rank, cpu_lane, profile, shape, max_new_tokens, temperature,
-                             live_panels, check_exact, session, request=request):
+                             live_panels, check_exact, session, request=request, whole_panels_at_end=True):
             yield (out[0], as_typed(out[1]), *out[2:]) if isinstance(out[1], list) else out
 
     def chat_browser(self, message, history, requests, live_panels, check_exact, gate, session,
@@ -349,11 +351,12 @@ class ChatPage(chat_settings.SettingsEvents):
                              box_in_browser=True, gate=gate_of(gate))
 
     def chat(self, message, history, *args, request: gr.Request = None, box_in_browser: bool = False,
-             gate: int | None = None):
+             gate: int | None = None, whole_panels_at_end: bool = False):
         """Stream one reply. Yields (textbox, chat, stats, heatmap, prefetch timeline, lane chart). The reply's
         first update empties the textbox, except for the browser's Send, whose page takes the sent text off the
         box itself and keeps what was typed since (pages.chat_js). ``gate``: the session gate the page showed when
-        it sent the message (`ChatSession.withdrawn`; None: not checked)."""
+        it sent the message (`ChatSession.withdrawn`; None: not checked). ``whole_panels_at_end``: the last update
+        carries every panel's whole figure, never the changes only the page's script applies (an API client)."""
         *values, live_panels, check_exact, session = args
         if not isinstance(session, ChatSession):           # API callers cannot break the state
             session = ChatSession()
@@ -426,8 +429,11 @@ class ChatPage(chat_settings.SettingsEvents):
         reply_at = len(history)
         history.append(reply(CURSOR, stream.run_id))
         live = LiveRun.for_engine(self.info)
+        # The last reply's panels go now: left up, they read as this reply's (review). Live, this reply's own come
+        # from its first tokens; otherwise when it ends.
+        waiting = WAITING_LIVE if live_panels else WAITING_END
         yield (skip if box_in_browser else "", history, text.stats_html(live, settings, self.info, state="starting"),
-               skip, skip, skip, skip)
+               *(as_plot(figures.empty_figure(waiting)) for _ in PANELS), "")
 
         first_wall = None
         # The panels' figures go out once (tagged with `meta`), then only their changes; text at most
@@ -484,7 +490,7 @@ class ChatPage(chat_settings.SettingsEvents):
                 stream.cancel("closed")
             if session.stream is stream:
                 session.stream = None
-        base_drawn = bool(base_due) and not any(base_due)
+        base_drawn = bool(base_due) and not any(base_due) and not whole_panels_at_end
         yield from self._finish(history, reply_at, live, stream, settings, session, turns, check_exact,
                                 first_wall, live_panels, base_drawn, tag, seq, epoch)
 

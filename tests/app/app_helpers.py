@@ -124,3 +124,11 @@ class HeldReply:
 
     def summary(self):
         return None
+
+
+def plot_json(value) -> dict:
+    """A Plot output as the API returns it (``{"type": "plotly", "plot": "<json>"}``), as the figure dict."""
+    import json
+
+    assert isinstance(value, dict) and value.get("type") == "plotly", value
+    return json.loads(value["plot"])
