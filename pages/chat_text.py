@@ -141,7 +141,8 @@ TIPS = {
     "lookahead": "How many layers ahead every confident prediction was prefetched in time (mean over layers and "
                  "tokens), and why the lookahead stopped there most often. The likeliest experts are still copied "
                  "beyond it, even late: a depth of 0 with prefetches issued means copies outlast a layer.",
-    "prefetches": "Prefetch copies issued this reply, and how many no layer used (wasted copy bandwidth).",
+    "prefetches": "Prefetch copies issued this reply, and how many no layer of it used (wasted copy bandwidth; "
+                  "while it streams, copies for layers still to come count as unused until they are used).",
     "greedy agreement": "Greedy agreement with the exact run (τ_approx 0), as the benchmarks measure it: the share "
                         "of positions where this reply has the same token as the exact reply, over the longer of "
                         "the two. Green ≥ 90% (the project's bar for lossy settings), amber ≥ 80%.",

@@ -210,3 +210,22 @@ def test_a_gzipped_trace_stores_its_own_name_and_the_same_trace_gives_the_same_b
     assert gzip.decompress(raw) == b'{"traceEvents":[]}'
     upper = write_json({"x": 1}, tmp_path / "T.JSON.GZ")              # the suffix in capitals is still gzipped
     assert gzip.decompress(upper.read_bytes()) == b'{"x":1}'
+
+
+def test_the_chats_prefetch_card_counts_every_prefetch_copy_the_engine_issued(shipped_engine):
+    """Regression (review): the card and the lane chart's note counted only prefetches already used or evicted, so
+    copies still cached unused when the reply ended were missing (589 of 620), wasted ones among them."""
+    pytest.importorskip("gradio")
+    from pages.live import LiveRun
+
+    eng = shipped_engine
+    run = eng.start_prompt(PROMPT, RunSettings(policy="spice_prefetch", cache_frac=0.25, max_new_tokens=10))
+    steps = list(run)
+    live = LiveRun.for_engine(eng.info())
+    for st in steps:
+        live.add(st)
+    rec = eng.get_record(run.run_id)
+    issued = sum(ev.kind == "prefetch" for ev in rec.events)
+    used = sum(p.needed_ms is not None for st in steps for p in st.prefetches)
+    assert issued == rec.totals["prefetch_bytes"] // eng.lm.expert_bytes > sum(len(st.prefetches) for st in steps)
+    assert live.prefetches_issued == issued and live.prefetches_wasted == issued - used
