@@ -126,7 +126,7 @@ def run_body(summary: RunSummary, stream: RunStream) -> str:
 
 TIPS = {
     "tokens": "Tokens generated so far in this reply.",
-    "TTFT": "Time to first token: the prompt's prefill plus the first decode step.",
+    "TTFT": "Time to first token: the prompt's prefill, which gives the first token (no decode step in it).",
     "TPOT": "Time per output token: the median time of one decode step (every token after the first). "
             "Lower is faster.",
     "tokens/s": "1000 / TPOT in the run's timing mode; 'streamed' is what reached this page per second.",
@@ -137,7 +137,8 @@ TIPS = {
     "copied per token": "Bytes copied from host memory to the GPU per token (on demand and prefetch), at the shape "
                         "the times are for (modeled timing: the model shape chosen; measured: this model's own), as "
                         "the TPOT beside it; under the value, what this model copied at its own (native) sizes.",
-    "stall": "Time per token the GPU waited for an expert to arrive. Green below 10% of the decode time, amber below 40%.",
+    "stall": "Time per token the GPU waited for an expert: its copy to arrive, or its CPU lane result. Green below "
+             "10% of the decode time, amber below 40%.",
     "lookahead": "How many layers ahead every confident prediction was prefetched in time (mean over layers and "
                  "tokens), and why the lookahead stopped there most often. The likeliest experts are still copied "
                  "beyond it, even late: a depth of 0 with prefetches issued means copies outlast a layer.",
@@ -225,14 +226,17 @@ def stats_html(live: LiveRun | None, settings: RunSettings, info: EngineInfo, *,
     where = f"{shown.profile}, {shown.shape}" if timing == "modeled" else info.device
     head = f"{settings_line(shown, info)} · <span class='timing'>{html.escape(f'{timing} ({where})')}</span>"
     if next_settings is not None and shown is settings and next_settings != settings:
-        head = (f"<span class='next'>Next message: {settings_line(next_settings, info)}</span><br>"
+        nxt = settings_line(next_settings, info)
+        if timing == "modeled" and (next_settings.profile, next_settings.shape) != (settings.profile, settings.shape):
+            timed = f"modeled ({next_settings.profile}, {next_settings.shape})"
+            nxt += f" · <span class='timing'>{html.escape(timed)}</span>"
+        head = (f"<span class='next'>Next message: {nxt}</span><br>"
                 f"Last reply ran with: {settings_line(settings, info)} · "
                 f"<span class='timing'>{html.escape(f'{timing} ({where})')}</span>")
-    if stream is not None and stream.changes:
-        last = stream.changes[-1]
-        if last.applied:
-            head += (f" · <span class='changed'>changed {html.escape(', '.join(last.applied))} from token "
-                     f"{last.from_token}</span>")
+    if stream is not None:          # every change the reply took, not only the last request (review)
+        for change, _after in applied_changes(stream):
+            head += (f" · <span class='changed'>changed {html.escape(', '.join(change.applied))} from token "
+                     f"{change.from_token}</span>")
     if live is None or live.n_tokens == 0:
         status = "starting…" if state == "starting" else "not available" if note else "no reply yet"
         cards = [("tokens", "0", status, "")]

@@ -237,7 +237,9 @@ HEATMAP_TITLE_LINES = 2         # the top margin fits this many lines of `heatma
 def heatmap_titles(live: LiveRun) -> list[str]:
     """The two grids' subtitles. Each grid is half the chart, about 130 px (19 characters) on a phone;
     a live refresh changes only their text (not the margin), so their line count never changes."""
-    return [f"token {max(live.n_tokens - 1, 0)}", f"all {live.n_tokens} tokens:<br>usual outcome"]
+    if live.n_tokens <= 1:          # token 0 comes out of the prefill: every prompt token's experts (review)
+        return ["token 0 = prompt<br>(all its tokens)", f"all {live.n_tokens} tokens:<br>usual outcome"]
+    return [f"token {live.n_tokens - 1}", f"all {live.n_tokens} tokens:<br>usual outcome"]
 
 
 def heatmap_delta(live: LiveRun) -> dict:
@@ -390,7 +392,7 @@ def prefetch_timeline(live: LiveRun, *, meta: str = "") -> Figure:
     layout = _layout(
         PREFETCH_HEIGHT_PX, "prefetch", barmode="overlay", margin={"l": 50, "r": 46, "t": top_px, "b": 40},
         legend=_bottom_legend(),
-        xaxis=_axis(domain=[0, 1], anchor="y", title={"text": "ms from the start of the run", "standoff": 4},
+        xaxis=_axis(domain=[0, 1], anchor="y", title={"text": run_ms_title(live.timing), "standoff": 4},
                     **({"range": x_range} if x_range else {})),
         yaxis=_axis(domain=[PREFETCH_UPPER_FROM, 1], anchor="x", type="category", categoryorder="array",
                     categoryarray=[f"L{layer}" for layer in live.layers],
@@ -431,14 +433,15 @@ def lane_order(lanes: Iterable[str]) -> list[str]:
 
 def merge_touching(intervals: Iterable, gap_ms: float = 1e-4) -> list[tuple[str, str, float, float, list]]:
     """(lane, kind, start_ms, end_ms, [(layer, expert), ...]) with back-to-back intervals of one kind on one
-    lane merged: a token's six routed experts on the GPU become one bar, which keeps the browser fast."""
+    lane merged: a token's six routed experts on the GPU become one bar, which keeps the browser fast. The host's
+    "token" bars are never merged: each is one token, and two in a row showed as one (review)."""
     ordered = sorted((iv for iv in intervals if iv.end_ms > iv.start_ms), key=lambda iv: (iv.lane, iv.start_ms))
     merged: list[list] = []
     open_by_key: dict[tuple[str, str], list] = {}
     for iv in ordered:
         key = (iv.lane, iv.kind)
         cur = open_by_key.get(key)
-        if cur is not None and iv.start_ms - cur[3] <= gap_ms and merged and merged[-1] is cur:
+        if cur is not None and iv.kind != "token" and iv.start_ms - cur[3] <= gap_ms and merged and merged[-1] is cur:
             cur[3] = max(cur[3], iv.end_ms)
             cur[4].append((iv.layer, iv.expert))
             continue
@@ -472,14 +475,20 @@ def run_span(intervals: Sequence) -> tuple[float, float] | None:
     return min(a for a, _ in span), max(b for _, b in span)
 
 
+def run_ms_title(timing: str) -> str:
+    """A time axis in ms from the run's start, saying whether the times are modeled or measured."""
+    return f"ms from the start of the run ({timing})" if timing else "ms from the start of the run"
+
+
 def lane_gantt(intervals: Iterable, *, uirevision: str = "gantt", max_bars: int = 20_000,
-               empty_hint: str = "no lane activity yet: send a message", note: str = "", meta: str = "") -> Figure:
+               empty_hint: str = "no lane activity yet: send a message", note: str = "", meta: str = "",
+               timing: str = "") -> Figure:
     """One row per lane, one bar per busy interval coloured by kind (ms from the run's start).
 
     Accepts anything with lane / kind / start_ms / end_ms / layer / expert (LaneInterval, TraceEvent).
     Back-to-back intervals of one kind on one lane are drawn as one bar (hover lists what it holds).
     The x-range is clipped to `run_span`; how many prefetch copies ran past it is said over the chart,
-    with ``note`` (e.g. how many prefetches were wasted).
+    with ``note`` (e.g. how many prefetches were wasted). ``timing``: "modeled" or "measured", said on the time axis.
     """
     intervals = list(intervals)
     span = run_span(intervals)
@@ -526,7 +535,7 @@ def lane_gantt(intervals: Iterable, *, uirevision: str = "gantt", max_bars: int 
     top_px = _top_px(_lines(subtitle))
     # Unclipped, the range is said to be automatic: a live update merges this axis into the drawn one, which kept
     # an earlier update's clipped range, and the last tokens' bars were drawn outside it (an empty chart).
-    x_axis = _axis(title={"text": "ms from the start of the run", "standoff": 4}, autorange=True)
+    x_axis = _axis(title={"text": run_ms_title(timing), "standoff": 4}, autorange=True)
     if span is not None and past_end:
         pad = 0.02 * max(span[1] - span[0], 1e-3)
         x_axis |= {"range": [span[0] - pad, span[1] + pad], "autorange": False}
@@ -572,7 +581,7 @@ def panel_figure(name: str, live: LiveRun, meta: str = "", live_view: bool = Fal
         return outcome_heatmap(live, counts=not live_view, meta=meta)
     if name == "prefetch":
         return prefetch_timeline(live, meta=meta)
-    return lane_gantt(live.intervals(), note=wasted_note(live), meta=meta)
+    return lane_gantt(live.intervals(), note=wasted_note(live), meta=meta, timing=live.timing)
 
 
 def panels_delta(live: LiveRun, tag: str, seq: int) -> str:

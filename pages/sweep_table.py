@@ -33,8 +33,9 @@ def setting_row(s: RunSettings, per_prompt: list, timing: str) -> dict:
     return {"policy": s.policy, "tau_prefetch": s.tau_prefetch, "tau_approx": s.tau_approx, "timing": timing,
             "label": point_label(s),
             "agreement": same / total if total else 1.0, "identical_prefix": mean([m[1] for m, _ in per_prompt]),
-            "tpot_ms": mean([x.tpot_ms_median for x in summaries]),
-            "tokens_per_s": mean([x.tokens_per_s for x in summaries]), "hit_rate": mean([x.hit_rate for x in summaries]),
+            "tpot_ms": (tpot := mean([x.tpot_ms_median for x in summaries])),
+            # of the row's TPOT, as everywhere else in the app (a mean of the prompts' rates was not 1000 / TPOT)
+            "tokens_per_s": 1000.0 / tpot if tpot > 0 else 0.0, "hit_rate": mean([x.hit_rate for x in summaries]),
             "mb_per_token": mean([timed_bytes(x.shape_bytes_per_token, x.bytes_per_token)[0] / 1e6
                                   for x in summaries]),      # at the shape the TPOT is for
             "stall_ms": mean([x.stall_ms_per_token for x in summaries]), "runs": len(per_prompt)}

@@ -327,7 +327,8 @@ class TraceExplorer:
         first, count = window_bounds(first, count)
         window = [e for e in events if first <= e.token < first + count]
         return figures.lane_gantt(window, uirevision=f"timeline-{first}-{count}",
-                                  empty_hint=f"no intervals for tokens {first}–{first + count - 1}")
+                                  empty_hint=f"no intervals for tokens {first}–{first + count - 1}",
+                                  timing=events[0].timing if events else "")
 
     def export(self, run_id, kind, request: gr.Request = None):
         if not run_id:

@@ -41,6 +41,20 @@ def test_the_sweep_pools_matching_positions_and_names_the_prefix_apart():
     assert table["greedy agreement %"][0] == pytest.approx(91.7) and table["identical prefix %"][0] == 50.0
 
 
+def test_a_sweep_rows_tokens_per_second_is_of_its_own_tpot():
+    """Regression (review): a row's tokens/s was the mean of its prompts' rates while TPOT was the mean of their
+    medians, so a row could read "TPOT 40 ms · 33.3 tokens/s"."""
+    from pages.sweep_table import setting_row, settings_table
+
+    def run(tpot):
+        return SimpleNamespace(tpot_ms_median=tpot, tokens_per_s=1000 / tpot, hit_rate=0.5, bytes_per_token=1e6,
+                               shape_bytes_per_token=0.0, stall_ms_per_token=0.1)
+
+    row = setting_row(RunSettings(policy="spice"), [(((4, 4), 1.0), run(20.0)), (((4, 4), 1.0), run(60.0))], "modeled")
+    table = settings_table([row])
+    assert table["TPOT ms"][0] == 40.0 and table["tokens/s"][0] == 25.0
+
+
 def test_the_about_headline_gives_quality_at_a_glance(tmp_path):
     import json
 

@@ -377,3 +377,24 @@ def test_an_export_made_again_after_its_run_goes_private_has_a_new_unguessable_p
     again = store.get("r-1", "csv")
     assert again != shared and not shared.exists() and again.exists()
     assert len(again.parent.name) >= len("csv-") + 16, again
+
+
+def test_the_first_tokens_heatmap_says_it_is_the_prompts_and_token_bars_stay_apart():
+    """Regression (review): the heatmap's "token 0" was the whole prompt's experts (48 a layer where a token uses
+    6), untold; and the lane chart merged two tokens' back-to-back host bars into one."""
+    live = LiveRun(layers=(1,), n_experts=4)
+    assert figures.heatmap_titles(live)[0].startswith("token 0 = prompt")
+    bars = figures.merge_touching([LaneInterval("host", "token", 0.0, 1.0), LaneInterval("host", "token", 1.0, 2.0),
+                                   LaneInterval("gpu", "expert", 0.0, 0.5, 1, 0),
+                                   LaneInterval("gpu", "expert", 0.5, 1.0, 1, 1)])
+    assert [(b[0], b[1], b[2], b[3]) for b in bars] == [("gpu", "expert", 0.0, 1.0), ("host", "token", 0.0, 1.0),
+                                                        ("host", "token", 1.0, 2.0)]
+
+
+def test_the_time_axes_say_whether_their_times_are_modeled_or_measured():
+    """Review: the lane chart's and prefetch timeline's axes said "ms from the start of the run" with no timing mode
+    (the numbers row and the banner say it)."""
+    live = LiveRun(layers=(1,), n_experts=4, timing="measured")
+    gantt = figures.lane_gantt([LaneInterval("gpu", "expert", 0.0, 1.0, 1, 0)], timing="modeled")
+    assert gantt["layout"]["xaxis"]["title"]["text"] == "ms from the start of the run (modeled)"
+    assert figures.prefetch_timeline(live)["layout"]["xaxis"]["title"]["text"].endswith("(measured)")

@@ -148,3 +148,23 @@ def test_a_one_token_reply_shows_no_tpot_rate_or_share_rather_than_zeros():
                               timing="modeled")
     assert "TPOT n/a (no decode step)" in chat_text.run_title(summary, live)
     assert "0.00" not in chat_text.decode_words(summary) and "n/a" in chat_text.decode_words(summary)
+
+
+def test_the_header_marks_every_change_the_reply_took_and_the_next_messages_profile():
+    """Regression (review): τ_approx 0 → 0.2 from token 5, then a deferred change: the header showed "τapprox 0.2"
+    with no mark, as if the whole reply had run so (it marked the last request only). And after a profile change the
+    "Next message" line did not name the profile the next reply is timed for."""
+    from types import SimpleNamespace
+
+    from pages.runner import SettingsChange
+
+    ran = RunSettings(policy="spice", tau_approx=0.0)
+    after = replace(ran, tau_approx=0.2)
+    stream = SimpleNamespace(run_id="r1", settings=after, changes=[
+        SettingsChange(("tau_approx",), (), 5, settings_after=after),
+        SettingsChange((), ("max_new_tokens",), 11, settings_after=after)])
+    html = chat_text.stats_html(_live([0.0]), after, INFO, stream=stream)
+    assert "changed tau_approx from token 5" in _words(html), html
+    nxt = replace(ran, profile="h200-pcie5x16")
+    html = chat_text.stats_html(_live([0.0]), ran, INFO, next_settings=nxt)
+    assert "Next message:" in html and "modeled (h200-pcie5x16, " in html.split("<br>")[0], html
