@@ -26,6 +26,7 @@ policy is, or anything of torch, TensorBoard or the UI: it turns plain records i
 """
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import math
@@ -318,19 +319,36 @@ def _mode_for(path: Path) -> int:
     return 0o644
 
 
+JSON_CHUNK_EVENTS = 10_000      # trace events encoded at a time by `json_pieces`
+
+
+def json_pieces(obj, chunk: int = JSON_CHUNK_EVENTS) -> Iterator[str]:
+    """``obj`` as strict compact JSON (no NaN), in pieces whose concatenation is ``json.dumps(obj)``'s text: a long
+    "traceEvents" list (the first key, as `build_chrome_trace` makes it) goes ``chunk`` events at a time, so a long
+    run's trace is never one string (with its bytes copy, twice the file in memory on top of the events)."""
+    dumps = functools.partial(json.dumps, allow_nan=False, separators=(",", ":"))
+    events = obj.get("traceEvents") if isinstance(obj, dict) else None
+    if not isinstance(events, list) or len(events) <= chunk or next(iter(obj)) != "traceEvents":
+        yield dumps(obj)
+        return
+    yield '{"traceEvents":['
+    for i in range(0, len(events), chunk):
+        yield ("," if i else "") + dumps(events[i:i + chunk])[1:-1]
+    rest = dumps({k: v for k, v in obj.items() if k != "traceEvents"})
+    yield "]" + ("}" if rest == "{}" else "," + rest[1:])
+
+
 def write_json(obj: dict, path: Path) -> Path:
     """Write ``obj`` as strict JSON (no NaN); gzip it when ``path`` ends in ``.gz``. Whole or not at all."""
     path = Path(path)
-    data = json.dumps(obj, allow_nan=False, separators=(",", ":")).encode("utf-8")
-    with written_whole(path) as scratch:
-        if path.suffix.lower() == ".gz":
-            # mtime=0: the same trace gives the same bytes; the name stored is the export's own (gzip takes the
-            # scratch file's by default, which `gunzip -N` restores: a hidden .part file).
-            with open(scratch, "wb") as raw, \
-                    gzip.GzipFile(filename=path.stem, fileobj=raw, mode="wb", mtime=0) as gz:
-                gz.write(data)
-        else:
-            scratch.write_bytes(data)
+    gz = path.suffix.lower() == ".gz"
+    with written_whole(path) as scratch, open(scratch, "wb") as raw:
+        # mtime=0: the same trace gives the same bytes; the name stored is the export's own (gzip takes the
+        # scratch file's by default, which `gunzip -N` restores: a hidden .part file).
+        out = gzip.GzipFile(filename=path.stem, fileobj=raw, mode="wb", mtime=0) if gz else raw
+        with out:
+            for piece in json_pieces(obj):
+                out.write(piece.encode("utf-8"))
     return path
 
 

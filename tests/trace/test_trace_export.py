@@ -175,3 +175,17 @@ def test_events_csv_round_trips_every_field(tmp_path):
     back = pd.read_csv(write_events_csv(evs, tmp_path / "events.csv"), keep_default_na=False)
     row = back.iloc[0].to_dict()
     assert row == {**evs[0].as_dict(), "dur_ms": 1.5}
+
+
+@pytest.mark.parametrize("n_events", [0, 2, 3, 7, 9])
+@pytest.mark.parametrize("rest", [{}, {"displayTimeUnit": "ms", "otherData": {"run_id": "r", "notes": ["a"]}}])
+def test_a_long_trace_is_written_in_pieces_that_make_the_same_text(n_events, rest):
+    """Review: a 4,096-token run's trace (739 MB) was one string and its bytes copy in memory; it is encoded a slice
+    of events at a time, to the same text."""
+    from spice_core.trace.export import json_pieces
+
+    obj = {"traceEvents": [{"ph": "X", "ts": i, "dur": 1.5, "name": f"e{i}", "args": {"l": [i]}}
+                           for i in range(n_events)], **rest}
+    assert "".join(json_pieces(obj, chunk=3)) == json.dumps(obj, allow_nan=False, separators=(",", ":"))
+    with pytest.raises(ValueError):
+        "".join(json_pieces({"traceEvents": [{"ts": 0}] * 5 + [{"ts": float("nan")}]}, chunk=2))
