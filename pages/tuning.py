@@ -68,7 +68,6 @@ APP_TUNE_WORDS = "2 to 4 minutes"
 MAX_PPL_PCT = 100.0    # the budget box's range: a perplexity increase beyond 100 % is no budget
 DEFAULT_PPL_PCT = DEFAULT_BUDGET_PPL_PCT
 DEFAULT_AGREEMENT = DEFAULT_BUDGET_AGREEMENT
-TUNED_FIELDS = ("tau_approx", "tau_prefetch", "max_lookahead", "lore_rank", "cpu_lane")
 MAX_PICKS = 64         # picks kept for reuse (oldest dropped)
 MAX_HANDOFFS = 256     # "use this setting in chat" requests waiting for the visitor's chat page
 READ_ONLY_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)    # a folder this app may not write

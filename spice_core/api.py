@@ -37,7 +37,7 @@ from spice_core.trace.metrics import (  # noqa: F401 - re-exported: one definiti
 from spice_core.trace.occupancy import (  # noqa: F401 - re-exported: where a decode token's time goes
     STATES as TIME_STATES, TimeSplit, time_split)
 from spice_core.tuned import (  # noqa: F401 - re-exported: the tuner's record and its file beside the model
-    TUNED_FILE, TuneRecord, tuned_path)
+    TUNED_FILE, TUNED_KNOBS, TuneRecord, tuned_path)
 from spice_core.tuned import find as find_tuned, load_all as load_tuned, save as save_tuned  # noqa: F401
 from spice_core.tuned import stale_reason as stale_tuned  # noqa: F401 - a pick measured with since-rebuilt artifacts
 from spice_core.tuner import (  # noqa: F401 - re-exported: the tuner, its quality budget and confirmation sample

@@ -28,6 +28,9 @@ TUNED_FILE = "spice-tuned.json"
 # What a measured setting came to (the tuner writes it into the record's trials; `TuneRecord.verdict` reads it back).
 EXACT, HELD, FAILED, RULED_OUT, UNCONFIRMED, MISSED = "exact", "held", "failed", "ruled out", "unconfirmed", "missed"
 WITHIN = (EXACT, HELD)
+VERDICTS = (EXACT, HELD, FAILED, RULED_OUT, UNCONFIRMED, MISSED)
+# The knobs a record's setting holds: what the tuner searches; the rest of a run's settings are the caller's.
+TUNED_KNOBS = ("tau_approx", "tau_prefetch", "max_lookahead", "lore_rank", "cpu_lane")
 
 
 @dataclass
@@ -58,8 +61,9 @@ class TuneRecord:
     calibration: str = ""           # the artifacts' calibration digest it was measured with ("": none, or unknown)
 
     def settings(self, base: RunSettings) -> RunSettings:
-        """``base`` with the picked setting applied (policy spice)."""
-        return replace(base, policy=self.policy, **self.setting)
+        """``base`` with the picked setting applied (policy spice), and tau_int8 0 as the tuner measured it: a lossy
+        int8 lane on top would make the quality it quotes another setting's (review)."""
+        return replace(base, policy=self.policy, tau_int8=0.0, **self.setting)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -104,19 +108,24 @@ class TuneRecord:
     def matches(self, *, profile: str, shape: str, cache_frac: float) -> bool:
         return self.profile == profile and self.shape == shape and abs(self.cache_frac - cache_frac) < 1e-9
 
+    def same_key(self, other: "TuneRecord") -> bool:
+        """One record per model, profile, shape and cache in a file: another model's pick is not replaced."""
+        return self.model == other.model and other.matches(profile=self.profile, shape=self.shape,
+                                                           cache_frac=self.cache_frac)
+
 
 def tuned_path(model_dir: Path | str) -> Path:
     return Path(model_dir) / TUNED_FILE
 
 
 def save(record: TuneRecord, path: Path) -> None:
-    """Add ``record`` to the tuned file at ``path``, replacing one for the same profile, shape and cache.
+    """Add ``record`` to the tuned file at ``path``, replacing one for the same model, profile, shape and cache (a
+    file shared by several models' tunes kept only the last model's pick, review).
 
     Written beside it first and then renamed over it, so a write that fails (a read-only folder, a full disk)
     leaves the file as it was: OSError then, and the records already saved are kept."""
     path = Path(path)
-    records = [r for r in load_all(path) if not r.matches(profile=record.profile, shape=record.shape,
-                                                          cache_frac=record.cache_frac)] if path.exists() else []
+    records = [r for r in load_all(path) if not r.same_key(record)] if path.exists() else []
     records.append(record)
     text = json.dumps({"format": 1, "records": [r.as_dict() for r in records]}, indent=1, allow_nan=False) + "\n"
     part = path.with_name(f".{path.name}.{os.getpid()}.part")
@@ -146,13 +155,34 @@ def _record(r, i: int) -> TuneRecord:
     for key in ("ppl_pct", "agreement"):
         if key in rec.budget and rec.budget[key] is not None and not is_number(rec.budget[key]):
             raise ValueError(f"record {i}: budget {key} is {json.dumps(rec.budget[key])[:60]}, not a number")
-    if not all(isinstance(t, dict) for t in rec.trials):
-        raise ValueError(f"record {i}: trials hold something other than objects")
     try:
         rec.settings(RunSettings())
     except (ConfigError, TypeError) as e:
         raise ValueError(f"record {i}: its setting {json.dumps(rec.setting)[:120]} is not one spice runs ({e})") from None
+    if set(rec.setting) != set(TUNED_KNOBS):
+        raise ValueError(f"record {i}: its setting has {sorted(rec.setting)}, not the tuned knobs {list(TUNED_KNOBS)}"
+                         " (anything else there would be applied too)")
+    for j, t in enumerate(rec.trials):
+        bad = _bad_trial(t)
+        if bad:
+            raise ValueError(f"record {i}: trial {j} {bad}")
     return rec
+
+
+def _bad_trial(t) -> str:
+    """What is wrong with one of a record's trials as the pages read it ("" when nothing): an object with the tuned
+    knobs, numbers for its speed and quality and a known verdict (a hand-edited trial failed the app's page load)."""
+    if not isinstance(t, dict):
+        return f"is {json.dumps(t)[:60]}, not an object"
+    missing = [k for k in (*TUNED_KNOBS, "speed_ms", "ppl_pct", "agreement") if k not in t]
+    if missing:
+        return f"has no {', '.join(missing)}"
+    for k in ("speed_ms", "ppl_pct", "agreement", "confirm_ppl_pct", "confirm_agreement"):
+        if t.get(k) is not None and not is_number(t[k]):
+            return f"has {k} {json.dumps(t[k])[:40]}, not a number"
+    if "verdict" in t and t["verdict"] not in VERDICTS:
+        return f"has verdict {json.dumps(t['verdict'])[:40]}, not one of {', '.join(VERDICTS)}"
+    return ""
 
 
 def load_all(path: Path) -> list[TuneRecord]:
@@ -183,15 +213,19 @@ def find(path: Path, *, profile: str, shape: str, cache_frac: float, model: str 
     from another model's folder holds that model's measured quality, not this one's); with ``calibration`` (the
     engine's artifacts' digest), one measured with those artifacts (`stale_reason`)."""
     records = load_all(path)
-    for r in records:
-        if r.matches(profile=profile, shape=shape, cache_frac=cache_frac):
-            if model is not None and r.model != model:
-                raise ConfigError(f"{path} was tuned on model {r.model}, not {model}: its measured quality says "
-                                  f"nothing of this one; run `python -m spice_core tune` on {model}")
-            why = stale_reason(r, calibration)
-            if why:
-                raise ConfigError(f"{path}: {why}")
-            return r
+    keyed = [r for r in records if r.matches(profile=profile, shape=shape, cache_frac=cache_frac)]
+    if keyed:
+        # The file beside the model (model None) holds its own picks: the last one saved for this key.
+        mine = [r for r in keyed if model is None or r.model == model]
+        if not mine:
+            others = ", ".join(sorted({r.model for r in keyed}))
+            raise ConfigError(f"{path} was tuned on model {others}, not {model}: its measured quality says "
+                              f"nothing of this one; run `python -m spice_core tune` on {model}")
+        r = mine[-1]
+        why = stale_reason(r, calibration)
+        if why:
+            raise ConfigError(f"{path}: {why}")
+        return r
     have = "; ".join(f"profile {r.profile}, shape {r.shape}, cache {r.cache_frac:g}" for r in records) or "none"
     raise ConfigError(f"{path} has no tuned setting for profile {profile}, shape {shape}, cache {cache_frac:g} "
                       f"(it has: {have}): run `python -m spice_core tune` with those")

@@ -245,6 +245,9 @@ def apply_tuned(args, settings: RunSettings, model: str | None = None,
 
     if settings.policy != "spice":
         raise ConfigError(f"--tuned sets spice's thresholds: use --policy spice, not {settings.policy}")
+    if settings.tau_int8 > 0:      # the pick's quality was measured without the lossy int8 lane (tune refuses it)
+        raise ConfigError(f"--tuned: the pick was measured with tau_int8 0, so its quality says nothing of "
+                          f"--tau-int8 {settings.tau_int8:g}: drop --tau-int8")
     own = default_tuned_path(args.model)
     path = Path(args.tuned) if args.tuned else own
     # The file beside the model is its own whatever the folder is called now; one from elsewhere must name it.

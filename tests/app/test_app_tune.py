@@ -149,7 +149,8 @@ def test_a_saved_pick_tuned_with_since_rebuilt_artifacts_is_not_offered(tmp_path
     def record(cache_frac, calibration):
         return TuneRecord(model="m", policy="spice", profile="rtx4090-pcie4x16", shape="deepseek-v2-lite",
                           cache_frac=cache_frac, budget={"ppl_pct": 1.0, "agreement": 0.9},
-                          setting={"tau_approx": 0.05}, speed_ms=1.0, speed_timing="modeled", ppl_pct=0.1,
+                          setting={"tau_approx": 0.05, "tau_prefetch": 0.2, "max_lookahead": 4, "lore_rank": 4,
+                                   "cpu_lane": True}, speed_ms=1.0, speed_timing="modeled", ppl_pct=0.1,
                           agreement=0.95, quality_measured_on="t", reason="r", calibration=calibration)
 
     for frac, cal in ((0.25, "aaaaaaaaaaaaaaaa"), (0.5, "bbbbbbbbbbbbbbbb"), (0.75, "")):

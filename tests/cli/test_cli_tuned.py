@@ -178,3 +178,69 @@ def test_a_pick_tuned_on_a_profile_file_is_filed_under_that_profile_and_only_app
                                        "--n-prompts", "1", "--new-tokens", "2", "--cache-frac", "0.5"])
     assert code == 0, err
     assert "my-box" in json.loads(text)["step_ms_timing"] and "rtx4090" not in text, text
+
+
+def test_generate_tuned_refuses_the_lossy_int8_lane_the_pick_was_not_measured_with(tiny_model, tmp_path, capsys):
+    """Regression (review): `--tuned --tau-int8 0.3` ran 246 int8 CPU experts while its note quoted the pick's measured
+    quality (measured with tau_int8 0: `tune` refuses --tau-int8). A record's setting sets tau_int8 0 too."""
+    from spice_core.config import RunSettings
+
+    from cli_helpers import run_cli
+
+    record = lossy_record()
+    assert record.settings(RunSettings(tau_int8=0.3)).tau_int8 == 0.0
+    code, _, err = run_cli(capsys, ["generate", "--model", tiny_model, "--policy", "spice", "--tau-int8", "0.3",
+                                    "--prompt", "hello", "--tuned"])
+    assert code == 2 and "--tuned: the pick was measured with tau_int8 0" in err and "Traceback" not in err, err
+
+
+def test_two_models_picks_share_a_file_and_each_finds_its_own(tmp_path):
+    """Regression (review): tuning a second model into the same --out file deleted the first model's pick for the same
+    profile, shape and cache."""
+    from spice_core.errors import ConfigError
+    from spice_core.tuned import find, load_all, save
+
+    path = tmp_path / "shared.json"
+    save(lossy_record(model="a", speed_ms=10.0), path)
+    save(lossy_record(model="b", speed_ms=20.0), path)
+    save(lossy_record(model="a", speed_ms=11.0), path)            # a's again: replaces a's only
+    assert sorted((r.model, r.speed_ms) for r in load_all(path)) == [("a", 11.0), ("b", 20.0)]
+    key = dict(profile="rtx4090-pcie4x16", shape="deepseek-v2-lite", cache_frac=0.3)
+    assert find(path, model="b", **key).speed_ms == 20.0 and find(path, model="a", **key).speed_ms == 11.0
+    import pytest
+
+    with pytest.raises(ConfigError, match="was tuned on model a, b, not c"):
+        find(path, model="c", **key)
+
+
+def test_a_hand_edited_record_with_more_than_the_tuned_knobs_or_a_broken_trial_is_refused(tmp_path):
+    """Regression (review): a record whose setting also held cache_frac 1.0 and max_new_tokens 3 was applied as is
+    (a run at 100% cache stopping after 3 tokens), and trials without speed_ms or with an unknown verdict made the
+    app's page load fail with a KeyError."""
+    import json
+
+    import pytest
+
+    from spice_core.errors import ConfigError
+    from spice_core.tuned import load_all, save
+
+    path = tmp_path / "t.json"
+    trial = {**lossy_record().setting, "speed_ms": 10.0, "ppl_pct": 0.5, "agreement": 0.95, "verdict": "held"}
+    save(lossy_record(trials=[trial]), path)
+    assert load_all(path)[0].trials == [trial]
+    good = json.loads(path.read_text())
+    for edit, words in [(lambda r: r["setting"].update(cache_frac=1.0, max_new_tokens=3), "not the tuned knobs"),
+                        (lambda r: r["setting"].pop("cpu_lane"), "not the tuned knobs"),
+                        (lambda r: r["trials"][0].pop("speed_ms"), "trial 0 has no speed_ms"),
+                        (lambda r: r["trials"][0].update(speed_ms="fast"), "trial 0 has speed_ms \"fast\", not a number"),
+                        (lambda r: r["trials"][0].update(verdict="great"), "trial 0 has verdict \"great\""),
+                        (lambda r: r["trials"].append({}), "trial 1 has no tau_approx")]:
+        doc = json.loads(json.dumps(good))
+        edit(doc["records"][0])
+        path.write_text(json.dumps(doc))
+        with pytest.raises(ConfigError, match="is not a tuned-settings file"):
+            load_all(path)
+        try:
+            load_all(path)
+        except ConfigError as e:
+            assert words in str(e), (words, str(e))

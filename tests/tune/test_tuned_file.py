@@ -71,7 +71,7 @@ def test_an_old_records_trials_get_their_verdicts_from_met_and_the_confirmations
     ("confirmed", 1, "confirmed is 1, not true or false"),
     ("reply_tokens", 2.5, "reply_tokens is 2.5, not an integer"),
     ("budget", {"ppl_pct": "1"}, 'budget ppl_pct is "1", not a number'),
-    ("trials", [1], "trials hold something other than objects"),
+    ("trials", [1], "trial 0 is 1, not an object"),
     ("setting", {"tau_approx": "a"}, "is not one spice runs"),
     ("setting", {"no_such_knob": 1}, "is not one spice runs"),
 ])
