@@ -116,6 +116,10 @@ class AutoTune:
         if record is None:
             yield (f"⚠ Auto found no setting: {esc(spice_error_text(how))}", *[skip] * (n_out - 1))
             return
+        if record.stopped:      # Stop means "do not change my settings": the best so far is shown, not applied
+            yield ("■ Auto stopped: your settings are unchanged. The best setting measured before the stop, for "
+                   "reference:  \n" + tuning.pick_markdown(record, how, base.max_new_tokens), *[skip] * (n_out - 1))
+            return
         yield self.apply(session, record, how)
 
     def adopt(self, session, request: gr.Request = None):

@@ -28,7 +28,7 @@ is within the budget only once it also held on 6 held-out chat requests x the ch
 new tokens: 192 by default) and 256 teacher-forced tokens: measured, the screening passed every lossy setting of the
 shipped model at the default budget, and on chat replies every one of them missed it (spice_core.tuner says more).
 The confirmation re-measures the least lossy candidate first, so when it fails nothing else is measured: one tune of
-the shipped model takes 2 to 2.5 minutes there (APP_TUNE_WORDS); the CLI's default evaluation is larger and
+the shipped model takes 2 to 8 minutes there (APP_TUNE_WORDS); the CLI's default evaluation is larger and
 is what docs/benchmarks/tune/ reports.
 
 What a pick holds for (spice_core.tuned): an exact pick is within any budget; a lossy one only for replies no
@@ -62,9 +62,10 @@ APP_EVAL = {"max_tokens": 64, "n_prompts": 2, "new_tokens": 8, "speed_tokens": 3
 # The app's confirmation (spice_core.tuner.Confirm's fields): greedy replies as long as the base's max new tokens.
 APP_CONFIRM = {"max_tokens": 256, "n_prompts": 6, "prompts": "chat", "max_settings": 3}
 # How long one tune of the shipped model takes on a 2-core machine (measured from the sweep page's handler at the
-# default budget and the chat's 192 tokens: 122-141 s, about 50 s of it the screening; 57 s before the confirmation);
-# other work on the same cores makes it slower.
-APP_TUNE_WORDS = "2 to 4 minutes"
+# default budget and the chat's 192 tokens: 122-141 s, about 50 s of it the screening; 57 s before the confirmation;
+# a review measured 254 s at cache 0.25 and 416 s at cache 0.75, where three confirmations of ~90 s each ran: up to
+# APP_CONFIRM's max_settings of them); other work on the same cores makes it slower.
+APP_TUNE_WORDS = "2 to 8 minutes"
 MAX_PPL_PCT = 100.0    # the budget box's range: a perplexity increase beyond 100 % is no budget
 DEFAULT_PPL_PCT = DEFAULT_BUDGET_PPL_PCT
 DEFAULT_AGREEMENT = DEFAULT_BUDGET_AGREEMENT
@@ -326,6 +327,7 @@ def run(ctx, book: TuneBook, owner: str, base: RunSettings, tune_budget: Budget,
     while True:
         if should_stop():
             stream.cancel("stop")
+            job.cancel()        # now: the runner passes a cancel on only when the job next reports progress
         _steps, ended = stream.take(0.25)
         if ended:
             break

@@ -284,8 +284,9 @@ class Tuner:
             if self._ref is None:
                 self.progress("measuring the exact model's reference (teacher-forced logits, greedy tokens)",
                               self._done(), self._planned)
-                self._ref = self.q.exact_reference(self.engine, self.data, self.new_tokens, base=self.base)
-            rep = self.q.evaluate(self.engine, self._run_settings(s), self._ref)
+                self._ref = self.q.exact_reference(self.engine, self.data, self.new_tokens, base=self.base,
+                                                   should_stop=self.should_stop)
+            rep = self.q.evaluate(self.engine, self._run_settings(s), self._ref, should_stop=self.should_stop)
             t = Trial(s, self._speed(s, rep.step_ms_median), rep.ppl_delta_pct, rep.greedy_agreement, stage,
                       self.budget.met(rep.ppl_delta_pct, rep.greedy_agreement))
         self._trials[s] = t
@@ -300,6 +301,14 @@ class Tuner:
     # ------------------------------------------------------------------ the search
     def run(self) -> TuneRecord:
         t0 = time.perf_counter()
+        try:
+            stopped = self._search()
+        except self.q.Stopped:          # Stop inside a quality pass: the setting it measured is not kept
+            stopped = True
+        return self._record(time.perf_counter() - t0, stopped)
+
+    def _search(self) -> bool:
+        """Stages 1 to 3 (module docstring) into ``self._trials``; returns whether ``should_stop`` ended them."""
         stopped = False
         b = self.base
         best = Setting(tau_approx=0.0, tau_prefetch=b.tau_prefetch, max_lookahead=b.max_lookahead,
@@ -329,7 +338,7 @@ class Tuner:
                 break
         if self.confirm is not None and not stopped:
             stopped = self._confirm_stage()
-        return self._record(time.perf_counter() - t0, stopped)
+        return stopped
 
     # ------------------------------------------------------------------ confirming
     def _confirm_reference(self):
@@ -344,7 +353,7 @@ class Tuner:
                     self.engine, max_tokens=c.max_tokens, window=min(c.max_tokens, self.engine.lm.max_context_tokens),
                     n_prompts=c.n_prompts, prompt_tokens=16, chat_prompts=c.prompts == "chat")
             self._confirm_ref = self.q.exact_reference(self.engine, self._confirm_data, self.reply_tokens,
-                                                       base=self.base)
+                                                       base=self.base, should_stop=self.should_stop)
         return self._confirm_ref
 
     def _confirm_stage(self) -> bool:
@@ -356,9 +365,12 @@ class Tuner:
             t = next_to_confirm(list(self._trials.values()), exact_ms)
             if t is None:
                 return False
+            ref = self._confirm_reference()
             if self.should_stop():
                 return True
-            rep = self.q.evaluate(self.engine, self._run_settings(t.setting), self._confirm_reference())
+            self.progress(f"re-measuring {t.setting.words()} on replies of {self.reply_tokens} tokens",
+                          self._done(), self._planned)
+            rep = self.q.evaluate(self.engine, self._run_settings(t.setting), ref, should_stop=self.should_stop)
             held = self.budget.met(rep.ppl_delta_pct, rep.greedy_agreement)
             self._trials[t.setting] = replace(t, confirm_ppl_pct=rep.ppl_delta_pct,
                                               confirm_agreement=rep.greedy_agreement, verdict=HELD if held else FAILED)
@@ -376,7 +388,15 @@ class Tuner:
         usable = [t for t in trials if t.verdict in WITHIN or (not confirming and t.verdict == UNCONFIRMED)]
         if not usable:      # cannot happen with a valid budget once one exact setting ran; stopped before that
             raise ConfigError("the tuner was stopped before it measured any setting: run it again")
-        pick = min(usable, key=lambda t: (t.speed_ms, t.ppl_pct, -t.agreement))
+        # Speeds within SAME_SPEED_REL of the fastest are a tie (review: eight exact settings modeled at the same ms,
+        # and the first measured, tau_prefetch 0.05, replaced the user's 0.2 for nothing): among them the least
+        # lossy, then the one with the user's own knobs, then the fastest.
+        fastest = min(t.speed_ms for t in usable)
+        tied = [t for t in usable if t.speed_ms <= fastest * (1 + SAME_SPEED_REL)]
+        b = self.base
+        own = lambda t: (t.setting.tau_prefetch, t.setting.max_lookahead, t.setting.cpu_lane) == \
+            (b.tau_prefetch, b.max_lookahead, b.cpu_lane)    # noqa: E731
+        pick = min(tied, key=lambda t: (t.setting.tau_approx, t.ppl_pct, -t.agreement, not own(t), t.speed_ms))
         confirmed = pick.verdict == HELD
         return TuneRecord(
             model=self.engine.lm.name, policy="spice",
@@ -406,8 +426,9 @@ class Tuner:
                       f"{exact_best.speed_ms:.2f} ms for the fastest exact one, at perplexity {ppl:+.2f} % and greedy "
                       f"agreement {agr:.3f}" + (f" on the confirmation sample ({replies})" if held else ""))
         elif not any(t.stage == "lossy" for t in trials):
-            reason = (f"the fastest exact setting ({pick.speed_ms:.2f} ms); no LoRE factors for the model: only "
-                      "exact settings can run")
+            reason = (f"the fastest exact setting ({pick.speed_ms:.2f} ms); " +
+                      ("stopped before any approximating setting was measured" if stopped and self.ranks else
+                       "no LoRE factors for the model: only exact settings can run"))
         elif failed and not open_:
             reason = (f"the exact setting (tau_approx 0, {pick.speed_ms:.2f} ms): no approximating setting keeps "
                       f"{self.budget.words()} on {replies}")
@@ -439,8 +460,9 @@ class Tuner:
 
     def _sample_words(self, data, new_tokens: int) -> str:
         where = "the CPU path of this engine" if self.engine.lm.device.type == "cpu" else f"this engine ({self.engine.lm.device})"
-        return (f"{sum(len(w) - 1 for w in data.windows)} teacher-forced tokens and {len(data.prompts)} prompts x "
-                f"{new_tokens} greedy tokens of {data.source}, on {where}")
+        n = len(data.prompts)
+        return (f"{sum(len(w) - 1 for w in data.windows)} teacher-forced tokens and {n} prompt{'' if n == 1 else 's'} "
+                f"x {new_tokens} greedy tokens of {data.source}, on {where}")
 
 
 def tune(engine, base: RunSettings, budget: Budget, **kw) -> TuneRecord:

@@ -235,10 +235,27 @@ class ExactReference:
     new_tokens: int
 
 
-def exact_reference(engine, data: EvalSet, new_tokens: int = DEFAULT_NEW_TOKENS, base: RunSettings | None = None):
+class Stopped(Exception):
+    """A quality pass asked to stop (``should_stop``) ended between two of its windows or prompts."""
+
+
+def _check(should_stop) -> None:
+    if should_stop is not None and should_stop():
+        raise Stopped("stopped")
+
+
+def exact_reference(engine, data: EvalSet, new_tokens: int = DEFAULT_NEW_TOKENS, base: RunSettings | None = None,
+                    should_stop=None):
+    """``should_stop``: asked before each window and prompt; True ends the pass with `Stopped` (a tune's Stop must
+    not wait for a whole pass, a minute and more on a CPU)."""
     s = replace(base or RunSettings(), policy=EXACT_REFERENCE_POLICY, tau_approx=0.0)
-    logits = [forced_logits(engine, list(w), s)[0] for w in data.windows]
-    tokens = [greedy_tokens(engine, list(p), s, new_tokens) if new_tokens > 0 else [] for p in data.prompts]
+    logits, tokens = [], []
+    for w in data.windows:
+        _check(should_stop)
+        logits.append(forced_logits(engine, list(w), s)[0])
+    for p in data.prompts:
+        _check(should_stop)
+        tokens.append(greedy_tokens(engine, list(p), s, new_tokens) if new_tokens > 0 else [])
     return ExactReference(data, logits, tokens, new_tokens)
 
 
@@ -246,14 +263,15 @@ def _nll(logits: torch.Tensor, targets: list[int]) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits, torch.tensor(targets), reduction="none")
 
 
-def evaluate(engine, settings: RunSettings, ref: ExactReference) -> QualityReport:
+def evaluate(engine, settings: RunSettings, ref: ExactReference, should_stop=None) -> QualityReport:
     """Teacher-forced perplexity, mean KL and top-1 agreement against ``ref``, and greedy agreement
-    over its prompts, for ``settings`` (any policy and thresholds)."""
+    over its prompts, for ``settings`` (any policy and thresholds). ``should_stop`` as for `exact_reference`."""
     nll, nll_exact, kls, top1, n = 0.0, 0.0, 0.0, 0, 0
     split: Counter = Counter()
     notes: set[str] = set()
     step_ms: list[float] = []
     for w, exact in zip(ref.data.windows, ref.logits):
+        _check(should_stop)
         fp = forced_pass(engine, list(w), settings)
         got = fp.logits
         split.update(fp.outcomes)
@@ -268,6 +286,7 @@ def evaluate(engine, settings: RunSettings, ref: ExactReference) -> QualityRepor
         n += len(targets)
     same, total, firsts = 0, 0, []
     for prompt, exact_toks in zip(ref.data.prompts, ref.tokens):
+        _check(should_stop)
         toks = greedy_tokens(engine, list(prompt), settings, ref.new_tokens) if ref.new_tokens > 0 else []
         k, first = agreement(exact_toks, toks)
         same += k

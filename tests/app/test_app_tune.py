@@ -5,6 +5,7 @@ chat" changes the chat session's applied settings through the chat's own setting
 with a message naming the box."""
 from __future__ import annotations
 
+import re
 import time
 from types import SimpleNamespace
 
@@ -120,6 +121,23 @@ def test_budgeted_tune_meets_the_budget_and_its_pick_applies_to_the_chat(pages):
     *_lines, last = pages.chat.auto.auto(1.0, 0.9, "", other, request=VISITOR)
     assert "reused" in last[0] and record.reason in last[0], last[0]
     assert other.settings.tau_approx == record.setting["tau_approx"]
+
+
+def test_a_stopped_chat_auto_leaves_the_settings_as_they_were(pages):
+    """Regression (review): Stop in the chat's Auto still applied the best setting measured so far (the user's
+    τ_prefetch 0.2 became 0.05), and said "no LoRE factors for the model". The stopped pick is shown, not applied."""
+    session = ChatSession()
+    lines = []
+    for out in pages.chat.auto.auto(0.3, 0.97, "", session, request=VISITOR):
+        lines.append(out[0])
+        measured = re.match(r"Tuning: (\d+) of", str(out[0]))
+        if measured and int(measured.group(1)) >= 2:       # a setting or two measured: there is a best so far
+            session.auto.stop = True
+    last = lines[-1]
+    assert session.settings is None, "a stopped Auto changed the chat's settings"
+    assert last.startswith("■ Auto stopped: your settings are unchanged") and "Picked:" in last, last
+    assert "no LoRE factors" not in last
+    assert pages.ctx.runner.wait_idle(30)
 
 
 def test_stop_ends_a_tune_between_settings(pages):
