@@ -10,7 +10,10 @@ it (default: `spice-tuned.json` in the model's folder, one record per profile, s
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from spice_core.tools import args as ca
@@ -88,15 +91,31 @@ def run(args) -> int:
 
     confirm = None if args.no_confirm else Confirm(max_tokens=args.confirm_tokens, n_prompts=args.confirm_prompts,
                                                    new_tokens=args.confirm_new_tokens, max_settings=args.confirm_settings)
-    rec = tune(engine, base, budget, max_tokens=args.max_tokens, n_prompts=args.n_prompts, new_tokens=args.new_tokens,
-               progress=progress, confirm=confirm)
+    with first_ctrl_c_stops() as stop:
+        rec = tune(engine, base, budget, max_tokens=args.max_tokens, n_prompts=args.n_prompts,
+                   new_tokens=args.new_tokens, progress=progress, confirm=confirm, should_stop=stop.is_set)
+    # The result first: a save that fails after minutes of search (the file changed meanwhile, a full disk) must
+    # not lose it (review).
+    if args.json:
+        print(json.dumps(rec.as_dict(), allow_nan=False), flush=True)
+    else:
+        print_result(rec)
+    if rec.stopped:
+        print(f"stopped (Ctrl-C): the best setting measured so far is above; not saved to {out} (run tune again "
+              "to finish)", file=sys.stderr)
+        return 130
     try:
         save(rec, out)
-    except OSError as e:
-        raise ConfigError(f"--out {out}: cannot write it ({e.strerror}): pass a writable path") from None
-    if args.json:
-        print(json.dumps(rec.as_dict(), allow_nan=False))
-        return 0
+    except (OSError, ConfigError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ConfigError(f"--out {out}: the pick printed above could not be saved ({why}): pass a writable path, "
+                          "or apply the printed flags by hand") from None
+    if not args.json:
+        print(f"saved to {out} (use it: python -m spice_core generate --policy spice --tuned ...)")
+    return 0
+
+
+def print_result(rec) -> None:
     s = rec.setting
     print(f"recommended: --tau-approx {s['tau_approx']:g} --lore-rank {s['lore_rank']} --tau-prefetch "
           f"{s['tau_prefetch']:g} --max-lookahead {s['max_lookahead']} {'--cpu-lane' if s['cpu_lane'] else '--no-cpu-lane'}")
@@ -105,6 +124,26 @@ def run(args) -> int:
           + ("(exact: nothing approximated)" if s["tau_approx"] == 0 else
              f"(measured on {rec.confirmed_on or rec.quality_measured_on})"))
     print(f"why: {rec.reason}")
-    print(f"tuned in {rec.tune_s:.0f} s over {len(rec.trials)} settings; saved to {out} "
-          f"(use it: python -m spice_core generate --policy spice --tuned ...)")
-    return 0
+    print(f"tuned in {rec.tune_s:.0f} s over {len(rec.trials)} settings", flush=True)
+
+
+@contextmanager
+def first_ctrl_c_stops():
+    """An Event the first Ctrl-C sets (the tuner stops at its next check, within a window or a prompt, and keeps the
+    best so far); a second one interrupts as usual. Only in the main thread, where Python delivers signals."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def first(signum, frame):
+        stop.set()
+        print("stopping after the window or prompt under way (Ctrl-C again to interrupt now)", file=sys.stderr,
+              flush=True)
+        signal.signal(signal.SIGINT, previous)
+
+    previous = signal.signal(signal.SIGINT, first)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -244,3 +244,46 @@ def test_a_hand_edited_record_with_more_than_the_tuned_knobs_or_a_broken_trial_i
             load_all(path)
         except ConfigError as e:
             assert words in str(e), (words, str(e))
+
+
+def test_a_tune_whose_save_fails_at_the_end_prints_its_pick_and_ctrl_c_keeps_the_best_so_far(tiny_model, tmp_path,
+                                                                                              capsys, monkeypatch):
+    """Regression (review): a save that failed after the search (the --out file changed meanwhile) lost the pick, which
+    was printed only after saving; and Ctrl-C mid-tune discarded every setting measured. The pick is printed first;
+    the first Ctrl-C stops the search at its next check and prints the best so far, unsaved."""
+    import os
+    import signal
+
+    import spice_core.tuned
+    import spice_core.tuner
+    from spice_core.errors import ConfigError
+
+    from cli_helpers import run_cli
+
+    small = ["tune", "--model", tiny_model, "--no-confirm", "--max-tokens", "16", "--n-prompts", "1", "--new-tokens",
+             "2", "--shape", "deepseek-v2-lite"]
+
+    def changed_meanwhile(record, path):
+        raise ConfigError(f"{path} is not a tuned-settings file (ValueError: record 0: cache_frac is \"0.25\")")
+
+    monkeypatch.setattr(spice_core.tuned, "save", changed_meanwhile)
+    code, out, err = run_cli(capsys, [*small, "--out", tmp_path / "t.json"])
+    assert code == 2 and out.startswith("recommended: --tau-approx ") and "the pick printed above could not be saved" \
+        in err, (out, err)
+    monkeypatch.undo()
+
+    real_tune = spice_core.tuner.tune
+
+    def ctrl_c_after_the_first_setting(*a, progress, **k):
+        def progress_then_ctrl_c(msg, done, total):
+            progress(msg, done, total)
+            if done == 1:
+                os.kill(os.getpid(), signal.SIGINT)        # the real signal, as a terminal sends it
+        return real_tune(*a, progress=progress_then_ctrl_c, **k)
+
+    monkeypatch.setattr(spice_core.tuner, "tune", ctrl_c_after_the_first_setting)
+    out_file = tmp_path / "u.json"
+    before = signal.getsignal(signal.SIGINT)
+    code, out, err = run_cli(capsys, [*small, "--out", out_file])
+    assert code == 130 and out.startswith("recommended: --tau-approx 0 ") and "stopped (Ctrl-C)" in err, (out, err)
+    assert not out_file.exists() and signal.getsignal(signal.SIGINT) is before
