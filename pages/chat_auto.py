@@ -35,6 +35,8 @@ class AutoState:
 
     running: bool = False
     stop: bool = False
+    applied: object = None      # the TuneRecord last applied to the chat (Auto, or the sweep's hand-off), while its
+                                # knobs are the chat's: a later setting change is checked against it (tuning.in_use_caveat)
 
 
 class AutoTune:
@@ -157,6 +159,7 @@ class AutoTune:
                         *[gr.skip()] * (3 + len(p.controls)))
             p._use(session, settings)
             note, banner, stats = p._report(session, before, [])
+            session.auto.applied = record      # after the report: the auto note itself gives the pick's caveat
         controls = [gr.update(value=getattr(settings, f)) for f in SETTING_FIELDS]
         applied = "Applied to your next message. " if not session.replying() else \
             "τ_approx, τ_prefetch and max lookahead apply from the next token of this reply; the rest from your " \

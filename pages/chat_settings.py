@@ -19,6 +19,7 @@ import gradio as gr
 from spice_core.api import EngineInfo, RunSettings
 from spice_core.errors import SpiceError
 from pages import chat_text as text
+from pages import tuning
 from pages.common import FIELD_CONTROLS, SETTING_FIELDS, settings_from_values, spice_error_text
 from pages.runner import LIVE_FIELDS
 from pages.limits import Limits, OutOfRange, on_slider, slider_ranges
@@ -230,8 +231,9 @@ class SettingsEvents:
         if settings == (session.settings or self.defaults):
             return
         session.settings = settings
-        if session.replying():
-            session.stream.request_settings(settings)
+        stream = session.stream          # read once (the chat's thread may end the reply meanwhile)
+        if stream is not None and session.replying():
+            stream.request_settings(settings)
 
     def _report(self, session, before: RunSettings, notes: list[str]):
         """(note, banner, numbers row) for what changed since the page last said (`before`); ``notes``: what was
@@ -239,6 +241,8 @@ class SettingsEvents:
         settings = session.settings or self.defaults
         session.requests.shown = settings
         refused = " ".join(esc(n) for n in notes)       # they quote what was typed or kept: text, never HTML
+        pick = tuning.in_use_caveat(session, settings)   # an Auto pick now used for longer replies than it held for
+        refused = " ".join(p for p in (refused, pick) if p)
         if settings == before:      # nothing new (e.g. a slider let go where it was): the note stays
             return (refused or gr.skip()), gr.skip(), gr.skip()
         banner = self._banner(settings) if (settings.profile, settings.shape) != (before.profile, before.shape) \
@@ -254,6 +258,8 @@ class SettingsEvents:
             return " ".join(p for p in (refused, "Applies to your next message: the exact re-run that measures the "
                                         "reply's greedy agreement keeps its exact settings.") if p), banner, gr.skip()
         stream = session.stream
+        if stream is None:              # the reply ended since: the change is for the next message
+            return " ".join(p for p in (refused, text.settings_hint()) if p), banner, gr.skip()
         changed = [f for f in RunSettings.__dataclass_fields__ if getattr(settings, f) != getattr(stream.settings, f)]
         live = [f for f in changed if f in LIVE_FIELDS]
         later = [f for f in changed if f not in LIVE_FIELDS]

@@ -249,6 +249,8 @@ class TuneBook:
         except (SpiceError, OSError) as exc:
             log.warning("the tuned settings beside %s are not offered: %s", info.model_name, exc)
             return
+        if len({r.model for r in records}) > 1:      # a file several models' tunes share: this model's picks only
+            records = [r for r in records if r.model == info.model_name]
         for record in records:
             stale = stale_tuned(record, info.calibration)
             if stale:
@@ -394,6 +396,21 @@ def caveat_markdown(record: TuneRecord, reply_tokens: int) -> str:
     """A warning line when the pick is not known to be within its budget for replies of ``reply_tokens`` ("")."""
     caveat = record.caveat(reply_tokens)
     return f"⚠ **Not known to be within the budget:** {caveat}." if caveat else ""
+
+
+def in_use_caveat(session, settings: RunSettings) -> str:
+    """The warning for a pick Auto applied that the chat still runs (its knobs unchanged) when ``settings`` ask for
+    longer replies than it was confirmed on ("" otherwise; a pick whose knobs the user moved is forgotten). Review:
+    raising Max new tokens after Auto kept a pick confirmed on 16-token replies without a word."""
+    auto = getattr(session, "auto", None)
+    record = getattr(auto, "applied", None)
+    if record is None:
+        return ""
+    if settings.policy != record.policy or any(getattr(settings, k) != v for k, v in record.setting.items()):
+        auto.applied = None
+        return ""
+    caveat = caveat_markdown(record, settings.max_new_tokens)
+    return f"{caveat} Press Auto again to re-measure it on replies of {settings.max_new_tokens} tokens." if caveat else ""
 
 
 def saved_markdown(kept: Kept, then: str, reply_tokens: int) -> str:

@@ -178,3 +178,26 @@ def test_a_saved_pick_tuned_with_since_rebuilt_artifacts_is_not_offered(tmp_path
     offered = {frac: book.saved_for("m", RunSettings(policy="spice", cache_frac=frac)) is not None
                for frac in (0.25, 0.5, 0.75)}
     assert offered == {0.25: True, 0.5: False, 0.75: True}
+
+
+def test_raising_max_new_tokens_past_an_applied_picks_confirmation_warns():
+    """Regression (review): after Auto applied a lossy pick confirmed on 16-token replies, raising Max new tokens to
+    192 kept it without a word (the README promises a warning). The settings note warns while the pick's knobs are
+    the chat's; moving one of them forgets the pick."""
+    from spice_core.api import RunSettings, TuneRecord
+    from pages import tuning
+
+    record = TuneRecord(model="m", policy="spice", profile="rtx4090-pcie4x16", shape="deepseek-v2-lite",
+                        cache_frac=0.25, budget={"ppl_pct": 1.0, "agreement": 0.9},
+                        setting={"tau_approx": 0.1, "tau_prefetch": 0.2, "max_lookahead": 4, "lore_rank": 2,
+                                 "cpu_lane": True}, speed_ms=1.0, speed_timing="modeled", ppl_pct=0.1,
+                        agreement=0.95, quality_measured_on="t", reason="r", confirmed=True, reply_tokens=16)
+    session = ChatSession()
+    session.auto.applied = record
+    picked = RunSettings(policy="spice", tau_approx=0.1, lore_rank=2, max_new_tokens=16)
+    assert tuning.in_use_caveat(session, picked) == ""
+    longer = tuning.in_use_caveat(session, RunSettings(**{**picked.__dict__, "max_new_tokens": 192}))
+    assert "Not known to be within the budget" in longer and "confirmed on replies of 16 tokens" in longer
+    assert "Press Auto again" in longer
+    moved = RunSettings(**{**picked.__dict__, "max_new_tokens": 192, "tau_approx": 0.05})
+    assert tuning.in_use_caveat(session, moved) == "" and session.auto.applied is None
