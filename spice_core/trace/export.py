@@ -277,12 +277,18 @@ def written_whole(path: Path) -> Iterator[Path]:
     normally and is removed when it raises (a full disk, Ctrl-C), so ``path`` is never a cut-short file, and an
     earlier export there is kept until the new one is whole. The folder is made if needed.
 
-    Where no scratch file can stand in for ``path``, it is written in place, as a plain write would: a device or
-    a pipe (``/dev/stdout``), and a writable file in a folder this process may not add files to."""
-    path = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)    # a link: write its target
-    if path.exists() and not path.is_file() and not path.is_dir():
+    Where no scratch file can stand in for ``path``, it is written in place, as a plain write would, and is then not
+    whole-or-absent (a failure leaves what was written): a device or a pipe (``/dev/stdout``), and a writable file in
+    a folder this process may not add files to."""
+    path = Path(path)
+    try:
+        st = os.stat(path)          # through any link: /dev/stdout to a pipe is a link to "pipe:[N]", no real path
+    except OSError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
         yield path
         return
+    path = Path(os.path.realpath(path)) if path.is_symlink() else path    # a link to a file: write its target
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=".export-", suffix=".part")    # short: any name fits
@@ -324,18 +330,25 @@ JSON_CHUNK_EVENTS = 10_000      # trace events encoded at a time by `json_pieces
 
 def json_pieces(obj, chunk: int = JSON_CHUNK_EVENTS) -> Iterator[str]:
     """``obj`` as strict compact JSON (no NaN), in pieces whose concatenation is ``json.dumps(obj)``'s text: a long
-    "traceEvents" list (the first key, as `build_chrome_trace` makes it) goes ``chunk`` events at a time, so a long
-    run's trace is never one string (with its bytes copy, twice the file in memory on top of the events)."""
+    "traceEvents" list (wherever it sits among the keys: the TensorBoard trace puts it after its schema fields) goes
+    ``chunk`` events at a time, so a long run's trace is never one string (with its bytes copy, twice the file in
+    memory on top of the events)."""
     dumps = functools.partial(json.dumps, allow_nan=False, separators=(",", ":"))
     events = obj.get("traceEvents") if isinstance(obj, dict) else None
-    if not isinstance(events, list) or len(events) <= chunk or next(iter(obj)) != "traceEvents":
+    if not isinstance(events, list) or len(events) <= chunk:
         yield dumps(obj)
         return
-    yield '{"traceEvents":['
-    for i in range(0, len(events), chunk):
-        yield ("," if i else "") + dumps(events[i:i + chunk])[1:-1]
-    rest = dumps({k: v for k, v in obj.items() if k != "traceEvents"})
-    yield "]" + ("}" if rest == "{}" else "," + rest[1:])
+    yield "{"
+    for n, (key, value) in enumerate(obj.items()):
+        head = ("," if n else "") + dumps(key) + ":"
+        if key != "traceEvents":
+            yield head + dumps(value)
+            continue
+        yield head + "["
+        for i in range(0, len(value), chunk):
+            yield ("," if i else "") + dumps(value[i:i + chunk])[1:-1]
+        yield "]"
+    yield "}"
 
 
 def write_json(obj: dict, path: Path) -> Path:

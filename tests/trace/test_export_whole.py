@@ -93,6 +93,17 @@ def test_an_export_to_a_pipe_or_over_a_file_in_a_folder_it_cannot_add_to_is_writ
     export.write_json({"d": 1}, fifo)
     reader.join(10)
     assert got and json.loads(got[0]) == {"d": 1} and stat.S_ISFIFO(fifo.stat().st_mode)
+    # /dev/stdout when stdout is a pipe: a link to "pipe:[N]", which has no path of its own (review)
+    r, w = os.pipe()
+    try:
+        export.write_json({"p": 2}, f"/proc/self/fd/{w}")
+        os.close(w)
+        w = -1
+        assert json.loads(os.read(r, 1000)) == {"p": 2}
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
 
     def refused(*_a, **_k):
         raise PermissionError(errno.EACCES, "Permission denied")

@@ -184,8 +184,11 @@ def test_a_long_trace_is_written_in_pieces_that_make_the_same_text(n_events, res
     of events at a time, to the same text."""
     from spice_core.trace.export import json_pieces
 
-    obj = {"traceEvents": [{"ph": "X", "ts": i, "dur": 1.5, "name": f"e{i}", "args": {"l": [i]}}
-                           for i in range(n_events)], **rest}
-    assert "".join(json_pieces(obj, chunk=3)) == json.dumps(obj, allow_nan=False, separators=(",", ":"))
+    events = [{"ph": "X", "ts": i, "dur": 1.5, "name": f"e{i}", "args": {"l": [i]}} for i in range(n_events)]
+    for obj in ({"traceEvents": events, **rest}, {"schemaVersion": 1, **rest, "traceEvents": events, "z": [1]}):
+        # the second as the TensorBoard trace orders its keys: the events after the schema's fields (review)
+        assert "".join(json_pieces(obj, chunk=3)) == json.dumps(obj, allow_nan=False, separators=(",", ":"))
+        if n_events > 3:
+            assert max(map(len, json_pieces(obj, chunk=3))) < len(json.dumps(obj)) / 2
     with pytest.raises(ValueError):
         "".join(json_pieces({"traceEvents": [{"ts": 0}] * 5 + [{"ts": float("nan")}]}, chunk=2))
