@@ -110,7 +110,7 @@ def path(text: str) -> Path:
     ``--trace-dir ""`` wrote there without a word)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("the path is empty: pass a file or folder path")
-    return Path(utf8_text(text))
+    return Path(text)       # any other name the system takes, not-UTF-8 bytes included
 
 
 def existing_file(text: str) -> Path:

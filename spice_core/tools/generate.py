@@ -171,6 +171,12 @@ def run(args) -> int:
         if isinstance(e, KeyboardInterrupt) and not isinstance(e, Terminated) and args.trace_dir is not None:
             # The engine recorded the cut-short run ("cancelled"): its traces are what a long run stopped early
             # is traced for. A second Ctrl-C while they are written removes them (export_traces).
+            gen.cancel()        # a Ctrl-C between two tokens (in this loop, not the run) leaves it paused: closed,
+                                # it is recorded as cancelled (review)
+            try:
+                engine.get_record(gen.run_id)
+            except SpiceError:
+                raise KeyboardInterrupt("the run was not recorded, so no trace was written") from None
             files = export_traces(engine, gen.run_id, args.trace_dir)
             raise KeyboardInterrupt(f"the run's first {len(steps)} tokens were recorded; their traces: "
                                     + ", ".join(str(f) for f in files)) from None
@@ -253,7 +259,7 @@ def apply_tuned(args, settings: RunSettings, model: str | None = None,
     # The file beside the model is its own whatever the folder is called now; one from elsewhere must name it.
     tuned_on = None if path.resolve() == own.resolve() else model
     rec = find(path, profile=profile or settings.profile, shape=settings.shape, cache_frac=settings.cache_frac,
-               model=tuned_on, calibration=calibration)
+               model=tuned_on, calibration=calibration, prefer=model)
     note = (f"tuned setting from {path}: {rec.reason}; measured quality perplexity {rec.ppl_pct:+.2f} %, "
             f"greedy agreement {rec.agreement:.3f}")
     reply_tokens = settings.max_new_tokens

@@ -309,3 +309,24 @@ def test_an_empty_path_is_refused_not_taken_for_the_current_folder(capsys):
     """Regression (review): --trace-dir "" wrote three exports into the current folder without a word."""
     code, _, err = run_cli(capsys, ["generate", "--prompt", "hi", "--trace-dir", ""])
     assert code == 2 and "--trace-dir: the path is empty" in err and "Traceback" not in err, err
+
+
+def test_ctrl_c_between_two_tokens_also_writes_the_traces(capsys, tmp_path, tiny_model, monkeypatch):
+    """Review: a Ctrl-C landing in the command's own loop (writing a token to a slow stdout), not inside the run,
+    left the run paused and unrecorded, and the export failed with "check free space and permissions", exit 2."""
+    import sys
+
+    flushes = []
+
+    def flush_then_ctrl_c():
+        flushes.append(1)
+        if len(flushes) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(sys.stdout, "flush", flush_then_ctrl_c)
+    out_dir = tmp_path / "traces"
+    code, out, err = run_cli(capsys, ["generate", "--model", tiny_model, "--prompt", "hi", "--raw",
+                                      "--max-new-tokens", "8", "--trace-dir", out_dir])
+    one_line(code, err, "interrupted: the run's first 2 tokens were recorded; their traces: ", rc=130)
+    trace = json.loads(next(out_dir.glob("*.trace.json")).read_text())
+    assert trace["otherData"]["finish_reason"] == "cancelled" and trace["otherData"]["n_tokens"] == 2
