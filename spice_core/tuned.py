@@ -178,8 +178,17 @@ def _bad_trial(t) -> str:
     if missing:
         return f"has no {', '.join(missing)}"
     for k in ("speed_ms", "ppl_pct", "agreement", "confirm_ppl_pct", "confirm_agreement"):
-        if t.get(k) is not None and not is_number(t[k]):
-            return f"has {k} {json.dumps(t[k])[:40]}, not a number"
+        if (k in t or not k.startswith("confirm")) and not is_number(t.get(k)) \
+                and not (k.startswith("confirm") and t.get(k) is None):
+            return f"has {k} {json.dumps(t.get(k))[:40]}, not a number"
+    if (t.get("confirm_ppl_pct") is None) != (t.get("confirm_agreement") is None):
+        return "has one of confirm_ppl_pct and confirm_agreement without the other"
+    try:
+        RunSettings(policy="spice", **{k: t[k] for k in TUNED_KNOBS})
+    except (ConfigError, TypeError) as e:
+        return f"has knobs spice does not run ({e})"
+    if not isinstance(t["cpu_lane"], bool):
+        return f"has cpu_lane {json.dumps(t['cpu_lane'])[:20]}, not true or false"
     if "verdict" in t and t["verdict"] not in VERDICTS:
         return f"has verdict {json.dumps(t['verdict'])[:40]}, not one of {', '.join(VERDICTS)}"
     return ""
@@ -208,19 +217,22 @@ def check_can_save(path: Path, flag: str = "--out") -> None:
 
 
 def find(path: Path, *, profile: str, shape: str, cache_frac: float, model: str | None = None,
-         calibration: str | None = None) -> TuneRecord:
+         calibration: str | None = None, prefer: str | None = None) -> TuneRecord:
     """The record for this profile, shape and cache; with ``model``, one tuned on that model only (a file copied
     from another model's folder holds that model's measured quality, not this one's); with ``calibration`` (the
-    engine's artifacts' digest), one measured with those artifacts (`stale_reason`)."""
+    engine's artifacts' digest), one measured with those artifacts (`stale_reason`). Without ``model`` (the file
+    beside the model, whatever its folder is called now), ``prefer``'s own pick when the file holds several models'
+    for this key, and the one model's pick when it holds one model's only."""
     records = load_all(path)
     keyed = [r for r in records if r.matches(profile=profile, shape=shape, cache_frac=cache_frac)]
     if keyed:
-        # The file beside the model (model None) holds its own picks: the last one saved for this key.
-        mine = [r for r in keyed if model is None or r.model == model]
+        mine = [r for r in keyed if r.model == (model or prefer)]
+        if not mine and model is None and len({r.model for r in keyed}) == 1:
+            mine = keyed            # the file beside the model: its own picks, made when the folder had another name
         if not mine:
             others = ", ".join(sorted({r.model for r in keyed}))
-            raise ConfigError(f"{path} was tuned on model {others}, not {model}: its measured quality says "
-                              f"nothing of this one; run `python -m spice_core tune` on {model}")
+            raise ConfigError(f"{path} was tuned on model {others}, not {model or prefer}: its measured quality says "
+                              f"nothing of this one; run `python -m spice_core tune` on {model or prefer}")
         r = mine[-1]
         why = stale_reason(r, calibration)
         if why:

@@ -322,8 +322,10 @@ class Tuner:
                     stopped = True
                     break
                 trials.append(self._measure(replace(best, **{knob: v}), "exact"))
-            if trials:
-                best = min(trials, key=lambda t: (t.speed_ms, asdict(t.setting) != asdict(best))).setting
+            if trials:      # a tie (within SAME_SPEED_REL) keeps the knob where it was: the user's own first
+                fastest = min(t.speed_ms for t in trials)
+                best = min((t for t in trials if t.speed_ms <= fastest * (1 + SAME_SPEED_REL)),
+                           key=lambda t: (t.setting != best, t.speed_ms)).setting
             if stopped:
                 break
         # Stage 2: lossy settings from stage 1's best, rank by rank, tau_approx ascending until one fails.
@@ -407,8 +409,9 @@ class Tuner:
             ppl_pct=pick.confirm_ppl_pct if confirmed else pick.ppl_pct,
             agreement=pick.confirm_agreement if confirmed else pick.agreement,
             quality_measured_on=self._sample_words(self.data, self.new_tokens),
-            confirmed_on=(self._sample_words(self._confirm_data, self.reply_tokens)
-                          if self._confirm_data is not None else ""),
+            confirmed_on=(self._sample_words(self._confirm_data, self.reply_tokens)     # only once a setting was
+                          if self._confirm_data is not None and any(t.confirm_agreement is not None for t in trials)
+                          else ""),                                  # re-measured there (a Stop may come first)
             reason=self._reason(pick, trials, stopped), trials=[self._trial_dict(t) for t in trials],
             stopped=stopped, tune_s=round(tune_s, 2), seed=self.base.seed, confirmed=confirmed,
             reply_tokens=self.reply_tokens, calibration=calibration_digest(self.engine.artifacts))

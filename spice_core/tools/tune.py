@@ -132,7 +132,8 @@ def first_ctrl_c_stops():
     """An Event the first Ctrl-C sets (the tuner stops at its next check, within a window or a prompt, and keeps the
     best so far); a second one interrupts as usual. Only in the main thread, where Python delivers signals."""
     stop = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, None):     # nohup, a handler from C: left as they are
         yield stop
         return
 

@@ -32,6 +32,7 @@ def _generate_tuned(capsys, model, record, max_new_tokens):
 
     from cli_helpers import run_cli
 
+    tuned_path(model).unlink(missing_ok=True)      # the model is shared by the module's tests: this pick alone
     save(record, tuned_path(model))
     return run_cli(capsys, ["generate", "--model", model, "--device", "cpu", "--policy", "spice", "--cache-frac",
                             record.cache_frac, "--profile", record.profile, "--shape", record.shape, "--raw",
@@ -211,6 +212,13 @@ def test_two_models_picks_share_a_file_and_each_finds_its_own(tmp_path):
 
     with pytest.raises(ConfigError, match="was tuned on model a, b, not c"):
         find(path, model="c", **key)
+    # The file beside a model (no model asked): that model's own pick, never the last saved of another's (review).
+    assert find(path, prefer="a", **key).speed_ms == 11.0 and find(path, prefer="b", **key).speed_ms == 20.0
+    with pytest.raises(ConfigError, match="was tuned on model a, b, not c"):
+        find(path, prefer="c", **key)
+    only_a = tmp_path / "renamed.json"
+    save(lossy_record(model="a"), only_a)
+    assert find(only_a, prefer="folder-renamed", **key).model == "a"     # one model's file: its own, renamed
 
 
 def test_a_hand_edited_record_with_more_than_the_tuned_knobs_or_a_broken_trial_is_refused(tmp_path):
@@ -234,7 +242,10 @@ def test_a_hand_edited_record_with_more_than_the_tuned_knobs_or_a_broken_trial_i
                         (lambda r: r["trials"][0].pop("speed_ms"), "trial 0 has no speed_ms"),
                         (lambda r: r["trials"][0].update(speed_ms="fast"), "trial 0 has speed_ms \"fast\", not a number"),
                         (lambda r: r["trials"][0].update(verdict="great"), "trial 0 has verdict \"great\""),
-                        (lambda r: r["trials"].append({}), "trial 1 has no tau_approx")]:
+                        (lambda r: r["trials"].append({}), "trial 1 has no tau_approx"),
+                        (lambda r: r["trials"][0].update(speed_ms=None), "trial 0 has speed_ms null, not a number"),
+                        (lambda r: r["trials"][0].update(confirm_agreement=0.9), "without the other"),
+                        (lambda r: r["trials"][0].update(tau_approx="0.1"), "trial 0 has knobs spice does not run")]:
         doc = json.loads(json.dumps(good))
         edit(doc["records"][0])
         path.write_text(json.dumps(doc))
