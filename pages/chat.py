@@ -433,7 +433,7 @@ class ChatPage(chat_settings.SettingsEvents):
         # from its first tokens; otherwise when it ends.
         waiting = WAITING_LIVE if live_panels else WAITING_END
         yield (skip if box_in_browser else "", history, text.stats_html(live, settings, self.info, state="starting"),
-               *(as_plot(figures.empty_figure(waiting)) for _ in PANELS), "")
+               *(as_plot(figures.empty_figure(waiting, self._panel_height(name))) for name in PANELS), "")
 
         first_wall = None
         # The panels' figures go out once (tagged with `meta`), then only their changes; text at most
@@ -550,6 +550,17 @@ class ChatPage(chat_settings.SettingsEvents):
                    figures.panels_delta(live, tag, seq + 1))
         else:
             yield (skip, history, final, *self._panels(live), "")
+
+    def _panel_height(self, name: str) -> int:
+        """A panel's height for this model (its figure drawn empty), so a placeholder in its place does not make the
+        page jump (review); 260 px where that figure cannot be drawn."""
+        heights = self.__dict__.setdefault("_heights", {})
+        if name not in heights:
+            try:
+                heights[name] = int(figures.panel_figure(name, LiveRun.for_engine(self.info))["layout"]["height"])
+            except Exception:       # noqa: BLE001 - a placeholder's height is cosmetic
+                heights[name] = 260
+        return heights[name]
 
     def _panels(self, live: LiveRun):
         return tuple(as_plot(figures.panel_figure(name, live)) for name in PANELS)

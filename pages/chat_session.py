@@ -55,7 +55,8 @@ class ChatSession:
     def replying(self) -> bool:
         """A reply streams (not its exact re-run, which keeps its exact settings: a live change would make the run
         the greedy agreement is measured against lossy)."""
-        return self.streaming() and self.stream.kind == "chat reply"
+        stream = self.stream        # read once: the chat's thread sets it to None when the reply ends
+        return stream is not None and not stream.done and stream.kind == "chat reply"
 
     def wait_until_idle(self, timeout_s: float) -> bool:
         """Wait until no reply streams (a stopped one ends at its next token); False if one still does after

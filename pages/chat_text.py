@@ -233,10 +233,13 @@ def stats_html(live: LiveRun | None, settings: RunSettings, info: EngineInfo, *,
         head = (f"<span class='next'>Next message: {nxt}</span><br>"
                 f"Last reply ran with: {settings_line(settings, info)} · "
                 f"<span class='timing'>{html.escape(f'{timing} ({where})')}</span>")
-    if stream is not None:          # every change the reply took, not only the last request (review)
+    if stream is not None:          # every setting the reply changed, not only the last request's (review):
+        first: dict[str, int] = {}  # each once, from the token it first changed at (a dragged slider applies many)
         for change, _after in applied_changes(stream):
-            head += (f" · <span class='changed'>changed {html.escape(', '.join(change.applied))} from token "
-                     f"{change.from_token}</span>")
+            for f in change.applied:
+                first.setdefault(f, change.from_token)
+        for f, token in first.items():
+            head += f" · <span class='changed'>changed {html.escape(f)} from token {token}</span>"
     if live is None or live.n_tokens == 0:
         status = "starting…" if state == "starting" else "not available" if note else "no reply yet"
         cards = [("tokens", "0", status, "")]

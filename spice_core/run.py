@@ -378,5 +378,6 @@ def _check_finite(logits: torch.Tensor) -> None:
     """The first token's logits must be finite: a checkpoint whose weights are NaN (damaged, with no checksum file to
     catch it at load) otherwise "generates" an empty text. Asked once a run (one reduction and one sync)."""
     if not bool(torch.isfinite(logits).all()):
-        raise ModelOutputError("the model's logits for the first token are not finite (NaN or infinity): its weights "
-                               "are damaged; restore the checkpoint (re-download it, or re-train a shipped model)")
+        raise ModelOutputError("the model's logits for the first token are not finite (NaN or infinity): its weights, "
+                               "or its calibration artifacts, are most likely damaged; restore the checkpoint "
+                               "(re-download it, or re-train a shipped model) or rebuild them with calibrate")
