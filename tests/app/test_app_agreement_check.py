@@ -23,7 +23,7 @@ def test_a_setting_moved_during_the_exact_rerun_leaves_that_run_exact(served, cl
     session's settings, the reply's tau_approx among them, to that re-run, which then approximated: the agreement
     was measured against a lossy run while the side bar called it "the running reply". The re-run keeps its exact
     settings, and the change is for the next message."""
-    monkeypatch.setattr(served.engine, "token_delay_s", 0.05)      # a re-run of 40 tokens lasts ~2 s
+    monkeypatch.setattr(served.engine, "token_delay_s", 0.1)       # a re-run of 40 tokens lasts ~4 s
     before = len(served.engine.generations)
     job = client.submit(*chat_inputs("check me", max_new_tokens=40, tau_approx=0.15, check_exact=True),
                         api_name="/chat")
