@@ -94,6 +94,7 @@ class ChatPage(chat_settings.SettingsEvents):
         self.auto = AutoTune(self, tunes if tunes is not None else TuneBook())     # shared with the sweep (app.py)
         self.switch = ModelSwitch(self)     # the picker keeps the visitor's settings (pages.chat_switch)
         self.info = ctx.info
+        self._heights: dict[str, int] = {}     # each panel's height for this model (`_panel_height`)
         defaults = default_settings(ctx.info)
         ranks = tuple(getattr(ctx.info, "lore_ranks", ()) or LORE_RANKS)
         if defaults.lore_rank not in ranks:       # the row must say what the control shows
@@ -554,13 +555,12 @@ class ChatPage(chat_settings.SettingsEvents):
     def _panel_height(self, name: str) -> int:
         """A panel's height for this model (its figure drawn empty), so a placeholder in its place does not make the
         page jump (review); 260 px where that figure cannot be drawn."""
-        heights = self.__dict__.setdefault("_heights", {})
-        if name not in heights:
+        if name not in self._heights:
             try:
-                heights[name] = int(figures.panel_figure(name, LiveRun.for_engine(self.info))["layout"]["height"])
+                self._heights[name] = int(figures.panel_figure(name, LiveRun.for_engine(self.info))["layout"]["height"])
             except Exception:       # noqa: BLE001 - a placeholder's height is cosmetic
-                heights[name] = 260
-        return heights[name]
+                self._heights[name] = 260
+        return self._heights[name]
 
     def _panels(self, live: LiveRun):
         return tuple(as_plot(figures.panel_figure(name, live)) for name in PANELS)

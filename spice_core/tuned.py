@@ -177,10 +177,12 @@ def _bad_trial(t) -> str:
     missing = [k for k in (*TUNED_KNOBS, "speed_ms", "ppl_pct", "agreement") if k not in t]
     if missing:
         return f"has no {', '.join(missing)}"
-    for k in ("speed_ms", "ppl_pct", "agreement", "confirm_ppl_pct", "confirm_agreement"):
-        if (k in t or not k.startswith("confirm")) and not is_number(t.get(k)) \
-                and not (k.startswith("confirm") and t.get(k) is None):
-            return f"has {k} {json.dumps(t.get(k))[:40]}, not a number"
+    for k in ("speed_ms", "ppl_pct", "agreement"):
+        if not is_number(t[k]):
+            return f"has {k} {json.dumps(t[k])[:40]}, not a number"
+    for k in ("confirm_ppl_pct", "confirm_agreement"):          # absent or null: not re-measured
+        if t.get(k) is not None and not is_number(t[k]):
+            return f"has {k} {json.dumps(t[k])[:40]}, not a number"
     if (t.get("confirm_ppl_pct") is None) != (t.get("confirm_agreement") is None):
         return "has one of confirm_ppl_pct and confirm_agreement without the other"
     try:
